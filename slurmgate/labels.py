@@ -1,0 +1,129 @@
+"""The runner-label vocabulary: managed label families, their parsing and formatting."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+CLUSTER_PREFIX = "cluster:"
+LEASE_PREFIX = "ci-lease-"
+JOB_PREFIX = "ci-job-"
+ATTEMPT_PREFIX = "ci-attempt-"
+NODES_PREFIX = "nodes:"
+
+# Only these families are ever removed from a runner; every other label is left alone.
+MANAGED_PREFIXES = (LEASE_PREFIX, JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX)
+
+_LEASE_RE = re.compile(r"^ci-lease-j(?P<job>\d+)-a(?P<attempt>\d+)-t(?P<created>\d+)$")
+_JOB_RE = re.compile(r"^ci-job-(?P<score>-?\d+(?:\.\d+)?)-(?P<token>[0-9a-z][0-9a-z-]*)$")
+
+
+class LabelError(ValueError):
+    """A label that claims a managed family but does not follow its format."""
+
+
+def fold(label: str) -> str:
+    """GitHub compares labels case-insensitively; so do we."""
+    return label.casefold()
+
+
+def is_managed(label: str) -> bool:
+    """True for the label families slurmgate owns and may remove."""
+    return fold(label).startswith(MANAGED_PREFIXES)
+
+
+def is_cluster(label: str) -> bool:
+    return fold(label).startswith(CLUSTER_PREFIX)
+
+
+def unmanaged(labels: list[str] | tuple[str, ...] | frozenset[str]) -> frozenset[str]:
+    """The case-folded labels a runner must carry by itself (everything but managed families)."""
+    return frozenset(fold(label) for label in labels if not is_managed(label))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLabel:
+    """`ci-lease-j<job id>-a<attempt>-t<created, unix seconds>`: the lease state lives here."""
+
+    job_id: int
+    attempt: int
+    created_at: int
+
+    def render(self) -> str:
+        return f"{LEASE_PREFIX}j{self.job_id}-a{self.attempt}-t{self.created_at}"
+
+    @property
+    def lease_id(self) -> str:
+        return self.render()[len(LEASE_PREFIX) :]
+
+    @classmethod
+    def parse(cls, label: str) -> LeaseLabel:
+        m = _LEASE_RE.match(fold(label))
+        if not m:
+            raise LabelError(
+                f"lease label {label!r} is not ci-lease-j<job>-a<attempt>-t<unix time>"
+            )
+        return cls(int(m["job"]), int(m["attempt"]), int(m["created"]))
+
+
+def is_lease(label: str) -> bool:
+    return fold(label).startswith(LEASE_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class JobLabel:
+    """`ci-job-<score>-<token>`: the job's unique dispatch gate, with its priority score."""
+
+    score: Decimal
+    token: str
+
+    @classmethod
+    def parse(cls, label: str) -> JobLabel:
+        m = _JOB_RE.match(fold(label))
+        if not m:
+            raise LabelError(f"job label {label!r} is not ci-job-<decimal score>-<token>")
+        try:
+            score = Decimal(m["score"])
+        except InvalidOperation as exc:  # the regex admits only decimals; keep the guard honest
+            raise LabelError(f"job label {label!r} has a score that is not a decimal") from exc
+        return cls(score, m["token"])
+
+    def render(self) -> str:
+        return f"{JOB_PREFIX}{self.score:.3f}-{self.token}"
+
+
+def parse_nodes(labels: list[str] | tuple[str, ...]) -> int:
+    """The node count a job requests: its single valid `nodes:N` label, or 1 when it has none.
+
+    Raises LabelError naming the label when it is empty, not an integer, below 1, or repeated.
+    """
+    found = [label for label in labels if fold(label).startswith(NODES_PREFIX)]
+    if not found:
+        return 1
+    if len(found) > 1:
+        raise LabelError(
+            f"job has {len(found)} nodes: labels ({', '.join(found)}); keep exactly one nodes:N"
+        )
+    raw = found[0][len(NODES_PREFIX) :].strip()
+    if not raw:
+        raise LabelError(f"label {found[0]!r} has no node count; write nodes:N with N >= 1")
+    if not re.fullmatch(r"[0-9]+", raw):
+        raise LabelError(f"label {found[0]!r} is not a whole number; write nodes:N with N >= 1")
+    value = int(raw)
+    if value < 1:
+        raise LabelError(f"label {found[0]!r} asks for {value} nodes; N must be at least 1")
+    return value
+
+
+def nodes_label(count: int) -> str:
+    return f"{NODES_PREFIX}{count}"
+
+
+def attempt_label(attempt: int) -> str:
+    return f"{ATTEMPT_PREFIX}{attempt}"
+
+
+def pool_of(labels: list[str] | tuple[str, ...] | frozenset[str]) -> list[str]:
+    """Every `cluster:<name>` label a runner carries, case-folded and sorted."""
+    return sorted({fold(label) for label in labels if is_cluster(label)})

@@ -1,0 +1,59 @@
+"""Suite-wide fixtures: an isolated Prefect home, and the bundled Slurm cluster when it is up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Prefect reads its settings at import time: isolate it before any test module imports it.
+_PREFECT_HOME = tempfile.mkdtemp(prefix="slurmgate-prefect-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+
+
+def slurm_unavailable_reason() -> str | None:
+    """Why the real Slurm tests cannot run here, or None when the cluster answers."""
+    forced = os.environ.get("SLURMGATE_SLURM_UNAVAILABLE")
+    if forced:
+        return forced
+    if not os.environ.get("SLURM_CONF"):
+        return "SLURM_CONF is not set: run the suite through `make test`, which starts the bundled cluster"
+    if shutil.which("sinfo") is None:
+        return "sinfo is not installed (Debian package slurm-client)"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 10 s"
+    if out.returncode != 0:
+        return f"sinfo failed: {out.stderr.strip()[:200]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[dict[str, str]]:
+    """The bundled local Slurm cluster, started by scripts/test.sh; skips with the reason if absent."""
+    reason = slurm_unavailable_reason()
+    if reason:
+        pytest.skip(f"real Slurm unavailable: {reason}")
+    yield {"SLURM_CONF": os.environ["SLURM_CONF"]}
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One Prefect test server for the session (about 10 s to start), shared by flow tests."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
