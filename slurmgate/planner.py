@@ -1,0 +1,631 @@
+"""The admission planner: one pure function from a fleet snapshot to lease decisions.
+
+`plan()` is mechanism (leases from labels, releases, cleans, capacity bookkeeping); the order in
+which queued jobs are considered and how each is fitted is a policy object chosen by name
+(`AdmissionSettings.policy`), so reservation policies can replace greedy backfill without
+touching the rest.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Protocol
+
+from slurmgate.labels import (
+    JOB_PREFIX,
+    JobLabel,
+    LabelError,
+    LeaseLabel,
+    fold,
+    is_lease,
+    parse_nodes,
+    unmanaged,
+)
+from slurmgate.model import (
+    Admit,
+    Blocked,
+    BlockReason,
+    Clean,
+    Decisions,
+    Job,
+    JobStatus,
+    Lease,
+    PoolRow,
+    Release,
+    ReleaseReason,
+    Runner,
+    Snapshot,
+    leases_from_fleet,
+)
+from slurmgate.settings import AdmissionSettings
+
+LEGACY = "(legacy)"
+"""Board name of the runners without a `cluster:` label; they serve 1-node jobs only."""
+
+_NOT_STARTED = frozenset(
+    {JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING}
+)
+
+
+# ---- the policy seam -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A queued managed job, sized and scored, with the runners its labels are compatible with."""
+
+    job: Job
+    nodes: int
+    score: Decimal
+    priority: str
+    requirement: frozenset[str]
+
+
+@dataclass(slots=True)
+class PoolState:
+    """The working capacity of one pool while a plan is being made."""
+
+    name: str
+    total: int
+    online: int
+    in_use: int
+    free: list[int]  # free runner ids, sorted
+    admitted: int = 0
+    blocked: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    request: JobRequest
+    pool: str | None
+    runner_ids: tuple[int, ...]
+
+
+class FleetState:
+    """Capacity per pool and the compatibility index; policies query and consume it."""
+
+    def __init__(
+        self,
+        pools: dict[str, PoolState],
+        legacy_free: list[int],
+        legacy_total: int,
+        runner_pool: dict[int, str | None],
+        label_index: dict[str, set[int]],
+        eligible: frozenset[int],
+    ) -> None:
+        self.pools = pools
+        self.legacy_free = legacy_free
+        self.legacy_total = legacy_total
+        self.legacy_admitted = 0
+        self._runner_pool = runner_pool
+        self._label_index = label_index
+        self._eligible = eligible
+        # requirement -> {pool or None(legacy): candidate runner ids, or None meaning "all"}
+        self._cache: dict[frozenset[str], dict[str | None, frozenset[int] | None]] = {}
+
+    def candidates(self, requirement: frozenset[str]) -> dict[str | None, frozenset[int] | None]:
+        """The pools (None = legacy) holding runners that carry every label of `requirement`.
+
+        A value of None means every runner of that pool qualifies (the common case), which lets
+        a placement take the pool's free list as is.
+        """
+        cached = self._cache.get(requirement)
+        if cached is not None:
+            return cached
+        if requirement:
+            sets = sorted((self._label_index.get(label, set()) for label in requirement), key=len)
+            matched = set(sets[0])
+            for other in sets[1:]:
+                matched &= other
+                if not matched:
+                    break
+            matched &= self._eligible
+        else:
+            matched = set(self._eligible)
+        grouped: dict[str | None, set[int]] = defaultdict(set)
+        for runner_id in matched:
+            grouped[self._runner_pool[runner_id]].add(runner_id)
+        result: dict[str | None, frozenset[int] | None] = {}
+        for pool, ids in grouped.items():
+            size = self.pools[pool].total if pool is not None else self.legacy_total
+            result[pool] = None if len(ids) == size else frozenset(ids)
+        self._cache[requirement] = result
+        return result
+
+    def free_for(self, pool: str | None, allowed: frozenset[int] | None) -> list[int]:
+        free = self.legacy_free if pool is None else self.pools[pool].free
+        return list(free) if allowed is None else [rid for rid in free if rid in allowed]
+
+    def total_for(self, pool: str | None, allowed: frozenset[int] | None) -> int:
+        if allowed is not None:
+            return len(allowed)
+        return self.legacy_total if pool is None else self.pools[pool].total
+
+    def take(self, pool: str | None, runner_ids: Sequence[int]) -> None:
+        free = self.legacy_free if pool is None else self.pools[pool].free
+        for rid in runner_ids:
+            del free[bisect.bisect_left(free, rid)]
+        if pool is None:
+            self.legacy_admitted += len(runner_ids)
+        else:
+            self.pools[pool].in_use += len(runner_ids)
+            self.pools[pool].admitted += len(runner_ids)
+
+
+class AdmissionPolicy(Protocol):
+    """Orders the queued requests and fits each one to the fleet; mutates `fleet` as it admits."""
+
+    name: str
+
+    def place(
+        self, requests: Sequence[JobRequest], fleet: FleetState
+    ) -> tuple[list[Placement], list[Blocked]]: ...
+
+
+def priority_order(requests: Iterable[JobRequest]) -> list[JobRequest]:
+    """Score desc, then fewer nodes, then older, then lower job id: a total, deterministic order."""
+    return sorted(requests, key=lambda r: (-r.score, r.nodes, r.job.created_at, r.job.id))
+
+
+class GreedyBackfill:
+    """Walk the priority order and admit every job that fits now; smaller jobs backfill."""
+
+    name = "greedy"
+
+    def place(
+        self, requests: Sequence[JobRequest], fleet: FleetState
+    ) -> tuple[list[Placement], list[Blocked]]:
+        placements: list[Placement] = []
+        blocked: list[Blocked] = []
+        for request in priority_order(requests):
+            outcome = fit_now(request, fleet)
+            if isinstance(outcome, Placement):
+                fleet.take(outcome.pool, outcome.runner_ids)
+                placements.append(outcome)
+            else:
+                if outcome.pool is not None and outcome.pool in fleet.pools:
+                    fleet.pools[outcome.pool].blocked += 1
+                blocked.append(outcome)
+        return placements, blocked
+
+
+POLICIES: dict[str, AdmissionPolicy] = {"greedy": GreedyBackfill()}
+
+
+def policy_named(name: str) -> AdmissionPolicy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown admission policy {name!r} (SLURMGATE_POLICY); choose one of "
+            f"{', '.join(sorted(POLICIES))}"
+        ) from None
+
+
+def fit_now(request: JobRequest, fleet: FleetState) -> Placement | Blocked:
+    """Place one request on the best-fitting compatible pool, or say why it cannot be placed."""
+    job, nodes = request.job, request.nodes
+    candidates = fleet.candidates(request.requirement)
+    if not candidates:
+        return Blocked(
+            job.id,
+            nodes,
+            None,
+            BlockReason.NO_POOL,
+            "no online-or-offline runner carries all of its labels "
+            f"({', '.join(sorted(request.requirement)) or 'none'})",
+        )
+    if nodes == 1 and None in candidates:
+        free = fleet.free_for(None, candidates[None])
+        if free:
+            return Placement(request, None, (free[0],))
+    sized = [
+        (pool, fleet.total_for(pool, allowed), allowed)
+        for pool, allowed in candidates.items()
+        if pool is not None
+    ]
+    possible = [entry for entry in sized if entry[1] >= nodes]
+    if not possible:
+        if sized:
+            largest, size, _ = max(sized, key=lambda e: (e[1], e[0] is not None, e[0] or ""))
+            detail = f"needs {nodes}, largest compatible pool {largest} has {size} runners"
+        else:
+            largest = None
+            detail = f"needs {nodes}, only legacy runners are compatible and they serve 1 node"
+        if nodes == 1:  # only legacy runners are compatible, and none is free
+            return Blocked(
+                job.id,
+                nodes,
+                None,
+                BlockReason.NO_CAPACITY,
+                f"needs 1, {LEGACY} has no free compatible runner",
+            )
+        return Blocked(job.id, nodes, largest, BlockReason.NEVER_FITS, detail)
+    fitting: list[tuple[int, str, list[int]]] = []
+    for pool, _, allowed in possible:
+        state = fleet.pools[pool]
+        if state.in_use + nodes > state.online:
+            continue
+        free = fleet.free_for(pool, allowed)
+        if len(free) >= nodes:
+            fitting.append((len(free), pool, free))
+    if fitting:
+        _, pool, free = min(fitting, key=lambda e: (e[0], e[1]))
+        return Placement(request, pool, tuple(free[:nodes]))
+    pool, _, allowed = min(possible, key=lambda e: (-len(fleet.free_for(e[0], e[2])), e[0]))
+    state = fleet.pools[pool]
+    free_count = len(fleet.free_for(pool, allowed))
+    return Blocked(
+        job.id,
+        nodes,
+        pool,
+        BlockReason.NO_CAPACITY,
+        f"needs {nodes}, {pool} has {free_count} free of {state.online} online "
+        f"({state.in_use} in use)",
+    )
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Work:
+    releases: list[Release] = field(default_factory=list)
+    cleans: list[Clean] = field(default_factory=list)
+    blocked: list[Blocked] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Decisions:
+    """Decide which leases to create, which to release and which stray labels to clean.
+
+    Pure and deterministic: it reads only its arguments, and the same snapshot (in any order)
+    gives the same decisions.
+    """
+    policy = policy_named(settings.policy)
+    runners = sorted(snapshot.runners, key=lambda r: r.id)
+    by_id = {r.id: r for r in runners}
+    jobs = {j.id: j for j in sorted(snapshot.jobs, key=lambda j: j.id)}
+    now_s = now.timestamp()
+    work = _Work()
+
+    misconfigured = tuple(
+        (
+            r.id,
+            f"runner {r.name} carries {len(r.pools)} cluster labels ({', '.join(r.pools)}); "
+            "keep exactly one cluster:<name> label",
+        )
+        for r in runners
+        if r.misconfigured
+    )
+
+    # malformed lease labels are found again per runner by _cleans
+    leases, _ = leases_from_fleet(runners)
+    released = _releases(leases, jobs, snapshot.missing_job_ids, by_id, settings, now_s, work)
+    kept = [lease for lease in leases if lease.label not in released]
+    if not settings.PRIORITY_SCHEDULER_ENABLED:
+        work.releases = [
+            r
+            for r in work.releases
+            if r.reason in (ReleaseReason.JOB_FINISHED, ReleaseReason.JOB_MISSING)
+        ]
+        kept = [
+            lease for lease in leases if lease.label not in {r.lease_label for r in work.releases}
+        ]
+        work.notes.append(
+            "priority scheduler disabled (PRIORITY_SCHEDULER_ENABLED=false): admitting nothing, "
+            "releasing only leases whose job finished or vanished"
+        )
+    else:
+        _cleans(runners, leases, work)
+
+    fleet = _fleet_state(runners, kept, settings)
+    placements: list[Placement] = []
+    if settings.PRIORITY_SCHEDULER_ENABLED:
+        requests = _requests(snapshot.jobs, leases, settings, work)
+        placements, policy_blocked = policy.place(requests, fleet)
+        work.blocked.extend(policy_blocked)
+
+    stamp = int(now_s)
+    admits = tuple(
+        Admit(
+            job_id=p.request.job.id,
+            attempt=p.request.job.run_attempt,
+            pool=p.pool,
+            nodes=len(p.runner_ids),
+            runner_ids=p.runner_ids,
+            anchor_id=p.runner_ids[0],
+            lease_label=LeaseLabel(p.request.job.id, p.request.job.run_attempt, stamp).render(),
+            anchor_labels=tuple(p.request.job.gate_labels()),
+            priority=p.request.priority,
+            reason=(
+                f"priority {p.request.priority}, needs {p.request.nodes}: "
+                f"{len(p.runner_ids)} free runner(s) of {p.pool or LEGACY}"
+            ),
+        )
+        for p in placements
+    )
+    return Decisions(
+        admit=admits,
+        release=tuple(sorted(work.releases, key=lambda r: r.lease_label)),
+        clean=tuple(sorted(work.cleans, key=lambda c: c.runner_id)),
+        blocked=tuple(work.blocked),
+        misconfigured_runners=misconfigured,
+        board=_board(runners, fleet),
+        notes=tuple(work.notes),
+    )
+
+
+def _original(runner: Runner, folded: Iterable[str]) -> tuple[str, ...]:
+    """The runner's own spelling of each folded label, so removal names exactly what is there."""
+    spelled = {fold(label): label for label in runner.labels}
+    return tuple(sorted(spelled.get(label, label) for label in folded))
+
+
+def _lease_conflicts(leases: list[Lease], jobs: dict[int, Job]) -> dict[str, str]:
+    """Leases that lost a runner to another lease: loser label -> winner label."""
+    on_runner: dict[int, list[Lease]] = defaultdict(list)
+    for lease in leases:
+        for rid in lease.runner_ids:
+            on_runner[rid].append(lease)
+
+    def rank(lease: Lease) -> tuple[int, int, str]:
+        job = jobs.get(lease.job_id)
+        running = job is not None and job.status == JobStatus.IN_PROGRESS
+        return (0 if running else 1, lease.created_at, lease.label)
+
+    losers: dict[str, str] = {}
+    for rid in sorted(on_runner):
+        contenders = on_runner[rid]
+        if len(contenders) < 2:
+            continue
+        winner = min(contenders, key=rank)
+        for lease in contenders:
+            if lease is not winner:
+                losers.setdefault(lease.label, f"{winner.label} on runner {rid}")
+    return losers
+
+
+def _releases(
+    leases: list[Lease],
+    jobs: dict[int, Job],
+    missing: frozenset[int],
+    by_id: dict[int, Runner],
+    settings: AdmissionSettings,
+    now_s: float,
+    work: _Work,
+) -> set[str]:
+    losers = _lease_conflicts(leases, jobs)
+    decided: list[tuple[Lease, ReleaseReason, str]] = []
+    for lease in leases:
+        job = jobs.get(lease.job_id)
+        age = now_s - lease.created_at
+        requested = lease.requested_nodes if settings.node_slots else 1
+        reason: ReleaseReason | None = None
+        detail = ""
+        if lease.label in losers:
+            reason, detail = ReleaseReason.CONFLICT_LOST, f"lost to {losers[lease.label]}"
+        elif job is not None and job.status == JobStatus.COMPLETED:
+            reason = ReleaseReason.JOB_FINISHED
+            detail = f"job {job.id} completed ({job.conclusion or 'no conclusion'})"
+        elif lease.job_id in missing:
+            reason, detail = ReleaseReason.JOB_MISSING, f"job {lease.job_id} no longer exists"
+        elif lease.anchor_id is None and age > settings.orphan_grace_s:
+            reason = ReleaseReason.NO_ANCHOR
+            detail = f"no anchor after {age:.0f}s (grace {settings.orphan_grace_s:.0f}s)"
+        elif (
+            job is not None and job.status in _NOT_STARTED and age > settings.lease_max_queued_age_s
+        ):
+            reason = ReleaseReason.EXPIRED_QUEUED
+            detail = (
+                f"job {job.id} still {job.status} after {age:.0f}s "
+                f"(limit {settings.lease_max_queued_age_s:.0f}s)"
+            )
+        elif (
+            job is not None
+            and job.status in _NOT_STARTED
+            and lease.anchor_id is not None
+            and requested is not None
+            and lease.size < requested
+        ):
+            reason = ReleaseReason.INCOMPLETE
+            detail = f"holds {lease.size} runner(s), its job needs {requested}"
+        elif job is None and lease.job_id not in missing:
+            work.notes.append(
+                f"lease {lease.label}: job {lease.job_id} is not in the snapshot; kept "
+                "(unknown is not gone: the snapshot must look lease jobs up)"
+            )
+        if reason is not None:
+            decided.append((lease, reason, detail))
+
+    released = {lease.label for lease, _, _ in decided}
+    # an anchor shared with a kept lease keeps its job labels: they may be the survivor's
+    kept_anchors = {
+        lease.anchor_id for lease in leases if lease.label not in released and lease.anchor_id
+    }
+    for lease, reason, detail in decided:
+        per_runner: list[tuple[int, tuple[str, ...]]] = []
+        for rid in lease.runner_ids:
+            remove = [lease.label]
+            if rid == lease.anchor_id and rid not in kept_anchors:
+                remove.extend(lease.anchor_labels)
+            per_runner.append((rid, _original(by_id[rid], remove)))
+        work.releases.append(
+            Release(
+                lease_label=lease.label,
+                job_id=lease.job_id,
+                pool=lease.pool,
+                labels=tuple(per_runner),
+                reason=reason,
+                detail=detail,
+            )
+        )
+    return released
+
+
+def _cleans(
+    runners: list[Runner],
+    leases: list[Lease],
+    work: _Work,
+) -> None:
+    anchors = {lease.anchor_id for lease in leases if lease.anchor_id is not None}
+    for runner in runners:
+        remove: list[str] = []
+        reasons: list[str] = []
+        bad_leases = [label for label in runner.lease_labels if not _valid_lease(label)]
+        if bad_leases:
+            remove.extend(bad_leases)
+            reasons.append("malformed lease label")
+        valid_leases = [label for label in runner.lease_labels if _valid_lease(label)]
+        job_labels = runner.managed_job_labels()
+        if job_labels and runner.id not in anchors and not runner.busy:
+            remove.extend(job_labels)
+            reasons.append(
+                "job labels on a non-anchor lease holder"
+                if valid_leases
+                else "managed job labels on a runner that holds no lease"
+            )
+        if remove:
+            work.cleans.append(Clean(runner.id, _original(runner, remove), "; ".join(reasons)))
+
+
+def _valid_lease(label: str) -> bool:
+    try:
+        LeaseLabel.parse(label)
+    except LabelError:
+        return False
+    return True
+
+
+def _is_free(runner: Runner) -> bool:
+    return (
+        runner.online
+        and not runner.busy
+        and not runner.misconfigured
+        and not any(is_lease(label) for label in runner.labels)
+        and not runner.managed_job_labels()
+    )
+
+
+def _fleet_state(
+    runners: list[Runner], kept: list[Lease], settings: AdmissionSettings
+) -> FleetState:
+    pools: dict[str, PoolState] = {}
+    legacy_free: list[int] = []
+    legacy_total = 0
+    runner_pool: dict[int, str | None] = {}
+    label_index: dict[str, set[int]] = defaultdict(set)
+    eligible: set[int] = set()
+    for runner in runners:
+        if runner.misconfigured:
+            continue
+        pool = runner.pool
+        runner_pool[runner.id] = pool
+        eligible.add(runner.id)
+        for label in runner.folded:
+            label_index[label].add(runner.id)
+        if pool is None:
+            legacy_total += 1
+            if _is_free(runner):
+                legacy_free.append(runner.id)
+            continue
+        state = pools.get(pool)
+        if state is None:
+            state = pools[pool] = PoolState(pool, 0, 0, 0, [])
+        state.total += 1
+        state.online += int(runner.online)
+        if _is_free(runner):
+            state.free.append(runner.id)
+    for lease in kept:
+        requested = (lease.requested_nodes or 0) if settings.node_slots else 1
+        if lease.pool is not None and lease.pool in pools:
+            pools[lease.pool].in_use += max(lease.size, requested)
+            continue
+        # a lease across pools (or on legacy runners) counts each holder in its own pool
+        for rid in lease.runner_ids:
+            pool = runner_pool.get(rid)
+            if pool is not None:
+                pools[pool].in_use += 1
+    return FleetState(
+        pools, legacy_free, legacy_total, runner_pool, label_index, frozenset(eligible)
+    )
+
+
+def _requests(
+    jobs: Sequence[Job], leases: list[Lease], settings: AdmissionSettings, work: _Work
+) -> list[JobRequest]:
+    leased = {(lease.job_id, lease.attempt) for lease in leases}
+    requests: list[JobRequest] = []
+    for job in sorted(jobs, key=lambda j: j.id):
+        if job.status != JobStatus.QUEUED:
+            continue
+        if not job.gate_labels():
+            work.notes.append(
+                f"job {job.id} ({job.name}) has no ci-job/ci-attempt/nodes label: left to GitHub"
+            )
+            continue
+        if (job.id, job.run_attempt) in leased:
+            continue
+        try:
+            nodes = parse_nodes(job.labels) if settings.node_slots else 1
+            score = _score(job, settings.default_priority)
+        except LabelError as exc:
+            work.blocked.append(Blocked(job.id, None, None, BlockReason.BAD_INPUT, str(exc)))
+            continue
+        requests.append(JobRequest(job, nodes, score, f"{score:.3f}", unmanaged(job.labels)))
+    return requests
+
+
+def _score(job: Job, default: Decimal) -> Decimal:
+    labels = [label for label in job.labels if fold(label).startswith(JOB_PREFIX)]
+    if not labels:
+        return default
+    if len(labels) > 1:
+        raise LabelError(
+            f"job has {len(labels)} ci-job labels ({', '.join(labels)}); keep exactly one"
+        )
+    return JobLabel.parse(labels[0]).score
+
+
+def _board(runners: list[Runner], fleet: FleetState) -> tuple[PoolRow, ...]:
+    rows: list[PoolRow] = []
+    per_pool: dict[str | None, list[Runner]] = defaultdict(list)
+    for runner in runners:
+        if not runner.misconfigured:
+            per_pool[runner.pool].append(runner)
+    for name in sorted(fleet.pools):
+        state = fleet.pools[name]
+        members = per_pool[name]
+        rows.append(
+            PoolRow(
+                pool=name,
+                runners=state.total,
+                online=state.online,
+                leased=sum(1 for r in members if r.lease_labels),
+                busy_unleased=sum(1 for r in members if r.busy and not r.lease_labels),
+                free=len(state.free),
+                admitted_nodes=state.in_use,
+                blocked=state.blocked,
+            )
+        )
+    legacy = per_pool.get(None, [])
+    if legacy:
+        rows.append(
+            PoolRow(
+                pool=LEGACY,
+                runners=len(legacy),
+                online=sum(1 for r in legacy if r.online),
+                leased=sum(1 for r in legacy if r.lease_labels),
+                busy_unleased=sum(1 for r in legacy if r.busy and not r.lease_labels),
+                free=len(fleet.legacy_free),
+                admitted_nodes=sum(1 for r in legacy if r.lease_labels) + fleet.legacy_admitted,
+                blocked=0,
+            )
+        )
+    rows.sort(key=lambda row: row.pool)
+    return tuple(rows)
