@@ -1,0 +1,230 @@
+"""How many Slurm nodes one deployment matrix row needs (the `nodes:N` a CI job requests).
+
+Precedence (seed-origins A4): an explicit aggregate `num-nodes`, else a checked-in recipe's
+`resources`, else per-role `PREFILL_NODES`/`DECODE_NODES` overrides, else per-role GPU topology
+`ceil(num-worker x tp x pp x pcp-size / gpus-per-node)`. Pure apart from reading recipe YAML.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROLES = ("prefill", "decode")
+_OVERRIDE_KEYS = {"prefill": "PREFILL_NODES", "decode": "DECODE_NODES"}
+_CONFIG_FILE = "CONFIG_FILE"
+
+
+class NodeCountError(ValueError):
+    """A row whose node count cannot be derived; the message names the field and the fix."""
+
+
+def _positive_int(value: object, field: str, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise NodeCountError(f"{field} must be a positive integer, got {value!r}; {fix}")
+    return value
+
+
+def _settings(role: Mapping[str, Any], where: str) -> list[tuple[str, str]]:
+    """The `KEY=VALUE` pairs of a role's `additional-settings`."""
+    raw = role.get("additional-settings") or []
+    if not isinstance(raw, list):
+        raise NodeCountError(
+            f"{where}.additional-settings must be a list of KEY=VALUE strings, got {raw!r}"
+        )
+    pairs = []
+    for item in raw:
+        if isinstance(item, str) and "=" in item:
+            key, _, value = item.partition("=")
+            pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _roles(row: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    roles: dict[str, Mapping[str, Any]] = {}
+    for name in ROLES:
+        role = row.get(name)
+        if role is None:
+            continue
+        if not isinstance(role, Mapping):
+            raise NodeCountError(f"{name} must be a mapping of worker settings, got {role!r}")
+        roles[name] = role
+    return roles
+
+
+def gpu_family(label: str) -> str:
+    """`cluster:gb200-nv` -> `gb200`: the label without `cluster:`, up to its first dash."""
+    name = label.removeprefix("cluster:")
+    return name.split("-", 1)[0]
+
+
+def gpus_per_node(label: str, hardware: Mapping[str, int], where: str = "runner") -> int:
+    """GPUs per node for a runner or hardware label: the exact record, else its GPU family."""
+    if label in hardware:
+        return _positive_int(
+            hardware[label], f"hardware[{label!r}]", "fix the gpus-per-node record"
+        )
+    family = gpu_family(label)
+    values = {count for other, count in hardware.items() if gpu_family(other) == family}
+    if not values:
+        raise NodeCountError(
+            f"{where} {label!r} has no gpus-per-node record and no record of its GPU family "
+            f"{family!r}; add {label!r} to the hardware table"
+        )
+    if len(values) > 1:
+        raise NodeCountError(
+            f"{where} {label!r} has no gpus-per-node record and its GPU family {family!r} is "
+            f"ambiguous ({sorted(values)}); add an exact record for {label!r}"
+        )
+    return _positive_int(values.pop(), f"gpus-per-node of family {family!r}", "fix the record")
+
+
+def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | None) -> int | None:
+    configs = {
+        value
+        for name, role in roles.items()
+        for key, value in _settings(role, name)
+        if key == _CONFIG_FILE
+    }
+    if not configs:
+        return None
+    if len(configs) > 1:
+        raise NodeCountError(
+            f"{_CONFIG_FILE} differs between roles ({', '.join(sorted(configs))}); "
+            "both roles must name the same recipe"
+        )
+    if recipe_root is None:
+        return None
+    config = configs.pop()
+    relative = Path(config.removeprefix("recipes/"))
+    root = recipe_root.resolve()
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root):
+        raise NodeCountError(
+            f"{_CONFIG_FILE}={config} points outside the recipe folder; name a file under recipes/"
+        )
+    if not path.is_file():
+        return None  # the recipe lives only in the runtime image: fall through to the roles
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise NodeCountError(f"recipe {config} is not valid YAML ({exc}); fix the file") from exc
+    resources = recipe.get("resources") if isinstance(recipe, Mapping) else None
+    if not isinstance(resources, Mapping):
+        raise NodeCountError(
+            f"recipe {config} has no resources section; add resources.agg_nodes "
+            "or resources.prefill_nodes and resources.decode_nodes"
+        )
+    fix = "write a whole number of nodes in the recipe"
+    if resources.get("agg_nodes") is not None:
+        return _positive_int(resources["agg_nodes"], f"recipe {config} resources.agg_nodes", fix)
+    if resources.get("prefill_nodes") is None and resources.get("decode_nodes") is None:
+        raise NodeCountError(
+            f"recipe {config} resources has neither agg_nodes nor prefill_nodes/decode_nodes; "
+            "add the node counts to the recipe"
+        )
+    total = 0
+    for key in ("prefill_nodes", "decode_nodes"):
+        value = resources.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise NodeCountError(f"recipe {config} resources.{key} is {value!r}; {fix}")
+        total += value
+    return _positive_int(total, f"recipe {config} prefill_nodes + decode_nodes", fix)
+
+
+def _overrides(roles: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Per-role PREFILL_NODES / DECODE_NODES, wherever they occur; every occurrence must agree."""
+    seen: dict[str, set[str]] = {key: set() for key in _OVERRIDE_KEYS.values()}
+    for name, role in roles.items():
+        for key, value in _settings(role, name):
+            if key in seen:
+                seen[key].add(value)
+    result: dict[str, int] = {}
+    for role_name, key in _OVERRIDE_KEYS.items():
+        values = seen[key]
+        if not values:
+            continue
+        if len(values) > 1:
+            raise NodeCountError(
+                f"{key} is set to different values ({', '.join(sorted(values))}); "
+                "keep one value in every additional-settings"
+            )
+        raw = values.pop()
+        if not raw.isdigit() or int(raw) < 1:
+            raise NodeCountError(
+                f"{key}={raw} is not a positive integer; write {key}=<n> with n >= 1"
+            )
+        result[role_name] = int(raw)
+    return result
+
+
+def _topology(
+    name: str, role: Mapping[str, Any], runner: object, hardware: Mapping[str, int]
+) -> int:
+    factors = []
+    for key in ("num-worker", "tp", "pp", "pcp-size"):
+        value = role.get(key, 0 if key == "num-worker" else 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise NodeCountError(
+                f"{name}.{key} must be a non-negative integer, got {value!r}; fix the row"
+            )
+        factors.append(value)
+    gpus = math.prod(factors)
+    if gpus == 0:
+        return 0
+    label = role.get("hardware") or runner
+    if not isinstance(label, str) or not label:
+        raise NodeCountError(
+            f"{name} needs {gpus} GPUs but neither {name}.hardware nor runner names the "
+            "hardware; set runner (or the role's hardware) to a known label"
+        )
+    return math.ceil(gpus / gpus_per_node(label, hardware, where=f"{name}.hardware"))
+
+
+def node_count(
+    row: Mapping[str, Any],
+    hardware: Mapping[str, int],
+    recipe_root: Path | None = None,
+) -> int:
+    """Total Slurm nodes of one matrix row.
+
+    `hardware` maps runner/hardware labels to GPUs per node; `recipe_root` is the folder that
+    `CONFIG_FILE=recipes/...` paths are relative to (None: recipes are not checked in).
+    """
+    disagg = bool(row.get("disagg", False))
+    roles = _roles(row)
+    multinode = bool(row.get("multinode", bool(roles)))
+    if "num-nodes" in row:
+        if disagg:
+            raise NodeCountError(
+                "num-nodes is not valid for disaggregated entries; remove num-nodes, "
+                "the prefill and decode allocations determine the total"
+            )
+        if not multinode:
+            raise NodeCountError(
+                "num-nodes is only valid when multinode=true and disagg=false; remove num-nodes"
+            )
+        return _positive_int(
+            row["num-nodes"], "num-nodes", "write the aggregate entry's Slurm node count"
+        )
+    if not roles:
+        if multinode:
+            raise NodeCountError(
+                "a multinode row needs num-nodes or prefill/decode roles; add one of them"
+            )
+        return 1
+    recipe = _recipe_nodes(roles, recipe_root)
+    if recipe is not None:
+        return recipe
+    overrides = _overrides(roles)
+    total = 0
+    for name, role in roles.items():
+        if name in overrides:
+            total += overrides[name]
+        else:
+            total += _topology(name, role, row.get("runner"), hardware)
+    return _positive_int(total, "node count", "give the row at least one worker")
