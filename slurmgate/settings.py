@@ -72,8 +72,6 @@ class AdmissionSettings(BaseSettings):
     @field_validator("default_priority")
     @classmethod
     def _three_places(cls, value: Decimal) -> Decimal:
-        if not value.is_finite():
-            raise ValueError("SLURMGATE_DEFAULT_PRIORITY must be a finite decimal such as 1.000")
         return value.quantize(Decimal("0.001"))
 
     @model_validator(mode="after")

@@ -114,7 +114,7 @@ def test_one_node_job_prefers_a_legacy_runner_over_a_pool_token() -> None:
     d = plan(
         snapshot(
             [*pool("x", 2), *legacy(1, 10)], [job(1, 1, pool_name=None), job(2, 1, pool_name=None)]
-        ),  # noqa: E501
+        ),
         ON,
         NOW,
     )
@@ -338,7 +338,7 @@ def test_anchorless_lease_is_released_only_after_the_grace() -> None:
             ),
         )
         for r in runners
-    ]  # noqa: E501
+    ]
     snap = snapshot(runners, [queued])
     assert _release_for(snap, at_s=ON.orphan_grace_s - 1) == []
     assert _release_for(snap, at_s=ON.orphan_grace_s + 1) == [(1, "no-anchor")]
@@ -404,7 +404,7 @@ def test_same_input_in_any_order_gives_the_same_decisions() -> None:
     running = job(1, 5, status=JobStatus.IN_PROGRESS)
     runners = lease_runners(
         [*pool("a", 12), *pool("b", 6, start=20), *legacy(3, 40)], running, [1, 2, 3, 4, 5]
-    )  # noqa: E501
+    )
     jobs = [running] + [
         job(i, (i % 7) + 1, pool_name=None, score=f"{i % 3}.000", age_s=i) for i in range(2, 30)
     ]
