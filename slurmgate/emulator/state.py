@@ -1,0 +1,756 @@
+"""The emulator's in-memory GitHub: runners, labels, runs, jobs, dispatch, quota and faults."""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+READ_ONLY = "read-only"
+CUSTOM = "custom"
+DEFAULT_READ_ONLY = ("self-hosted", "Linux", "X64")
+API_DOCS = "https://docs.github.com/rest"
+
+JobListener = Callable[[str, dict[str, Any]], None]
+
+
+class EmulatorInputError(ValueError):
+    """Bad input to the admin API or the fleet builder; the message names the field."""
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def fold(label: str) -> str:
+    return label.casefold()
+
+
+@dataclass
+class EmuRunner:
+    id: int
+    name: str
+    status: str = "online"
+    busy: bool = False
+    os: str = "Linux"
+    labels: list[tuple[str, str]] = field(default_factory=list)  # (name, type)
+    runner_group_id: int = 1
+
+    def folded(self) -> set[str]:
+        return {fold(name) for name, _ in self.labels}
+
+
+@dataclass
+class EmuJob:
+    id: int
+    run_id: int
+    run_attempt: int
+    name: str
+    labels: list[str]
+    duration_s: float
+    created_at: float
+    status: str = "queued"
+    conclusion: str | None = None
+    runner_id: int | None = None
+    runner_name: str | None = None
+    started_at: float | None = None
+    completed_at: float | None = None
+
+
+@dataclass
+class EmuRun:
+    id: int
+    name: str
+    run_attempt: int
+    created_at: float
+    updated_at: float
+    run_number: int
+
+
+@dataclass
+class Fault:
+    """One injected fault. `remaining` None means until cleared."""
+
+    id: int
+    kind: str
+    method: str = "*"
+    path: str = "*"
+    remaining: int | None = 1
+    status: int = 500
+    retry_after_s: float = 1.0
+    latency_ms: float = 0.0
+    nth_write: int = 0  # absolute write sequence number this fault fires on
+    hang_s: float = 0.0
+    applied: bool = True
+
+    def matches(self, method: str, path: str) -> bool:
+        return (
+            self.method == "*" or self.method.upper() == method.upper()
+        ) and fnmatch.fnmatchcase(path, self.path)
+
+
+FAULT_KINDS = ("status", "rate_limit", "latency", "fail_nth_write", "hang_nth_write")
+
+
+class EmulatorState:
+    """All emulator state behind one lock, so the server thread and test threads can share it."""
+
+    def __init__(
+        self,
+        repo: str = "acme/gpu-ci",
+        *,
+        token: str | None = None,
+        quota_limit: int = 5000,
+        quota_window_s: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+        webhook_urls: list[str] | None = None,
+        webhook_secret: str | None = None,
+    ) -> None:
+        if "/" not in repo or repo.count("/") != 1 or not all(repo.split("/")):
+            raise EmulatorInputError(f"repo {repo!r} is not OWNER/NAME; write it like acme/gpu-ci")
+        self.owner, self.repo_name = repo.split("/")
+        self.token = token
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.runners: dict[int, EmuRunner] = {}
+        self.jobs: dict[int, EmuJob] = {}
+        self.runs: dict[int, EmuRun] = {}
+        self._label_ids: dict[str, int] = {}
+        self._next_runner = 1
+        self._next_run = 1001
+        self._next_job = 50001
+        self._next_fault = 1
+        self.faults: list[Fault] = []
+        self.write_seq = 0
+        # quota
+        self.quota_limit = quota_limit
+        self.quota_window_s = quota_window_s
+        self.quota_used = 0
+        self.quota_reset_at = clock() + quota_window_s
+        # counters
+        self.requests: Counter[str] = Counter()
+        self.not_modified: Counter[str] = Counter()
+        self.statuses: Counter[int] = Counter()
+        self.writes = 0
+        self.quota_used_total = 0
+        # webhook seam (issue 4): every job change calls `job_changed`, which calls listeners
+        self.webhook_urls: list[str] = list(webhook_urls or [])
+        self.webhook_secret = webhook_secret
+        self.listeners: list[JobListener] = []
+        self.job_events: list[tuple[str, int]] = []
+
+    @property
+    def repo(self) -> str:
+        return f"{self.owner}/{self.repo_name}"
+
+    # ---- fleet ----
+
+    def label_id(self, name: str) -> int:
+        return self._label_ids.setdefault(fold(name), len(self._label_ids) + 1)
+
+    def add_runner(
+        self,
+        name: str,
+        labels: list[str] | tuple[str, ...] = (),
+        *,
+        status: str = "online",
+        read_only: tuple[str, ...] = DEFAULT_READ_ONLY,
+        busy: bool = False,
+    ) -> EmuRunner:
+        if not name or not isinstance(name, str):
+            raise EmulatorInputError("runner name is empty; give each runner a name")
+        if status not in ("online", "offline"):
+            raise EmulatorInputError(f"runner status {status!r} is not 'online' or 'offline'")
+        with self.lock:
+            runner = EmuRunner(id=self._next_runner, name=name, status=status, busy=busy)
+            self._next_runner += 1
+            for label in read_only:
+                self._put_label(runner, label, READ_ONLY)
+            for label in labels:
+                self._put_label(runner, label, CUSTOM)
+            self.runners[runner.id] = runner
+            self.dispatch()
+            return runner
+
+    def _put_label(self, runner: EmuRunner, name: str, kind: str) -> None:
+        if fold(name) not in runner.folded():
+            self.label_id(name)
+            runner.labels.append((name, kind))
+
+    def add_pool(self, name: str, count: int) -> list[EmuRunner]:
+        """COUNT online idle runners `<name>-NN` labelled read-only defaults + `cluster:<name>`."""
+        if count < 0:
+            raise EmulatorInputError(f"pool {name!r} count {count} is negative; use 0 or more")
+        width = max(2, len(str(count)))
+        return [
+            self.add_runner(f"{name}-{i:0{width}d}", [f"cluster:{name}"])
+            for i in range(1, count + 1)
+        ]
+
+    def add_legacy(self, count: int) -> list[EmuRunner]:
+        """COUNT online idle runners with only the read-only defaults (no cluster label)."""
+        width = max(2, len(str(count)))
+        return [self.add_runner(f"legacy-{i:0{width}d}") for i in range(1, count + 1)]
+
+    def set_runner_status(self, runner_id: int, status: str) -> EmuRunner:
+        if status not in ("online", "offline"):
+            raise EmulatorInputError(f"status {status!r} is not 'online' or 'offline'")
+        with self.lock:
+            runner = self.runners.get(runner_id)
+            if runner is None:
+                raise KeyError(runner_id)
+            runner.status = status
+            self.dispatch()
+            return runner
+
+    # ---- labels (GitHub semantics; callers turn errors into 404/422) ----
+
+    def add_labels(self, runner: EmuRunner, labels: list[str]) -> None:
+        with self.lock:
+            for label in labels:
+                self._put_label(runner, label, CUSTOM)
+            self.dispatch()
+
+    def set_labels(self, runner: EmuRunner, labels: list[str]) -> None:
+        with self.lock:
+            runner.labels = [(n, k) for n, k in runner.labels if k == READ_ONLY]
+            for label in labels:
+                self._put_label(runner, label, CUSTOM)
+            self.dispatch()
+
+    def remove_all_labels(self, runner: EmuRunner) -> None:
+        with self.lock:
+            runner.labels = [(n, k) for n, k in runner.labels if k == READ_ONLY]
+            self.dispatch()
+
+    def remove_label(self, runner: EmuRunner, name: str) -> str:
+        """'removed', 'absent' (GitHub: 404) or 'read-only' (emulator: 422)."""
+        with self.lock:
+            for label, kind in runner.labels:
+                if fold(label) == fold(name):
+                    if kind == READ_ONLY:
+                        return "read-only"
+                    runner.labels.remove((label, kind))
+                    self.dispatch()
+                    return "removed"
+            return "absent"
+
+    # ---- jobs and dispatch ----
+
+    def add_job(
+        self,
+        labels: list[str],
+        duration_s: float = 5.0,
+        *,
+        name: str | None = None,
+        run_id: int | None = None,
+    ) -> EmuJob:
+        if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
+            raise EmulatorInputError("labels must be a list of non-empty strings (the runs-on)")
+        if not labels:
+            raise EmulatorInputError("labels is empty; give the job its runs-on labels")
+        if duration_s < 0:
+            raise EmulatorInputError(f"duration_s {duration_s} is negative; use 0 or more")
+        with self.lock:
+            now = self.clock()
+            if run_id is None:
+                run_id = self._next_run
+            run = self.runs.get(run_id)
+            if run is None:
+                run = EmuRun(run_id, f"workflow-{run_id}", 1, now, now, len(self.runs) + 1)
+                self.runs[run_id] = run
+                self._next_run = max(self._next_run, run_id + 1)
+            job = EmuJob(
+                id=self._next_job,
+                run_id=run.id,
+                run_attempt=run.run_attempt,
+                name=name or f"job-{self._next_job}",
+                labels=list(labels),
+                duration_s=float(duration_s),
+                created_at=now,
+            )
+            self._next_job += 1
+            self.jobs[job.id] = job
+            run.updated_at = now
+            self.job_changed("queued", job)
+            self.dispatch()
+            return job
+
+    def finish_job(self, job_id: int, conclusion: str) -> EmuJob:
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise KeyError(job_id)
+            if job.status != "completed":
+                self._complete(job, conclusion)
+                self.dispatch()
+            return job
+
+    def _complete(self, job: EmuJob, conclusion: str) -> None:
+        now = self.clock()
+        job.status = "completed"
+        job.conclusion = conclusion
+        job.completed_at = now
+        if job.started_at is None:
+            job.started_at = now
+        runner = self.runners.get(job.runner_id) if job.runner_id is not None else None
+        if runner is not None:
+            runner.busy = False
+        self.runs[job.run_id].updated_at = now
+        self.job_changed("completed", job)
+
+    def dispatch(self) -> int:
+        """Assign queued jobs (oldest first) to idle online runners carrying all their labels."""
+        assigned = 0
+        with self.lock:
+            now = self.clock()
+            for job in sorted(self.jobs.values(), key=lambda j: j.id):
+                if job.status != "queued":
+                    continue
+                wanted = {fold(label) for label in job.labels}
+                for runner in sorted(self.runners.values(), key=lambda r: r.id):
+                    if runner.status == "online" and not runner.busy and wanted <= runner.folded():
+                        runner.busy = True
+                        job.status = "in_progress"
+                        job.runner_id = runner.id
+                        job.runner_name = runner.name
+                        job.started_at = now
+                        self.runs[job.run_id].updated_at = now
+                        self.job_changed("in_progress", job)
+                        assigned += 1
+                        break
+        return assigned
+
+    def tick(self) -> None:
+        """Complete jobs whose duration has passed, then dispatch."""
+        with self.lock:
+            now = self.clock()
+            for job in list(self.jobs.values()):
+                if (
+                    job.status == "in_progress"
+                    and job.started_at is not None
+                    and now >= job.started_at + job.duration_s
+                ):
+                    self._complete(job, "success")
+            self.dispatch()
+
+    def job_changed(self, action: str, job: EmuJob) -> None:
+        """The one seam every job state change passes through (webhooks hang off it)."""
+        self.job_events.append((action, job.id))
+        if self.listeners:
+            payload = self.webhook_payload(action, job)
+            for listener in list(self.listeners):
+                listener(action, payload)
+
+    def webhook_payload(self, action: str, job: EmuJob) -> dict[str, Any]:
+        return {
+            "action": action,
+            "workflow_job": self.job_json(job),
+            "repository": self.repository_json(),
+            "sender": self.user_json(),
+        }
+
+    def run_status(self, run: EmuRun) -> tuple[str, str | None]:
+        statuses = [j for j in self.jobs.values() if j.run_id == run.id]
+        if not statuses or all(j.status == "queued" for j in statuses):
+            return "queued", None
+        if all(j.status == "completed" for j in statuses):
+            conclusions = {j.conclusion for j in statuses}
+            for worst in ("failure", "cancelled"):
+                if worst in conclusions:
+                    return "completed", worst
+            return "completed", "success"
+        return "in_progress", None
+
+    # ---- quota ----
+
+    def quota_headers(self) -> dict[str, str]:
+        with self.lock:
+            self._roll_quota()
+            return {
+                "x-ratelimit-limit": str(self.quota_limit),
+                "x-ratelimit-remaining": str(max(0, self.quota_limit - self.quota_used)),
+                "x-ratelimit-used": str(self.quota_used),
+                "x-ratelimit-reset": str(int(self.quota_reset_at)),
+                "x-ratelimit-resource": "core",
+            }
+
+    def _roll_quota(self) -> None:
+        now = self.clock()
+        if now >= self.quota_reset_at:
+            self.quota_used = 0
+            self.quota_reset_at = now + self.quota_window_s
+
+    def quota_exhausted(self) -> bool:
+        with self.lock:
+            self._roll_quota()
+            return self.quota_used >= self.quota_limit
+
+    def consume_quota(self) -> None:
+        with self.lock:
+            self._roll_quota()
+            self.quota_used += 1
+            self.quota_used_total += 1
+
+    def set_quota(self, limit: int | None = None, window_s: float | None = None) -> None:
+        with self.lock:
+            if limit is not None:
+                if limit < 0:
+                    raise EmulatorInputError(f"limit {limit} is negative; use 0 or more")
+                self.quota_limit = limit
+            if window_s is not None:
+                if window_s <= 0:
+                    raise EmulatorInputError(f"window_s {window_s} must be above 0")
+                self.quota_window_s = window_s
+            self.quota_used = 0
+            self.quota_reset_at = self.clock() + self.quota_window_s
+
+    # ---- faults ----
+
+    def add_fault(self, spec: dict[str, Any]) -> Fault:
+        kind = spec.get("kind")
+        if kind not in FAULT_KINDS:
+            raise EmulatorInputError(f"kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        with self.lock:
+            fault = Fault(id=self._next_fault, kind=str(kind))
+            self._next_fault += 1
+            try:
+                fault.method = str(spec.get("method", "*"))
+                fault.path = str(spec.get("path", "*"))
+                count = spec.get("count", 1 if kind != "latency" else None)
+                fault.remaining = None if count is None else int(count)
+                fault.status = int(spec.get("status", 500 if kind != "hang_nth_write" else 504))
+                fault.retry_after_s = float(spec.get("retry_after_s", 1.0))
+                fault.latency_ms = float(spec.get("ms", 0.0))
+                fault.hang_s = float(spec.get("hang_s", 30.0))
+                fault.applied = bool(spec.get("applied", True))
+                if kind in ("fail_nth_write", "hang_nth_write"):
+                    n = int(spec.get("n", 1))
+                    if n < 1:
+                        raise EmulatorInputError(f"n {n} must be 1 or more (1 = the next write)")
+                    fault.nth_write = self.write_seq + n
+                    fault.remaining = 1
+            except (TypeError, ValueError) as exc:
+                if isinstance(exc, EmulatorInputError):
+                    raise
+                raise EmulatorInputError(f"fault field has the wrong type: {exc}") from None
+            self.faults.append(fault)
+            return fault
+
+    def clear_faults(self) -> None:
+        with self.lock:
+            self.faults.clear()
+
+    def take_fault(self, kind: str, method: str, path: str) -> Fault | None:
+        """The first live fault of `kind` matching this request; consumes one use."""
+        with self.lock:
+            for fault in self.faults:
+                if fault.kind == kind and fault.matches(method, path):
+                    if fault.remaining is not None:
+                        fault.remaining -= 1
+                        if fault.remaining <= 0:
+                            self.faults.remove(fault)
+                    return fault
+            return None
+
+    def next_write(self) -> tuple[int, Fault | None]:
+        """Number this mutating request; return the nth-write fault that fires on it, if any."""
+        with self.lock:
+            self.write_seq += 1
+            self.writes += 1
+            for fault in self.faults:
+                if fault.kind in ("fail_nth_write", "hang_nth_write") and (
+                    fault.nth_write == self.write_seq
+                ):
+                    self.faults.remove(fault)
+                    return self.write_seq, fault
+            return self.write_seq, None
+
+    # ---- stats ----
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "requests": dict(sorted(self.requests.items())),
+                "total": sum(self.requests.values()),
+                "not_modified": sum(self.not_modified.values()),
+                "not_modified_by_endpoint": dict(sorted(self.not_modified.items())),
+                "writes": self.writes,
+                "quota_used": self.quota_used_total,
+                "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            }
+
+    def reset_stats(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.not_modified.clear()
+            self.statuses.clear()
+            self.writes = 0
+            self.quota_used_total = 0
+
+    # ---- JSON shapes (GitHub's) ----
+
+    def label_json(self, name: str, kind: str) -> dict[str, Any]:
+        return {"id": self.label_id(name), "name": name, "type": kind}
+
+    def labels_json(self, runner: EmuRunner, only_read_only: bool = False) -> dict[str, Any]:
+        labels = [
+            self.label_json(n, k) for n, k in runner.labels if not only_read_only or k == READ_ONLY
+        ]
+        return {"total_count": len(labels), "labels": labels}
+
+    def runner_json(self, runner: EmuRunner) -> dict[str, Any]:
+        return {
+            "id": runner.id,
+            "name": runner.name,
+            "os": runner.os,
+            "status": runner.status,
+            "busy": runner.busy,
+            "ephemeral": False,
+            "runner_group_id": runner.runner_group_id,
+            "labels": [self.label_json(n, k) for n, k in runner.labels],
+        }
+
+    def _api(self, suffix: str) -> str:
+        return f"https://api.github.com/repos/{self.repo}{suffix}"
+
+    def job_json(self, job: EmuJob) -> dict[str, Any]:
+        run = self.runs[job.run_id]
+        sha = hashlib.sha1(f"{run.id}".encode()).hexdigest()
+        return {
+            "id": job.id,
+            "run_id": job.run_id,
+            "run_url": self._api(f"/actions/runs/{job.run_id}"),
+            "run_attempt": job.run_attempt,
+            "node_id": f"CR_{job.id}",
+            "head_sha": sha,
+            "url": self._api(f"/actions/jobs/{job.id}"),
+            "html_url": f"https://github.com/{self.repo}/actions/runs/{job.run_id}/job/{job.id}",
+            "status": job.status,
+            "conclusion": job.conclusion,
+            "created_at": _iso(job.created_at),
+            # GitHub reports started_at even for a queued job (its creation time).
+            "started_at": _iso(job.started_at if job.started_at is not None else job.created_at),
+            "completed_at": _iso(job.completed_at),
+            "name": job.name,
+            "steps": [],
+            "check_run_url": self._api(f"/check-runs/{job.id}"),
+            "labels": list(job.labels),
+            "runner_id": job.runner_id,
+            "runner_name": job.runner_name,
+            "runner_group_id": 1 if job.runner_id is not None else None,
+            "runner_group_name": "Default" if job.runner_id is not None else None,
+            "workflow_name": run.name,
+            "head_branch": "main",
+        }
+
+    def user_json(self) -> dict[str, Any]:
+        base = f"https://api.github.com/users/{self.owner}"
+        return {
+            "login": self.owner,
+            "id": 1,
+            "node_id": "U_1",
+            "avatar_url": "https://avatars.githubusercontent.com/u/1",
+            "gravatar_id": "",
+            "url": base,
+            "html_url": f"https://github.com/{self.owner}",
+            "followers_url": f"{base}/followers",
+            "following_url": f"{base}/following{{/other_user}}",
+            "gists_url": f"{base}/gists{{/gist_id}}",
+            "starred_url": f"{base}/starred{{/owner}}{{/repo}}",
+            "subscriptions_url": f"{base}/subscriptions",
+            "organizations_url": f"{base}/orgs",
+            "repos_url": f"{base}/repos",
+            "events_url": f"{base}/events{{/privacy}}",
+            "received_events_url": f"{base}/received_events",
+            "type": "Organization",
+            "site_admin": False,
+        }
+
+    def repository_json(self) -> dict[str, Any]:
+        api = f"https://api.github.com/repos/{self.repo}"
+        urls = {
+            f"{key}_url": f"{api}/{suffix}"
+            for key, suffix in {
+                "archive": "{archive_format}{/ref}",
+                "assignees": "assignees{/user}",
+                "blobs": "git/blobs{/sha}",
+                "branches": "branches{/branch}",
+                "collaborators": "collaborators{/collaborator}",
+                "comments": "comments{/number}",
+                "commits": "commits{/sha}",
+                "compare": "compare/{base}...{head}",
+                "contents": "contents/{+path}",
+                "contributors": "contributors",
+                "deployments": "deployments",
+                "downloads": "downloads",
+                "events": "events",
+                "forks": "forks",
+                "git_commits": "git/commits{/sha}",
+                "git_refs": "git/refs{/sha}",
+                "git_tags": "git/tags{/sha}",
+                "hooks": "hooks",
+                "issue_comment": "issues/comments{/number}",
+                "issue_events": "issues/events{/number}",
+                "issues": "issues{/number}",
+                "keys": "keys{/key_id}",
+                "labels": "labels{/name}",
+                "languages": "languages",
+                "merges": "merges",
+                "milestones": "milestones{/number}",
+                "notifications": "notifications{?since,all,participating}",
+                "pulls": "pulls{/number}",
+                "releases": "releases{/id}",
+                "stargazers": "stargazers",
+                "statuses": "statuses/{sha}",
+                "subscribers": "subscribers",
+                "subscription": "subscription",
+                "tags": "tags",
+                "teams": "teams",
+                "trees": "git/trees{/sha}",
+            }.items()
+        }
+        return {
+            "id": 1296269,
+            "node_id": "R_1296269",
+            "name": self.repo_name,
+            "full_name": self.repo,
+            "owner": self.user_json(),
+            "private": True,
+            "html_url": f"https://github.com/{self.repo}",
+            "description": "slurmgate emulator repository",
+            "fork": False,
+            "url": api,
+            **urls,
+        }
+
+    def run_json(self, run: EmuRun) -> dict[str, Any]:
+        status, conclusion = self.run_status(run)
+        sha = hashlib.sha1(f"{run.id}".encode()).hexdigest()
+        repo = self.repository_json()
+        return {
+            "id": run.id,
+            "name": run.name,
+            "node_id": f"WFR_{run.id}",
+            "check_suite_id": run.id,
+            "check_suite_node_id": f"CS_{run.id}",
+            "head_branch": "main",
+            "head_sha": sha,
+            "path": ".github/workflows/gpu.yml",
+            "display_title": run.name,
+            "run_number": run.run_number,
+            "run_attempt": run.run_attempt,
+            "event": "push",
+            "status": status,
+            "conclusion": conclusion,
+            "workflow_id": 1,
+            "url": self._api(f"/actions/runs/{run.id}"),
+            "html_url": f"https://github.com/{self.repo}/actions/runs/{run.id}",
+            "pull_requests": [],
+            "created_at": _iso(run.created_at),
+            "updated_at": _iso(run.updated_at),
+            "run_started_at": _iso(run.created_at),
+            "actor": self.user_json(),
+            "triggering_actor": self.user_json(),
+            "jobs_url": self._api(f"/actions/runs/{run.id}/jobs"),
+            "logs_url": self._api(f"/actions/runs/{run.id}/logs"),
+            "check_suite_url": self._api(f"/check-suites/{run.id}"),
+            "artifacts_url": self._api(f"/actions/runs/{run.id}/artifacts"),
+            "cancel_url": self._api(f"/actions/runs/{run.id}/cancel"),
+            "rerun_url": self._api(f"/actions/runs/{run.id}/rerun"),
+            "previous_attempt_url": None,
+            "workflow_url": self._api("/actions/workflows/1"),
+            "head_commit": {
+                "id": sha,
+                "tree_id": sha,
+                "message": run.name,
+                "timestamp": _iso(run.created_at),
+                "author": {"name": "CI", "email": "ci@example.com"},
+                "committer": {"name": "CI", "email": "ci@example.com"},
+            },
+            "repository": repo,
+            "head_repository": repo,
+        }
+
+    def dump(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "repo": self.repo,
+                "runners": [self.runner_json(r) for r in sorted(self.runners.values(), key=_id)],
+                "jobs": [self.job_json(j) for j in sorted(self.jobs.values(), key=_id)],
+                "runs": [
+                    {"id": r.id, "status": self.run_status(r)[0]}
+                    for r in sorted(self.runs.values(), key=_id)
+                ],
+                "quota": {
+                    "limit": self.quota_limit,
+                    "used": self.quota_used,
+                    "reset": int(self.quota_reset_at),
+                },
+                "faults": [f.__dict__ for f in self.faults],
+            }
+
+
+def _id(obj: EmuRunner | EmuJob | EmuRun) -> int:
+    return obj.id
+
+
+def parse_pool(spec: str) -> tuple[str, int]:
+    """`cluster:NAME=COUNT` (or `NAME=COUNT`) -> (NAME, COUNT); the error names the fix."""
+    raw = spec.strip()
+    name, sep, count = raw.partition("=")
+    name = name.strip()
+    if name.lower().startswith("cluster:"):
+        name = name[len("cluster:") :]
+    if not sep or not name or not count.strip().isdigit():
+        raise EmulatorInputError(
+            f"--pool {spec!r} is not cluster:NAME=COUNT; write it like --pool cluster:h100=8"
+        )
+    return name, int(count)
+
+
+def build_state(
+    repo: str,
+    pools: dict[str, int],
+    legacy: int = 0,
+    token: str | None = None,
+    **kwargs: Any,
+) -> EmulatorState:
+    """A state with one pool of runners per entry (`NAME -> COUNT`) plus `legacy` plain runners."""
+    if legacy < 0:
+        raise EmulatorInputError(f"legacy {legacy} is negative; use 0 or more")
+    state = EmulatorState(repo, token=token, **kwargs)
+    for name, count in pools.items():
+        state.add_pool(name.removeprefix("cluster:"), count)
+    state.add_legacy(legacy)
+    return state
+
+
+def fleet_from_job_mix(csv_path: str | Path) -> dict[str, int]:
+    """Pools shaped like a job-mix CSV: `cluster_pool` -> max `runner_label_count_at_snapshot`."""
+    pools: dict[str, int] = {}
+    with open(csv_path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = {"cluster_pool", "runner_label_count_at_snapshot"} - set(reader.fieldnames or [])
+        if missing:
+            raise EmulatorInputError(
+                f"{csv_path} lacks column(s) {', '.join(sorted(missing))}; "
+                "use a job mix like slurmgate/data/inferencex-job-mix.csv"
+            )
+        for row in reader:
+            pool = (row["cluster_pool"] or "").strip().removeprefix("cluster:")
+            count = (row["runner_label_count_at_snapshot"] or "").strip()
+            if not pool or not count.isdigit():
+                continue
+            pools[pool] = max(pools.get(pool, 0), int(count))
+    return dict(sorted(pools.items()))
