@@ -1,0 +1,371 @@
+"""One srun task per node: preflight the node, or start and supervise its model-server lanes."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+MAX_SPEC_BYTES = 64 * 1024
+EXIT_PREFLIGHT = 70
+EXIT_SPAWN = 71
+POLL_S = 0.1
+
+
+class WorkerSpecError(ValueError):
+    """The --spec payload is malformed."""
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    id: str
+    argv: list[str]
+    gpus: list[int]
+    delay_s: float
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    host: str
+    ports: list[int]
+    lanes: list[LaneSpec]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every task of one step needs; task SLURM_PROCID runs nodes[SLURM_PROCID]."""
+
+    run_id: str
+    name: str
+    gpus_per_node: int
+    model_path: str | None
+    grace_s: float
+    nodes: list[NodeSpec]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "run_id": self.run_id,
+            "name": self.name,
+            "gpus_per_node": self.gpus_per_node,
+            "model_path": self.model_path,
+            "grace_s": self.grace_s,
+            "nodes": [
+                {
+                    "host": n.host,
+                    "ports": n.ports,
+                    "lanes": [
+                        {
+                            "id": lane.id,
+                            "argv": lane.argv,
+                            "gpus": lane.gpus,
+                            "delay_s": lane.delay_s,
+                            "env": lane.env,
+                        }
+                        for lane in n.lanes
+                    ],
+                }
+                for n in self.nodes
+            ],
+        }
+
+    def encode(self) -> str:
+        raw = json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
+        text = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        if len(text) > MAX_SPEC_BYTES:
+            raise WorkerSpecError(f"worker spec is {len(text)} bytes, over {MAX_SPEC_BYTES}")
+        return text
+
+    @classmethod
+    def decode(cls, text: str) -> WorkerSpec:
+        if len(text) > MAX_SPEC_BYTES:
+            raise WorkerSpecError(f"--spec is {len(text)} bytes, over {MAX_SPEC_BYTES}")
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            data = json.loads(raw)
+        except (ValueError, TypeError) as exc:
+            raise WorkerSpecError(f"--spec is not base64url JSON: {exc}") from None
+        return cls.from_json(data)
+
+    @classmethod
+    def from_json(cls, data: Any) -> WorkerSpec:
+        _keys(data, {"v", "run_id", "name", "gpus_per_node", "model_path", "grace_s", "nodes"})
+        if data["v"] != 1:
+            raise WorkerSpecError(f"spec version {data['v']!r} is not supported")
+        nodes = []
+        for n in _typed(data["nodes"], list, "nodes"):
+            _keys(n, {"host", "ports", "lanes"})
+            lanes = []
+            seen_gpus: set[int] = set()
+            for lane in _typed(n["lanes"], list, "lanes"):
+                _keys(lane, {"id", "argv", "gpus", "delay_s", "env"})
+                gpus = [_typed(g, int, "gpus[]") for g in _typed(lane["gpus"], list, "gpus")]
+                for g in gpus:
+                    if g in seen_gpus or not 0 <= g < int(data["gpus_per_node"]):
+                        raise WorkerSpecError(
+                            f"lane {lane['id']}: GPU {g} is shared or out of range"
+                        )
+                    seen_gpus.add(g)
+                argv = [_typed(a, str, "argv[]") for a in _typed(lane["argv"], list, "argv")]
+                if not argv:
+                    raise WorkerSpecError(f"lane {lane['id']}: empty argv")
+                lanes.append(
+                    LaneSpec(
+                        id=_typed(lane["id"], str, "id"),
+                        argv=argv,
+                        gpus=gpus,
+                        delay_s=float(lane["delay_s"]),
+                        env={str(k): str(v) for k, v in _typed(lane["env"], dict, "env").items()},
+                    )
+                )
+            ports = sorted({_typed(p, int, "ports[]") for p in _typed(n["ports"], list, "ports")})
+            nodes.append(NodeSpec(host=_typed(n["host"], str, "host"), ports=ports, lanes=lanes))
+        if len({n.host for n in nodes}) != len(nodes):
+            raise WorkerSpecError("hosts in the spec are not unique")
+        return cls(
+            run_id=_typed(data["run_id"], str, "run_id"),
+            name=_typed(data["name"], str, "name"),
+            gpus_per_node=_typed(data["gpus_per_node"], int, "gpus_per_node"),
+            model_path=data["model_path"],
+            grace_s=float(data["grace_s"]),
+            nodes=nodes,
+        )
+
+
+def _keys(obj: Any, expected: set[str]) -> None:
+    if not isinstance(obj, dict) or set(obj) != expected:
+        got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+        raise WorkerSpecError(f"expected keys {sorted(expected)}, got {got}")
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise WorkerSpecError(f"{what} must be {kind.__name__}")
+    return value
+
+
+class PreflightFailed(Exception):
+    """A node check failed; `check` names it."""
+
+    def __init__(self, host: str, check: str, message: str) -> None:
+        self.host = host
+        self.check = check
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return f"preflight failed on node {self.host}: check {self.check}: {self.message}"
+
+
+def visible_gpus(env: dict[str, str] | None = None) -> list[str]:
+    e = os.environ if env is None else env
+    value = e.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not value or value == "NoDevFiles":
+        return []
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def select_node(spec: WorkerSpec) -> NodeSpec:
+    """Pick this task's node by SLURM_PROCID and check identity against the plan."""
+    here = socket.gethostname().split(".")[0]
+    try:
+        procid = int(os.environ["SLURM_PROCID"])
+        ntasks = int(os.environ["SLURM_NTASKS"])
+    except (KeyError, ValueError):
+        raise PreflightFailed(
+            here, "identity", "SLURM_PROCID/SLURM_NTASKS not set: run under srun"
+        ) from None
+    if ntasks != len(spec.nodes):
+        raise PreflightFailed(
+            here, "ntasks", f"SLURM_NTASKS={ntasks} but the plan has {len(spec.nodes)} nodes"
+        )
+    if not 0 <= procid < len(spec.nodes):
+        raise PreflightFailed(here, "identity", f"SLURM_PROCID={procid} is outside the plan")
+    node = spec.nodes[procid]
+    slurm_name = os.environ.get("SLURMD_NODENAME")
+    if node.host not in {here, slurm_name}:
+        raise PreflightFailed(
+            here,
+            "hostname",
+            f"task {procid} runs on {slurm_name or here} but the plan puts it on {node.host}",
+        )
+    return node
+
+
+def preflight(spec: WorkerSpec) -> NodeSpec:
+    """Identity, GPU count, bindable ports and model path; raises PreflightFailed."""
+    node = select_node(spec)
+    gpus = visible_gpus()
+    if len(gpus) != spec.gpus_per_node:
+        raise PreflightFailed(
+            node.host,
+            "gpu-count",
+            f"{len(gpus)} GPUs visible (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}) but the plan needs "
+            f"{spec.gpus_per_node}",
+        )
+    for port in node.ports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As servers bind: TIME_WAIT leftovers of a previous run are fine, a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise PreflightFailed(
+                node.host, "port", f"port {port} is not bindable: {exc.strerror}"
+            ) from None
+        finally:
+            sock.close()
+    if spec.model_path:
+        path = spec.model_path
+        if not os.path.exists(path):
+            raise PreflightFailed(node.host, "model-path", f"{path} does not exist")
+        mode = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)
+        if not os.access(path, mode):
+            raise PreflightFailed(node.host, "model-path", f"{path} is not readable")
+    return node
+
+
+class Lanes:
+    """This node's lane processes, each in its own session."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.procs: list[tuple[LaneSpec, subprocess.Popen[bytes]]] = []
+
+    def spawn(self, lane: LaneSpec, visible: list[str], run_id: str) -> None:
+        env = dict(os.environ)
+        env.update(lane.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] for g in lane.gpus)
+        env["SLURMGATE_RUN_ID"] = run_id
+        env["SLURMGATE_RUN_LANE"] = lane.id
+        proc = subprocess.Popen(
+            lane.argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
+        )
+        self.procs.append((lane, proc))
+        _say(f"started lane {lane.id} pid {proc.pid} gpus {env['CUDA_VISIBLE_DEVICES'] or '-'}")
+
+    def first_exit(self) -> tuple[LaneSpec, int] | None:
+        for lane, proc in self.procs:
+            rc = proc.poll()
+            if rc is not None:
+                return lane, rc
+        return None
+
+    def stop(self) -> None:
+        """TERM every lane's group, a bounded grace, then KILL."""
+        for _, proc in self.procs:
+            _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and any(_group_alive(p.pid) for _, p in self.procs):
+            for _, p in self.procs:
+                p.poll()
+            time.sleep(0.05)
+        for lane, proc in self.procs:
+            if _group_alive(proc.pid):
+                _say(f"lane {lane.id} ignored SIGTERM for {self.grace_s:g} s: SIGKILL")
+                _killpg(proc.pid, signal.SIGKILL)
+        for _, proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+
+def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> int:
+    """Start lanes after their delays and exit as soon as one exits or a stop arrives."""
+    node = preflight(spec)
+    visible = visible_gpus()
+    lanes = Lanes(spec.grace_s)
+    order = sorted(node.lanes, key=lambda lane: lane.delay_s)
+    t0 = time.monotonic()
+    pending = list(order)
+    try:
+        while True:
+            while pending and time.monotonic() - t0 >= pending[0].delay_s and not stop.is_set():
+                lane = pending.pop(0)
+                try:
+                    lanes.spawn(lane, visible, spec.run_id)
+                except OSError as exc:
+                    _say(f"lane {lane.id} failed to start ({lane.argv[0]}): {exc.strerror}")
+                    return EXIT_SPAWN
+            if stop.is_set():
+                _say("stop requested: stopping lanes")
+                return 128 + (stop_signal[0] if stop_signal else signal.SIGTERM)
+            exited = lanes.first_exit()
+            if exited is not None:
+                lane, rc = exited
+                _say(f"lane {lane.id} exited with status {rc}: stopping the node")
+                if rc == 0:
+                    return 1  # a server lane must never end on its own
+                return 128 - rc if rc < 0 else rc
+            stop.wait(POLL_S)
+    finally:
+        lanes.stop()
+
+
+def _say(message: str) -> None:
+    host = socket.gethostname().split(".")[0]
+    print(f"[node-worker {host}] {message}", file=sys.stderr, flush=True)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    from slurmgate.runtime.supervisor import group_alive
+
+    return group_alive(pgid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3 or args[0] not in {"preflight", "serve"} or args[1] != "--spec":
+        print(
+            "usage: python -m slurmgate.runtime.node_worker {preflight|serve} --spec B64",
+            file=sys.stderr,
+        )
+        return 64
+    try:
+        spec = WorkerSpec.decode(args[2])
+    except WorkerSpecError as exc:
+        print(f"node-worker: bad --spec: {exc}", file=sys.stderr)
+        return 64
+    stop = threading.Event()
+    stop_signal: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not stop_signal:
+            stop_signal.append(signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        if args[0] == "preflight":
+            node = preflight(spec)
+            _say(f"preflight ok for {spec.name} on {node.host}")
+            return 0
+        return serve(spec, stop, stop_signal)
+    except PreflightFailed as exc:
+        print(
+            f"SLURMGATE-PREFLIGHT host={exc.host} check={exc.check}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_PREFLIGHT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

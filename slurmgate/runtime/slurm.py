@@ -1,0 +1,228 @@
+"""Typed wrappers of the real Slurm commands, each with a timeout; errors carry the command."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or timed out; carries the argv and its stderr."""
+
+    def __init__(self, argv: Sequence[str], message: str, stderr: str = "") -> None:
+        self.argv = list(argv)
+        self.stderr = stderr
+        detail = f": {stderr.strip()[-800:]}" if stderr.strip() else ""
+        super().__init__(f"`{shlex.join(self.argv)}` {message}{detail}")
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run one short Slurm command; raise SlurmError on timeout or (with check) non-zero exit."""
+    try:
+        out = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise SlurmError(argv, f"timed out after {timeout:g} s", stderr) from None
+    except FileNotFoundError:
+        raise SlurmError(argv, "not found: is the Slurm client installed and on PATH?") from None
+    if check and out.returncode != 0:
+        raise SlurmError(argv, f"exited {out.returncode}", out.stderr)
+    return out
+
+
+def show_hostnames(nodelist: str, *, timeout: float = 10.0) -> list[str]:
+    """Expand a Slurm node list (e.g. node[1-3]) in allocation order."""
+    out = run(["scontrol", "show", "hostnames", nodelist], timeout=timeout)
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def _kv(text: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for token in text.split():
+        if "=" in token:
+            key, _, value = token.partition("=")
+            fields.setdefault(key, value)
+    return fields
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """The fields of `scontrol show job` the runtime uses."""
+
+    job_id: str
+    state: str
+    nodelist: str
+    num_nodes: int
+    name: str
+
+    @property
+    def active(self) -> bool:
+        return self.state in {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
+
+
+def show_job(job_id: str, *, timeout: float = 10.0) -> JobInfo | None:
+    """The job's state, or None once Slurm no longer knows it."""
+    out = run(["scontrol", "show", "job", "-o", job_id], timeout=timeout, check=False)
+    if out.returncode != 0:
+        if "Invalid job id" in out.stderr:
+            return None
+        raise SlurmError(["scontrol", "show", "job", "-o", job_id], "failed", out.stderr)
+    f = _kv(out.stdout)
+    return JobInfo(
+        job_id=f.get("JobId", job_id),
+        state=f.get("JobState", "UNKNOWN"),
+        nodelist=f.get("NodeList", ""),
+        num_nodes=int(f.get("NumNodes", "0").split("-")[0] or 0),
+        name=f.get("JobName", ""),
+    )
+
+
+def node_address(node: str, *, timeout: float = 10.0) -> str:
+    """NodeAddr of a node: how the controller reaches it even without DNS for node names."""
+    out = run(["scontrol", "show", "node", "-o", node], timeout=timeout)
+    return _kv(out.stdout).get("NodeAddr", node)
+
+
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+_SUBMITTED = re.compile(r"Submitted batch job (\d+)")
+
+
+def salloc_no_shell(
+    *,
+    nodes: int,
+    job_name: str,
+    gpus_per_node: int = 0,
+    time_limit: str | None = None,
+    extra: Sequence[str] = (),
+    timeout: float = 120.0,
+) -> str:
+    """Request an allocation that holds the nodes without a shell; returns the job id."""
+    argv = ["salloc", "--no-shell", f"--nodes={nodes}", f"--job-name={job_name}"]
+    if gpus_per_node:
+        argv.append(f"--gres=gpu:{gpus_per_node}")
+    if time_limit:
+        argv.append(f"--time={time_limit}")
+    argv += list(extra)
+    out = run(argv, timeout=timeout)
+    m = _GRANTED.search(out.stderr) or _GRANTED.search(out.stdout)
+    if not m:
+        raise SlurmError(argv, "gave no job id", out.stderr)
+    return m.group(1)
+
+
+def sbatch(argv_tail: Sequence[str], *, timeout: float = 30.0) -> str:
+    """Submit a batch job (`sbatch ARGS...`); returns the job id."""
+    argv = ["sbatch", *argv_tail]
+    out = run(argv, timeout=timeout)
+    m = _SUBMITTED.search(out.stdout)
+    if not m:
+        raise SlurmError(argv, "gave no job id", out.stdout + out.stderr)
+    return m.group(1)
+
+
+def srun_argv(
+    command: Sequence[str],
+    *,
+    job_id: str,
+    nodelist: Sequence[str],
+    step_name: str,
+    gres: str | None = None,
+    kill_on_bad_exit: bool = True,
+    overlap: bool = True,
+    cpus_per_task: int | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """One coordinated step: one task per listed node. `gres=None` inherits the job's GPUs."""
+    argv = [
+        "srun",
+        f"--jobid={job_id}",
+        f"--job-name={step_name}",
+        f"--nodes={len(nodelist)}",
+        f"--ntasks={len(nodelist)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodelist)}",
+        "--unbuffered",
+    ]
+    if kill_on_bad_exit:
+        argv.append("--kill-on-bad-exit=1")
+    if overlap:
+        argv.append("--overlap")
+    if gres is not None:
+        argv.append(f"--gres={gres}")
+    if cpus_per_task:
+        argv.append(f"--cpus-per-task={cpus_per_task}")
+    argv += list(extra)
+    argv.append("--")
+    argv += list(command)
+    return argv
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    step_id: str  # "JOB.STEP"
+    name: str
+
+
+def list_steps(job_id: str, *, timeout: float = 10.0) -> list[StepInfo]:
+    """The job's running steps (`squeue -s`)."""
+    out = run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], timeout=timeout, check=False)
+    steps: list[StepInfo] = []
+    for line in out.stdout.splitlines():
+        sid, _, name = line.strip().partition("|")
+        if sid:
+            steps.append(StepInfo(step_id=sid, name=name))
+    return steps
+
+
+def scancel(
+    target: str, *, signal: str | None = None, timeout: float = 15.0, quiet: bool = True
+) -> bool:
+    """Cancel a job or `JOB.STEP`; `signal` sends it instead (e.g. TERM). False if already gone."""
+    argv = ["scancel"]
+    if signal:
+        argv.append(f"--signal={signal}")
+    argv.append(target)
+    out = run(argv, timeout=timeout, check=False)
+    if out.returncode == 0:
+        return True
+    gone = "Invalid job id" in out.stderr or "already completed" in out.stderr
+    if gone and quiet:
+        return False
+    raise SlurmError(argv, f"exited {out.returncode}", out.stderr)
+
+
+def sinfo_states(*, timeout: float = 10.0) -> dict[str, str]:
+    """node -> state."""
+    out = run(["sinfo", "-h", "-N", "-o", "%N|%T"], timeout=timeout)
+    states: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        node, _, state = line.strip().partition("|")
+        if node:
+            states[node] = state
+    return states
+
+
+def current_job_id(env: Mapping[str, str] | None = None) -> str | None:
+    """The allocation this process runs inside, if any."""
+    e = os.environ if env is None else env
+    return e.get("SLURM_JOB_ID") or e.get("SLURM_JOBID") or None

@@ -1,0 +1,288 @@
+"""The allocation spec: a strict, versioned description of the client and the model deployments."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Flags the launcher owns: a command that sets them itself would fight the layout.
+LAUNCHER_FLAGS = (
+    "--host",
+    "--port",
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--headless",
+    "--distributed-timeout-seconds",
+)
+# Environment names the runtime owns for every lane.
+RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMGATE_RUN_")
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
+
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+_TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
+
+
+class SpecError(ValueError):
+    """A spec problem, worded as `field: message — fix`."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(f"{f}: {m} — {fix}" for f, m, fix in problems))
+
+
+def _problem(field: str, message: str, fix: str) -> ValueError:
+    # pydantic wraps ValueErrors raised in validators; the marker lets from_* recover the parts.
+    return ValueError(f"@@{field}@@{message}@@{fix}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackpressureSpec(_Strict):
+    """Per-lane queue limit the logical endpoint enforces."""
+
+    max_waiting_requests: int = Field(default=128, ge=0)
+    retry_after_s: int = Field(default=1, ge=0, description="0 omits the Retry-After header")
+
+
+class ClientSpec(_Strict):
+    """The zero-GPU client workload, run on the client host with the endpoint URLs in its env."""
+
+    command: list[str] = Field(min_length=1)
+    cpus: int = Field(default=1, ge=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    dedicated_node: bool = Field(
+        default=False,
+        description="False: the client shares the first node of the first deployment",
+    )
+
+
+class DeploymentSpec(_Strict):
+    """One model deployment: replicas of TP×PP lanes, placed on whole nodes."""
+
+    name: str
+    command: list[str] = Field(min_length=1, description="server argv base; the launcher appends")
+    tensor_parallel: int = Field(default=1, ge=1)
+    pipeline_parallel: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=1)
+    nodes_per_replica: int = Field(default=1, ge=1)
+    lanes_per_node: int | None = Field(
+        default=None, ge=1, description="replicas sharing a node group; default fills the GPUs"
+    )
+    gpus_per_node: int | None = Field(
+        default=None, ge=0, description="GPUs this deployment uses per node (≤ the node's)"
+    )
+    base_port: int = Field(default=18000, ge=1024, le=65535)
+    rendezvous_base_port: int = Field(default=19000, ge=1024, le=65535)
+    endpoint_port: int = Field(default=17000, ge=1024, le=65535)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    distributed_timeout_s: float = Field(default=600.0, gt=0)
+    probe_timeout_s: float = Field(default=1.0, gt=0)
+    readiness_path: str = "/health"
+    lead_boot_standoff_s: float = Field(default=60.0, ge=0)
+    rank_launch_stagger_s: float = Field(default=5.0, ge=0)
+    backpressure: BackpressureSpec = Field(default_factory=BackpressureSpec)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise _problem(
+                "name",
+                f"{v!r} is not a valid deployment name",
+                "use lowercase letters, digits and dashes, starting with a letter (≤ 40)",
+            )
+        return v
+
+    @field_validator("readiness_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/") or any(c in v for c in "?# \t"):
+            raise _problem("readiness_path", f"{v!r} is not an absolute path", "use e.g. /health")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            flag = arg.split("=", 1)[0]
+            if flag in LAUNCHER_FLAGS:
+                raise _problem(
+                    "command",
+                    f"{flag} is set by the launcher from the layout",
+                    f"remove {flag} from the command",
+                )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
+                raise _problem("env", f"{key} is set by the runtime", f"remove {key}")
+        return v
+
+    @model_validator(mode="after")
+    def _topology(self) -> DeploymentSpec:
+        if self.pipeline_parallel != self.nodes_per_replica:
+            raise _problem(
+                "pipeline_parallel",
+                f"pipeline_parallel={self.pipeline_parallel} but nodes_per_replica="
+                f"{self.nodes_per_replica}; each pipeline stage runs on its own node",
+                "set nodes_per_replica equal to pipeline_parallel",
+            )
+        if self.distributed_timeout_s > self.startup_timeout_s:
+            raise _problem(
+                "distributed_timeout_s",
+                "the rendezvous timeout exceeds startup_timeout_s",
+                "lower distributed_timeout_s or raise startup_timeout_s",
+            )
+        return self
+
+    def used_gpus_per_node(self, node_gpus: int) -> int:
+        """GPUs this deployment's node worker plans per node."""
+        return self.gpus_per_node if self.gpus_per_node is not None else node_gpus
+
+    def lanes_for(self, node_gpus: int) -> int:
+        """Lanes (replicas) per node group: explicit, or as many as the GPUs hold."""
+        if self.lanes_per_node is not None:
+            return min(self.lanes_per_node, self.replicas)
+        fit = self.used_gpus_per_node(node_gpus) // self.tensor_parallel
+        return max(1, min(self.replicas, fit))
+
+    def nodes_for(self, node_gpus: int) -> int:
+        groups = -(-self.replicas // self.lanes_for(node_gpus))
+        return groups * self.nodes_per_replica
+
+
+class AllocationSpec(_Strict):
+    """The whole allocation: one client and one or more deployments."""
+
+    schema_version: Literal[1] = 1
+    name: str
+    client: ClientSpec
+    deployments: list[DeploymentSpec] = Field(min_length=1)
+    gpus_per_node: int = Field(default=8, ge=0, description="GPUs each node has")
+    model_path: str | None = Field(default=None, description="checked readable on every node")
+    time_limit: str = Field(default="03:55:00", description="[D-]HH:MM:SS for an owned allocation")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise _problem(
+                "name",
+                f"{v!r} is not a valid allocation name",
+                "use lowercase letters, digits and dashes, starting with a letter (≤ 40)",
+            )
+        return v
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, v: str) -> str:
+        if not _TIME_LIMIT.match(v):
+            raise _problem("time_limit", f"{v!r} is not a Slurm time", "use [D-]HH:MM:SS")
+        return v
+
+    @model_validator(mode="after")
+    def _whole(self) -> AllocationSpec:
+        names = [d.name for d in self.deployments]
+        for i, d in enumerate(self.deployments):
+            if names.index(d.name) != i:
+                raise _problem(
+                    f"deployments[{i}].name", f"{d.name!r} is used twice", "give each a name"
+                )
+            used = d.used_gpus_per_node(self.gpus_per_node)
+            if used > self.gpus_per_node:
+                raise _problem(
+                    f"deployments[{i}].gpus_per_node",
+                    f"{used} GPUs per node but a node has {self.gpus_per_node}",
+                    "lower it, or raise the allocation's gpus_per_node if the nodes have more",
+                )
+            lanes = d.lanes_for(self.gpus_per_node)
+            need = lanes * d.tensor_parallel
+            if need > used:
+                raise _problem(
+                    f"deployments[{i}].lanes_per_node",
+                    f"{lanes} lanes × tensor_parallel {d.tensor_parallel} = {need} GPUs, "
+                    f"but the deployment has {used} per node: a GPU would be shared by two lanes",
+                    "lower lanes_per_node or tensor_parallel, or raise gpus_per_node",
+                )
+        # Port collisions are a layout question: the same plan the runtime uses decides them.
+        from slurmgate.runtime.layout import port_problems
+
+        problems = port_problems(self)
+        if problems:
+            f, m, fix = problems[0]
+            raise _problem(f, m, fix)
+        return self
+
+    @property
+    def total_nodes(self) -> int:
+        """Nodes the allocation needs (what `nodes:N` asks for on the admission side)."""
+        return sum(d.nodes_for(self.gpus_per_node) for d in self.deployments) + (
+            1 if self.client.dedicated_node else 0
+        )
+
+    @classmethod
+    def from_data(cls, data: Any, source: str = "spec") -> AllocationSpec:
+        """Validate plain data; raises SpecError with readable problems."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise spec_error_from(exc, source) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> AllocationSpec:
+        import yaml
+
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text())
+        except OSError as exc:
+            raise SpecError([(str(p), f"cannot read: {exc.strerror}", "check the path")]) from None
+        except yaml.YAMLError as exc:
+            raise SpecError([(str(p), f"not valid YAML: {exc}", "fix the YAML syntax")]) from None
+        return cls.from_data(data, source=str(p))
+
+
+def spec_error_from(exc: ValidationError, source: str = "spec") -> SpecError:
+    """Turn a pydantic ValidationError into a SpecError naming each field and its fix."""
+    problems: list[tuple[str, str, str]] = []
+    for err in exc.errors():
+        loc = _loc(err.get("loc", ()))
+        msg = str(err.get("msg", ""))
+        if "@@" in msg:
+            _, field, message, fix = msg.split("@@", 3)[0:4]
+            where = f"{loc}.{field}" if loc and field != loc.rsplit(".", 1)[-1] else loc or field
+            if field.startswith("deployments["):
+                where = field
+            problems.append((where, message, fix))
+        elif err.get("type") == "extra_forbidden":
+            problems.append((loc, "unknown key", "remove it or check its spelling"))
+        elif err.get("type") == "missing":
+            problems.append((loc, "is required", "add it"))
+        elif err.get("type") == "literal_error" and loc.endswith("schema_version"):
+            problems.append((loc, f"unsupported version {err.get('input')!r}", "use 1"))
+        else:
+            problems.append((loc or source, msg, "fix the value"))
+    return SpecError(problems)
+
+
+def _loc(loc: tuple[Any, ...] | Any) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
