@@ -17,12 +17,15 @@ from decimal import Decimal
 from typing import Protocol
 
 from slurmgate.labels import (
+    ATTEMPT_PREFIX,
+    CLUSTER_PREFIX,
     JOB_PREFIX,
+    LEASE_PREFIX,
+    NODES_PREFIX,
     JobLabel,
     LabelError,
     LeaseLabel,
     fold,
-    is_lease,
     parse_nodes,
     unmanaged,
 )
@@ -47,6 +50,7 @@ from slurmgate.settings import AdmissionSettings
 LEGACY = "(legacy)"
 """Board name of the runners without a `cluster:` label; they serve 1-node jobs only."""
 
+_JOB_FAMILIES = (JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX)
 _NOT_STARTED = frozenset(
     {JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING}
 )
@@ -97,8 +101,13 @@ class FleetState:
         runner_pool: dict[int, str | None],
         label_index: dict[str, set[int]],
         eligible: frozenset[int],
+        leases: tuple[Lease, ...] = (),
+        now_s: float = 0.0,
     ) -> None:
         self.pools = pools
+        # what a reservation policy needs to predict when capacity returns
+        self.leases = leases
+        self.now_s = now_s
         self.legacy_free = legacy_free
         self.legacy_total = legacy_total
         self.legacy_admitted = 0
@@ -273,6 +282,34 @@ def fit_now(request: JobRequest, fleet: FleetState) -> Placement | Blocked:
 # ---- the plan --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """A runner's label facts, folded and computed once per plan."""
+
+    pools: tuple[str, ...]
+    folded: frozenset[str]
+    lease_labels: tuple[str, ...]
+    job_labels: tuple[str, ...]
+
+    @property
+    def pool(self) -> str | None:
+        return self.pools[0] if len(self.pools) == 1 else None
+
+    @property
+    def misconfigured(self) -> bool:
+        return len(self.pools) > 1
+
+    @classmethod
+    def of(cls, runner: Runner) -> _Facts:
+        folded = frozenset(fold(label) for label in runner.labels)
+        return cls(
+            pools=tuple(sorted(x for x in folded if x.startswith(CLUSTER_PREFIX))),
+            folded=folded,
+            lease_labels=tuple(sorted(x for x in folded if x.startswith(LEASE_PREFIX))),
+            job_labels=tuple(sorted(x for x in folded if x.startswith(_JOB_FAMILIES))),
+        )
+
+
 @dataclass(slots=True)
 class _Work:
     releases: list[Release] = field(default_factory=list)
@@ -290,6 +327,7 @@ def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Deci
     policy = policy_named(settings.policy)
     runners = sorted(snapshot.runners, key=lambda r: r.id)
     by_id = {r.id: r for r in runners}
+    facts = {r.id: _Facts.of(r) for r in runners}
     jobs = {j.id: j for j in sorted(snapshot.jobs, key=lambda j: j.id)}
     now_s = now.timestamp()
     work = _Work()
@@ -297,11 +335,11 @@ def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Deci
     misconfigured = tuple(
         (
             r.id,
-            f"runner {r.name} carries {len(r.pools)} cluster labels ({', '.join(r.pools)}); "
-            "keep exactly one cluster:<name> label",
+            f"runner {r.name} carries {len(facts[r.id].pools)} cluster labels "
+            f"({', '.join(facts[r.id].pools)}); keep exactly one cluster:<name> label",
         )
         for r in runners
-        if r.misconfigured
+        if facts[r.id].misconfigured
     )
 
     # malformed lease labels are found again per runner by _cleans
@@ -322,9 +360,9 @@ def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Deci
             "releasing only leases whose job finished or vanished"
         )
     else:
-        _cleans(runners, leases, work)
+        _cleans(runners, facts, leases, work)
 
-    fleet = _fleet_state(runners, kept, settings)
+    fleet = _fleet_state(runners, facts, kept, settings, now_s)
     placements: list[Placement] = []
     if settings.PRIORITY_SCHEDULER_ENABLED:
         requests = _requests(snapshot.jobs, leases, settings, work)
@@ -356,7 +394,7 @@ def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Deci
         clean=tuple(sorted(work.cleans, key=lambda c: c.runner_id)),
         blocked=tuple(work.blocked),
         misconfigured_runners=misconfigured,
-        board=_board(runners, fleet),
+        board=_board(runners, facts, fleet),
         notes=tuple(work.notes),
     )
 
@@ -470,6 +508,7 @@ def _releases(
 
 def _cleans(
     runners: list[Runner],
+    facts: dict[int, _Facts],
     leases: list[Lease],
     work: _Work,
 ) -> None:
@@ -477,12 +516,13 @@ def _cleans(
     for runner in runners:
         remove: list[str] = []
         reasons: list[str] = []
-        bad_leases = [label for label in runner.lease_labels if not _valid_lease(label)]
+        known = facts[runner.id]
+        bad_leases = [label for label in known.lease_labels if not _valid_lease(label)]
         if bad_leases:
             remove.extend(bad_leases)
             reasons.append("malformed lease label")
-        valid_leases = [label for label in runner.lease_labels if _valid_lease(label)]
-        job_labels = runner.managed_job_labels()
+        valid_leases = len(bad_leases) < len(known.lease_labels)
+        job_labels = known.job_labels
         if job_labels and runner.id not in anchors and not runner.busy:
             remove.extend(job_labels)
             reasons.append(
@@ -502,18 +542,22 @@ def _valid_lease(label: str) -> bool:
     return True
 
 
-def _is_free(runner: Runner) -> bool:
+def _is_free(runner: Runner, known: _Facts) -> bool:
     return (
         runner.online
         and not runner.busy
-        and not runner.misconfigured
-        and not any(is_lease(label) for label in runner.labels)
-        and not runner.managed_job_labels()
+        and not known.misconfigured
+        and not known.lease_labels
+        and not known.job_labels
     )
 
 
 def _fleet_state(
-    runners: list[Runner], kept: list[Lease], settings: AdmissionSettings
+    runners: list[Runner],
+    facts: dict[int, _Facts],
+    kept: list[Lease],
+    settings: AdmissionSettings,
+    now_s: float,
 ) -> FleetState:
     pools: dict[str, PoolState] = {}
     legacy_free: list[int] = []
@@ -522,16 +566,17 @@ def _fleet_state(
     label_index: dict[str, set[int]] = defaultdict(set)
     eligible: set[int] = set()
     for runner in runners:
-        if runner.misconfigured:
+        known = facts[runner.id]
+        if known.misconfigured:
             continue
-        pool = runner.pool
+        pool = known.pool
         runner_pool[runner.id] = pool
         eligible.add(runner.id)
-        for label in runner.folded:
+        for label in known.folded:
             label_index[label].add(runner.id)
         if pool is None:
             legacy_total += 1
-            if _is_free(runner):
+            if _is_free(runner, known):
                 legacy_free.append(runner.id)
             continue
         state = pools.get(pool)
@@ -539,7 +584,7 @@ def _fleet_state(
             state = pools[pool] = PoolState(pool, 0, 0, 0, [])
         state.total += 1
         state.online += int(runner.online)
-        if _is_free(runner):
+        if _is_free(runner, known):
             state.free.append(runner.id)
     for lease in kept:
         requested = (lease.requested_nodes or 0) if settings.node_slots else 1
@@ -552,7 +597,14 @@ def _fleet_state(
             if pool is not None:
                 pools[pool].in_use += 1
     return FleetState(
-        pools, legacy_free, legacy_total, runner_pool, label_index, frozenset(eligible)
+        pools,
+        legacy_free,
+        legacy_total,
+        runner_pool,
+        label_index,
+        frozenset(eligible),
+        tuple(kept),
+        now_s,
     )
 
 
@@ -592,12 +644,19 @@ def _score(job: Job, default: Decimal) -> Decimal:
     return JobLabel.parse(labels[0]).score
 
 
-def _board(runners: list[Runner], fleet: FleetState) -> tuple[PoolRow, ...]:
+def _board(
+    runners: list[Runner], facts: dict[int, _Facts], fleet: FleetState
+) -> tuple[PoolRow, ...]:
+    """One row per pool, after this plan's admissions; `admitted_nodes` is the in-use count."""
     rows: list[PoolRow] = []
     per_pool: dict[str | None, list[Runner]] = defaultdict(list)
+    leased: set[int] = set()
     for runner in runners:
-        if not runner.misconfigured:
-            per_pool[runner.pool].append(runner)
+        known = facts[runner.id]
+        if known.lease_labels:
+            leased.add(runner.id)
+        if not known.misconfigured:
+            per_pool[known.pool].append(runner)
     for name in sorted(fleet.pools):
         state = fleet.pools[name]
         members = per_pool[name]
@@ -606,8 +665,8 @@ def _board(runners: list[Runner], fleet: FleetState) -> tuple[PoolRow, ...]:
                 pool=name,
                 runners=state.total,
                 online=state.online,
-                leased=sum(1 for r in members if r.lease_labels),
-                busy_unleased=sum(1 for r in members if r.busy and not r.lease_labels),
+                leased=sum(1 for r in members if r.id in leased),
+                busy_unleased=sum(1 for r in members if r.busy and r.id not in leased),
                 free=len(state.free),
                 admitted_nodes=state.in_use,
                 blocked=state.blocked,
@@ -620,10 +679,10 @@ def _board(runners: list[Runner], fleet: FleetState) -> tuple[PoolRow, ...]:
                 pool=LEGACY,
                 runners=len(legacy),
                 online=sum(1 for r in legacy if r.online),
-                leased=sum(1 for r in legacy if r.lease_labels),
-                busy_unleased=sum(1 for r in legacy if r.busy and not r.lease_labels),
+                leased=sum(1 for r in legacy if r.id in leased),
+                busy_unleased=sum(1 for r in legacy if r.busy and r.id not in leased),
                 free=len(fleet.legacy_free),
-                admitted_nodes=sum(1 for r in legacy if r.lease_labels) + fleet.legacy_admitted,
+                admitted_nodes=sum(1 for r in legacy if r.id in leased) + fleet.legacy_admitted,
                 blocked=0,
             )
         )
