@@ -10,7 +10,7 @@ from admission_kit import NOW, ON, apply, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmgate.labels import fold, unmanaged
+from slurmgate.labels import fold, is_managed, unmanaged
 from slurmgate.model import Decisions, Job, JobStatus, Runner, Snapshot, leases_from_fleet
 from slurmgate.planner import plan
 
@@ -144,6 +144,9 @@ def check_admissions(snap: Snapshot, d: Decisions) -> None:
 def test_capacity_invariant_one_pool_per_lease_and_no_double_lease(world: World) -> None:
     d = plan(world.snap, ON, NOW)
     check_admissions(world.snap, d)
+    removed = [x for r in d.release for _, labels in r.labels for x in labels]
+    removed += [x for c in d.clean for x in c.labels]
+    assert all(is_managed(x) for x in removed), "only managed labels are ever removed"
     decided = {a.job_id for a in d.admit} | {b.job_id for b in d.blocked}
     managed_queued = {
         j.id

@@ -421,3 +421,17 @@ def test_policy_is_chosen_by_name() -> None:
     with pytest.raises(ValueError, match="SLURMGATE_POLICY"):
         policy_named("fcfs")
     assert priority_order([]) == []
+
+
+def test_board_counts_per_pool_and_legacy_row() -> None:
+    running = job(1, 2, status=JobStatus.IN_PROGRESS)
+    runners = lease_runners(pool("x", 5, busy={5}, offline={4}), running, [1, 2])
+    runners += legacy(2, 10)
+    d = plan(snapshot(runners, [running, job(2, 1, pool_name=None), job(3, 9)]), ON, NOW)
+    rows = {row.pool: row for row in d.board}
+    assert list(rows) == [LEGACY, "cluster:x"]
+    x = rows["cluster:x"]
+    assert (x.runners, x.online, x.leased, x.busy_unleased) == (5, 4, 2, 1)
+    assert (x.free, x.admitted_nodes, x.blocked) == (1, 2, 1)  # runner 3 free; the 9 blocked
+    legacy_row = rows[LEGACY]
+    assert (legacy_row.runners, legacy_row.free, legacy_row.admitted_nodes) == (2, 1, 1)
