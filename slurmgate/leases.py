@@ -1,0 +1,350 @@
+"""The lease protocol: label N runners, re-read and verify, anchor in one write; undo on failure.
+
+Every step is a plain async function over a GitHub client, idempotent so that a retry after a
+write that did land is harmless. Each write registers its undo on a `CompensationStack` *before*
+it is sent (a write that timed out may still have landed), and a failed admission unwinds the
+stack in reverse: it removes exactly the labels this attempt added and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slurmgate.labels import (
+    ATTEMPT_PREFIX,
+    JOB_PREFIX,
+    NODES_PREFIX,
+    LabelError,
+    LeaseLabel,
+    fold,
+    is_managed,
+)
+from slurmgate.model import Admit, Clean, Release, Runner
+
+
+class LeaseClient(Protocol):
+    """The slice of `slurmgate.github.GitHubClient` the protocol uses."""
+
+    async def list_runners(self, conditional: bool = True) -> list[Runner]: ...
+
+    async def add_labels(self, runner_id: int, labels: list[str]) -> object: ...
+
+    async def remove_label(self, runner_id: int, label: str) -> bool: ...
+
+
+class LeaseError(Exception):
+    """An admission that must be rolled back; never retried (the fleet said no)."""
+
+
+class LeaseConflict(LeaseError):
+    """Another lease holds one of the chosen runners and wins the deterministic rule."""
+
+
+class LeaseLost(LeaseError):
+    """A chosen runner vanished, went offline or busy, or lost our label before the anchor."""
+
+
+class UnmanagedLabelError(ValueError):
+    """A release or clean asked to remove a label slurmgate does not own."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth another attempt: server faults, rate limits and timeouts, never 4xx."""
+    from slurmgate import github
+
+    return isinstance(exc, github.TransientError | github.RateLimited | TimeoutError)
+
+
+# ---- compensation ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Undo:
+    """One registered compensation: what it undoes, and the call that undoes it."""
+
+    runner_id: int
+    label: str
+    action: Callable[[], Awaitable[object]]
+
+
+@dataclass(slots=True)
+class UnwindReport:
+    """What compensation removed, and what it could not (the next reconcile repairs those)."""
+
+    undone: list[tuple[int, str]] = field(default_factory=list)
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+class CompensationStack:
+    """Undo actions registered before each write, unwound in reverse when the attempt fails."""
+
+    def __init__(self, *, undo_attempts: int = 3, undo_backoff_s: float = 0.2) -> None:
+        self._undos: list[Undo] = []
+        self._undo_attempts = undo_attempts
+        self._undo_backoff_s = undo_backoff_s
+
+    def __len__(self) -> int:
+        return len(self._undos)
+
+    @property
+    def pending(self) -> list[tuple[int, str]]:
+        return [(undo.runner_id, undo.label) for undo in self._undos]
+
+    def push_label_removal(self, client: LeaseClient, runner_id: int, label: str) -> None:
+        """Register the removal of `label` from `runner_id`; only managed labels are allowed."""
+        if not is_managed(label):
+            raise UnmanagedLabelError(
+                f"refusing to register removal of {label!r}: only ci-lease-*, ci-job-*, "
+                "ci-attempt-* and nodes:* labels are ever removed"
+            )
+        if (runner_id, fold(label)) in {(u.runner_id, fold(u.label)) for u in self._undos}:
+            return  # a retried step registers once; the label is removed once
+
+        async def remove() -> bool:
+            return await client.remove_label(runner_id, label)
+
+        self._undos.append(Undo(runner_id, label, remove))
+
+    def commit(self) -> None:
+        """The attempt succeeded: forget the undos."""
+        self._undos.clear()
+
+    async def unwind(self) -> UnwindReport:
+        """Run every undo in reverse order; never raises for a failed undo, it reports it."""
+        report = UnwindReport()
+        while self._undos:
+            undo = self._undos.pop()
+            for attempt in range(1, self._undo_attempts + 1):
+                try:
+                    await undo.action()
+                except Exception as exc:
+                    if attempt < self._undo_attempts and is_transient(exc):
+                        await asyncio.sleep(self._undo_backoff_s * attempt)
+                        continue
+                    report.failed.append((undo.runner_id, undo.label, type(exc).__name__))
+                    break
+                report.undone.append((undo.runner_id, undo.label))
+                break
+        return report
+
+
+# ---- the protocol steps ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """The re-read fleet confirmed the lease; `anchor_present` are anchor labels it already had."""
+
+    runners: tuple[Runner, ...]
+    anchor_present: frozenset[str]
+    competing: tuple[str, ...] = ()
+
+
+async def add_lease_label(
+    client: LeaseClient, admit: Admit, runner_id: int, stack: CompensationStack
+) -> None:
+    """Step 1, one runner: add the shared lease label (one POST; adding it twice is harmless)."""
+    if runner_id not in admit.runner_ids:
+        raise ValueError(f"runner {runner_id} is not one of lease {admit.lease_label}'s runners")
+    stack.push_label_removal(client, runner_id, admit.lease_label)
+    await client.add_labels(runner_id, [admit.lease_label])
+
+
+def _has_anchor(label: str, fleet: Sequence[Runner]) -> bool:
+    return any(label in r.lease_labels and r.managed_job_labels() for r in fleet)
+
+
+def _created(label: str) -> int:
+    try:
+        return LeaseLabel.parse(label).created_at
+    except LabelError:
+        return 0  # a malformed lease label is the oldest: it never beats a well-formed one
+
+
+def conflict_winner(labels: Sequence[str], fleet: Sequence[Runner]) -> str:
+    """The lease that keeps a shared runner: anchored first, then the older, then the smaller."""
+    return min(labels, key=lambda lb: (not _has_anchor(lb, fleet), _created(lb), lb))
+
+
+def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
+    """Step 2 on a fleet already read: raise LeaseLost/LeaseConflict, or confirm the lease."""
+    ours = fold(admit.lease_label)
+    by_id = {r.id: r for r in fleet}
+    competing: set[str] = set()
+    for runner_id in admit.runner_ids:
+        runner = by_id.get(runner_id)
+        if runner is None:
+            raise LeaseLost(f"runner {runner_id} is no longer registered")
+        if ours not in runner.lease_labels:
+            raise LeaseLost(f"runner {runner.name} ({runner_id}) no longer carries {ours}")
+        if not runner.online:
+            raise LeaseLost(f"runner {runner.name} ({runner_id}) went offline")
+        if runner.busy:
+            raise LeaseLost(f"runner {runner.name} ({runner_id}) is busy with another job")
+        others = [label for label in runner.lease_labels if label != ours]
+        if others:
+            competing.update(others)
+            winner = conflict_winner([ours, *others], fleet)
+            if winner != ours:
+                raise LeaseConflict(
+                    f"runner {runner.name} ({runner_id}) is also leased by {winner}, which wins"
+                )
+    anchor = by_id[admit.anchor_id]
+    wanted = {fold(label) for label in admit.anchor_labels}
+    foreign = [label for label in anchor.managed_job_labels() if label not in wanted]
+    if foreign:
+        raise LeaseConflict(
+            f"anchor {anchor.name} ({anchor.id}) already carries job labels {', '.join(foreign)}"
+        )
+    present = frozenset(label for label in anchor.managed_job_labels() if label in wanted)
+    return Verification(tuple(fleet), present, tuple(sorted(competing)))
+
+
+async def verify_lease(client: LeaseClient, admit: Admit) -> Verification:
+    """Step 2: re-read the fleet unconditionally (no cached copy) and check the lease on it."""
+    fleet = await client.list_runners(conditional=False)
+    return check_lease(admit, fleet)
+
+
+async def add_anchor_labels(
+    client: LeaseClient, admit: Admit, stack: CompensationStack, verified: Verification
+) -> None:
+    """Step 3: give the anchor every per-job label in ONE request; this is what dispatches."""
+    _check_anchor_labels(admit)
+    for label in admit.anchor_labels:
+        if fold(label) not in verified.anchor_present:
+            stack.push_label_removal(client, admit.anchor_id, label)
+    await client.add_labels(admit.anchor_id, list(admit.anchor_labels))
+
+
+def _check_anchor_labels(admit: Admit) -> None:
+    bad = [
+        label
+        for label in admit.anchor_labels
+        if not fold(label).startswith((JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX))
+    ]
+    if bad or not admit.anchor_labels:
+        raise ValueError(
+            f"Admit.anchor_labels for job {admit.job_id} must be ci-job-*, ci-attempt-* and "
+            f"nodes:* labels only; got {list(admit.anchor_labels)}"
+        )
+
+
+# ---- the whole admission, and removal ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitOutcome:
+    """How one admission ended: admitted, or rolled back with the reason and what was undone."""
+
+    job_id: int
+    lease_label: str
+    admitted: bool
+    reason: str
+    undone: tuple[tuple[int, str], ...] = ()
+    left_behind: tuple[tuple[int, str, str], ...] = ()
+
+
+async def admit_lease(client: LeaseClient, admit: Admit) -> AdmitOutcome:
+    """Run the three steps in order with compensation; the caller retries nothing.
+
+    A LeaseError (conflict, lost runner) becomes a rolled-back outcome; any other exception is
+    re-raised after compensation ran, so callers see GitHub faults as the typed errors they are.
+    """
+    stack = CompensationStack()
+    try:
+        for runner_id in admit.runner_ids:
+            await add_lease_label(client, admit, runner_id, stack)
+        verified = await verify_lease(client, admit)
+        await add_anchor_labels(client, admit, stack, verified)
+    except LeaseError as exc:
+        report = await stack.unwind()
+        return AdmitOutcome(
+            admit.job_id,
+            admit.lease_label,
+            False,
+            f"{type(exc).__name__}: {exc}",
+            tuple(report.undone),
+            tuple(report.failed),
+        )
+    except BaseException:
+        await asyncio.shield(stack.unwind())
+        raise
+    stack.commit()
+    return AdmitOutcome(admit.job_id, admit.lease_label, True, "admitted")
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalOutcome:
+    """Labels removed, and labels that were already gone (GitHub answered 404)."""
+
+    removed: tuple[tuple[int, str], ...]
+    already_gone: tuple[tuple[int, str], ...]
+
+
+def _removal_pairs(pairs: Sequence[tuple[int, Sequence[str]]]) -> list[tuple[int, str]]:
+    flat: list[tuple[int, str]] = []
+    for runner_id, labels in pairs:
+        for label in labels:
+            if not is_managed(label):
+                raise UnmanagedLabelError(
+                    f"refusing to remove {label!r} from runner {runner_id}: only ci-lease-*, "
+                    "ci-job-*, ci-attempt-* and nodes:* labels are ever removed"
+                )
+            flat.append((runner_id, label))
+    return flat
+
+
+async def remove_labels(
+    client: LeaseClient, pairs: Sequence[tuple[int, Sequence[str]]]
+) -> RemovalOutcome:
+    """DELETE each managed label from its runner; a 404 means it is already gone (idempotent)."""
+    removed: list[tuple[int, str]] = []
+    gone: list[tuple[int, str]] = []
+    for runner_id, label in _removal_pairs(pairs):
+        if await client.remove_label(runner_id, label):
+            removed.append((runner_id, label))
+        else:
+            gone.append((runner_id, label))
+    return RemovalOutcome(tuple(removed), tuple(gone))
+
+
+async def release_lease(client: LeaseClient, release: Release) -> RemovalOutcome:
+    """Remove exactly `release.labels`: lease label everywhere, job labels from the anchor."""
+    return await remove_labels(client, release.labels)
+
+
+async def clean_runner(client: LeaseClient, clean: Clean) -> RemovalOutcome:
+    """Remove stray managed labels from one runner."""
+    return await remove_labels(client, [(clean.runner_id, clean.labels)])
+
+
+def lease_labels_for_job(
+    fleet: Sequence[Runner], job_id: int, attempt: int | None = None
+) -> list[tuple[int, tuple[str, ...]]]:
+    """Every managed label of a job's leases: lease labels plus the anchor's job labels.
+
+    Used to release a job's lease at once when its CI job ends, without waiting for the planner.
+    """
+    labels: set[str] = set()
+    for runner in fleet:
+        for label in runner.lease_labels:
+            try:
+                parsed = LeaseLabel.parse(label)
+            except LabelError:
+                continue
+            if parsed.job_id == job_id and (attempt is None or parsed.attempt == attempt):
+                labels.add(label)
+    pairs: list[tuple[int, tuple[str, ...]]] = []
+    for runner in sorted(fleet, key=lambda r: r.id):
+        mine = [label for label in runner.lease_labels if label in labels]
+        if not mine:
+            continue
+        # Job labels belong to the runner's lease only when it holds no other lease.
+        sole = len(mine) == len(runner.lease_labels)
+        job_labels = runner.managed_job_labels() if sole else []
+        pairs.append((runner.id, tuple(job_labels + mine)))  # stop dispatch first
+    return pairs
