@@ -1,0 +1,325 @@
+"""The reconcile flow: snapshot, plan, release, clean, then one lease subflow per admission."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import Artifact, acreate_table_artifact
+from pydantic import ValidationError
+
+from slurmgate.leases import AdmitOutcome, CompensationStack, LeaseError
+from slurmgate.model import Admit, Decisions
+from slurmgate.planner import plan
+from slurmgate.settings import AdmissionSettings
+from tasks.github import (
+    ScopeError,
+    add_anchor_labels_task,
+    add_lease_label_task,
+    bound_client,
+    read_snapshot,
+    remove_labels_task,
+    resolve_scope,
+    verify_lease_task,
+)
+
+BOARD_KEY = "slurmgate-pool-board"
+
+
+class ReconcileError(RuntimeError):
+    """Some decisions of the tick failed after their retries; the rest were carried out."""
+
+
+@flow(name="lease", flow_run_name="lease-j{admit.job_id}-a{admit.attempt}", log_prints=False)
+async def lease(admit: Admit) -> AdmitOutcome:
+    """Label the runners, verify, anchor; on any failure undo exactly this attempt's labels.
+
+    Compensation is our own stack, not a Prefect transaction: a step that fails once and then
+    passes on retry must not roll anything back (prefect 3.9 transactions would).
+    """
+    logger = get_run_logger()
+    stack = CompensationStack()
+    try:
+        for runner_id in admit.runner_ids:
+            await add_lease_label_task(admit, runner_id, stack)
+        verified = await verify_lease_task(admit)
+        await add_anchor_labels_task(admit, stack, verified)
+    except BaseException as exc:
+        # shield: a cancelled tick still removes what it wrote
+        report = await asyncio.shield(stack.unwind())
+        logger.warning(
+            "rollback job=%s lease=%s undone=%d left=%d cause=%s: %s",
+            admit.job_id,
+            admit.lease_label,
+            len(report.undone),
+            len(report.failed),
+            type(exc).__name__,
+            exc,
+        )
+        if isinstance(exc, LeaseError):
+            return AdmitOutcome(
+                admit.job_id,
+                admit.lease_label,
+                False,
+                f"{type(exc).__name__}: {exc}",
+                tuple(report.undone),
+                tuple(report.failed),
+            )
+        raise
+    stack.commit()
+    logger.info(
+        "admitted job=%s lease=%s pool=%s nodes=%d anchor=%s",
+        admit.job_id,
+        admit.lease_label,
+        admit.pool,
+        admit.nodes,
+        admit.anchor_id,
+    )
+    return AdmitOutcome(admit.job_id, admit.lease_label, True, "admitted")
+
+
+def log_decisions(decisions: Decisions, logger: Any, *, admissions: bool) -> None:
+    """One line per decision: job id, lease id, pool and the reason (blocked jobs too).
+
+    `admissions=False` logs releases and cleans; `admissions=True` the admits, blocked jobs,
+    misconfigured runners and notes of the plan the admissions come from.
+    """
+    if not admissions:
+        _log_removals(decisions, logger)
+        return
+    _log_admissions(decisions, logger)
+
+
+def _log_removals(decisions: Decisions, logger: Any) -> None:
+    for r in decisions.release:
+        logger.info(
+            "release job=%s lease=%s pool=%s reason=%s %s",
+            r.job_id,
+            r.lease_label,
+            r.pool,
+            r.reason.value,
+            r.detail,
+        )
+    for c in decisions.clean:
+        logger.info(
+            "clean runner=%s labels=%s reason=%s", c.runner_id, ",".join(c.labels), c.reason
+        )
+
+
+def _log_admissions(decisions: Decisions, logger: Any) -> None:
+    for a in decisions.admit:
+        logger.info(
+            "admit job=%s lease=%s pool=%s nodes=%d anchor=%s reason=%s",
+            a.job_id,
+            a.lease_label,
+            a.pool,
+            a.nodes,
+            a.anchor_id,
+            a.reason,
+        )
+    for b in decisions.blocked:
+        logger.info(
+            "blocked job=%s lease=- pool=%s nodes=%s reason=%s %s",
+            b.job_id,
+            b.pool,
+            b.nodes,
+            b.reason.value,
+            b.detail,
+        )
+    for runner_id, why in decisions.misconfigured_runners:
+        logger.warning("misconfigured runner=%s %s", runner_id, why)
+    for note in decisions.notes:
+        logger.info("note %s", note)
+
+
+def board_table(decisions: Decisions) -> list[dict[str, Any]]:
+    """The pool board: capacity, leased, free and the blocked jobs with their reasons."""
+    blocked: dict[str, list[str]] = {}
+    for b in decisions.blocked:
+        pool = b.pool or "(none)"
+        nodes = f"{b.nodes}n" if b.nodes is not None else "?n"
+        blocked.setdefault(pool, []).append(f"job {b.job_id} ({nodes}): {b.reason.value}")
+    rows: list[dict[str, Any]] = []
+    for row in decisions.board:
+        rows.append(
+            {
+                "pool": row.pool,
+                "runners": row.runners,
+                "online": row.online,
+                "leased": row.leased,
+                "busy_unleased": row.busy_unleased,
+                "free": row.free,
+                "admitted_nodes": row.admitted_nodes,
+                "blocked": "; ".join(blocked.pop(row.pool, [])),
+            }
+        )
+    for pool, jobs in sorted(blocked.items()):
+        rows.append(
+            {
+                "pool": pool,
+                "runners": 0,
+                "online": 0,
+                "leased": 0,
+                "busy_unleased": 0,
+                "free": 0,
+                "admitted_nodes": 0,
+                "blocked": "; ".join(jobs),
+            }
+        )
+    return rows
+
+
+async def write_board_if_changed(table: list[dict[str, Any]]) -> bool:
+    """Write the board artifact only when it differs from the latest version (keyed artifacts
+    keep one version per write; a 30 s tick would make ~2,900 a day)."""
+    latest = await Artifact.aget(BOARD_KEY)
+    if latest is not None:
+        data = latest.data
+        try:
+            previous = json.loads(data) if isinstance(data, str) else data
+        except ValueError:
+            previous = None
+        if previous == table:
+            return False
+    await acreate_table_artifact(
+        table=table, key=BOARD_KEY, description="slurmgate pools: capacity, leases, blocked jobs"
+    )
+    return True
+
+
+@flow(name="reconcile", log_prints=False)
+async def reconcile(
+    scope_block: str | None = "default",
+    policy_block: str | None = None,
+    api_url: str | None = None,
+    repo: str | None = None,
+    org: str | None = None,
+) -> dict[str, Any]:
+    """One reconcile tick: read, plan, release finished leases, clean strays, admit in order.
+
+    Parameters name saved blocks (`slurmgate-github-scope`, `slurmgate-admission-policy`); the
+    CLI passes an inline scope instead (api_url with repo or org; token from $GITHUB_TOKEN).
+    Without a policy block the settings come from the environment (AdmissionSettings).
+    """
+    from blocks import AdmissionPolicyBlock
+
+    logger = get_run_logger()
+    scope = await resolve_scope(scope_block, api_url, repo, org)
+    if policy_block:
+        try:
+            settings = (await AdmissionPolicyBlock.aload(policy_block)).to_settings()
+        except ValueError as exc:
+            raise ScopeError(
+                f"policy_block {policy_block!r} could not be loaded ({exc}); save one with "
+                f"AdmissionPolicyBlock(...).save({policy_block!r}), or pass policy_block=None "
+                "to read PRIORITY_SCHEDULER_ENABLED etc. from the environment"
+            ) from None
+    else:
+        settings = AdmissionSettings()
+    summary: dict[str, Any] = {
+        "admitted": 0,
+        "rolled_back": 0,
+        "released": 0,
+        "cleaned": 0,
+        "blocked": 0,
+        "errors": 0,
+    }
+    failures: list[str] = []
+    async with scope.get_client() as client, bound_client(client):
+        snapshot = await read_snapshot()
+        started = time.perf_counter()
+        decisions = plan(snapshot, settings, datetime.now(UTC))
+        summary["plan_s"] = round(time.perf_counter() - started, 6)
+        log_decisions(decisions, logger, admissions=False)
+
+        for release in decisions.release:
+            try:
+                await remove_labels_task(release.labels)
+                summary["released"] += 1
+            except Exception as exc:
+                failures.append(f"release {release.lease_label}: {type(exc).__name__}: {exc}")
+        for clean in decisions.clean:
+            try:
+                await remove_labels_task(((clean.runner_id, clean.labels),))
+                summary["cleaned"] += 1
+            except Exception as exc:
+                failures.append(f"clean runner {clean.runner_id}: {type(exc).__name__}: {exc}")
+        if summary["released"] or summary["cleaned"]:
+            # Freed runners still carried their labels in the first read; admit from a fresh
+            # read so released capacity is reused in this tick, never guessed at.
+            snapshot = await read_snapshot()
+            started = time.perf_counter()
+            decisions = plan(snapshot, settings, datetime.now(UTC))
+            summary["plan_s"] += round(time.perf_counter() - started, 6)
+            for deferred in (*decisions.release, *decisions.clean):
+                logger.info("deferred to the next tick: %s", deferred)
+        log_decisions(decisions, logger, admissions=True)
+        summary["blocked"] = len(decisions.blocked)
+
+        # one admission at a time: GitHub has no compare-and-swap, so we are the single writer
+        for admit in decisions.admit:
+            try:
+                outcome = await lease(admit)
+            except Exception as exc:
+                failures.append(f"lease {admit.lease_label}: {type(exc).__name__}: {exc}")
+                continue
+            summary["admitted" if outcome.admitted else "rolled_back"] += 1
+
+        summary["board_written"] = await write_board_if_changed(board_table(decisions))
+        summary["api_calls"] = client.calls.total
+        summary["api_not_modified"] = client.calls.total_not_modified
+        summary["api_writes"] = client.calls.writes
+    summary["errors"] = len(failures)
+    logger.info("tick %s", json.dumps(summary, sort_keys=True))
+    if failures:
+        for line in failures:
+            logger.error("failed %s", line)
+        raise ReconcileError(
+            f"{len(failures)} decision(s) failed after retries (the next tick repairs them): "
+            + "; ".join(failures)
+        )
+    return summary
+
+
+def reconcile_once_cli(api_url: str, repo: str | None = None, org: str | None = None) -> int:
+    """`slurmgate reconcile --once`: one tick through the Prefect flow; 0 on success.
+
+    The token comes from $GITHUB_TOKEN and the policy flags from the environment.
+    """
+    if (repo is None) == (org is None):
+        print(
+            "slurmgate reconcile: pass exactly one of --repo OWNER/NAME or --org NAME",
+            file=sys.stderr,
+        )
+        return 2
+    if not os.environ.get("GITHUB_TOKEN", "").strip():
+        print(
+            "slurmgate reconcile: GITHUB_TOKEN is empty; export a token with admin rights on "
+            "the runners (any non-empty value for the emulator)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        AdmissionSettings()
+    except ValidationError as exc:
+        print(
+            f"slurmgate reconcile: bad admission settings in the environment: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        summary = asyncio.run(reconcile(scope_block=None, api_url=api_url, repo=repo, org=org))
+    except ScopeError as exc:
+        print(f"slurmgate reconcile: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"slurmgate reconcile: tick failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, sort_keys=True))
+    return 0

@@ -1,0 +1,195 @@
+"""Prefect tasks over the GitHub client: the snapshot read and each lease step, with retries."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
+from prefect.tasks import Task
+
+from slurmgate.github import FileEtagCache, GitHubClient, GitHubScope
+from slurmgate.leases import (
+    CompensationStack,
+    RemovalOutcome,
+    Verification,
+    add_anchor_labels,
+    add_lease_label,
+    is_transient,
+    remove_labels,
+    verify_lease,
+)
+from slurmgate.model import Admit, Snapshot
+from slurmgate.snapshot import take_snapshot
+
+if TYPE_CHECKING:
+    from blocks import GitHubScopeBlock
+
+STATE_DIR_ENV = "SLURMGATE_STATE_DIR"
+
+# The client is bound per flow run and never passed as a parameter: Prefect serialises flow
+# parameters for the API, and a client object would carry the token there.
+_client: ContextVar[GitHubClient | None] = ContextVar("slurmgate_github_client", default=None)
+
+
+def state_dir() -> Path:
+    """Where the controller keeps its ETag cache: $SLURMGATE_STATE_DIR, else ~/.cache/slurmgate."""
+    configured = os.environ.get(STATE_DIR_ENV, "").strip()
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "slurmgate"
+
+
+def etag_cache_for(scope: GitHubScope) -> FileEtagCache:
+    """One ETag cache file per API and scope, so 304s survive across flow runs and processes."""
+    key = hashlib.sha256(f"{scope.api_url}|{scope.repo}|{scope.org}".encode()).hexdigest()[:16]
+    return FileEtagCache(state_dir() / f"etags-{key}.json")
+
+
+def client_for_scope(block: GitHubScopeBlock, **overrides: Any) -> GitHubClient:
+    """A GitHubClient for a scope block, with its file ETag cache; overrides go to the client."""
+    scope = GitHubScope(api_url=block.api_url, repo=block.repo, org=block.org)
+    options: dict[str, Any] = {
+        "etag_cache": etag_cache_for(scope),
+        "min_write_interval_s": block.min_write_interval_s,
+        "max_retries": block.request_retries,
+    }
+    options.update(overrides)
+    return GitHubClient(scope, block.token, **options)
+
+
+@asynccontextmanager
+async def bound_client(client: GitHubClient) -> AsyncIterator[GitHubClient]:
+    """Make `client` the one the tasks of this flow run use."""
+    token = _client.set(client)
+    try:
+        yield client
+    finally:
+        _client.reset(token)
+
+
+def current_client() -> GitHubClient:
+    client = _client.get()
+    if client is None:
+        raise RuntimeError(
+            "no GitHub client is bound: run slurmgate tasks inside the reconcile or "
+            "release-lease flow, or wrap the call in `async with bound_client(client)`"
+        )
+    return client
+
+
+def retry_transient(task: Task[Any, Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Retry server faults, rate limits and timeouts; never a 4xx or a lost verification."""
+    exc = state.data
+    if isinstance(exc, BaseException):
+        return is_transient(exc)
+    return False
+
+
+RETRIES = 3
+RETRY_DELAYS = [0.5, 1.0, 2.0]
+
+_task_options: dict[str, Any] = {
+    "retries": RETRIES,
+    "retry_delay_seconds": RETRY_DELAYS,
+    "retry_condition_fn": retry_transient,
+    "cache_policy": NO_CACHE,
+    "persist_result": False,
+}
+
+
+@task(name="read-snapshot", **_task_options)
+async def read_snapshot() -> Snapshot:
+    """Runners, active jobs and every lease's job, read conditionally."""
+    return await take_snapshot(current_client())
+
+
+@task(name="add-lease-label", task_run_name="add-lease-label-r{runner_id}", **_task_options)
+async def add_lease_label_task(admit: Admit, runner_id: int, stack: CompensationStack) -> None:
+    await add_lease_label(current_client(), admit, runner_id, stack)
+
+
+@task(name="verify-lease", **_task_options)
+async def verify_lease_task(admit: Admit) -> Verification:
+    return await verify_lease(current_client(), admit)
+
+
+@task(
+    name="add-anchor-labels", task_run_name="add-anchor-labels-r{admit.anchor_id}", **_task_options
+)
+async def add_anchor_labels_task(
+    admit: Admit, stack: CompensationStack, verified: Verification
+) -> None:
+    await add_anchor_labels(current_client(), admit, stack, verified)
+
+
+@task(name="remove-labels", **_task_options)
+async def remove_labels_task(pairs: Sequence[tuple[int, Sequence[str]]]) -> RemovalOutcome:
+    """DELETE each managed label (404 = already gone); a retry repeats only harmless deletes."""
+    return await remove_labels(current_client(), pairs)
+
+
+GITHUB_TOKEN_ENV = "GITHUB_TOKEN"
+WRITE_INTERVAL_ENV = "SLURMGATE_MIN_WRITE_INTERVAL_S"
+RETRIES_ENV = "SLURMGATE_REQUEST_RETRIES"
+
+
+class ScopeError(ValueError):
+    """The flow was given no usable GitHub scope; the message names the parameter to fix."""
+
+
+async def resolve_scope(
+    scope_block: str | None,
+    api_url: str | None = None,
+    repo: str | None = None,
+    org: str | None = None,
+) -> GitHubScopeBlock:
+    """The scope block named `scope_block`, or an inline scope with the token from GITHUB_TOKEN."""
+    from blocks import GitHubScopeBlock
+
+    if api_url or repo or org:
+        token = os.environ.get(GITHUB_TOKEN_ENV, "").strip()
+        if not token:
+            raise ScopeError(
+                f"an inline scope (api_url/repo/org) reads its token from ${GITHUB_TOKEN_ENV}, "
+                "which is empty; export GITHUB_TOKEN or use a saved scope block"
+            )
+        pacing: dict[str, Any] = {}
+        for env, field in (
+            (WRITE_INTERVAL_ENV, "min_write_interval_s"),
+            (RETRIES_ENV, "request_retries"),
+        ):
+            raw = os.environ.get(env, "").strip()
+            if raw:
+                pacing[field] = raw
+        try:
+            return GitHubScopeBlock(
+                api_url=api_url or "https://api.github.com",
+                repo=repo,
+                org=org,
+                token=token,
+                **pacing,
+            )
+        except ValueError as exc:
+            raise ScopeError(
+                f"inline scope is invalid (api_url/repo/org, ${WRITE_INTERVAL_ENV}, "
+                f"${RETRIES_ENV}): {exc}"
+            ) from None
+    if not scope_block:
+        raise ScopeError(
+            "no scope: pass scope_block (the name of a saved slurmgate-github-scope block) "
+            "or api_url with repo or org"
+        )
+    try:
+        block = await GitHubScopeBlock.aload(scope_block)
+    except ValueError as exc:
+        raise ScopeError(
+            f"scope_block {scope_block!r} could not be loaded ({exc}); save one with "
+            f"GitHubScopeBlock(repo=..., token=...).save({scope_block!r})"
+        ) from None
+    return block
