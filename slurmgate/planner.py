@@ -322,7 +322,22 @@ def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Deci
     """Decide which leases to create, which to release and which stray labels to clean.
 
     Pure and deterministic: it reads only its arguments, and the same snapshot (in any order)
-    gives the same decisions.
+    gives the same decisions. Rules worth knowing:
+
+    - A runner is a free token when it is online, idle, in exactly one pool (or legacy) and
+      carries no `ci-lease-*` and no per-job label. Capacity is the pool's online runners; in
+      use is, per kept lease, max(holders, the anchor's nodes:N), so an offline leased runner
+      still counts as in use. An admission needs N free compatible tokens of one pool and
+      in-use + N <= online. Runners of a lease released in this plan stay unavailable until the
+      release is carried out: they become free on the next plan.
+    - A 1-node job takes a free legacy runner first (keeping pool tokens for multi-node jobs).
+    - Releases: lost conflict, job completed, job missing (404), no anchor after the grace,
+      still not started after `lease_max_queued_age_s`, fewer holders than nodes:N while not
+      started. A lease whose job is absent from the snapshot is kept (a note says so).
+    - Cleans (priority scheduler on only): malformed lease labels anywhere, and per-job labels
+      on idle runners that do not anchor a lease. Only managed families are ever named.
+    - With PRIORITY_SCHEDULER_ENABLED off: no admissions and no cleans (static `nodes:` labels
+      may still be in use); only leases whose job finished or vanished are released.
     """
     policy = policy_named(settings.policy)
     runners = sorted(snapshot.runners, key=lambda r: r.id)

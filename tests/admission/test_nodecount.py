@@ -163,3 +163,15 @@ def test_reproduces_the_real_job_mix_for_topology_and_override_rows() -> None:
         if got != int(r["total_nodes"]):
             wrong.append((r["row_id"], got, r["total_nodes"]))
     assert wrong == []
+
+
+def test_single_node_row_is_one_and_multinode_row_needs_a_shape() -> None:
+    assert node_count({"runner": "h100", "tp": 8}, HARDWARE) == 1
+    with pytest.raises(NodeCountError, match="needs num-nodes or prefill/decode roles"):
+        node_count({"runner": "h100", "multinode": True}, HARDWARE)
+
+
+def test_aggregate_topology_counts_the_single_worker() -> None:
+    row = {"runner": "gb300", "multinode": True, "disagg": False}
+    row |= {"prefill": role(1, 8), "decode": role(0, 8)}
+    assert node_count(row, {"gb300": 4}) == 2
