@@ -557,21 +557,20 @@ class GitHubClient:
             self.calls.requests[(method, template)] += 1
             if attempt:
                 self.calls.retries += 1
-            try:
-                response = await self._http.request(
-                    method, url, params=params, json=json_body, headers=headers
-                )
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                kind = type(exc).__name__
+            failure = await self._send(method, url, params, json_body, headers)
+            if isinstance(failure, str):
+                # Raised here, outside any `except`, so no httpx exception (which holds the
+                # request and its Authorization header) is chained to what the caller sees.
                 if attempt >= self.max_retries:
                     raise TransientError(
-                        method, template, None, f"{kind} after {attempt + 1} attempts"
-                    ) from None
+                        method, template, None, f"{failure} after {attempt + 1} attempts"
+                    )
                 delay = self._backoff(attempt)
-                log.debug("%s %s: %s; retry in %.2f s", method, template, kind, delay)
+                log.debug("%s %s: %s; retry in %.2f s", method, template, failure, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue
+            response = failure
             self._note_rate_limit(response.headers)
             status = response.status_code
             log.debug("%s %s -> %d", method, template, status)
@@ -624,6 +623,22 @@ class GitHubClient:
             if status == 401:
                 raise AuthError(method, template, status, message)
             raise GitHubError(method, template, status, message)
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        params: dict[str, Any] | None,
+        json_body: Any,
+        headers: dict[str, str],
+    ) -> httpx.Response | str:
+        """The response, or the name of the transport failure (timeout, refused, reset)."""
+        try:
+            return await self._http.request(
+                method, url, params=params, json=json_body, headers=headers
+            )
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            return type(exc).__name__
 
     def _rate_limit_wait(self, response: httpx.Response, secondary_hits: int) -> float | None:
         """Seconds to wait for a rate-limited 403/429, or None when it is not a rate limit."""

@@ -315,10 +315,11 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
             return _error_response(state, ApiError(fault.status, "Injected fault"))
         fault = state.take_fault("rate_limit", method, path)
         if fault is not None:
+            retry = fault.retry_after_s
             return _error_response(
                 state,
-                ApiError(429, "You have exceeded a secondary rate limit."),
-                {"retry-after": str(math.ceil(fault.retry_after_s))},
+                ApiError(fault.status, "You have exceeded a secondary rate limit."),
+                {} if retry is None else {"retry-after": str(math.ceil(retry))},
             )
         if not free_of_quota and state.quota_exhausted():
             return _error_response(

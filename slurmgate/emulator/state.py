@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 import hashlib
+import math
 import threading
 import time
 from collections import Counter
@@ -87,7 +88,7 @@ class Fault:
     path: str = "*"
     remaining: int | None = 1
     status: int = 500
-    retry_after_s: float = 1.0
+    retry_after_s: float | None = 1.0
     latency_ms: float = 0.0
     nth_write: int = 0  # absolute write sequence number this fault fires on
     hang_s: float = 0.0
@@ -381,7 +382,7 @@ class EmulatorState:
                 "x-ratelimit-limit": str(self.quota_limit),
                 "x-ratelimit-remaining": str(max(0, self.quota_limit - self.quota_used)),
                 "x-ratelimit-used": str(self.quota_used),
-                "x-ratelimit-reset": str(int(self.quota_reset_at)),
+                "x-ratelimit-reset": str(math.ceil(self.quota_reset_at)),
                 "x-ratelimit-resource": "core",
             }
 
@@ -429,8 +430,10 @@ class EmulatorState:
                 fault.path = str(spec.get("path", "*"))
                 count = spec.get("count", 1 if kind != "latency" else None)
                 fault.remaining = None if count is None else int(count)
-                fault.status = int(spec.get("status", 500 if kind != "hang_nth_write" else 504))
-                fault.retry_after_s = float(spec.get("retry_after_s", 1.0))
+                default_status = {"rate_limit": 429, "hang_nth_write": 504}.get(str(kind), 500)
+                fault.status = int(spec.get("status", default_status))
+                retry_after = spec.get("retry_after_s", 1.0)
+                fault.retry_after_s = None if retry_after is None else float(retry_after)
                 fault.latency_ms = float(spec.get("ms", 0.0))
                 fault.hang_s = float(spec.get("hang_s", 30.0))
                 fault.applied = bool(spec.get("applied", True))

@@ -1,0 +1,139 @@
+"""`slurmgate emulator` from the command line, and the fleet builders behind it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from slurmgate.emulator import EmulatorInputError, build_state, fleet_from_job_mix, parse_pool
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+JOB_MIX = REPO_ROOT / "slurmgate" / "data" / "inferencex-job-mix.csv"
+
+
+def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_emulator_command_serves_the_fleet() -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "slurmgate.cli", "emulator",
+            "--port", str(port), "--repo", "octo/bench",
+            "--pool", "cluster:h100=3", "--pool", "b200=2", "--legacy", "1", "--token", "tok",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/repos/octo/bench/actions/runners"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                response = httpx.get(url, headers={"Authorization": "Bearer tok"})
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "emulator did not start"
+                time.sleep(0.1)
+        runners = response.json()["runners"]
+        assert [r["name"] for r in runners] == [
+            "h100-01", "h100-02", "h100-03", "b200-01", "b200-02", "legacy-01",
+        ]  # fmt: skip
+        assert [lb["name"] for lb in runners[0]["labels"]] == [
+            "self-hosted", "Linux", "X64", "cluster:h100",
+        ]  # fmt: skip
+        assert [lb["name"] for lb in runners[-1]["labels"]] == ["self-hosted", "Linux", "X64"]
+        assert httpx.get(url, headers={"Authorization": "Bearer nope"}).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["emulator", "--pool", "h100"], "--pool 'h100' is not cluster:NAME=COUNT"),
+        (["emulator", "--pool", "cluster:h100=x"], "cluster:NAME=COUNT"),
+        (["emulator", "--repo", "nobody", "--pool", "p=1"], "repo 'nobody' is not OWNER/NAME"),
+        (["emulator", "--port", "99999", "--pool", "p=1"], "--port 99999"),
+        (["emulator", "--port", "abc"], "--port"),
+        (["emulator", "--legacy", "-2"], "--legacy -2 is negative"),
+        (["emulator"], "the fleet is empty"),
+        (["emulator", "--job-mix", "missing.csv"], "missing.csv"),
+        (["emulator", "--nonsense"], "No such option"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args: list[str], fragment: str) -> None:
+    result = _cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and fragment in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_help_shows_an_example() -> None:
+    result = _cli("emulator", "--help")
+    assert result.returncode == 0
+    assert "Example: slurmgate emulator --port" in " ".join(result.stdout.split())
+
+
+def test_fleet_from_the_real_job_mix() -> None:
+    pools = fleet_from_job_mix(JOB_MIX)
+    assert pools == {
+        "b200-dgxc": 10,
+        "b200-nscale": 9,
+        "b300-nv": 17,
+        "gb200-nv": 4,
+        "gb300-nv": 3,
+        "h100-dgxc": 20,
+        "h200-dgxc": 14,
+        "mi355x-amds": 9,
+    }
+
+
+def test_fleet_takes_the_max_count_per_pool(tmp_path: Path) -> None:
+    mix = tmp_path / "mix.csv"
+    mix.write_text(
+        "row,cluster_pool,runner_label_count_at_snapshot\n"
+        "1,cluster:a,3\n2,cluster:a,5\n3,cluster:b,2\n4,,7\n5,cluster:c,\n"
+    )
+    assert fleet_from_job_mix(mix) == {"a": 5, "b": 2}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("row,pool\n1,a\n")
+    with pytest.raises(EmulatorInputError, match="cluster_pool"):
+        fleet_from_job_mix(bad)
+
+
+def test_parse_pool_and_build_state() -> None:
+    assert parse_pool("cluster:h100=8") == ("h100", 8)
+    assert parse_pool("b200=0") == ("b200", 0)
+    with pytest.raises(EmulatorInputError, match="cluster:NAME=COUNT"):
+        parse_pool("=3")
+    state = build_state("a/b", {"cluster:x": 12}, legacy=1)
+    names = [r.name for r in state.runners.values()]
+    assert names[0] == "x-01" and names[11] == "x-12" and names[12] == "legacy-01"
+    assert all(not r.busy and r.status == "online" for r in state.runners.values())
