@@ -427,10 +427,11 @@ def _lease_conflicts(leases: list[Lease], jobs: dict[int, Job]) -> dict[str, str
         for rid in lease.runner_ids:
             on_runner[rid].append(lease)
 
-    def rank(lease: Lease) -> tuple[int, int, str]:
+    def rank(lease: Lease) -> tuple[bool, bool, int, str]:
+        # running first, then anchored (as the lease protocol's verify step decides), then older
         job = jobs.get(lease.job_id)
         running = job is not None and job.status == JobStatus.IN_PROGRESS
-        return (0 if running else 1, lease.created_at, lease.label)
+        return (not running, lease.anchor_id is None, lease.created_at, lease.label)
 
     losers: dict[str, str] = {}
     for rid in sorted(on_runner):

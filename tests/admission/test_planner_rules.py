@@ -375,6 +375,16 @@ def test_conflicting_leases_keep_the_running_one_then_the_older() -> None:
     assert lost[2] == (f"ci-lease-j1-a1-t{int(NOW.timestamp())}",)  # shared runner keeps b's
 
 
+def test_conflict_prefers_an_anchored_lease_over_an_older_anchorless_one() -> None:
+    a, b = job(1, 2), job(2, 2)
+    runners = lease_runners(pool("x", 3), a, [1, 2], created=NOW)  # a anchored on runner 1
+    older = f"ci-lease-j2-a1-t{int(NOW.timestamp()) - 5}"  # b: older, mid-protocol, no anchor
+    runners = [replace(r, labels=(*r.labels, older)) if r.id in (2, 3) else r for r in runners]
+    d = plan(snapshot(runners, [a, b]), ON, NOW)
+    assert [(r.job_id, r.reason) for r in d.release] == [(2, ReleaseReason.CONFLICT_LOST)]
+    assert dict(d.release[0].labels) == {2: (older,), 3: (older,)}
+
+
 # ---- cleans -------------------------------------------------------------------------------
 
 
