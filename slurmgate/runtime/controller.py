@@ -145,6 +145,9 @@ class AllocationRun:
             "status": self.status,
             "error": self.error,
             "controller_pid": os.getpid(),
+            "cleanup_complete": (
+                report.complete if (report := getattr(self, "_cleanup_report", None)) else None
+            ),
             "steps": self.supervisor.records() if hasattr(self, "supervisor") else [],
         }
 
@@ -634,10 +637,13 @@ def reap_leftovers(records: Iterable[dict[str, Any]]) -> list[str]:
         if isinstance(pid, int) and pid != os.getpid() and _alive_with(pid, "python"):
             continue  # the controller still owns its cleanup
         job = rec.get("job_id")
-        if job and rec.get("owned_allocation"):
+        info = slurm.show_job(str(job)) if job else None
+        if info is None or not info.active:
+            pass  # the allocation is already over: Slurm has ended its steps
+        elif rec.get("owned_allocation"):
             if slurm.scancel(str(job)):
                 actions.append(f"scancel {job} (run {rec['run_id']})")
-        elif job:
+        else:
             for step in slurm.list_steps(str(job)):
                 if step.name.startswith(str(rec["run_id"])) and slurm.scancel(step.step_id):
                     actions.append(f"scancel {step.step_id} (run {rec['run_id']})")

@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(spec, stop, stop_signal)
     except PreflightFailed as exc:
         print(
-            f"SLURMGATE-PREFLIGHT host={exc.host} check={exc.check}: {exc}",
+            f"SLURMGATE-PREFLIGHT host={exc.host} check={exc.check}: {exc.message}",
             file=sys.stderr,
             flush=True,
         )

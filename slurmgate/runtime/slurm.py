@@ -77,7 +77,7 @@ class JobInfo:
 
     @property
     def active(self) -> bool:
-        return self.state in {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
+        return self.state in {"RUNNING", "PENDING", "CONFIGURING", "SUSPENDED"}
 
 
 def show_job(job_id: str, *, timeout: float = 10.0) -> JobInfo | None:

@@ -1,0 +1,246 @@
+"""The allocation runtime end to end on the real local Slurm cluster; every test checks orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slurmgate.runtime import slurm
+from slurmgate.runtime.controller import AllocationRun, RunFailed, load_records, reap_leftovers
+from slurmgate.runtime.spec import AllocationSpec
+
+from .conftest import assert_no_orphans, example_data, processes_with
+
+pytestmark = pytest.mark.slurm
+
+PORT_HOLDER = (
+    "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',18100)); s.listen(); "
+    "print('bound', flush=True); time.sleep(120)"
+)
+
+
+@pytest.fixture(autouse=True)
+def _cluster(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The runtime attaches when SLURM_JOB_ID is set; tests choose explicitly.
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+
+
+def _job_gone(job_id: str | None, within: float = 20.0) -> bool:
+    assert job_id
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        info = slurm.show_job(job_id)
+        if info is None or info.state not in {"RUNNING", "PENDING", "CONFIGURING"}:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture
+def held_allocation() -> Iterator[Any]:
+    """An allocation made outside the runtime (as in a batch job), cancelled at the end."""
+    jobs: list[str] = []
+
+    def make(gpus: int = 8, nodes: int = 3) -> str:
+        job = slurm.salloc_no_shell(nodes=nodes, job_name="sg-test-held", gpus_per_node=gpus)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        slurm.scancel(job)
+
+
+def test_happy_path_on_three_nodes(runs_root: Path) -> None:
+    spec = AllocationSpec.from_data(example_data())
+    run = AllocationRun(spec, runs_root=runs_root, grace_s=5)
+    result = run.run()
+    assert result.ok and result.error is None
+    assert len(result.hosts) == 3 and len(set(result.hosts)) == 3
+    client_log = next(run.run_dir.glob("[0-9][0-9]-client.log")).read_text()
+    assert "chat: 4 completions" in client_log and "pipe: 4 completions" in client_log
+    assert set(result.endpoint_metrics) == {"chat", "pipe"}
+    assert all(text.strip() for text in result.endpoint_metrics.values())
+    record = json.loads(Path(result.record_path).read_text())
+    assert record["status"] == "succeeded" and record["owned_allocation"] is True
+    serve = [s for s in record["steps"] if s["name"].startswith("serve-")]
+    assert len(serve) == 2 and all(s["step_id"].startswith(f"{result.job_id}.") for s in serve)
+    assert _job_gone(result.job_id)
+    assert_no_orphans(run.run_id)
+
+
+def _failing_run(data: dict[str, Any], runs_root: Path, phase: str) -> tuple[AllocationRun, str]:
+    run = AllocationRun(AllocationSpec.from_data(data), runs_root=runs_root, grace_s=5)
+    with pytest.raises(RunFailed) as info:
+        run.run()
+    assert info.value.phase == phase, str(info.value)
+    assert run.status == "failed" and run.cleaned
+    return run, str(info.value)
+
+
+def _launched(run: AllocationRun) -> list[str]:
+    return [s.name for s in run.supervisor.steps if not s.name.startswith("preflight")]
+
+
+def test_preflight_wrong_gpu_count_launches_nothing(
+    runs_root: Path, held_allocation: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = held_allocation(gpus=4)
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    run, message = _failing_run(example_data(), runs_root, "preflight")
+    assert "check gpu-count" in message and "4 GPUs visible" in message
+    assert "node node" in message
+    assert _launched(run) == []
+    assert slurm.show_job(job) is not None and slurm.show_job(job).active  # not ours to cancel
+    assert_no_orphans(run.run_id)
+
+
+def test_preflight_busy_port_names_node_and_port(
+    runs_root: Path, held_allocation: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = held_allocation()
+    hosts = slurm.show_hostnames(slurm.show_job(job).nodelist)  # type: ignore[union-attr]
+    holder = subprocess.Popen(
+        slurm.srun_argv(
+            [
+                sys.executable,
+                "-c",
+                PORT_HOLDER,
+            ],
+            job_id=job,
+            nodelist=[hosts[1]],
+            step_name="sg-test-port-holder",
+            gres="none",
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "bound"
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        run, message = _failing_run(example_data(), runs_root, "preflight")
+        assert f"node {hosts[1]}: check port: port 18100 is not bindable" in message
+        assert _launched(run) == []
+        assert_no_orphans(run.run_id)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
+def test_preflight_unreadable_model_path(runs_root: Path) -> None:
+    data = example_data()
+    data["model_path"] = "/nonexistent/slurmgate-model"
+    run, message = _failing_run(data, runs_root, "preflight")
+    assert "check model-path" in message and "/nonexistent/slurmgate-model" in message
+    assert _launched(run) == []
+    assert _job_gone(run.job_id)
+    assert_no_orphans(run.run_id)
+
+
+def test_follower_death_fails_the_deployment_fast(runs_root: Path) -> None:
+    data = example_data()
+    data["client"]["command"] = ["sleep", "60"]
+    data["deployments"][1]["env"] = {
+        "SLURMGATE_STUB_EXIT_AFTER": "2",
+        "SLURMGATE_STUB_EXIT_RANK": "1",
+        "SLURMGATE_STUB_EXIT_CODE": "3",
+    }
+    t0 = time.monotonic()
+    run, message = _failing_run(data, runs_root, "client")
+    assert time.monotonic() - t0 < 30
+    assert "required step serve-pipe exited" in message
+    pipe_log = next(run.run_dir.glob("*-serve-pipe.log")).read_text()
+    assert "rank-00001 exited with status 3" in pipe_log
+    assert _job_gone(run.job_id)
+    assert_no_orphans(run.run_id)
+
+
+def test_readiness_timeout_fails_and_cleans_up(runs_root: Path) -> None:
+    data = example_data()
+    data["deployments"][0]["env"] = {"SLURMGATE_STUB_HANG": "1"}
+    data["deployments"][0]["startup_timeout_s"] = 3
+    data["deployments"][0]["distributed_timeout_s"] = 3
+    t0 = time.monotonic()
+    run, message = _failing_run(data, runs_root, "readiness")
+    assert "not ready by the startup deadline" in message and "chat-replica-00000" in message
+    assert time.monotonic() - t0 < 30
+    assert _job_gone(run.job_id)
+    assert_no_orphans(run.run_id)
+
+
+def _hanging_spec(tmp_path: Path) -> Path:
+    data = example_data()
+    data["deployments"][0]["env"] = {"SLURMGATE_STUB_HANG": "1"}
+    path = tmp_path / "hang.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _controller_until(
+    phase: str, runs_root: Path, spec: Path
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slurmgate.runtime.controller",
+            "run",
+            str(spec),
+            "--runs-dir",
+            str(runs_root),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        records = load_records(runs_root)
+        if records and records[0]["phase"] == phase:
+            time.sleep(0.5)  # well inside the phase
+            return proc, records[0]
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"controller never reached {phase}")
+
+
+def test_sigterm_to_the_controller_mid_readiness_cleans_up(runs_root: Path, tmp_path: Path) -> None:
+    proc, record = _controller_until("readiness", runs_root, _hanging_spec(tmp_path))
+    assert processes_with(record["run_id"])  # lanes are up and hanging
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=30)
+    assert rc == 128 + signal.SIGTERM, proc.stderr.read() if proc.stderr else ""
+    assert time.monotonic() - t0 < 15
+    final = load_records(runs_root)[0]
+    assert final["status"] == "failed" and final["cleanup_complete"] is True
+    assert "Terminated: SIGTERM" in final["error"]
+    assert _job_gone(final["job_id"])
+    assert_no_orphans(record["run_id"])
+
+
+def test_reap_leftovers_after_a_sigkilled_controller(runs_root: Path, tmp_path: Path) -> None:
+    proc, record = _controller_until("readiness", runs_root, _hanging_spec(tmp_path))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    time.sleep(0.5)
+    assert processes_with(record["run_id"]), "a SIGKILLed controller should leave its steps"
+    records = load_records(runs_root)
+    assert records[0]["job_id"] and records[0]["status"] == "running"
+    actions = reap_leftovers(records)
+    assert any(a.startswith(f"scancel {records[0]['job_id']}") for a in actions), actions
+    assert _job_gone(records[0]["job_id"])
+    assert_no_orphans(record["run_id"], within=15)
+    assert reap_leftovers(load_records(runs_root)) == []  # a second pass finds nothing to do

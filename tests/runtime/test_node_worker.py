@@ -1,0 +1,220 @@
+"""The node worker as a real process (no Slurm): lanes, fail-fast, stagger, signals, preflight."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmgate.runtime.node_worker import (
+    LaneSpec,
+    NodeSpec,
+    WorkerSpec,
+    WorkerSpecError,
+)
+
+from .conftest import assert_no_orphans
+
+HOST = socket.gethostname().split(".")[0]
+
+# A lane that records its GPUs and a SIGTERM, then sleeps until stopped.
+LANE = (
+    "import os,signal,sys,time\n"
+    "out=sys.argv[1]\n"
+    "open(out,'a').write('start '+os.environ['CUDA_VISIBLE_DEVICES']+'\\n')\n"
+    "def term(*a):\n"
+    "    open(out,'a').write('term\\n'); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 300)\n"
+    "sys.exit(int(sys.argv[3]) if len(sys.argv) > 3 else 0)\n"
+)
+
+
+def _lane(
+    tmp: Path, i: int, *extra: str, delay: float = 0.0, gpus: list[int] | None = None
+) -> LaneSpec:
+    return LaneSpec(
+        id=f"lane-{i}",
+        argv=[sys.executable, "-c", LANE, str(tmp / f"lane-{i}.txt"), *extra],
+        gpus=[i] if gpus is None else gpus,
+        delay_s=delay,
+        env={},
+    )
+
+
+def _spec(token: str, lanes: list[LaneSpec], **kw: object) -> WorkerSpec:
+    return WorkerSpec(
+        run_id=token,
+        name="d",
+        gpus_per_node=int(kw.get("gpus", 2)),  # type: ignore[call-overload]
+        model_path=kw.get("model_path"),  # type: ignore[arg-type]
+        grace_s=2.0,
+        nodes=[NodeSpec(host=HOST, ports=list(kw.get("ports", [])), lanes=lanes)],  # type: ignore[call-overload]
+    )
+
+
+def _worker(mode: str, spec: WorkerSpec, gpus: str = "3,5") -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env.update(
+        SLURM_PROCID="0",
+        SLURM_NTASKS="1",
+        SLURMD_NODENAME=HOST,
+        CUDA_VISIBLE_DEVICES=gpus,
+        SLURMGATE_RUN_ID=spec.run_id,
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurmgate.runtime.node_worker", mode, "--spec", spec.encode()],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(path: Path, text: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never contained {text!r}")
+
+
+def test_spec_round_trips_and_rejects_untrusted_payloads(tmp_path: Path) -> None:
+    spec = _spec("tok", [_lane(tmp_path, 0), _lane(tmp_path, 1)])
+    assert WorkerSpec.decode(spec.encode()) == spec
+    with pytest.raises(WorkerSpecError):
+        WorkerSpec.decode("not-base64-json!!")
+    shared = _spec("tok", [_lane(tmp_path, 0), _lane(tmp_path, 1, gpus=[0])])
+    with pytest.raises(WorkerSpecError, match="GPU 0 is shared"):
+        WorkerSpec.decode(shared.encode())
+    with pytest.raises(WorkerSpecError, match="over"):
+        WorkerSpec.decode("A" * (64 * 1024 + 1))
+
+
+def test_lanes_get_mapped_gpus_and_a_lane_exit_0_fails_the_node(tmp_path: Path) -> None:
+    token = f"nw-{os.getpid()}-exit0"
+    # lane 1 exits 0 after 1 s: a server lane must never end, so the worker exits 1.
+    spec = _spec(token, [_lane(tmp_path, 0), _lane(tmp_path, 1, "1", "0")])
+    proc = _worker("serve", spec)
+    rc = proc.wait(timeout=20)
+    assert rc == 1, proc.stderr.read() if proc.stderr else ""
+    lane0 = (tmp_path / "lane-0.txt").read_text()
+    assert lane0.startswith("start 3\n") and "term" in lane0  # GPU 0 → visible[0] = 3, stopped
+    assert (tmp_path / "lane-1.txt").read_text().startswith("start 5\n")
+    assert_no_orphans(token)
+
+
+def test_failing_lane_status_is_propagated_and_sibling_stopped(tmp_path: Path) -> None:
+    token = f"nw-{os.getpid()}-exit23"
+    spec = _spec(token, [_lane(tmp_path, 0), _lane(tmp_path, 1, "0.5", "23")])
+    proc = _worker("serve", spec)
+    assert proc.wait(timeout=20) == 23
+    assert "term" in (tmp_path / "lane-0.txt").read_text()
+    assert_no_orphans(token)
+
+
+def test_partial_startup_cleans_the_first_lane(tmp_path: Path) -> None:
+    token = f"nw-{os.getpid()}-spawn"
+    broken = LaneSpec(id="lane-1", argv=["/nonexistent/server"], gpus=[1], delay_s=0.3, env={})
+    proc = _worker("serve", _spec(token, [_lane(tmp_path, 0), broken]))
+    rc = proc.wait(timeout=20)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert rc == 71, err
+    assert "lane-1 failed to start" in err
+    assert "term" in (tmp_path / "lane-0.txt").read_text()
+    assert_no_orphans(token)
+
+
+def test_sigterm_during_a_long_stagger_returns_within_2s(tmp_path: Path) -> None:
+    token = f"nw-{os.getpid()}-stagger"
+    spec = _spec(token, [_lane(tmp_path, 0), _lane(tmp_path, 1, delay=30.0)])
+    proc = _worker("serve", spec)
+    _wait_for(tmp_path / "lane-0.txt", "start")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=10)
+    assert time.monotonic() - t0 < 2.0
+    assert rc == 128 + signal.SIGTERM
+    assert not (tmp_path / "lane-1.txt").exists()  # the delayed lane never started
+    assert "term" in (tmp_path / "lane-0.txt").read_text()
+    assert_no_orphans(token)
+
+
+def test_lane_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    token = f"nw-{os.getpid()}-stubborn"
+    stubborn = LaneSpec(
+        id="lane-0",
+        argv=[
+            sys.executable,
+            "-c",
+            "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)",
+        ],
+        gpus=[0],
+        delay_s=0,
+        env={},
+    )
+    proc = _worker("serve", _spec(token, [stubborn]))
+    time.sleep(0.8)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 128 + signal.SIGINT
+    assert 1.5 < time.monotonic() - t0 < 5.0  # grace 2 s, then SIGKILL
+    assert_no_orphans(token)
+
+
+@pytest.mark.parametrize(
+    "kw,gpus,check",
+    [
+        ({"gpus": 8}, "0,1", "gpu-count"),
+        ({"model_path": "/nonexistent/model"}, "0,1", "model-path"),
+    ],
+)
+def test_preflight_failures_name_node_and_check(kw: dict, gpus: str, check: str) -> None:
+    proc = _worker("preflight", _spec("tok", [], **kw), gpus=gpus)
+    rc = proc.wait(timeout=20)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert rc == 70
+    assert f"SLURMGATE-PREFLIGHT host={HOST} check={check}:" in err
+
+
+def test_preflight_busy_port() -> None:
+    sock = socket.socket()
+    sock.bind(("0.0.0.0", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    try:
+        proc = _worker("preflight", _spec("tok", [], ports=[port]), gpus="0,1")
+        assert proc.wait(timeout=20) == 70
+        assert f"check=port: port {port} is not bindable" in (
+            proc.stderr.read() if proc.stderr else ""
+        )
+    finally:
+        sock.close()
+    ok = _worker("preflight", _spec("tok", [], ports=[port]), gpus="0,1")
+    assert ok.wait(timeout=20) == 0
+
+
+def test_wrong_procid_is_an_identity_failure() -> None:
+    spec = _spec("tok", [])
+    env = dict(os.environ, SLURM_PROCID="0", SLURM_NTASKS="2", CUDA_VISIBLE_DEVICES="0,1")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurmgate.runtime.node_worker",
+            "preflight",
+            "--spec",
+            spec.encode(),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert out.returncode == 70 and "check=ntasks" in out.stderr
