@@ -58,6 +58,18 @@ def emulator(
         typer.Option(help="Add pools shaped like a job-mix CSV (cluster_pool, runner counts)."),
     ] = None,
     quota: Annotated[int, typer.Option(help="Primary rate-limit quota per window.")] = 5000,
+    webhook_url: Annotated[
+        list[str] | None,
+        typer.Option(help="POST signed workflow_job webhooks here on every job change."),
+    ] = None,
+    webhook_secret: Annotated[
+        str | None,
+        typer.Option(
+            help="Secret for X-Hub-Signature-256.",
+            envvar="SLURMGATE_WEBHOOK_SECRET",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve a GitHub API emulator holding a runner fleet (a real HTTP server)."""
     from slurmgate.emulator.server import run_emulator
@@ -68,6 +80,9 @@ def emulator(
         raise _fail(f"--legacy {legacy} is negative; use 0 or more")
     if quota < 0:
         raise _fail(f"--quota {quota} is negative; use 0 or more")
+    for url in webhook_url or []:
+        if not url.startswith(("http://", "https://")):
+            raise _fail(f"--webhook-url {url!r} is not an http(s) URL")
     if token is not None and not token.strip():
         raise _fail("--token is empty; give a token or leave the option out")
     try:
@@ -92,7 +107,17 @@ def emulator(
         + (f", legacy={legacy}" if legacy else ""),
         err=True,
     )
-    run_emulator(port, repo, pools, legacy, token, host=host, quota_limit=quota)
+    run_emulator(
+        port,
+        repo,
+        pools,
+        legacy,
+        token,
+        host=host,
+        quota_limit=quota,
+        webhook_urls=list(webhook_url or []),
+        webhook_secret=webhook_secret,
+    )
 
 
 def _exceptions(name: str) -> tuple[type[BaseException], ...]:

@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from slurmgate.emulator.state import (
     API_DOCS,
+    EmuJob,
     EmulatorInputError,
     EmulatorState,
     EmuRunner,
@@ -32,9 +33,6 @@ _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 REPO_RUNNERS = "/repos/{owner}/{repo}/actions/runners"
 ORG_RUNNERS = "/orgs/{org}/actions/runners"
 REPO_ACTIONS = "/repos/{owner}/{repo}/actions"
-
-Reply = tuple[int, Any]
-Handler = Callable[[Request, EmulatorState], Reply]
 
 
 class ApiError(Exception):
@@ -293,6 +291,15 @@ def _error_response(
     return JSONResponse(error.body(), status_code=error.status, headers=merged)
 
 
+async def _stall(seconds: float) -> bool:
+    """Sleep for an injected delay; False when server shutdown cut it short (not an app error)."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        return False
+    return True
+
+
 def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[str]) -> Route:
     """Wrap one GitHub endpoint: auth, counters, faults, quota, ETag/304, rate-limit headers."""
     free_of_quota = template == "/rate_limit"
@@ -308,8 +315,8 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
         if state.token is not None and not hmac.compare_digest(token.strip(), state.token):
             return _error_response(state, ApiError(401, "Bad credentials"))
         latency = state.take_fault("latency", method, path)
-        if latency is not None:
-            await asyncio.sleep(latency.latency_ms / 1000)
+        if latency is not None and not await _stall(latency.latency_ms / 1000):
+            return Response(status_code=503)
         fault = state.take_fault("status", method, path)
         if fault is not None:
             return _error_response(state, ApiError(fault.status, "Injected fault"))
@@ -335,7 +342,7 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
                 return _error_response(state, ApiError(write_fault.status, "Injected write fault"))
             if write_fault is not None and write_fault.kind == "hang_nth_write":
                 if not write_fault.applied:
-                    await asyncio.sleep(write_fault.hang_s)
+                    await _stall(write_fault.hang_s)
                     return _error_response(state, ApiError(write_fault.status, "Injected hang"))
                 hang_after = write_fault.hang_s
         try:
@@ -345,8 +352,8 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
             if not free_of_quota:
                 state.consume_quota()
             return _error_response(state, error)
-        if hang_after:
-            await asyncio.sleep(hang_after)
+        if hang_after and not await _stall(hang_after):
+            return Response(status_code=503)
         payload = b"" if body is None else _dumps(body)
         etag = _etag(payload)
         if method == "GET" and _etag_matches(request.headers.get("if-none-match"), etag):
@@ -509,6 +516,21 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
             raise EmulatorInputError("limit must be an integer and window_s a number") from None
         return 200, state.quota_headers()
 
+    async def webhooks(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        urls = body.get("urls", [])
+        if not isinstance(urls, list) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls
+        ):
+            raise EmulatorInputError("urls must be a list of http(s) URLs")
+        secret = body.get("secret")
+        if secret is not None and not isinstance(secret, str):
+            raise EmulatorInputError("secret must be a string")
+        with state.lock:
+            state.webhook_urls = list(urls)
+            state.webhook_secret = secret
+        return 200, {"urls": urls, "signed": bool(secret)}
+
     async def tick(request: Request) -> tuple[int, Any]:
         state.tick()
         return 200, {"ok": True}
@@ -527,6 +549,7 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
         Route(f"{p}/state", admin(dump), methods=["GET"]),
         Route(f"{p}/quota", admin(quota), methods=["POST"]),
         Route(f"{p}/tick", admin(tick), methods=["POST"]),
+        Route(f"{p}/webhooks", admin(webhooks), methods=["POST"]),
     ]
 
 
@@ -578,13 +601,15 @@ def create_app(state: EmulatorState, *, tick_s: float = 0.1) -> Starlette:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
-        def enqueue(action: str, payload: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, payload)
+        def enqueue(action: str, job: EmuJob) -> None:
+            if state.webhook_urls:  # the payload is a snapshot taken now, under the state lock
+                loop.call_soon_threadsafe(queue.put_nowait, state.webhook_payload(action, job))
 
-        tasks = [asyncio.create_task(_tick_loop(state, tick_s))]
-        if state.webhook_urls:
-            state.listeners.append(enqueue)
-            tasks.append(asyncio.create_task(_send_webhooks(state, queue)))
+        state.listeners.append(enqueue)
+        tasks = [
+            asyncio.create_task(_tick_loop(state, tick_s)),
+            asyncio.create_task(_send_webhooks(state, queue)),
+        ]
         try:
             yield
         finally:

@@ -25,7 +25,12 @@ def run_emulator(
     """Build a fleet and serve it until interrupted (the `slurmgate emulator` command)."""
     state = build_state(repo, pools, legacy, token, **state_kwargs)
     config = uvicorn.Config(
-        create_app(state), host=host, port=port, log_level="warning", access_log=False
+        create_app(state),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,
     )
     uvicorn.Server(config).run()
 
@@ -46,6 +51,7 @@ class BackgroundServer:
             log_level="warning",
             access_log=False,
             lifespan="on",
+            timeout_graceful_shutdown=1,  # a hung injected write must not hold up teardown
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

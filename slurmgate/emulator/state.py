@@ -20,7 +20,8 @@ CUSTOM = "custom"
 DEFAULT_READ_ONLY = ("self-hosted", "Linux", "X64")
 API_DOCS = "https://docs.github.com/rest"
 
-JobListener = Callable[[str, dict[str, Any]], None]
+# Called with the action ("queued", "in_progress", "completed") and the job, under the state lock.
+JobListener = Callable[[str, "EmuJob"], None]
 
 
 class EmulatorInputError(ValueError):
@@ -149,6 +150,8 @@ class EmulatorState:
         self.webhook_secret = webhook_secret
         self.listeners: list[JobListener] = []
         self.job_events: list[tuple[str, int]] = []
+        self._queued: set[int] = set()
+        self._running: set[int] = set()
 
     @property
     def repo(self) -> str:
@@ -311,47 +314,66 @@ class EmulatorState:
         self.job_changed("completed", job)
 
     def dispatch(self) -> int:
-        """Assign queued jobs (oldest first) to idle online runners carrying all their labels."""
+        """Assign queued jobs (oldest first) to idle online runners carrying all their labels.
+
+        Among the runners that match, the lowest id wins, so dispatch is deterministic.
+        """
         assigned = 0
         with self.lock:
+            if not self._queued:
+                return 0
+            idle: dict[str, set[int]] = {}  # folded label -> idle online runner ids
+            for runner in self.runners.values():
+                if runner.status == "online" and not runner.busy:
+                    for label in runner.folded():
+                        idle.setdefault(label, set()).add(runner.id)
+            if not idle:
+                return 0
             now = self.clock()
-            for job in sorted(self.jobs.values(), key=lambda j: j.id):
-                if job.status != "queued":
+            for job_id in sorted(self._queued):
+                job = self.jobs[job_id]
+                pools = sorted((idle.get(fold(label), set()) for label in job.labels), key=len)
+                if not pools or not pools[0]:
                     continue
-                wanted = {fold(label) for label in job.labels}
-                for runner in sorted(self.runners.values(), key=lambda r: r.id):
-                    if runner.status == "online" and not runner.busy and wanted <= runner.folded():
-                        runner.busy = True
-                        job.status = "in_progress"
-                        job.runner_id = runner.id
-                        job.runner_name = runner.name
-                        job.started_at = now
-                        self.runs[job.run_id].updated_at = now
-                        self.job_changed("in_progress", job)
-                        assigned += 1
-                        break
+                matching = set.intersection(*pools)
+                if not matching:
+                    continue
+                runner = self.runners[min(matching)]
+                for label in runner.folded():
+                    idle[label].discard(runner.id)
+                runner.busy = True
+                job.status = "in_progress"
+                job.runner_id = runner.id
+                job.runner_name = runner.name
+                job.started_at = now
+                self.runs[job.run_id].updated_at = now
+                self.job_changed("in_progress", job)
+                assigned += 1
         return assigned
 
     def tick(self) -> None:
         """Complete jobs whose duration has passed, then dispatch."""
         with self.lock:
             now = self.clock()
-            for job in list(self.jobs.values()):
-                if (
-                    job.status == "in_progress"
-                    and job.started_at is not None
-                    and now >= job.started_at + job.duration_s
-                ):
+            for job_id in sorted(self._running):
+                job = self.jobs[job_id]
+                if job.started_at is not None and now >= job.started_at + job.duration_s:
                     self._complete(job, "success")
             self.dispatch()
 
     def job_changed(self, action: str, job: EmuJob) -> None:
         """The one seam every job state change passes through (webhooks hang off it)."""
         self.job_events.append((action, job.id))
-        if self.listeners:
-            payload = self.webhook_payload(action, job)
-            for listener in list(self.listeners):
-                listener(action, payload)
+        if action == "queued":
+            self._queued.add(job.id)
+        else:
+            self._queued.discard(job.id)
+        if action == "in_progress":
+            self._running.add(job.id)
+        else:
+            self._running.discard(job.id)
+        for listener in list(self.listeners):
+            listener(action, job)
 
     def webhook_payload(self, action: str, job: EmuJob) -> dict[str, Any]:
         return {

@@ -95,6 +95,11 @@ class EmulatorAdmin:
         )
         return result
 
+    def set_webhooks(self, urls: list[str], secret: str | None = None) -> dict[str, Any]:
+        """Send signed workflow_job webhooks to `urls` from now on ([] stops them)."""
+        result: dict[str, Any] = self._call("POST", "/webhooks", {"urls": urls, "secret": secret})
+        return result
+
     def tick(self) -> None:
         self._call("POST", "/tick")
 

@@ -249,3 +249,52 @@ def test_job_changes_send_signed_workflow_job_webhooks(
         assert headers["x-github-event"] == "workflow_job"
         assert json.loads(body)["workflow_job"]["id"] == job["id"]
     assert len({h["x-github-delivery"] for h, _ in received}) == 3
+
+
+def test_webhooks_can_be_switched_on_at_run_time(
+    receiver: tuple[str, list[tuple[dict[str, str], bytes]]],
+) -> None:
+    url, received = receiver
+    with running_emulator(pools={"p": 1}) as emu:
+        emu.admin.add_job(["nowhere"], 1)
+        emu.admin.set_webhooks([url])  # unsigned: no secret given
+        job = emu.admin.add_job(["nowhere"], 1)
+        _wait(lambda: len(received) == 1)
+        emu.admin.set_webhooks([])
+        emu.admin.cancel_job(job["id"])
+        time.sleep(0.2)
+    assert len(received) == 1
+    headers, body = received[0]
+    assert json.loads(body)["workflow_job"]["id"] == job["id"]
+    assert "x-hub-signature-256" not in headers
+
+
+def _scale_run() -> list[tuple[int, int | None]]:
+    """1,000 runners and 500 queued jobs, then label writes that open runners up."""
+    from slurmgate.emulator import build_state
+
+    state = build_state("a/b", {"a": 400, "b": 300, "c": 200, "d": 100})
+    jobs = [
+        state.add_job(["self-hosted", f"cluster:{'abcd'[i % 4]}", f"gate-{i}"], 60)
+        for i in range(500)
+    ]
+    runners = list(state.runners.values())
+    for i in range(0, 500, 3):
+        pool = "abcd"[i % 4]
+        # give the gate to the two highest-numbered runners of the job's pool
+        holders = [r for r in runners if r.name.startswith(f"{pool}-")][-2:]
+        for runner in reversed(holders):
+            state.add_labels(runner, [f"GATE-{i}"])
+    return [(job.id, job.runner_id) for job in jobs]
+
+
+def test_dispatch_at_scale_is_correct_and_deterministic() -> None:
+    first = _scale_run()
+    assert first == _scale_run()
+    dispatched = [(job_id, runner_id) for job_id, runner_id in first if runner_id is not None]
+    # each gated pool's two gate holders take the first two gated jobs; later ones find them busy
+    assert len(dispatched) == 8
+    assert len({runner_id for _, runner_id in dispatched}) == 8
+    # a label write dispatches at once: runner 400 got gate-0 first, so it took job 0
+    assert dispatched[0] == (50001, 400)
+    assert sorted(r for _, r in dispatched) == [399, 400, 699, 700, 899, 900, 999, 1000]
