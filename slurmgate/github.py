@@ -106,9 +106,15 @@ class GitHubScope(BaseModel):
 
     @property
     def job_repos(self) -> tuple[str, ...]:
-        """The repositories whose runs and jobs are read."""
+        """The repositories whose runs and jobs are read (never empty)."""
         if self.repo is not None:
             return (self.repo, *[r for r in self.repos if r != self.repo])
+        if not self.repos:
+            # GitHub has no org-wide job listing; silently reading no jobs would admit nothing.
+            raise ValueError(
+                f"org scope {self.org!r} has no repos to read jobs from; "
+                "set repos=(OWNER/NAME, ...) on the GitHub scope"
+            )
         return self.repos
 
 

@@ -206,3 +206,16 @@ def test_memory_cache_is_per_instance() -> None:
     one, two = MemoryEtagCache(), MemoryEtagCache()
     one.put("k", '"e"', 1)
     assert one.get("k") == ('"e"', 1) and two.get("k") is None
+
+
+async def test_org_scope_reads_jobs_from_its_repos(emu: RunningEmulator) -> None:
+    job = emu.admin.add_job(["nowhere"], 5)
+    scope = GitHubScope(api_url=emu.url, org=emu.owner, repos=(emu.repo,))
+    async with GitHubClient(scope, emu.token) as gh:
+        assert [j.id for j in await gh.list_active_jobs()] == [job["id"]]
+        found = await gh.get_job(job["id"])
+        assert found is not None and found.id == job["id"]
+    bare = GitHubScope(api_url=emu.url, org=emu.owner)
+    async with GitHubClient(bare, emu.token) as gh:
+        with pytest.raises(ValueError, match="set repos="):
+            await gh.list_active_jobs()
