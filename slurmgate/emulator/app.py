@@ -484,6 +484,12 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
         job = state.finish_job(_admin_id(request, "job_id"), "cancelled")
         return 200, state.job_json(job)
 
+    async def rerun(request: Request) -> tuple[int, Any]:
+        run_id = _admin_id(request, "run_id")
+        jobs = state.rerun(run_id)
+        attempt = state.runs[run_id].run_attempt
+        return 201, {"run_id": run_id, "run_attempt": attempt, "job_ids": [j.id for j in jobs]}
+
     async def add_fault(request: Request) -> tuple[int, Any]:
         fault = state.add_fault(await _json(request))
         return 201, {"id": fault.id, "kind": fault.kind}
@@ -540,6 +546,7 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
         Route(f"{p}/jobs", admin(add_job), methods=["POST"]),
         Route(f"{p}/jobs/{{job_id}}/complete", admin(complete_job), methods=["POST"]),
         Route(f"{p}/jobs/{{job_id}}/cancel", admin(cancel_job), methods=["POST"]),
+        Route(f"{p}/runs/{{run_id}}/rerun", admin(rerun), methods=["POST"]),
         Route(f"{p}/runners", admin(add_runner), methods=["POST"]),
         Route(f"{p}/runners/{{runner_id}}/status", admin(runner_status), methods=["POST"]),
         Route(f"{p}/faults", admin(add_fault), methods=["POST"]),

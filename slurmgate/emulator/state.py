@@ -290,6 +290,42 @@ class EmulatorState:
             self.dispatch()
             return job
 
+    def rerun(self, run_id: int) -> list[EmuJob]:
+        """Re-run a completed run: a new attempt with a fresh copy of every job of the last one."""
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is None:
+                raise KeyError(run_id)
+            if self.run_status(run)[0] != "completed":
+                raise EmulatorInputError(
+                    f"run {run_id} is not completed; complete or cancel its jobs before a re-run"
+                )
+            previous = [
+                job
+                for job in self.jobs.values()
+                if job.run_id == run_id and job.run_attempt == run.run_attempt
+            ]
+            run.run_attempt += 1
+            now = self.clock()
+            run.updated_at = now
+            fresh = []
+            for old in sorted(previous, key=lambda j: j.id):
+                job = EmuJob(
+                    id=self._next_job,
+                    run_id=run_id,
+                    run_attempt=run.run_attempt,
+                    name=old.name,
+                    labels=list(old.labels),
+                    duration_s=old.duration_s,
+                    created_at=now,
+                )
+                self._next_job += 1
+                self.jobs[job.id] = job
+                fresh.append(job)
+                self.job_changed("queued", job)
+            self.dispatch()
+            return fresh
+
     def finish_job(self, job_id: int, conclusion: str) -> EmuJob:
         with self.lock:
             job = self.jobs.get(job_id)
@@ -384,7 +420,9 @@ class EmulatorState:
         }
 
     def run_status(self, run: EmuRun) -> tuple[str, str | None]:
-        statuses = [j for j in self.jobs.values() if j.run_id == run.id]
+        statuses = [
+            j for j in self.jobs.values() if j.run_id == run.id and j.run_attempt == run.run_attempt
+        ]
         if not statuses or all(j.status == "queued" for j in statuses):
             return "queued", None
         if all(j.status == "completed" for j in statuses):

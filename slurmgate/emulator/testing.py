@@ -69,6 +69,11 @@ class EmulatorAdmin:
         result: dict[str, Any] = self._call("POST", f"/jobs/{job_id}/cancel")
         return result
 
+    def rerun(self, run_id: int) -> dict[str, Any]:
+        """Re-run a completed run; returns {"run_id", "run_attempt", "job_ids"}."""
+        result: dict[str, Any] = self._call("POST", f"/runs/{run_id}/rerun")
+        return result
+
     def fault(self, kind: str, **spec: Any) -> dict[str, Any]:
         """Inject a fault: status, rate_limit, latency, fail_nth_write or hang_nth_write."""
         result: dict[str, Any] = self._call("POST", "/faults", {"kind": kind, **spec})

@@ -298,3 +298,31 @@ def test_dispatch_at_scale_is_correct_and_deterministic() -> None:
     # a label write dispatches at once: runner 400 got gate-0 first, so it took job 0
     assert dispatched[0] == (50001, 400)
     assert sorted(r for _, r in dispatched) == [399, 400, 699, 700, 899, 900, 999, 1000]
+
+
+async def test_rerun_makes_a_new_attempt(
+    emu: RunningEmulator, api: httpx.Client, validate: Callable[[httpx.Response], None]
+) -> None:
+    from slurmgate.github import GitHubClient, GitHubScope
+
+    first = emu.admin.add_job(["nowhere", "ci-attempt-1"], 5)
+    with httpx.Client(base_url=emu.url + "/_emulator") as admin:
+        refused = admin.post(f"/runs/{first['run_id']}/rerun")
+        assert refused.status_code == 400 and "not completed" in refused.json()["message"]
+    emu.admin.complete_job(first["id"], conclusion="failure")
+    rerun = emu.admin.rerun(first["run_id"])
+    assert rerun["run_attempt"] == 2 and len(rerun["job_ids"]) == 1
+    new_id = rerun["job_ids"][0]
+    latest = api.get(f"{REPO}/runs/{first['run_id']}/jobs")
+    validate(latest)
+    assert [j["id"] for j in latest.json()["jobs"]] == [new_id]
+    assert latest.json()["jobs"][0]["run_attempt"] == 2
+    everything = api.get(f"{REPO}/runs/{first['run_id']}/jobs", params={"filter": "all"})
+    assert [j["id"] for j in everything.json()["jobs"]] == [first["id"], new_id]
+    attempt1 = api.get(f"{REPO}/runs/{first['run_id']}/attempts/1/jobs")
+    assert [j["id"] for j in attempt1.json()["jobs"]] == [first["id"]]
+    run = api.get(f"{REPO}/runs/{first['run_id']}").json()
+    assert (run["status"], run["run_attempt"]) == ("queued", 2)
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), emu.token) as gh:
+        jobs = await gh.list_active_jobs()
+    assert [(j.id, j.run_attempt) for j in jobs] == [(new_id, 2)]
