@@ -170,47 +170,80 @@ class EtagCache(Protocol):
 
     def put(self, key: str, etag: str, body: Any) -> None: ...
 
+    def flush(self) -> None: ...
+
 
 class MemoryEtagCache:
-    """An ETag cache that lives as long as its process."""
+    """An ETag cache that lives as long as its process; the least recently used entries go first.
 
-    def __init__(self) -> None:
+    Every finished workflow run leaves a jobs URL behind, so without a bound a long-lived
+    controller would grow without end.
+    """
+
+    def __init__(self, max_entries: int = 5000) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries {max_entries} must be at least 1")
+        self.max_entries = max_entries
         self._entries: dict[str, tuple[str, Any]] = {}
 
     def get(self, key: str) -> tuple[str, Any] | None:
-        return self._entries.get(key)
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._entries[key] = entry  # most recently used goes last
+        return entry
 
     def put(self, key: str, etag: str, body: Any) -> None:
+        self._entries.pop(key, None)
         self._entries[key] = (etag, body)
+        while len(self._entries) > self.max_entries:
+            del self._entries[next(iter(self._entries))]
+
+    def flush(self) -> None:
+        """Nothing to write: the cache lives in memory."""
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
-class FileEtagCache:
+class FileEtagCache(MemoryEtagCache):
     """An ETag cache in one JSON file, so a fresh controller process still gets 304s.
 
-    Writes go to a temporary file that replaces the old one, so a reader never sees half a file.
-    A corrupt or unreadable file counts as empty: the cache is an optimisation, never the truth.
+    The file is rewritten at most every `flush_interval_s` while entries change, and on flush()
+    (GitHubClient.aclose calls it). Writes go to a temporary file that replaces the old one, so a
+    reader never sees half a file. A corrupt or unreadable file counts as empty: the cache is an
+    optimisation, never the truth.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_entries: int = 5000,
+        flush_interval_s: float = 2.0,
+    ) -> None:
+        super().__init__(max_entries)
         self.path = Path(path)
-        self._entries: dict[str, tuple[str, Any]] = {}
+        self.flush_interval_s = flush_interval_s
+        self._dirty = False
+        self._last_flush = time.monotonic()
         try:
             raw = json.loads(self.path.read_text())
             if isinstance(raw, dict):
                 for key, value in raw.items():
                     if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
-                        self._entries[key] = (value[0], value[1])
+                        super().put(key, value[0], value[1])
         except (OSError, ValueError):
             log.debug("etag cache %s unreadable or absent; starting empty", self.path)
 
-    def get(self, key: str) -> tuple[str, Any] | None:
-        return self._entries.get(key)
-
     def put(self, key: str, etag: str, body: Any) -> None:
-        self._entries[key] = (etag, body)
+        super().put(key, etag, body)
+        self._dirty = True
+        if time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._dirty:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".etag-", dir=self.path.parent)
         try:
@@ -220,6 +253,8 @@ class FileEtagCache:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        self._dirty = False
+        self._last_flush = time.monotonic()
 
 
 # ---- rate limit and counters ------------------------------------------------------------------
@@ -379,6 +414,11 @@ class GitHubClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the connection pool and write the ETag cache out."""
+        try:
+            self.etag_cache.flush()
+        except OSError as exc:  # a cache that cannot be written only costs quota later
+            log.warning("could not write the ETag cache: %s", exc)
         await self._http.aclose()
 
     @property
@@ -556,6 +596,8 @@ class GitHubClient:
         while True:
             headers = {"Authorization": f"Bearer {self._token.get_secret_value()}"}
             cached = self.etag_cache.get(cache_key) if cacheable and conditional else None
+            if cached is not None and not (isinstance(cached[1], dict) and "body" in cached[1]):
+                cached = None  # an entry in an older or foreign format: read afresh
             if cached is not None:
                 headers["If-None-Match"] = cached[0]
             if write:
@@ -572,7 +614,7 @@ class GitHubClient:
                         method, template, None, f"{failure} after {attempt + 1} attempts"
                     )
                 delay = self._backoff(attempt)
-                log.debug("%s %s: %s; retry in %.2f s", method, template, failure, delay)
+                log.info("%s %s: %s; retry in %.2f s", method, template, failure, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue
@@ -580,7 +622,7 @@ class GitHubClient:
             self._note_rate_limit(response.headers)
             status = response.status_code
             log.debug("%s %s -> %d", method, template, status)
-            if status == 304 and cached is not None and isinstance(cached[1], dict):
+            if status == 304 and cached is not None:
                 self.calls.not_modified[(method, template)] += 1
                 # A 304 may omit Link; the cached entry keeps the page's own Link header.
                 reply_headers = httpx.Headers(response.headers)
@@ -605,7 +647,7 @@ class GitHubClient:
                         secondary_hits += 1
                     if attempt >= self.max_retries or wait > self.max_wait_s:
                         raise RateLimited(method, template, status, message, wait)
-                    log.debug(
+                    log.warning(
                         "%s %s rate limited (%d); waiting %.2f s", method, template, status, wait
                     )
                     attempt += 1
@@ -618,7 +660,7 @@ class GitHubClient:
                         method, template, status, f"{message} after {attempt + 1} attempts"
                     )
                 delay = self._backoff(attempt)
-                log.debug("%s %s -> %d; retry in %.2f s", method, template, status, delay)
+                log.info("%s %s -> %d; retry in %.2f s", method, template, status, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue

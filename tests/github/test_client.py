@@ -111,7 +111,58 @@ def test_file_etag_cache_survives_a_corrupt_file(tmp_path) -> None:
     cache = FileEtagCache(path)
     assert cache.get("x") is None
     cache.put("x", '"abc"', {"body": 1})
+    cache.flush()
     assert FileEtagCache(path).get("x") == ('"abc"', {"body": 1})
+
+
+def test_file_etag_cache_batches_writes_until_flush(tmp_path) -> None:
+    path = tmp_path / "etags.json"
+    cache = FileEtagCache(path, flush_interval_s=3600)
+    for i in range(50):
+        cache.put(f"k{i}", f'"{i}"', {"body": i})
+    assert not path.exists()  # 50 puts, no rewrite of the file each time
+    cache.flush()
+    assert len(FileEtagCache(path)) == 50
+    eager = FileEtagCache(tmp_path / "eager.json", flush_interval_s=0)
+    eager.put("k", '"e"', {"body": 0})
+    assert (tmp_path / "eager.json").exists()
+
+
+def test_etag_caches_drop_the_least_recently_used(tmp_path) -> None:
+    cache = MemoryEtagCache(max_entries=3)
+    for key in ("a", "b", "c"):
+        cache.put(key, '"e"', {"body": key})
+    assert cache.get("a") is not None  # a is now the most recent
+    cache.put("d", '"e"', {"body": "d"})
+    assert cache.get("b") is None and cache.get("a") is not None and len(cache) == 3
+    path = tmp_path / "bounded.json"
+    bounded = FileEtagCache(path, max_entries=2)
+    for key in ("x", "y", "z"):
+        bounded.put(key, '"e"', {"body": key})
+    bounded.flush()
+    assert FileEtagCache(path).get("x") is None and len(FileEtagCache(path)) == 2
+
+
+async def test_client_close_writes_the_file_cache(emu: RunningEmulator, tmp_path) -> None:
+    path = tmp_path / "etags.json"
+    scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+    gh = GitHubClient(scope, emu.token, etag_cache=FileEtagCache(path, flush_interval_s=3600))
+    await gh.list_runners()
+    assert not path.exists()
+    await gh.aclose()
+    assert len(FileEtagCache(path)) == 1
+
+
+async def test_unusable_cache_entry_is_read_afresh(emu: RunningEmulator) -> None:
+    cache = MemoryEtagCache()
+    scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+    async with GitHubClient(scope, emu.token, etag_cache=cache) as gh:
+        await gh.list_runners()
+        (key,) = list(cache._entries)
+        etag, _ = cache._entries[key]
+        cache.put(key, etag, ["not", "the", "client's", "format"])
+        assert len(await gh.list_runners()) == 9
+        assert gh.calls.total_not_modified == 0
 
 
 async def test_labels_add_set_remove(emu: RunningEmulator, make_client: MakeClient) -> None:
