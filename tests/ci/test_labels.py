@@ -1,0 +1,279 @@
+"""`slurmgate labels` and `node-count`: the seed's runs-on table (A3), JSON shape, errors."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmgate.ci import (
+    OUTPUT_KEYS,
+    CIError,
+    LabelFlags,
+    RunContext,
+    compute_labels,
+    flags_from_env,
+    load_spec,
+    spec_from_data,
+)
+from slurmgate.ci_cli import app
+from slurmgate.labels import JobLabel, parse_nodes
+from slurmgate.priority import (
+    PriorityContext,
+    job_label,
+    queue_namespace,
+    queue_token,
+    score,
+)
+
+RUN = RunContext(run_id=4242, run_attempt=2)
+ROW: dict[str, Any] = {"runner": "cluster:h100-dgxc", "node-count": 3, "model-prefix": "dsr1"}
+
+
+def labels_for(row: dict[str, Any], priority: bool, node_slots: bool, **kw: Any) -> list[str]:
+    spec = spec_from_data(row, "row")
+    return list(compute_labels(spec, LabelFlags(priority, node_slots), RUN, **kw).runs_on)
+
+
+def expected_gate(row: dict[str, Any]) -> str:
+    value = score(row, PriorityContext())
+    return job_label(value, queue_token(row, queue_namespace(4242, 2)))
+
+
+# ---- the A3 table, row by row ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("node_slots", [False, True])
+def test_priority_off_is_the_legacy_runner_label_only(node_slots: bool) -> None:
+    assert labels_for(ROW, False, node_slots) == ["cluster:h100-dgxc"]
+    assert labels_for({**ROW, "node-count": ""}, False, node_slots) == ["cluster:h100-dgxc"]
+
+
+def test_both_flags_and_a_node_count_give_the_full_weighted_set() -> None:
+    got = labels_for(ROW, True, True)
+    assert got == [
+        "self-hosted",
+        "cluster:h100-dgxc",
+        "nodes:3",
+        expected_gate(ROW),
+        "ci-attempt-2",
+    ]
+    # the planner reads these labels back: the same node count and score
+    assert parse_nodes(got) == 3
+    assert JobLabel.parse(got[3]).score == Decimal("1.748")
+
+
+@pytest.mark.parametrize("empty", ["", "   ", None])
+def test_empty_node_count_falls_back_to_the_unweighted_set(empty: object) -> None:
+    row = {**ROW, "node-count": empty}
+    got = labels_for(row, True, True)
+    assert not any(label.startswith("nodes:") for label in got)
+    assert got[:2] == ["self-hosted", "cluster:h100-dgxc"] and got[-1] == "ci-attempt-2"
+    # scored as a single-node row (no node term), token over the row as written
+    gate = JobLabel.parse(got[2])
+    assert gate.score == Decimal("1.750")
+    assert gate.token == queue_token(row, queue_namespace(4242, 2))
+
+
+def test_node_slot_flag_off_never_emits_nodes() -> None:
+    got = labels_for(ROW, True, False)
+    assert got == ["self-hosted", "cluster:h100-dgxc", expected_gate(ROW), "ci-attempt-2"]
+
+
+def test_single_node_row_gets_the_literal_nodes_1() -> None:
+    row = {"runner": "cluster:h100-dgxc", "framework": "vllm"}
+    got = labels_for(row, True, True)
+    assert "nodes:1" in got
+    assert JobLabel.parse(got[3]).score == Decimal("1.500")
+
+
+def test_run_attempt_and_namespace_change_the_token() -> None:
+    spec = spec_from_data(ROW, "row")
+    flags = LabelFlags(True, True)
+    first = compute_labels(spec, flags, RUN)
+    rerun = compute_labels(spec, flags, RunContext(run_id=4242, run_attempt=3))
+    family = compute_labels(spec, flags, RunContext(run_id=4242, run_attempt=2, family="mn"))
+    assert first.token != rerun.token != family.token
+    assert rerun.attempt_label == "ci-attempt-3"
+    assert family.token == queue_token(ROW, queue_namespace(4242, 2, "mn"))
+
+
+def test_push_event_and_pr_labels_flow_into_the_score() -> None:
+    spec = spec_from_data(ROW, "row")
+    flags = LabelFlags(True, True)
+    push = compute_labels(spec, flags, RunContext(4242, 2, event="push"))
+    patch = compute_labels(spec, flags, RunContext(4242, 2, pr_labels=frozenset({"ci-patchwork"})))
+    assert push.score == "3.748"
+    assert patch.score == "0.000"
+
+
+def test_runner_option_overrides_and_labels_are_deduplicated_case_insensitively() -> None:
+    got = labels_for(ROW, True, True, runner="Self-Hosted")
+    assert [label.casefold() for label in got].count("self-hosted") == 1
+
+
+def test_allocation_spec_takes_its_node_count_from_the_layout(data: Path) -> None:
+    spec = load_spec(data / "allocation.yaml")
+    assert (spec.kind, spec.nodes) == ("allocation", 3)
+    result = compute_labels(spec, LabelFlags(True, True), RUN, runner="cluster:a")
+    assert "nodes:3" in result.runs_on
+    assert result.score == "0.998"  # base 1.0 and -0.001 per node beyond the first
+    with pytest.raises(CIError, match="--runner"):
+        compute_labels(spec, LabelFlags(True, True), RUN)
+
+
+def test_missing_run_id_names_the_option() -> None:
+    spec = spec_from_data(ROW, "row")
+    with pytest.raises(CIError, match="--run-id is missing"):
+        compute_labels(spec, LabelFlags(True, True), RunContext(run_attempt=1))
+    # legacy mode needs no run context at all
+    assert compute_labels(spec, LabelFlags(False, False), RunContext()).runs_on == (
+        "cluster:h100-dgxc",
+    )
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        ({**ROW, "node-count": 0}, "node-count"),
+        ({**ROW, "node-count": "three"}, "node-count"),
+        ({**ROW, "node-count": True}, "node-count"),
+        ({"node-count": 2}, "runner"),
+        ({**ROW, "runner": 7}, "runner"),
+        ({"runner": "b300", "multinode": True, "disagg": True, "num-nodes": 2}, "num-nodes"),
+    ],
+)
+def test_bad_rows_name_the_field(row: dict[str, Any], field: str) -> None:
+    with pytest.raises(CIError, match=field):
+        compute_labels(spec_from_data(row, "row"), LabelFlags(True, True), RUN)
+
+
+def test_flags_from_env() -> None:
+    assert flags_from_env({}) == LabelFlags(False, False)
+    on = {"PRIORITY_SCHEDULER_ENABLED": "true", "NODE_SLOT_SCHEDULER_ENABLED": "True"}
+    assert flags_from_env(on) == LabelFlags(True, True)
+    with pytest.raises(CIError, match="PRIORITY_SCHEDULER_ENABLED='maybe'"):
+        flags_from_env({"PRIORITY_SCHEDULER_ENABLED": "maybe"})
+
+
+# ---- the CLI ----------------------------------------------------------------------------------
+
+
+def write_row(tmp_path: Path, row: dict[str, Any]) -> Path:
+    path = tmp_path / "row.json"
+    path.write_text(json.dumps(row))
+    return path
+
+
+def test_cli_prints_json_for_fromjson_and_github_outputs(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out_file = tmp_path / "github_output"
+    monkeypatch.setenv("PRIORITY_SCHEDULER_ENABLED", "true")
+    monkeypatch.setenv("NODE_SLOT_SCHEDULER_ENABLED", "true")
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    monkeypatch.setenv("GITHUB_RUN_ATTEMPT", "2")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out_file))
+    result = cli.invoke(app, ["labels", str(write_row(tmp_path, ROW)), "--github-output"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert tuple(doc) == OUTPUT_KEYS
+    assert doc["runs-on"] == labels_for(ROW, True, True)
+    assert (doc["nodes"], doc["mode"], doc["attempt-label"]) == (3, "node-slots", "ci-attempt-2")
+    lines = dict(line.split("=", 1) for line in out_file.read_text().splitlines())
+    assert tuple(lines) == OUTPUT_KEYS
+    assert json.loads(lines["runs-on"]) == doc["runs-on"]
+
+
+def test_cli_reads_stdin_and_honours_flag_overrides(cli: CliRunner) -> None:
+    result = cli.invoke(
+        app,
+        ["labels", "-", "--priority", "--no-node-slots", "--run-id", "9", "--run-attempt", "1"],
+        input=json.dumps({**ROW, "node-count": ""}),
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["mode"] == "priority" and doc["nodes"] is None
+    assert not any(label.startswith("nodes:") for label in doc["runs-on"])
+
+
+def test_cli_guard_note_goes_to_stderr(cli: CliRunner, tmp_path: Path) -> None:
+    row = write_row(tmp_path, {**ROW, "node-count": ""})
+    args = ["labels", str(row), "--priority", "--node-slots", "--run-id", "9", "--run-attempt", "1"]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0
+    assert "seed's guard" in result.stderr
+    assert json.loads(result.stdout)["nodes"] is None
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("runner: [unclosed", "not valid YAML or JSON"),
+        ("- a\n- b\n", "expected a mapping"),
+        (json.dumps({**ROW, "node-count": -1}), "node-count must be a positive integer"),
+        ("name: x\ndeployments: []\nclient: {command: [echo]}\n", "deployments"),
+    ],
+)
+def test_cli_bad_spec_is_one_line_and_exit_2(
+    cli: CliRunner, tmp_path: Path, content: str, needle: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    result = cli.invoke(
+        app, ["labels", str(path), "--priority", "--run-id", "1", "--run-attempt", "1"]
+    )
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    assert "Traceback" not in result.output
+
+
+def test_cli_github_output_without_the_variable_fails_cleanly(cli: CliRunner, tmp_path) -> None:
+    result = cli.invoke(app, ["labels", str(write_row(tmp_path, ROW)), "--github-output"])
+    assert result.exit_code == 2 and "GITHUB_OUTPUT" in result.stderr
+
+
+# ---- node-count -------------------------------------------------------------------------------
+
+
+def test_node_count_of_an_allocation_spec(cli: CliRunner, data: Path) -> None:
+    result = cli.invoke(app, ["node-count", str(data / "allocation.yaml")])
+    assert (result.exit_code, result.stdout.strip()) == (0, "3")
+    result = cli.invoke(app, ["node-count", "--json", str(data / "allocation.yaml")])
+    assert json.loads(result.stdout) == {"kind": "allocation", "node-count": 3}
+
+
+def test_node_count_of_a_matrix_row_derived_with_a_hardware_table(
+    cli: CliRunner, data: Path
+) -> None:
+    row = str(data / "row-disagg.yaml")
+    result = cli.invoke(app, ["node-count", row, "--hardware", str(data / "hardware.yaml")])
+    assert (result.exit_code, result.stdout.strip()) == (0, "3")
+    # without the table the topology rule cannot know the GPUs per node: named, exit 2
+    result = cli.invoke(app, ["node-count", row])
+    assert result.exit_code == 2
+    assert "cluster:b300-nv" in result.stderr and "hardware table" in result.stderr
+
+
+def test_node_count_of_rows_with_explicit_and_empty_counts(cli: CliRunner, tmp_path: Path) -> None:
+    result = cli.invoke(app, ["node-count", "--json", "-"], input=json.dumps(ROW))
+    assert json.loads(result.stdout) == {"kind": "row", "node-count": 3}
+    result = cli.invoke(app, ["node-count", "-"], input=json.dumps({**ROW, "node-count": ""}))
+    assert result.exit_code == 0 and result.stdout.strip() == ""
+    result = cli.invoke(app, ["node-count", "-"], input=json.dumps({"runner": "h100"}))
+    assert result.stdout.strip() == "1"
+
+
+def test_node_count_bad_allocation_spec_names_the_field(cli: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: Bad_Name\nclient: {command: [echo]}\ndeployments: [{name: a, command: [x]}]\n"
+    )
+    result = cli.invoke(app, ["node-count", str(path)])
+    assert result.exit_code == 2
+    assert "name" in result.stderr and "lowercase" in result.stderr
