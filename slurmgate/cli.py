@@ -101,23 +101,29 @@ def emulator(
         build_state(repo, pools, legacy, token)  # validate everything before binding the port
     except (EmulatorInputError, OSError) as exc:
         raise _fail(str(exc)) from None
-    typer.echo(
-        f"GitHub emulator for {repo} on http://{host}:{port} with "
-        + ", ".join(f"cluster:{n}={c}" for n, c in pools.items())
-        + (f", legacy={legacy}" if legacy else ""),
-        err=True,
-    )
-    run_emulator(
-        port,
-        repo,
-        pools,
-        legacy,
-        token,
-        host=host,
-        quota_limit=quota,
-        webhook_urls=list(webhook_url or []),
-        webhook_secret=webhook_secret,
-    )
+    fleet = ", ".join(f"cluster:{n}={c}" for n, c in pools.items())
+    if legacy:
+        fleet += f"{', ' if fleet else ''}legacy={legacy}"
+
+    def announce(url: str) -> None:
+        typer.echo(f"GitHub emulator for {repo} on {url} ({fleet}); Ctrl-C stops it", err=True)
+
+    try:
+        run_emulator(
+            port,
+            repo,
+            pools,
+            legacy,
+            token,
+            host=host,
+            quota_limit=quota,
+            webhook_urls=list(webhook_url or []),
+            webhook_secret=webhook_secret,
+            announce=announce,
+        )
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise _fail(f"cannot listen on {host}:{port} ({reason}); pick another --port") from None
 
 
 def _exceptions(name: str) -> tuple[type[BaseException], ...]:

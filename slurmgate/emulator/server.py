@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -20,19 +21,32 @@ def run_emulator(
     legacy: int = 0,
     token: str | None = None,
     host: str = "127.0.0.1",
+    *,
+    announce: Callable[[str], None] | None = None,
     **state_kwargs: Any,
 ) -> None:
-    """Build a fleet and serve it until interrupted (the `slurmgate emulator` command)."""
+    """Build a fleet and serve it until interrupted (the `slurmgate emulator` command).
+
+    `announce` gets the base URL once the port is bound (port 0 picks a free one).
+    """
     state = build_state(repo, pools, legacy, token, **state_kwargs)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
     config = uvicorn.Config(
         create_app(state),
-        host=host,
-        port=port,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=2,
     )
-    uvicorn.Server(config).run()
+    if announce is not None:
+        shown = f"[{host}]" if ":" in host else host
+        announce(f"http://{shown}:{bound}")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 class BackgroundServer:

@@ -150,6 +150,8 @@ class EmulatorState:
         self.webhook_secret = webhook_secret
         self.listeners: list[JobListener] = []
         self.job_events: list[tuple[str, int]] = []
+        self._user_json: dict[str, Any] | None = None
+        self._repository_json: dict[str, Any] | None = None
         self._queued: set[int] = set()
         self._running: set[int] = set()
 
@@ -542,6 +544,9 @@ class EmulatorState:
     # ---- stats ----
 
     def stats(self) -> dict[str, Any]:
+        """Request counters. `requests` is by "METHOD /path/{template}"; `not_modified` counts
+        304s; `writes` counts mutating requests that got past auth, injected status/429 faults
+        and the quota check (fail_nth_write victims included); `quota_used` is primary quota."""
         with self.lock:
             return {
                 "requests": dict(sorted(self.requests.items())),
@@ -618,6 +623,16 @@ class EmulatorState:
         }
 
     def user_json(self) -> dict[str, Any]:
+        if self._user_json is None:
+            self._user_json = self._build_user_json()
+        return self._user_json
+
+    def repository_json(self) -> dict[str, Any]:
+        if self._repository_json is None:
+            self._repository_json = self._build_repository_json()
+        return self._repository_json
+
+    def _build_user_json(self) -> dict[str, Any]:
         base = f"https://api.github.com/users/{self.owner}"
         return {
             "login": self.owner,
@@ -640,7 +655,7 @@ class EmulatorState:
             "site_admin": False,
         }
 
-    def repository_json(self) -> dict[str, Any]:
+    def _build_repository_json(self) -> dict[str, Any]:
         api = f"https://api.github.com/repos/{self.repo}"
         urls = {
             f"{key}_url": f"{api}/{suffix}"

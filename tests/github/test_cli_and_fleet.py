@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import socket
+import re
 import subprocess
 import sys
 import time
@@ -27,35 +27,34 @@ def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_emulator_command_serves_the_fleet() -> None:
-    port = _free_port()
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "slurmgate.cli", "emulator",
-            "--port", str(port), "--repo", "octo/bench",
+            "--port", "0", "--repo", "octo/bench",
             "--pool", "cluster:h100=3", "--pool", "b200=2", "--legacy", "1", "--token", "tok",
         ],
         cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     try:
-        url = f"http://127.0.0.1:{port}/repos/octo/bench/actions/runners"
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()  # printed once the port is bound
+        match = re.search(r"on (http://127\.0\.0\.1:(\d+))", banner)
+        assert match, banner
+        base = match.group(1)
+        assert "cluster:h100=3, cluster:b200=2, legacy=1" in banner
+        url = f"{base}/repos/octo/bench/actions/runners"
         deadline = time.monotonic() + 20
         while True:
             try:
                 response = httpx.get(url, headers={"Authorization": "Bearer tok"})
                 break
             except httpx.TransportError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                assert time.monotonic() < deadline, "emulator did not start"
+                assert proc.poll() is None, "emulator exited"
+                assert time.monotonic() < deadline, "emulator did not answer"
                 time.sleep(0.1)
         runners = response.json()["runners"]
         assert [r["name"] for r in runners] == [
@@ -66,6 +65,13 @@ def test_emulator_command_serves_the_fleet() -> None:
         ]  # fmt: skip
         assert [lb["name"] for lb in runners[-1]["labels"]] == ["self-hosted", "Linux", "X64"]
         assert httpx.get(url, headers={"Authorization": "Bearer nope"}).status_code == 401
+        # a second emulator on the same port: one line, exit 2
+        busy = _cli("emulator", "--port", match.group(2), "--pool", "p=1")
+        assert busy.returncode == 2
+        assert busy.stderr.strip().splitlines() == [
+            line for line in busy.stderr.strip().splitlines() if line.startswith("error: ")
+        ]
+        assert "cannot listen" in busy.stderr and "pick another --port" in busy.stderr
     finally:
         proc.terminate()
         proc.wait(timeout=10)
