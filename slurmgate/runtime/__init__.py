@@ -1,0 +1,1 @@
+"""The allocation runtime: what runs inside a Slurm allocation (never imports prefect)."""
