@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Protocol
 
+from slurmgate.estimates import Estimate, Estimator, RuntimeHistory, expected_end, job_key
 from slurmgate.labels import (
     ATTEMPT_PREFIX,
     CLUSTER_PREFIX,
@@ -47,6 +48,8 @@ from slurmgate.model import (
 )
 from slurmgate.settings import AdmissionSettings
 
+DEFAULT_ESTIMATE = Estimate(480 * 60.0, 480 * 60.0)
+
 LEGACY = "(legacy)"
 """Board name of the runners without a `cluster:` label; they serve 1-node jobs only."""
 
@@ -68,6 +71,7 @@ class JobRequest:
     score: Decimal
     priority: str
     requirement: frozenset[str]
+    estimate: Estimate = DEFAULT_ESTIMATE
 
 
 @dataclass(slots=True)
@@ -90,8 +94,22 @@ class Placement:
     runner_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RunningLease:
+    """A kept lease as a reservation policy sees it: its nodes from its start until its end."""
+
+    job_id: int
+    nodes: int
+    started_s: float
+    estimate: Estimate
+
+
 class FleetState:
-    """Capacity per pool and the compatibility index; policies query and consume it."""
+    """Capacity per pool and the compatibility index; policies query and consume it.
+
+    The planner builds one from a snapshot per plan; the simulator keeps one across events
+    (`start` on admission, `finish` on completion) and hands it to the same policies.
+    """
 
     def __init__(
         self,
@@ -103,11 +121,15 @@ class FleetState:
         eligible: frozenset[int],
         leases: tuple[Lease, ...] = (),
         now_s: float = 0.0,
+        running: dict[str, dict[int, RunningLease]] | None = None,
+        extension_s: float = 600.0,
     ) -> None:
         self.pools = pools
-        # what a reservation policy needs to predict when capacity returns
         self.leases = leases
         self.now_s = now_s
+        # what a reservation policy needs to predict when capacity returns: pool -> job -> lease
+        self.running: dict[str, dict[int, RunningLease]] = running if running is not None else {}
+        self.extension_s = extension_s
         self.legacy_free = legacy_free
         self.legacy_total = legacy_total
         self.legacy_admitted = 0
@@ -140,7 +162,8 @@ class FleetState:
         for runner_id in matched:
             grouped[self._runner_pool[runner_id]].add(runner_id)
         result: dict[str | None, frozenset[int] | None] = {}
-        for pool, ids in grouped.items():
+        for pool in sorted(grouped, key=lambda p: (p is not None, p or "")):
+            ids = grouped[pool]
             size = self.pools[pool].total if pool is not None else self.legacy_total
             result[pool] = None if len(ids) == size else frozenset(ids)
         self._cache[requirement] = result
@@ -149,6 +172,10 @@ class FleetState:
     def free_for(self, pool: str | None, allowed: frozenset[int] | None) -> list[int]:
         free = self.legacy_free if pool is None else self.pools[pool].free
         return list(free) if allowed is None else [rid for rid in free if rid in allowed]
+
+    def free_count(self, pool: str | None, allowed: frozenset[int] | None) -> int:
+        free = self.legacy_free if pool is None else self.pools[pool].free
+        return len(free) if allowed is None else sum(1 for rid in free if rid in allowed)
 
     def total_for(self, pool: str | None, allowed: frozenset[int] | None) -> int:
         if allowed is not None:
@@ -165,20 +192,129 @@ class FleetState:
             self.pools[pool].in_use += len(runner_ids)
             self.pools[pool].admitted += len(runner_ids)
 
+    def start(self, placement: Placement) -> None:
+        """Admit a placement: take its runners and expect them back after its estimate."""
+        self.take(placement.pool, placement.runner_ids)
+        if placement.pool is not None:
+            request = placement.request
+            self.running.setdefault(placement.pool, {})[request.job.id] = RunningLease(
+                request.job.id, len(placement.runner_ids), self.now_s, request.estimate
+            )
+
+    def finish(self, pool: str | None, job_id: int, runner_ids: Sequence[int]) -> None:
+        """A lease ended (used by the simulator): its runners are free again."""
+        free = self.legacy_free if pool is None else self.pools[pool].free
+        for rid in runner_ids:
+            bisect.insort(free, rid)
+        if pool is not None:
+            self.pools[pool].in_use -= len(runner_ids)
+            self.running.get(pool, {}).pop(job_id, None)
+        else:
+            self.legacy_admitted -= len(runner_ids)
+
+    def available(self, pool: str) -> int:
+        """Runners of `pool` a job could take now: free tokens, within online capacity."""
+        state = self.pools[pool]
+        return max(0, min(len(state.free), state.online - state.in_use))
+
+    def profile(self, pool: str) -> Profile:
+        """Free runners of `pool` from now on, as running leases are expected to end."""
+        ends = [
+            (
+                expected_end(lease.started_s, lease.estimate, self.now_s, self.extension_s),
+                lease.nodes,
+            )
+            for lease in self.running.get(pool, {}).values()
+        ]
+        return Profile(self.now_s, self.available(pool), self.pools[pool].online, ends)
+
+
+class Profile:
+    """Free runners of one pool over time, piecewise constant from now; reservations subtract.
+
+    `times[i]` starts a segment with `free[i]` runners free until `times[i + 1]` (the last one
+    lasts forever). Built from running leases' expected ends, capped at the pool's online size.
+    """
+
+    __slots__ = ("free", "times")
+
+    def __init__(self, now_s: float, free_now: int, cap: int, ends: Iterable[tuple[float, int]]):
+        self.times = [now_s]
+        self.free = [free_now]
+        for end, nodes in sorted(ends):
+            level = min(cap, self.free[-1] + nodes)
+            if end <= self.times[-1]:
+                self.free[-1] = level
+            else:
+                self.times.append(end)
+                self.free.append(level)
+
+    def earliest(self, nodes: int, duration_s: float) -> float | None:
+        """The first time `nodes` runners stay free for `duration_s`; None if never."""
+        times, free = self.times, self.free
+        last = len(times) - 1
+        start: float | None = None
+        for i in range(last + 1):
+            if free[i] >= nodes:
+                if start is None:
+                    start = times[i]
+                if i == last or times[i + 1] >= start + duration_s:
+                    return start
+            else:
+                start = None
+        return None
+
+    def fits_now(self, nodes: int, duration_s: float) -> bool:
+        return self.earliest(nodes, duration_s) == self.times[0]
+
+    def reserve(self, start_s: float, duration_s: float, nodes: int) -> None:
+        """Hold `nodes` runners over [start, start + duration)."""
+        end_s = start_s + duration_s
+        i = self._split(start_s)
+        j = self._split(end_s)
+        for k in range(i, j):
+            self.free[k] -= nodes
+
+    def _split(self, at: float) -> int:
+        index = bisect.bisect_left(self.times, at)
+        if index < len(self.times) and self.times[index] == at:
+            return index
+        self.times.insert(index, at)
+        self.free.insert(index, self.free[index - 1])
+        return index
+
 
 class AdmissionPolicy(Protocol):
-    """Orders the queued requests and fits each one to the fleet; mutates `fleet` as it admits."""
+    """Orders the queued requests and fits each one to the fleet; mutates `fleet` as it admits.
+
+    `ordered=True` says `requests` is already in `priority_order` (the simulator keeps its queue
+    sorted); `explain=False` lets a policy skip building Blocked entries nobody will read.
+    """
 
     name: str
 
     def place(
-        self, requests: Sequence[JobRequest], fleet: FleetState
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
     ) -> tuple[list[Placement], list[Blocked]]: ...
+
+
+def priority_key(request: JobRequest) -> tuple[Decimal, int, datetime, int]:
+    return (-request.score, request.nodes, request.job.created_at, request.job.id)
 
 
 def priority_order(requests: Iterable[JobRequest]) -> list[JobRequest]:
     """Score desc, then fewer nodes, then older, then lower job id: a total, deterministic order."""
-    return sorted(requests, key=lambda r: (-r.score, r.nodes, r.job.created_at, r.job.id))
+    return sorted(requests, key=priority_key)
+
+
+def _note_blocked(fleet: FleetState, outcome: Blocked) -> None:
+    if outcome.pool is not None and outcome.pool in fleet.pools:
+        fleet.pools[outcome.pool].blocked += 1
 
 
 class GreedyBackfill:
@@ -187,23 +323,171 @@ class GreedyBackfill:
     name = "greedy"
 
     def place(
-        self, requests: Sequence[JobRequest], fleet: FleetState
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
     ) -> tuple[list[Placement], list[Blocked]]:
         placements: list[Placement] = []
         blocked: list[Blocked] = []
-        for request in priority_order(requests):
+        for request in requests if ordered else priority_order(requests):
             outcome = fit_now(request, fleet)
             if isinstance(outcome, Placement):
-                fleet.take(outcome.pool, outcome.runner_ids)
+                fleet.start(outcome)
                 placements.append(outcome)
-            else:
-                if outcome.pool is not None and outcome.pool in fleet.pools:
-                    fleet.pools[outcome.pool].blocked += 1
+            elif explain:
+                _note_blocked(fleet, outcome)
                 blocked.append(outcome)
         return placements, blocked
 
 
-POLICIES: dict[str, AdmissionPolicy] = {"greedy": GreedyBackfill()}
+class StrictOrder:
+    """FCFS baseline: admit in priority order and stop at the first job that must wait.
+
+    Not selectable in settings (it idles capacity and is unstable at real loads); the simulator
+    uses it as the reference point. Jobs that can never fit are rejected, not waited for.
+    """
+
+    name = "fcfs"
+
+    def place(
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
+    ) -> tuple[list[Placement], list[Blocked]]:
+        placements: list[Placement] = []
+        blocked: list[Blocked] = []
+        head: JobRequest | None = None
+        for request in requests if ordered else priority_order(requests):
+            if head is not None:
+                if not explain:
+                    break
+                blocked.append(
+                    Blocked(
+                        request.job.id,
+                        request.nodes,
+                        None,
+                        BlockReason.RESERVED,
+                        f"strict order: waits behind job {head.job.id}",
+                    )
+                )
+                continue
+            outcome = fit_now(request, fleet)
+            if isinstance(outcome, Placement):
+                fleet.start(outcome)
+                placements.append(outcome)
+                continue
+            if outcome.reason == BlockReason.NO_CAPACITY:
+                head = request
+            if explain:
+                _note_blocked(fleet, outcome)
+                blocked.append(outcome)
+        return placements, blocked
+
+
+class ReservationBackfill:
+    """Backfill that never delays a reservation: EASY (depth 1) or conservative (depth N).
+
+    In priority order, a job starts now if it fits now on a pool and, for the whole of its
+    predicted runtime, in that pool's profile of expected free runners minus the reservations
+    already made. A job that cannot start gets a reservation at its earliest start on the
+    compatible pool where that start comes first, while that pool holds fewer than `depth`
+    reservations. With depth 1 this is EASY: only the top blocked job of each pool is protected,
+    and a backfill job must end before its reservation or use only the runners it leaves over.
+    """
+
+    def __init__(self, name: str, depth: int) -> None:
+        self.name = name
+        self.depth = depth
+
+    def place(
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
+    ) -> tuple[list[Placement], list[Blocked]]:
+        placements: list[Placement] = []
+        blocked: list[Blocked] = []
+        profiles: dict[str, Profile] = {}
+        held: dict[str, int] = {}
+        # pools with `depth` reservations: nothing more can be reserved there
+        full: set[str] = set()
+        for request in requests if ordered else priority_order(requests):
+            nodes, duration = request.nodes, request.estimate.predicted_s
+            if profiles:
+
+                def allow(pool: str, nodes: int = nodes, duration: float = duration) -> bool:
+                    profile = profiles.get(pool)
+                    return profile is None or profile.fits_now(nodes, duration)
+
+                outcome = fit_now(request, fleet, allow)
+            else:
+                outcome = fit_now(request, fleet)
+            if isinstance(outcome, Placement):
+                fleet.start(outcome)
+                placements.append(outcome)
+                if outcome.pool in profiles:
+                    profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
+                continue
+            if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED):
+                reserved = self._reserve(request, fleet, profiles, held, full)
+                if reserved is not None and explain:
+                    pool, start = reserved
+                    outcome = Blocked(
+                        request.job.id,
+                        nodes,
+                        pool,
+                        BlockReason.NO_CAPACITY,
+                        f"{outcome.detail}; reserved {pool} in {start - fleet.now_s:.0f}s",
+                    )
+            if explain:
+                _note_blocked(fleet, outcome)
+                blocked.append(outcome)
+        return placements, blocked
+
+    def _reserve(
+        self,
+        request: JobRequest,
+        fleet: FleetState,
+        profiles: dict[str, Profile],
+        held: dict[str, int],
+        full: set[str],
+    ) -> tuple[str, float] | None:
+        best: tuple[float, str] | None = None
+        for pool, allowed in fleet.candidates(request.requirement).items():
+            if pool is None or pool in full:
+                continue
+            if fleet.total_for(pool, allowed) < request.nodes:
+                continue
+            profile = profiles.get(pool)
+            if profile is None:
+                profile = profiles[pool] = fleet.profile(pool)
+            start = profile.earliest(request.nodes, request.estimate.predicted_s)
+            if start is not None and (best is None or (start, pool) < best):
+                best = (start, pool)
+        if best is None:
+            return None
+        start, pool = best
+        profiles[pool].reserve(start, request.estimate.predicted_s, request.nodes)
+        held[pool] = held.get(pool, 0) + 1
+        if held[pool] >= self.depth:
+            full.add(pool)
+        return pool, start
+
+
+POLICIES: dict[str, AdmissionPolicy] = {
+    "greedy": GreedyBackfill(),
+    "easy": ReservationBackfill("easy", 1),
+    "conservative": ReservationBackfill("conservative", 32),
+}
+BASELINES: dict[str, AdmissionPolicy] = {"fcfs": StrictOrder()}
 
 
 def policy_named(name: str) -> AdmissionPolicy:
@@ -216,8 +500,27 @@ def policy_named(name: str) -> AdmissionPolicy:
         ) from None
 
 
-def fit_now(request: JobRequest, fleet: FleetState) -> Placement | Blocked:
-    """Place one request on the best-fitting compatible pool, or say why it cannot be placed."""
+def policy_for(settings: AdmissionSettings, name: str | None = None) -> AdmissionPolicy:
+    """The policy `name` (default: the settings' policy) with the settings' knobs applied.
+
+    Also accepts the `fcfs` baseline, which only the simulator asks for.
+    """
+    chosen = name or settings.policy
+    if chosen == "conservative":
+        return ReservationBackfill("conservative", settings.reservation_depth)
+    if chosen in BASELINES:
+        return BASELINES[chosen]
+    return policy_named(chosen)
+
+
+def fit_now(
+    request: JobRequest, fleet: FleetState, allow: Callable[[str], bool] | None = None
+) -> Placement | Blocked:
+    """Place one request on the best-fitting compatible pool, or say why it cannot be placed.
+
+    `allow` (a reservation policy's check) can veto pools; a job that only vetoed pools could
+    take now is blocked as held for a reservation.
+    """
     job, nodes = request.job, request.nodes
     candidates = fleet.candidates(request.requirement)
     if not candidates:
@@ -233,42 +536,39 @@ def fit_now(request: JobRequest, fleet: FleetState) -> Placement | Blocked:
         free = fleet.free_for(None, candidates[None])
         if free:
             return Placement(request, None, (free[0],))
-    sized = [
-        (pool, fleet.total_for(pool, allowed), allowed)
+    possible = [
+        (pool, allowed)
         for pool, allowed in candidates.items()
-        if pool is not None
+        if pool is not None and fleet.total_for(pool, allowed) >= nodes
     ]
-    possible = [entry for entry in sized if entry[1] >= nodes]
     if not possible:
-        if sized:
-            largest, size, _ = max(sized, key=lambda e: (e[1], e[0] is not None, e[0] or ""))
-            detail = f"needs {nodes}, largest compatible pool {largest} has {size} runners"
-        else:
-            largest = None
-            detail = f"needs {nodes}, only legacy runners are compatible and they serve 1 node"
-        if nodes == 1:  # only legacy runners are compatible, and none is free
-            return Blocked(
-                job.id,
-                nodes,
-                None,
-                BlockReason.NO_CAPACITY,
-                f"needs 1, {LEGACY} has no free compatible runner",
-            )
-        return Blocked(job.id, nodes, largest, BlockReason.NEVER_FITS, detail)
-    fitting: list[tuple[int, str, list[int]]] = []
-    for pool, _, allowed in possible:
+        return _never_fits(request, fleet, candidates)
+    fitting: list[tuple[int, str, frozenset[int] | None]] = []
+    vetoed: str | None = None
+    for pool, allowed in possible:
         state = fleet.pools[pool]
         if state.in_use + nodes > state.online:
             continue
-        free = fleet.free_for(pool, allowed)
-        if len(free) >= nodes:
-            fitting.append((len(free), pool, free))
+        count = fleet.free_count(pool, allowed)
+        if count >= nodes:
+            if allow is not None and not allow(pool):
+                vetoed = vetoed or pool
+                continue
+            fitting.append((count, pool, allowed))
     if fitting:
-        _, pool, free = min(fitting, key=lambda e: (e[0], e[1]))
-        return Placement(request, pool, tuple(free[:nodes]))
-    pool, _, allowed = min(possible, key=lambda e: (-len(fleet.free_for(e[0], e[2])), e[0]))
+        _, pool, allowed = min(fitting, key=lambda e: (e[0], e[1]))
+        return Placement(request, pool, tuple(fleet.free_for(pool, allowed)[:nodes]))
+    if vetoed is not None:
+        return Blocked(
+            job.id,
+            nodes,
+            vetoed,
+            BlockReason.RESERVED,
+            f"needs {nodes}: {vetoed} has them free, but starting now would delay a reservation",
+        )
+    pool, allowed = min(possible, key=lambda e: (-fleet.free_count(e[0], e[1]), e[0]))
     state = fleet.pools[pool]
-    free_count = len(fleet.free_for(pool, allowed))
+    free_count = fleet.free_count(pool, allowed)
     return Blocked(
         job.id,
         nodes,
@@ -277,6 +577,31 @@ def fit_now(request: JobRequest, fleet: FleetState) -> Placement | Blocked:
         f"needs {nodes}, {pool} has {free_count} free of {state.online} online "
         f"({state.in_use} in use)",
     )
+
+
+def _never_fits(
+    request: JobRequest, fleet: FleetState, candidates: dict[str | None, frozenset[int] | None]
+) -> Blocked:
+    job, nodes = request.job, request.nodes
+    sized = [
+        (pool, fleet.total_for(pool, allowed))
+        for pool, allowed in candidates.items()
+        if pool is not None
+    ]
+    if nodes == 1:  # only legacy runners are compatible, and none is free
+        return Blocked(
+            job.id,
+            nodes,
+            None,
+            BlockReason.NO_CAPACITY,
+            f"needs 1, {LEGACY} has no free compatible runner",
+        )
+    if sized:
+        largest, size = max(sized, key=lambda e: (e[1], e[0] or ""))
+        detail = f"needs {nodes}, largest compatible pool {largest} has {size} runners"
+        return Blocked(job.id, nodes, largest, BlockReason.NEVER_FITS, detail)
+    detail = f"needs {nodes}, only legacy runners are compatible and they serve 1 node"
+    return Blocked(job.id, nodes, None, BlockReason.NEVER_FITS, detail)
 
 
 # ---- the plan --------------------------------------------------------------------------------
@@ -318,7 +643,30 @@ class _Work:
     notes: list[str] = field(default_factory=list)
 
 
-def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Decisions:
+EstimateFn = Callable[[Job, int], Estimate]
+"""A job (and its node count) to its runtime estimate; `estimator_for` builds the usual one."""
+
+
+def estimator_for(settings: AdmissionSettings, history: RuntimeHistory | None = None) -> EstimateFn:
+    """Estimates from the settings: the job's timeout, or its key's learned runtime quantile."""
+    estimator = Estimator(
+        settings.estimates, settings.estimate_quantile, settings.estimate_min_samples, history
+    )
+
+    def estimate(job: Job, nodes: int) -> Estimate:
+        return estimator.estimate(job_key(job.name, nodes), settings.timeout_s(job.name))
+
+    return estimate
+
+
+def plan(
+    snapshot: Snapshot,
+    settings: AdmissionSettings,
+    now: datetime,
+    *,
+    history: RuntimeHistory | None = None,
+    estimate: EstimateFn | None = None,
+) -> Decisions:
     """Decide which leases to create, which to release and which stray labels to clean.
 
     Pure and deterministic: it reads only its arguments, and the same snapshot (in any order)
@@ -338,8 +686,12 @@ def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Deci
       on idle runners that do not anchor a lease. Only managed families are ever named.
     - With PRIORITY_SCHEDULER_ENABLED off: no admissions and no cleans (static `nodes:` labels
       may still be in use); only leases whose job finished or vanished are released.
+    - Reservation policies (easy, conservative) see each kept lease end at its job's
+      `started_at` (now, if not started) plus its estimate; `history` feeds learned estimates,
+      `estimate` replaces the estimator altogether (the simulator passes the trace's).
     """
-    policy = policy_named(settings.policy)
+    policy = policy_for(settings)
+    estimate = estimate or estimator_for(settings, history)
     runners = sorted(snapshot.runners, key=lambda r: r.id)
     by_id = {r.id: r for r in runners}
     facts = {r.id: _Facts.of(r) for r in runners}
@@ -378,9 +730,10 @@ def plan(snapshot: Snapshot, settings: AdmissionSettings, now: datetime) -> Deci
         _cleans(runners, facts, leases, work)
 
     fleet = _fleet_state(runners, facts, kept, settings, now_s)
+    _running_leases(fleet, kept, jobs, settings, estimate)
     placements: list[Placement] = []
     if settings.PRIORITY_SCHEDULER_ENABLED:
-        requests = _requests(snapshot.jobs, leases, settings, work)
+        requests = _requests(snapshot.jobs, leases, settings, work, estimate)
         placements, policy_blocked = policy.place(requests, fleet)
         work.blocked.extend(policy_blocked)
 
@@ -621,11 +974,41 @@ def _fleet_state(
         frozenset(eligible),
         tuple(kept),
         now_s,
+        extension_s=settings.overrun_extension_s,
     )
 
 
+def _running_leases(
+    fleet: FleetState,
+    kept: list[Lease],
+    jobs: dict[int, Job],
+    settings: AdmissionSettings,
+    estimate: EstimateFn,
+) -> None:
+    for lease in kept:
+        if lease.pool is None or lease.pool not in fleet.pools:
+            continue
+        requested = (lease.requested_nodes or 0) if settings.node_slots else 1
+        nodes = max(lease.size, requested)
+        job = jobs.get(lease.job_id)
+        if job is None:
+            limit = settings.timeout_min * 60.0
+            guess = Estimate(limit, limit)
+            started = float(lease.created_at)
+        else:
+            guess = estimate(job, nodes)
+            started = job.started_at.timestamp() if job.started_at else fleet.now_s
+        fleet.running.setdefault(lease.pool, {})[lease.job_id] = RunningLease(
+            lease.job_id, nodes, started, guess
+        )
+
+
 def _requests(
-    jobs: Sequence[Job], leases: list[Lease], settings: AdmissionSettings, work: _Work
+    jobs: Sequence[Job],
+    leases: list[Lease],
+    settings: AdmissionSettings,
+    work: _Work,
+    estimate: EstimateFn,
 ) -> list[JobRequest]:
     leased = {(lease.job_id, lease.attempt) for lease in leases}
     requests: list[JobRequest] = []
@@ -645,7 +1028,11 @@ def _requests(
         except LabelError as exc:
             work.blocked.append(Blocked(job.id, None, None, BlockReason.BAD_INPUT, str(exc)))
             continue
-        requests.append(JobRequest(job, nodes, score, f"{score:.3f}", unmanaged(job.labels)))
+        requests.append(
+            JobRequest(
+                job, nodes, score, f"{score:.3f}", unmanaged(job.labels), estimate(job, nodes)
+            )
+        )
     return requests
 
 

@@ -14,8 +14,11 @@ class AdmissionSettings(BaseSettings):
 
     Environment variables: the seed's two flags keep their bare names
     (`PRIORITY_SCHEDULER_ENABLED`, `NODE_SLOT_SCHEDULER_ENABLED`); the policy knobs are
-    `SLURMGATE_POLICY`, `SLURMGATE_LEASE_MAX_QUEUED_AGE_S`, `SLURMGATE_ORPHAN_GRACE_S` and
-    `SLURMGATE_DEFAULT_PRIORITY`. Keyword arguments use the field names.
+    `SLURMGATE_POLICY`, `SLURMGATE_LEASE_MAX_QUEUED_AGE_S`, `SLURMGATE_ORPHAN_GRACE_S`,
+    `SLURMGATE_DEFAULT_PRIORITY`, and for the reservation policies `SLURMGATE_ESTIMATES`,
+    `SLURMGATE_TIMEOUT_MIN`, `SLURMGATE_TIMEOUT_OVERRIDES`, `SLURMGATE_ESTIMATE_QUANTILE`,
+    `SLURMGATE_ESTIMATE_MIN_SAMPLES`, `SLURMGATE_OVERRUN_EXTENSION_S` and
+    `SLURMGATE_RESERVATION_DEPTH`. Keyword arguments use the field names.
 
     With `PRIORITY_SCHEDULER_ENABLED` false the planner is inert for admission: it admits and
     cleans nothing, and only releases leases whose job finished or vanished, so switching the
@@ -36,10 +39,70 @@ class AdmissionSettings(BaseSettings):
             "when false every job counts as 1 node."
         ),
     )
-    policy: Literal["greedy"] = Field(
+    policy: Literal["greedy", "easy", "conservative"] = Field(
         default="greedy",
         validation_alias=AliasChoices("policy", "SLURMGATE_POLICY"),
-        description="Ordering and fit policy of the planner (env SLURMGATE_POLICY).",
+        description=(
+            "Ordering and fit policy of the planner (env SLURMGATE_POLICY): greedy (the seed: "
+            "admit whatever fits, smaller jobs backfill at once; can starve wide jobs), easy "
+            "(reserve the earliest start of the top blocked "
+            "job of each pool, backfill only what does not delay it), conservative (a "
+            "reservation for every blocked job up to reservation_depth)."
+        ),
+    )
+    estimates: Literal["timeout", "learned"] = Field(
+        default="learned",
+        validation_alias=AliasChoices("estimates", "SLURMGATE_ESTIMATES"),
+        description=(
+            "Runtime estimates of the reservation policies (env SLURMGATE_ESTIMATES): the job "
+            "timeout, or a high quantile of the job key's past runtimes (timeout until "
+            "estimate_min_samples runs are known)."
+        ),
+    )
+    timeout_min: float = Field(
+        default=480.0,
+        gt=0,
+        validation_alias=AliasChoices("timeout_min", "SLURMGATE_TIMEOUT_MIN"),
+        description=(
+            "Timeout of a managed job, the bound of its runtime estimate (env "
+            "SLURMGATE_TIMEOUT_MIN, minutes; the seed's multinode jobs use 480)."
+        ),
+    )
+    timeout_overrides: dict[str, float] = Field(
+        default_factory=lambda: {"agentic": 780.0},
+        validation_alias=AliasChoices("timeout_overrides", "SLURMGATE_TIMEOUT_OVERRIDES"),
+        description=(
+            "Timeouts (minutes) for jobs whose name contains a word, case-insensitive, first "
+            'match wins (env SLURMGATE_TIMEOUT_OVERRIDES as JSON, default {"agentic": 780}).'
+        ),
+    )
+    estimate_quantile: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        validation_alias=AliasChoices("estimate_quantile", "SLURMGATE_ESTIMATE_QUANTILE"),
+        description="Quantile of past runtimes used as a learned estimate (0 < q <= 1).",
+    )
+    estimate_min_samples: int = Field(
+        default=3,
+        ge=1,
+        validation_alias=AliasChoices("estimate_min_samples", "SLURMGATE_ESTIMATE_MIN_SAMPLES"),
+        description="Past runs of a job key needed before its learned estimate is used.",
+    )
+    overrun_extension_s: float = Field(
+        default=600.0,
+        gt=0,
+        validation_alias=AliasChoices("overrun_extension_s", "SLURMGATE_OVERRUN_EXTENSION_S"),
+        description=(
+            "A job running past its timeout is expected to end this many seconds from now, "
+            "re-evaluated on every plan."
+        ),
+    )
+    reservation_depth: int = Field(
+        default=32,
+        ge=1,
+        validation_alias=AliasChoices("reservation_depth", "SLURMGATE_RESERVATION_DEPTH"),
+        description="Blocked jobs per pool that get a reservation under the conservative policy.",
     )
     lease_max_queued_age_s: float = Field(
         default=3600.0,
@@ -68,6 +131,25 @@ class AdmissionSettings(BaseSettings):
             "(env SLURMGATE_DEFAULT_PRIORITY, decimal, 3 places)."
         ),
     )
+
+    @field_validator("timeout_overrides")
+    @classmethod
+    def _positive_timeouts(cls, value: dict[str, float]) -> dict[str, float]:
+        for word, minutes in value.items():
+            if not word.strip() or minutes <= 0:
+                raise ValueError(
+                    f"timeout_overrides entry {word!r}: {minutes} must map a non-empty word to "
+                    "a positive number of minutes"
+                )
+        return {word.casefold(): minutes for word, minutes in value.items()}
+
+    def timeout_s(self, job_name: str) -> float:
+        """The timeout of a job, in seconds: the first override whose word is in its name."""
+        name = job_name.casefold()
+        for word, minutes in self.timeout_overrides.items():
+            if word in name:
+                return minutes * 60.0
+        return self.timeout_min * 60.0
 
     @field_validator("default_priority")
     @classmethod
