@@ -14,14 +14,14 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import Artifact, acreate_table_artifact
 from pydantic import ValidationError
 
-from slurmgate.leases import AdmitOutcome, CompensationStack, LeaseError
+from slurmgate.leases import AdmitOutcome, UnwindReport, run_admission
 from slurmgate.model import Admit, Decisions
 from slurmgate.planner import plan
 from slurmgate.settings import AdmissionSettings
 from tasks.github import (
     ScopeError,
     add_anchor_labels_task,
-    add_lease_label_task,
+    add_lease_labels_task,
     bound_client,
     read_snapshot,
     remove_labels_task,
@@ -44,44 +44,36 @@ async def lease(admit: Admit) -> AdmitOutcome:
     passes on retry must not roll anything back (prefect 3.9 transactions would).
     """
     logger = get_run_logger()
-    stack = CompensationStack()
-    try:
-        for runner_id in admit.runner_ids:
-            await add_lease_label_task(admit, runner_id, stack)
-        verified = await verify_lease_task(admit)
-        await add_anchor_labels_task(admit, stack, verified)
-    except BaseException as exc:
-        # shield: a cancelled tick still removes what it wrote
-        report = await asyncio.shield(stack.unwind())
+
+    def log_rollback(exc: BaseException, report: UnwindReport) -> None:
         logger.warning(
-            "rollback job=%s lease=%s undone=%d left=%d cause=%s: %s",
+            "rollback job=%s lease=%s pool=%s undone=%d left=%d cause=%s: %s",
             admit.job_id,
             admit.lease_label,
+            admit.pool,
             len(report.undone),
             len(report.failed),
             type(exc).__name__,
             exc,
         )
-        if isinstance(exc, LeaseError):
-            return AdmitOutcome(
-                admit.job_id,
-                admit.lease_label,
-                False,
-                f"{type(exc).__name__}: {exc}",
-                tuple(report.undone),
-                tuple(report.failed),
-            )
-        raise
-    stack.commit()
-    logger.info(
-        "admitted job=%s lease=%s pool=%s nodes=%d anchor=%s",
-        admit.job_id,
-        admit.lease_label,
-        admit.pool,
-        admit.nodes,
-        admit.anchor_id,
+
+    outcome = await run_admission(
+        admit,
+        add_lease_labels_task,
+        verify_lease_task,
+        add_anchor_labels_task,
+        on_rollback=log_rollback,
     )
-    return AdmitOutcome(admit.job_id, admit.lease_label, True, "admitted")
+    if outcome.admitted:
+        logger.info(
+            "admitted job=%s lease=%s pool=%s nodes=%d anchor=%s",
+            admit.job_id,
+            admit.lease_label,
+            admit.pool,
+            admit.nodes,
+            admit.anchor_id,
+        )
+    return outcome
 
 
 def log_decisions(decisions: Decisions, logger: Any, *, admissions: bool) -> None:

@@ -83,6 +83,7 @@ class CompensationStack:
 
     def __init__(self, *, undo_attempts: int = 3, undo_backoff_s: float = 0.2) -> None:
         self._undos: list[Undo] = []
+        self._landed: set[tuple[int, str]] = set()
         self._undo_attempts = undo_attempts
         self._undo_backoff_s = undo_backoff_s
 
@@ -108,13 +109,22 @@ class CompensationStack:
 
         self._undos.append(Undo(runner_id, label, remove))
 
+    def mark_landed(self, runner_id: int, label: str) -> None:
+        """GitHub confirmed this write: a retried step need not send it again."""
+        self._landed.add((runner_id, fold(label)))
+
+    def landed(self, runner_id: int, label: str) -> bool:
+        return (runner_id, fold(label)) in self._landed
+
     def commit(self) -> None:
         """The attempt succeeded: forget the undos."""
         self._undos.clear()
+        self._landed.clear()
 
     async def unwind(self) -> UnwindReport:
         """Run every undo in reverse order; never raises for a failed undo, it reports it."""
         report = UnwindReport()
+        self._landed.clear()
         while self._undos:
             undo = self._undos.pop()
             for attempt in range(1, self._undo_attempts + 1):
@@ -149,8 +159,21 @@ async def add_lease_label(
     """Step 1, one runner: add the shared lease label (one POST; adding it twice is harmless)."""
     if runner_id not in admit.runner_ids:
         raise ValueError(f"runner {runner_id} is not one of lease {admit.lease_label}'s runners")
+    if stack.landed(runner_id, admit.lease_label):
+        return  # a retried step: this write was confirmed earlier in the same attempt
     stack.push_label_removal(client, runner_id, admit.lease_label)
     await client.add_labels(runner_id, [admit.lease_label])
+    stack.mark_landed(runner_id, admit.lease_label)
+
+
+async def add_lease_labels(client: LeaseClient, admit: Admit, stack: CompensationStack) -> None:
+    """Step 1: the lease label on every chosen runner, one write each, in runner order.
+
+    Retrying the step re-sends only the writes not yet confirmed in this attempt, so a
+    transient fault costs one extra write, not N.
+    """
+    for runner_id in admit.runner_ids:
+        await add_lease_label(client, admit, runner_id, stack)
 
 
 def _has_anchor(label: str, fleet: Sequence[Runner]) -> bool:
@@ -248,33 +271,66 @@ class AdmitOutcome:
     left_behind: tuple[tuple[int, str, str], ...] = ()
 
 
-async def admit_lease(client: LeaseClient, admit: Admit) -> AdmitOutcome:
-    """Run the three steps in order with compensation; the caller retries nothing.
+LabelStep = Callable[[Admit, CompensationStack], Awaitable[None]]
+VerifyStep = Callable[[Admit], Awaitable[Verification]]
+AnchorStep = Callable[[Admit, CompensationStack, Verification], Awaitable[None]]
+RollbackHook = Callable[[BaseException, UnwindReport], None]
 
-    A LeaseError (conflict, lost runner) becomes a rolled-back outcome; any other exception is
-    re-raised after compensation ran, so callers see GitHub faults as the typed errors they are.
+
+async def run_admission(
+    admit: Admit,
+    label: LabelStep,
+    verify: VerifyStep,
+    anchor: AnchorStep,
+    *,
+    on_rollback: RollbackHook | None = None,
+) -> AdmitOutcome:
+    """Run label, verify, anchor in order; on any failure unwind the stack.
+
+    The steps are injected so that the Prefect layer can run each one as a retried task while
+    the order and the compensation stay here, in one place. A LeaseError (conflict, lost
+    runner) becomes a rolled-back outcome; any other exception, BaseException included (a
+    cancelled or terminated run), is re-raised after compensation ran.
     """
     stack = CompensationStack()
     try:
-        for runner_id in admit.runner_ids:
-            await add_lease_label(client, admit, runner_id, stack)
-        verified = await verify_lease(client, admit)
-        await add_anchor_labels(client, admit, stack, verified)
-    except LeaseError as exc:
-        report = await stack.unwind()
-        return AdmitOutcome(
-            admit.job_id,
-            admit.lease_label,
-            False,
-            f"{type(exc).__name__}: {exc}",
-            tuple(report.undone),
-            tuple(report.failed),
-        )
-    except BaseException:
-        await asyncio.shield(stack.unwind())
+        await label(admit, stack)
+        verified = await verify(admit)
+        await anchor(admit, stack, verified)
+    except BaseException as exc:
+        # shielded: a cancelled tick still removes what it wrote
+        report = await asyncio.shield(stack.unwind())
+        if on_rollback is not None:
+            on_rollback(exc, report)
+        if isinstance(exc, LeaseError):
+            return AdmitOutcome(
+                admit.job_id,
+                admit.lease_label,
+                False,
+                f"{type(exc).__name__}: {exc}",
+                tuple(report.undone),
+                tuple(report.failed),
+            )
         raise
     stack.commit()
     return AdmitOutcome(admit.job_id, admit.lease_label, True, "admitted")
+
+
+async def admit_lease(
+    client: LeaseClient, admit: Admit, *, on_rollback: RollbackHook | None = None
+) -> AdmitOutcome:
+    """The whole protocol straight over a client (no Prefect): N + 1 label writes, one read."""
+
+    async def label(a: Admit, stack: CompensationStack) -> None:
+        await add_lease_labels(client, a, stack)
+
+    async def verify(a: Admit) -> Verification:
+        return await verify_lease(client, a)
+
+    async def anchor(a: Admit, stack: CompensationStack, verified: Verification) -> None:
+        await add_anchor_labels(client, a, stack, verified)
+
+    return await run_admission(admit, label, verify, anchor, on_rollback=on_rollback)
 
 
 @dataclass(frozen=True, slots=True)

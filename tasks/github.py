@@ -21,7 +21,7 @@ from slurmgate.leases import (
     RemovalOutcome,
     Verification,
     add_anchor_labels,
-    add_lease_label,
+    add_lease_labels,
     is_transient,
     remove_labels,
     verify_lease,
@@ -109,9 +109,10 @@ async def read_snapshot() -> Snapshot:
     return await take_snapshot(current_client())
 
 
-@task(name="add-lease-label", task_run_name="add-lease-label-r{runner_id}", **_task_options)
-async def add_lease_label_task(admit: Admit, runner_id: int, stack: CompensationStack) -> None:
-    await add_lease_label(current_client(), admit, runner_id, stack)
+@task(name="add-lease-labels", task_run_name="add-lease-labels-j{admit.job_id}", **_task_options)
+async def add_lease_labels_task(admit: Admit, stack: CompensationStack) -> None:
+    """Step 1: one POST per runner; a retry re-sends only the writes not yet confirmed."""
+    await add_lease_labels(current_client(), admit, stack)
 
 
 @task(name="verify-lease", **_task_options)
