@@ -78,6 +78,8 @@ def test_happy_path_on_three_nodes(runs_root: Path) -> None:
     assert len(serve) == 2 and all(s["step_id"].startswith(f"{result.job_id}.") for s in serve)
     assert _job_gone(result.job_id)
     assert_no_orphans(run.run_id)
+    again = run.cleanup()  # a second cleanup is a no-op that returns the same report
+    assert again is run.cleanup() and again.actions == result.cleanup
 
 
 def _failing_run(data: dict[str, Any], runs_root: Path, phase: str) -> tuple[AllocationRun, str]:

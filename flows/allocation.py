@@ -1,0 +1,139 @@
+"""The allocation flow: one subflow per phase, supervised from the main thread, cleaned up once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.client.schemas.objects import FlowRun, State
+from prefect.flows import Flow
+
+from slurmgate.runtime.controller import AllocationRun, new_run_id
+from slurmgate.runtime.spec import AllocationSpec
+from tasks.allocation import (
+    Progress,
+    log,
+    publish_endpoint_stats,
+    publish_layout,
+    publish_record,
+)
+
+# Subflows get the run id; the live run (with its processes) stays in this process.
+_RUNS: dict[str, AllocationRun] = {}
+# flow-run id → run id, so the cancellation/crash hooks find the run to clean.
+_BY_FLOW_RUN: dict[str, str] = {}
+
+
+def _run(run_id: str) -> AllocationRun:
+    return _RUNS[run_id]
+
+
+@flow(name="allocation-preflight", validate_parameters=False)
+def preflight_phase(run_id: str) -> list[str]:
+    """Attach or allocate, resolve the hosts, then preflight the client and every node."""
+    run = _run(run_id)
+    run.allocate()
+    run.resolve()
+    publish_layout(run)
+    run.preflight()
+    return list(run.layout.hosts) if run.layout else []
+
+
+@flow(name="allocation-launch", validate_parameters=False)
+def launch_phase(run_id: str) -> None:
+    """One coordinated srun per deployment, started from this (main) thread."""
+    run = _run(run_id)
+    run.launch()
+    publish_record(run)
+
+
+@flow(name="allocation-readiness", validate_parameters=False)
+def readiness_phase(run_id: str) -> float:
+    """Poll every lane head until ready; a dead step fails at once."""
+    run = _run(run_id)
+    return run.wait_ready()
+
+
+@flow(name="allocation-endpoints", validate_parameters=False)
+def endpoints_phase(run_id: str) -> dict[str, str]:
+    """One logical endpoint per deployment on the client host."""
+    run = _run(run_id)
+    run.start_endpoints()
+    assert run.layout is not None
+    return {d.name: run.layout.endpoint_url(d) for d in run.plan.deployments}
+
+
+@flow(name="allocation-client", validate_parameters=False)
+def client_phase(run_id: str) -> int:
+    """The client workload; then the endpoints' metrics, read before anything stops."""
+    run = _run(run_id)
+    try:
+        return run.run_client()
+    finally:
+        run.collect_endpoint_metrics()
+        publish_endpoint_stats(run)
+
+
+@flow(name="allocation-cleanup", validate_parameters=False)
+def cleanup_phase(run_id: str) -> list[str]:
+    """Stop every step in reverse order and release an owned allocation (idempotent)."""
+    run = _run(run_id)
+    report = run.cleanup()
+    publish_record(run)
+    return report.actions
+
+
+def _cleanup_hook(flow_: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """on_cancellation / on_crashed: the same single owner; a no-op when already clean."""
+    run_id = _BY_FLOW_RUN.get(str(flow_run.id))
+    if run_id and run_id in _RUNS:
+        _RUNS[run_id].cleanup()
+
+
+@flow(
+    name="allocation",
+    flow_run_name="allocation-{spec.name}",
+    on_cancellation=[_cleanup_hook],
+    on_crashed=[_cleanup_hook],
+)
+def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, Any]:
+    """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup."""
+    from prefect.runtime import flow_run
+
+    run_id = new_run_id(spec.name)
+    run = AllocationRun(
+        spec,
+        run_id=run_id,
+        runs_root=Path(runs_dir) if runs_dir else None,
+        log=log,
+        on_progress=Progress(run_id),
+    )
+    _RUNS[run.run_id] = run
+    _BY_FLOW_RUN[str(flow_run.id)] = run.run_id
+    log(f"run {run.run_id}: {spec.total_nodes} node(s), record {run.record_path}")
+    failure: BaseException | None = None
+    try:
+        preflight_phase(run.run_id)
+        launch_phase(run.run_id)
+        readiness_phase(run.run_id)
+        endpoints_phase(run.run_id)
+        client_phase(run.run_id)
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        try:
+            cleanup_phase(run.run_id)
+        finally:
+            run.finish(failure)  # idempotent: settles the status, raises if cleanup failed
+            publish_record(run)
+            _RUNS.pop(run.run_id, None)
+    result = run.result()
+    return {
+        "run_id": result.run_id,
+        "job_id": result.job_id,
+        "hosts": result.hosts,
+        "timings": result.timings,
+        "record": result.record_path,
+    }

@@ -1,0 +1,117 @@
+"""Prefect helpers for the allocation flow: run-scoped logging and the artifacts it publishes."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.exceptions import MissingContextError
+
+from slurmgate.runtime import layout as layout_mod
+from slurmgate.runtime.controller import AllocationRun
+
+
+def log(message: str) -> None:
+    """One line per decision into the current Prefect run's log (stderr outside a run)."""
+    try:
+        get_run_logger().info(message)
+    except MissingContextError:
+        import sys
+
+        print(f"[slurmgate] {message}", file=sys.stderr, flush=True)
+
+
+def publish_layout(run: AllocationRun) -> None:
+    """The resolved layout as a table: one row per lane."""
+    assert run.layout is not None
+    create_table_artifact(
+        table=layout_mod.describe(run.layout),
+        key="allocation-layout",
+        description=f"Lanes of run {run.run_id} in allocation {run.job_id}",
+    )
+
+
+class Progress:
+    """A progress artifact for lanes coming up, updated in place."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.artifact_id: Any = None
+
+    def __call__(self, what: str, ready: int, total: int) -> None:
+        value = 100.0 * ready / total if total else 100.0
+        with contextlib.suppress(Exception):  # a progress bar never fails a run
+            if self.artifact_id is None:
+                self.artifact_id = create_progress_artifact(
+                    progress=value,
+                    key="allocation-readiness",
+                    description=f"Lane heads ready in run {self.run_id}",
+                )
+            else:
+                update_progress_artifact(artifact_id=self.artifact_id, progress=value)
+
+
+def publish_record(run: AllocationRun) -> None:
+    """Job and step ids of the run, so a later pass can reap what a killed controller left."""
+    rec = run.record()
+    lines = [
+        f"# Run {rec['run_id']}",
+        "",
+        f"- job: `{rec['job_id']}` (owned: {rec['owned_allocation']})",
+        f"- status: {rec['status']}; phase: {rec['phase']}",
+        f"- record file: `{run.record_path}`",
+        "",
+        "| step | Slurm step | pgid | exit |",
+        "|---|---|---|---|",
+    ]
+    for s in rec["steps"]:
+        lines.append(f"| {s['name']} | {s['step_id'] or '-'} | {s['pgid']} | {s['returncode']} |")
+    with contextlib.suppress(Exception):
+        create_markdown_artifact(
+            markdown="\n".join(lines),
+            key="allocation-record",
+            description="Slurm job and step ids of the run (for reap_leftovers)",
+        )
+
+
+def endpoint_rows(metrics: dict[str, str]) -> list[dict[str, str]]:
+    """The endpoints' Prometheus counters and gauges as table rows."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows: list[dict[str, str]] = []
+    for deployment, text in sorted(metrics.items()):
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError:
+            continue
+        for family in families:
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                rows.append(
+                    {
+                        "deployment": deployment,
+                        "metric": sample.name,
+                        "labels": labels,
+                        "value": f"{sample.value:g}",
+                    }
+                )
+    return rows
+
+
+def publish_endpoint_stats(run: AllocationRun) -> None:
+    rows = endpoint_rows(run.endpoint_metrics)
+    if rows:
+        create_table_artifact(
+            table=rows,
+            key="allocation-endpoint-stats",
+            description=f"Logical endpoint metrics of run {run.run_id}, read before they stopped",
+        )

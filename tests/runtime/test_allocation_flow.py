@@ -1,0 +1,92 @@
+"""The allocation flow through real Prefect on the real cluster: artifacts, and SIGTERM cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurmgate.runtime import slurm
+from slurmgate.runtime.controller import load_records
+from slurmgate.runtime.spec import AllocationSpec
+
+from .conftest import assert_no_orphans, example_data, processes_with
+
+pytestmark = pytest.mark.slurm
+
+CLI = "import sys; from slurmgate.runtime.cli import allocation_app; allocation_app()"
+
+
+@pytest.fixture(autouse=True)
+def _cluster(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+
+
+def test_flow_runs_the_example_and_publishes_artifacts(
+    prefect_harness: None, runs_root: Path
+) -> None:
+    from prefect.artifacts import Artifact
+
+    from flows.allocation import allocation
+
+    summary = allocation(spec=AllocationSpec.from_data(example_data()), runs_dir=str(runs_root))
+    assert len(summary["hosts"]) == 3
+    layout = Artifact.get("allocation-layout")
+    assert layout is not None and "pipe" in str(layout.data) and "chat" in str(layout.data)
+    stats = Artifact.get("allocation-endpoint-stats")
+    assert stats is not None and "chat" in str(stats.data) and "pipe" in str(stats.data)
+    record = Artifact.get("allocation-record")
+    assert record is not None and summary["run_id"] in str(record.data)
+    assert str(summary["job_id"]) in str(record.data)
+    progress = Artifact.get("allocation-readiness")
+    assert progress is not None and float(progress.data) == 100.0  # type: ignore[arg-type]
+    assert_no_orphans(summary["run_id"])
+
+
+def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> None:
+    data = example_data()
+    data["deployments"][0]["env"] = {"SLURMGATE_STUB_HANG": "1"}
+    spec = tmp_path / "hang.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    runs_root = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env.pop("PREFECT_API_URL", None)
+    log = (tmp_path / "flow.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, "run", str(spec), "--runs-dir", str(runs_root)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    deadline = time.monotonic() + 90
+    record = None
+    while time.monotonic() < deadline:
+        records = load_records(runs_root)
+        if records and records[0]["phase"] == "readiness":
+            record = records[0]
+            break
+        time.sleep(0.2)
+    assert record is not None, "the flow never reached readiness"
+    time.sleep(1.0)
+    assert processes_with(record["run_id"])
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    elapsed = time.monotonic() - t0
+    out = (tmp_path / "flow.log").read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "Stopping temporary server" in out  # the ephemeral Prefect server is not orphaned
+    assert elapsed < 20, out
+    final = load_records(runs_root)[0]
+    assert final["cleanup_complete"] is True, out
+    assert final["status"] == "failed"
+    info = slurm.show_job(final["job_id"])
+    assert info is None or not info.active
+    assert_no_orphans(record["run_id"])
