@@ -205,7 +205,8 @@ async def reconcile(
     scope = await resolve_scope(scope_block, api_url, repo, org)
     if policy_block:
         try:
-            settings = (await AdmissionPolicyBlock.aload(policy_block)).to_settings()
+            policy: AdmissionPolicyBlock = await AdmissionPolicyBlock.aload(policy_block)
+            settings = policy.to_settings()
         except ValueError as exc:
             raise ScopeError(
                 f"policy_block {policy_block!r} could not be loaded ({exc}); save one with "

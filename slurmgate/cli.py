@@ -126,6 +126,36 @@ def emulator(
         raise _fail(f"cannot listen on {host}:{port} ({reason}); pick another --port") from None
 
 
+@app.command(
+    "reconcile",
+    epilog=(
+        "Example: GITHUB_TOKEN=... PRIORITY_SCHEDULER_ENABLED=true slurmgate reconcile --once "
+        "--api-url http://127.0.0.1:8787 --repo acme/gpu-ci"
+    ),
+)
+def reconcile(
+    once: Annotated[
+        bool, typer.Option("--once", help="Run one tick and exit (the only mode here).")
+    ] = False,
+    api_url: Annotated[
+        str, typer.Option(help="GitHub REST API base URL, or the emulator's URL.")
+    ] = "https://api.github.com",
+    repo: Annotated[str | None, typer.Option(help="Repository scope, OWNER/NAME.")] = None,
+    org: Annotated[str | None, typer.Option(help="Organization scope, NAME.")] = None,
+) -> None:
+    """One reconcile tick through the Prefect flow (token from GITHUB_TOKEN, flags from env)."""
+    if not once:
+        raise _fail(
+            "pass --once; for a tick every 30 s run the reconcile deployment "
+            "(python deployments/serve.py, or prefect deploy with deployments/prefect.yaml)"
+        )
+    from flows.reconcile import reconcile_once_cli
+
+    code = reconcile_once_cli(api_url, repo=repo, org=org)
+    if code:
+        raise typer.Exit(code=code)
+
+
 def _exceptions(name: str) -> tuple[type[BaseException], ...]:
     """click's exception class `name`, and typer's vendored copy of it when typer has one."""
     found: list[type[BaseException]] = [getattr(click.exceptions, name)]
