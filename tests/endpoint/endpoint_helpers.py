@@ -1,0 +1,247 @@
+"""Helpers for the endpoint tests: real loopback servers (in-process ASGI, stub subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from slurmgate.runtime.endpoint import EndpointConfig, build_app
+
+REPO = Path(__file__).resolve().parents[2]
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def refused_url() -> str:
+    """A loopback URL where nothing listens: connecting to it fails at once."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+class _QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serve_asgi(app: ASGIApp, *, lifespan: str = "off") -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on a free loopback port in this event loop."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, lifespan=lifespan, log_level="warning", access_log=False, timeout_graceful_shutdown=1
+    )
+    server = _QuietServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    deadline = time.monotonic() + 5
+    while not server.started:
+        if task.done():
+            task.result()
+        if time.monotonic() > deadline:
+            raise TimeoutError("uvicorn did not start")
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+        sock.close()
+
+
+@dataclass
+class Backend:
+    """A scripted backend: answers with a fixed status/headers, records what it received."""
+
+    name: str
+    status: int = 200
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    delay: float = 0.0
+    hang: bool = False
+    metrics: str | None = None  # None → 404 on /metrics
+    metrics_status: int = 200
+    hits: int = 0
+    seen_headers: list[dict[str, str]] = field(default_factory=list)
+    seen_bodies: list[bytes] = field(default_factory=list)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/metrics":
+            if self.metrics is None:
+                await _send(send, 404, b"not found")
+            else:
+                await _send(send, self.metrics_status, self.metrics.encode(), b"text/plain")
+            return
+        if path == "/health":
+            await _send(send, 200, b"ok")
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.hits += 1
+        self.seen_headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        self.seen_bodies.append(body)
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        payload = f'{{"backend": "{self.name}", "status": {self.status}}}'.encode()
+        await _send(send, self.status, payload, b"application/json", self.headers)
+
+
+async def _send(
+    send: Any,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"text/plain",
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send(
+        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def waiting_metrics(depth: float, model: str = "m") -> str:
+    return (
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{model_name="{model}"}} {depth}\n'
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_backends(*apps: ASGIApp) -> AsyncIterator[list[str]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(serve_asgi(app)) for app in apps]
+
+
+@contextlib.asynccontextmanager
+async def running_endpoint(backends: list[str], **settings: Any) -> AsyncIterator[tuple[str, Any]]:
+    """The real endpoint app, served by uvicorn; yields its URL and its Endpoint object."""
+    config = EndpointConfig(name="test", backends=backends, **settings)
+    app = build_app(config)
+    async with serve_asgi(app, lifespan="on") as url:
+        yield url, app.endpoint  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=10) as c:
+        yield c
+
+
+def python_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGATE_STUB_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    url: str
+    port: int
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+    def stderr(self) -> str:
+        assert self.popen.stderr is not None
+        return self.popen.stderr.read().decode(errors="replace")
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Proc]]:
+    """Start ``python -m <module> args``; every process still alive at teardown is killed."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(module: str, *args: str, env: dict[str, str] | None = None, port: int = 0) -> Proc:
+        full_env = python_env()
+        full_env.update(env or {})
+        popen = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        procs.append(popen)
+        return Proc(popen, f"http://127.0.0.1:{port}", port)
+
+    yield start
+    for popen in procs:
+        if popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(5)
+        if popen.stderr is not None:
+            popen.stderr.close()
+
+
+@pytest.fixture
+def stub(spawn: Callable[..., Proc]) -> Callable[..., Proc]:
+    """Start a stub model server on a free port (not waiting for readiness)."""
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Proc:
+        port = free_port()
+        return spawn(
+            "slurmgate.runtime.stub_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *args,
+            env=env,
+            port=port,
+        )
+
+    return start
+
+
+async def wait_status(
+    client: httpx.AsyncClient, url: str, status: int, timeout: float = 5.0
+) -> float:
+    """Poll url until it answers status; returns the seconds waited."""
+    start = time.monotonic()
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            if (await client.get(url, timeout=1)).status_code == status:
+                return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{url} did not answer {status} within {timeout}s")
+        await asyncio.sleep(0.03)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
