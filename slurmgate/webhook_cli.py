@@ -1,0 +1,85 @@
+"""The `webhook` command: serve the GitHub-to-Prefect event relay (slurmgate.webhook)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+SECRET_ENV = "SLURMGATE_WEBHOOK_SECRET"
+WEBHOOK_EPILOG = (
+    "Example: SLURMGATE_WEBHOOK_SECRET=... PREFECT_API_URL=http://127.0.0.1:4200/api "
+    "slurmgate webhook --port 8788  (GitHub: payload URL http://HOST:8788/webhook, "
+    "content type application/json, event 'Workflow jobs')"
+)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return typer.Exit(code=2)
+
+
+def webhook(
+    port: Annotated[int, typer.Option(help="TCP port to listen on (0 picks a free one).")] = 8788,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    prefect_api_url: Annotated[
+        str | None,
+        typer.Option(envvar="PREFECT_API_URL", help="Prefect API, e.g. http://127.0.0.1:4200/api."),
+    ] = None,
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(help=f"Read the webhook secret from this file (else ${SECRET_ENV})."),
+    ] = None,
+    max_age: Annotated[
+        float, typer.Option(help="Reject deliveries whose job timestamp is older (seconds).")
+    ] = 600.0,
+) -> None:
+    """Relay signed GitHub workflow_job webhooks into Prefect events (github.workflow_job.*)."""
+    from slurmgate.webhook import RelaySettings, create_app
+
+    if not 0 <= port <= 65535:
+        raise _fail(f"--port {port} is not a TCP port; use 0..65535")
+    if secret_file is not None:
+        try:
+            secret = secret_file.read_text().strip()
+        except OSError as exc:
+            raise _fail(f"--secret-file {secret_file}: cannot read ({exc.strerror})") from None
+    else:
+        secret = os.environ.get(SECRET_ENV, "").strip()
+    if not secret:
+        raise _fail(f"no webhook secret: export {SECRET_ENV} or pass --secret-file")
+    if not prefect_api_url:
+        raise _fail("no Prefect API: export PREFECT_API_URL or pass --prefect-api-url")
+    auth = os.environ.get("PREFECT_API_AUTH_STRING", "").strip() or None
+    try:
+        settings = RelaySettings(
+            secret=secret,  # type: ignore[arg-type]
+            prefect_api_url=prefect_api_url,
+            prefect_auth_string=auth,  # type: ignore[arg-type]
+            max_age_s=max_age,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first.get("loc", ())) or "settings"
+        raise _fail(f"{field}: {first.get('msg')}") from None
+    import uvicorn
+
+    typer.echo(
+        f"webhook relay on http://{host}:{port}/webhook -> {settings.prefect_api_url}", err=True
+    )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `webhook` to a typer app."""
+    app.command("webhook", epilog=WEBHOOK_EPILOG)(webhook)
+
+
+app = typer.Typer(name="slurmgate-webhook", add_completion=False, pretty_exceptions_enable=False)
+register(app)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,43 @@
+"""Fixtures for the relay tests: the session's real Prefect server, a relay, signed deliveries."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_harness: None) -> str:
+    """The API URL of the session's Prefect test server."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "the Prefect test harness did not set PREFECT_API_URL"
+    return str(url).rstrip("/")
+
+
+@pytest.fixture
+def relay_factory(prefect_api: str) -> Iterator[Callable[..., Any]]:
+    """`relay_factory(**settings)` -> a running RelayServer posting to the test server."""
+    from relaykit import SECRET
+
+    from slurmgate.webhook import RelayServer, RelaySettings
+
+    started: list[Any] = []
+
+    def start(**overrides: Any) -> Any:
+        options: dict[str, Any] = {"secret": SECRET, "prefect_api_url": prefect_api}
+        options.update(overrides)
+        server = RelayServer(RelaySettings(**options)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
