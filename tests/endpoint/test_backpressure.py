@@ -1,0 +1,204 @@
+"""Per-lane queue backpressure: depth parsing, fail-open, sampler recovery, 429 on overload."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from endpoint_helpers import (
+    Backend,
+    Proc,
+    running_backends,
+    running_endpoint,
+    until,
+    wait_status,
+    waiting_metrics,
+)
+
+from slurmgate.runtime.backpressure import Lane, QueuePolicy, Sampler, queue_depth
+
+BODY = {"model": "m", "prompt": "hi", "max_tokens": 2}
+
+
+def test_queue_depth_sums_every_sample_and_both_spellings() -> None:
+    text = (
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{model_name="m",engine="0"} 2.0\n'
+        'vllm:num_requests_waiting{model_name="m",engine="1"} 3.0\n'
+        'vllm:num_requests_running{model_name="m"} 8.0\n'
+    )
+    assert queue_depth(text) == 5.0  # summed, not overwritten by the last sample
+    underscore = (
+        'vllm_num_requests_waiting{engine="0"} 1\nvllm_num_requests_waiting{engine="1"} 4\n'
+    )
+    assert queue_depth(underscore) == 5.0
+    assert queue_depth('vllm:num_requests_running{model_name="m"} 1\n') is None
+    assert queue_depth("vllm:num_requests_waiting NaN\nvllm:num_requests_waiting -3\n") == 0.0
+
+
+def test_policy_fails_open_on_missing_or_stale_samples_and_counts_in_flight() -> None:
+    policy = QueuePolicy(max_waiting=2, stale_after=1.0)
+    lane = Lane(index=0, url="http://127.0.0.1:1")
+    assert policy.admits(lane, 10.0)  # never sampled
+    lane.record_sample(3.0, taken_at=10.0, active_then=0)
+    assert not policy.admits(lane, 10.5)
+    assert policy.admits(lane, 11.01)  # older than stale_after: fail-open
+    lane.record_sample(1.0, taken_at=20.0, active_then=4)
+    assert policy.admits(lane, 20.1)
+    lane.active = 6  # two more routed since the sample, and the backend was already queueing
+    assert policy.estimated_depth(lane, 20.1) == 3.0
+    assert not policy.admits(lane, 20.1)
+    lane.active = 3  # completions since the sample shortened the queue
+    assert policy.estimated_depth(lane, 20.1) == 0.0
+    lane.record_sample(0.0, taken_at=30.0, active_then=0)
+    lane.active = 5  # backend had free slots at the sample: no guess, the next sample decides
+    assert policy.estimated_depth(lane, 30.05) == 0.0
+    lane.record_sample(None, taken_at=40.0, active_then=0)
+    assert policy.estimated_depth(lane, 40.0) is None
+
+
+async def test_every_lane_over_limit_gives_429_while_health_and_metrics_answer(
+    client: httpx.AsyncClient,
+) -> None:
+    a = Backend("a", metrics=waiting_metrics(5))
+    b = Backend("b", metrics=waiting_metrics(3))
+    async with (
+        running_backends(a, b) as urls,
+        running_endpoint(urls, max_waiting=2, retry_after=3) as (url, ep),
+    ):
+        await until(lambda: all(lane.depth is not None for lane in ep.lanes))
+        r = await client.post(f"{url}/v1/completions", json=BODY)
+        assert r.status_code == 429
+        assert r.headers["retry-after"] == "3"
+        error = r.json()["error"]
+        assert (error["type"], error["code"]) == ("rate_limit_exceeded", 429)
+        assert (await client.get(f"{url}/health")).status_code == 200
+        metrics = (await client.get(f"{url}/metrics")).text
+        assert 'slurmgate_endpoint_overload_rejections_total{endpoint="test"} 1.0' in metrics
+        # One lane drains below the limit: it alone takes the next request.
+        b.metrics = waiting_metrics(1)
+        await until(lambda: ep.lanes[1].depth == 1.0)
+        r = await client.post(f"{url}/v1/completions", json=BODY)
+    assert r.status_code == 200 and r.json()["backend"] == "b"
+    assert a.hits == 0
+
+
+async def test_missing_metric_fails_open(client: httpx.AsyncClient) -> None:
+    no_metric = Backend("a", metrics="# nothing from vllm here\nprocess_cpu_seconds_total 1.0\n")
+    no_endpoint = Backend("b", metrics=None)  # /metrics answers 404
+    async with (
+        running_backends(no_metric, no_endpoint) as urls,
+        running_endpoint(urls, max_waiting=0) as (url, ep),
+    ):
+        await until(lambda: ep.lanes[0].samples_ok > 0 and ep.lanes[1].samples_failed > 0)
+        codes = [
+            (await client.post(f"{url}/v1/completions", json=BODY)).status_code for _ in range(4)
+        ]
+    assert codes == [200] * 4
+    assert ep.lanes[0].last_error == "metric missing"
+    assert "404" in (ep.lanes[1].last_error or "")
+
+
+async def test_sampler_error_then_recovery_restores_the_limit(client: httpx.AsyncClient) -> None:
+    """The seed review's bug: a reader error must not kill the sampler."""
+    a = Backend("a", metrics=waiting_metrics(4))
+    async with running_backends(a) as urls, running_endpoint(urls, max_waiting=1) as (url, ep):
+        lane = ep.lanes[0]
+        await until(lambda: lane.depth == 4.0)
+        assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 429
+        a.metrics_status = 500  # scrape fails → fail-open
+        failed = lane.samples_failed
+        await until(lambda: lane.samples_failed > failed)
+        assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 200
+        a.metrics_status, a.metrics = 200, "garbage {{{ not prometheus"  # parse error → fail-open
+        failed = lane.samples_failed
+        await until(lambda: lane.samples_failed > failed)
+        assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 200
+        a.metrics = waiting_metrics(4)  # the next good sample restores the limit
+        await until(lambda: lane.depth == 4.0)
+        assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 429
+    assert a.hits == 2
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+async def test_sampler_does_not_swallow_process_control(exc: type[BaseException]) -> None:
+    async def read(lane: Lane) -> str:
+        raise exc()
+
+    sampler = Sampler(Lane(index=0, url="http://x:1"), read, interval=0.01, timeout=0.5)
+    with pytest.raises(exc):
+        await sampler.run()
+
+
+async def test_sampler_stops_on_cancel_even_if_the_reader_rewraps_it() -> None:
+    started = asyncio.Event()
+
+    async def read(lane: Lane) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise OSError("client library turned the cancel into its own error") from None
+        return ""
+
+    task = asyncio.create_task(Sampler(Lane(0, "http://x:1"), read, 0.01, 5.0).run())
+    await started.wait()
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=2)
+    assert done and task.cancelled()
+
+
+async def test_lanes_are_scraped_concurrently_not_in_turn() -> None:
+    async def slow(lane: Lane) -> str:
+        await asyncio.sleep(0.15)
+        return waiting_metrics(1)
+
+    async def fast(lane: Lane) -> str:
+        return waiting_metrics(2)
+
+    slow_lane, fast_lane = Lane(0, "http://slow:1"), Lane(1, "http://fast:1")
+    samplers = [Sampler(slow_lane, slow, 0.02, 0.5), Sampler(fast_lane, fast, 0.02, 0.5)]
+    tasks = [asyncio.create_task(s.run()) for s in samplers]
+    await asyncio.sleep(0.5)
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(tasks)
+    assert fast_lane.depth == 2.0 and slow_lane.depth == 1.0
+    assert fast_lane.samples_ok >= 3 * slow_lane.samples_ok
+
+
+async def test_slow_metrics_time_out_and_fail_open() -> None:
+    async def hangs(lane: Lane) -> str:
+        await asyncio.sleep(5)
+        return ""
+
+    lane = Lane(0, "http://x:1")
+    lane.record_sample(9.0, time.monotonic(), 0)
+    started = time.monotonic()
+    await Sampler(lane, hangs, 0.1, 0.05).sample_once()
+    assert time.monotonic() - started < 1.0
+    assert lane.depth is None and lane.samples_failed == 1
+
+
+async def test_real_overload_of_a_stub_gives_429_with_retry_after(
+    client: httpx.AsyncClient, stub: Callable[..., Proc]
+) -> None:
+    lane = stub("--max-concurrency", "1", "--tokens-per-second", "20")
+    await wait_status(client, f"{lane.url}/health", 200)
+    async with running_endpoint([lane.url], max_waiting=0, retry_after=2) as (url, ep):
+        long = {"prompt": "x", "max_tokens": 10}  # 0.5 s each at 20 tokens/s
+        burst = [
+            asyncio.create_task(client.post(f"{url}/v1/completions", json=long)) for _ in range(3)
+        ]
+        await until(lambda: (ep.lanes[0].depth or 0) > 0, timeout=3)
+        r = await client.post(f"{url}/v1/completions", json=BODY)
+        health = await client.get(f"{url}/health")
+        results = await asyncio.gather(*burst)
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "2"
+    assert r.json()["error"]["type"] == "rate_limit_exceeded"
+    assert health.status_code == 200
+    assert [x.status_code for x in results] == [200, 200, 200]
