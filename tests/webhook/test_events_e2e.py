@@ -1,0 +1,169 @@
+"""End to end: emulator webhooks -> relay -> Prefect events -> deployment trigger -> reconcile.
+
+The emulator sends real signed `workflow_job` deliveries when its jobs change state; reconcile is
+served (`serve()` in a subprocess, as `deployments/serve.py` does) against the session's Prefect
+server with the trigger of `deployments/triggers.py` and no schedule, so every run it makes comes
+from an event.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from relaykit import SECRET
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def runs_of(deployment_name: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(f"reconcile/{deployment_name}")
+        return list(
+            client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+            )
+        )
+
+
+def deployment_exists(name: str) -> bool:
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(f"reconcile/{name}")
+        except ObjectNotFound:
+            return False
+    return True
+
+
+@pytest.fixture
+def serve_reconcile(prefect_api: str, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """`serve_reconcile(emu)` serves reconcile with the event trigger; returns its name."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(emu: Any, within_s: float = 10.0) -> str:
+        name = f"events-{uuid.uuid4().hex[:8]}"
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": prefect_api,
+            "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+            "GITHUB_TOKEN": emu.token,
+            "PRIORITY_SCHEDULER_ENABLED": "true",
+            "NODE_SLOT_SCHEDULER_ENABLED": "true",
+            "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
+            "SLURMGATE_ORPHAN_GRACE_S": "0",
+            "SLURMGATE_STATE_DIR": str(tmp_path / "state"),
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "serve_reconcile.py"),
+                name,
+                emu.url,
+                emu.repo,
+                str(within_s),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        procs.append(proc)
+        wait_until(lambda: deployment_exists(name) or proc.poll() is not None, 60, "serve")
+        assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
+        return name
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def job_labels(token: str, nodes: int) -> list[str]:
+    return ["self-hosted", "cluster:a", f"nodes:{nodes}", f"ci-job-1.000-{token}", "ci-attempt-1"]
+
+
+def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
+    relay_factory, serve_reconcile
+) -> None:
+    from slurmgate.emulator.testing import running_emulator
+
+    relay = relay_factory()
+    with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
+        name = serve_reconcile(emu)
+        assert runs_of(name) == []
+        started = time.monotonic()
+        ids = [emu.admin.add_job(job_labels(f"b{i}", 2), duration_s=600)["id"] for i in range(50)]
+        burst_s = time.monotonic() - started
+        wait_until(lambda: relay.stats["posted"] >= 50, 30, "50 queued events posted")
+
+        # reconcile ran because of the events and admitted what fits: 4 runners, 2 nodes each
+        def admitted() -> list[int]:
+            jobs = {j["id"]: j for j in emu.admin.dump()["jobs"]}
+            return [i for i in ids if jobs[i]["status"] == "in_progress"]
+
+        running = wait_until(lambda: len(admitted()) == 2 and admitted(), 90, "two admissions")
+        assert running == ids[:2], "admission order is queue order among equal jobs"
+        # let a whole debounce window pass after the burst; no further run may appear
+        time.sleep(max(0.0, 12.0 - (time.monotonic() - started)))
+        wait_until(lambda: all(r.state.is_final() for r in runs_of(name)), 60, "runs to finish")
+        runs = runs_of(name)
+        completed = [r for r in runs if r.state.is_completed()]
+        assert 1 <= len(runs) <= 2, f"{len(runs)} runs for a burst of 50 (in {burst_s:.1f} s)"
+        assert completed, [r.state for r in runs]
+        assert relay.stats["duplicates"] == 0 and relay.stats["unauthorized"] == 0
+
+
+def test_prefect_yaml_carries_the_same_trigger() -> None:
+    sys.path.insert(0, str(REPO_ROOT / "deployments"))
+    from triggers import reconcile_trigger_spec, reconcile_triggers
+
+    config = yaml.safe_load((REPO_ROOT / "deployments" / "prefect.yaml").read_text())
+    reconcile = next(d for d in config["deployments"] if d["name"] == "reconcile")
+    assert reconcile["triggers"] == [reconcile_trigger_spec()]
+    # the yaml entry is a valid Prefect deployment trigger, and it is the one triggers.py builds
+    from prefect.events import DeploymentEventTrigger
+
+    parsed = DeploymentEventTrigger(
+        **{k: v for k, v in reconcile["triggers"][0].items() if k != "type"}
+    )
+    built = reconcile_triggers()[0]
+    assert (parsed.expect, parsed.match, parsed.within, parsed.threshold, parsed.posture) == (
+        built.expect,
+        built.match,
+        built.within,
+        built.threshold,
+        built.posture,
+    )
+    # any interval schedule stays as the safety net
+    assert reconcile["schedules"][0]["interval"] == 30
