@@ -138,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_settings(argv: list[str] | None = None) -> StubSettings:
     """Parse and check the stub's flags; errors name the flag and the fix."""
-    parser = build_parser()
     try:
-        ns = parser.parse_args(argv)
+        parser = build_parser()
     except KnobError as exc:
-        parser.error(str(exc))
+        argparse.ArgumentParser(prog="python -m slurmgate.runtime.stub_server").error(str(exc))
+    ns = parser.parse_args(argv)
     model = ns.model or ns.model_positional or "stub-model"
     checks = [
         (ns.max_concurrency >= 1, "--max-concurrency must be >= 1"),

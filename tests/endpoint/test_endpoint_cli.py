@@ -1,0 +1,68 @@
+"""The endpoint as the launcher runs it: a process with the contract's argv, ended by SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+from endpoint_helpers import Proc, free_port, python_env, wait_status
+
+ENDPOINT = "slurmgate.runtime.endpoint"
+
+
+async def test_endpoint_process_routes_to_stubs_and_stops_on_sigterm(
+    client: httpx.AsyncClient, stub: Callable[..., Proc], spawn: Callable[..., Proc]
+) -> None:
+    lanes = [stub("--tokens-per-second", "0"), stub("--tokens-per-second", "0")]
+    port = free_port()
+    endpoint = spawn(
+        ENDPOINT, "--name", "chat", "--listen", f"127.0.0.1:{port}",
+        "--backend", lanes[0].url, "--backend", lanes[1].url,
+        "--max-waiting", "4", "--retry-after", "2", "--sample-interval", "0.05",
+        port=port,
+    )  # fmt: skip
+    await wait_status(client, f"{endpoint.url}/health", 200)
+    served = [
+        (await client.post(f"{endpoint.url}/v1/completions", json={"max_tokens": 1})).status_code
+        for _ in range(4)
+    ]
+    assert served == [200] * 4
+    metrics = (await client.get(f"{endpoint.url}/metrics")).text
+    for lane in lanes:
+        assert (
+            f'slurmgate_backend_requests_total{{backend="{lane.url}",endpoint="chat"}} 2.0'
+            in metrics
+        )
+    lanes[1].popen.kill()
+    await wait_status(client, f"{endpoint.url}/health", 503)
+    started = time.monotonic()
+    endpoint.popen.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(endpoint.wait, 5) == 0
+    assert time.monotonic() - started < 2.5
+
+
+def test_bad_arguments_name_the_flag() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", ENDPOINT, *args],
+            env=python_env(),
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+
+    bad_backend = run("--name", "d", "--listen", "127.0.0.1:1", "--backend", "localhost:8000")
+    assert bad_backend.returncode == 2
+    assert b"--backend" in bad_backend.stderr and b"http://HOST:PORT" in bad_backend.stderr
+    assert b"Traceback" not in bad_backend.stderr
+    bad_listen = run("--name", "d", "--listen", "nowhere", "--backend", "http://a:1")
+    assert bad_listen.returncode == 2 and b"HOST:PORT" in bad_listen.stderr
+    bad_limit = run(
+        "--name", "d", "--listen", "127.0.0.1:1", "--backend", "http://a:1", "--max-waiting", "-1"
+    )
+    assert bad_limit.returncode == 2 and b"--max-waiting" in bad_limit.stderr
