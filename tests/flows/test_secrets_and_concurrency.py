@@ -1,0 +1,136 @@
+"""The token never reaches a log; two controllers at once never over-admit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from flowcheck import assert_invariants, fleet, job_labels, lease_of_job
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter
+from prefect.logging.handlers import APILogHandler
+
+from flows.reconcile import reconcile
+from slurmgate.github import GitHubClient, GitHubScope
+from slurmgate.labels import LeaseLabel
+from slurmgate.leases import admit_lease
+from slurmgate.model import Admit
+
+TOKEN = "ghs_SLURMGATEsecretTOKEN0123456789"
+WRONG = "ghs_WRONGsecretTOKEN9876543210abc"
+
+
+async def api_logs(flow_run_ids: list[Any]) -> str:
+    await APILogHandler.aflush()
+    async with get_client() as client:
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id={"any_": flow_run_ids}), limit=200
+        )
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_ids))
+        )
+    return "\n".join(log.message for log in logs) + "\n".join(str(r.parameters) for r in runs)
+
+
+async def test_token_never_logged_even_when_requests_fail(
+    emulator_factory, monkeypatch, caplog, capfd
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    emu = emulator_factory({"a": 12}, token=TOKEN)
+    emu.admin.add_job(job_labels(4), duration_s=600)
+    emu.admin.fault("fail_nth_write", n=2, status=422)
+
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    failed = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo, return_state=True)
+    monkeypatch.setenv("GITHUB_TOKEN", WRONG)  # GitHub answers 401 to every request
+    denied = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo, return_state=True)
+    assert failed.is_failed() and denied.is_failed()
+
+    ids = [failed.state_details.flow_run_id, denied.state_details.flow_run_id]
+    out, err = capfd.readouterr()
+    stored = await api_logs(ids)
+    assert "ValidationFailed" in stored and "AuthError" in stored  # the API kept the failures
+    text = "\n".join([out, err, caplog.text, stored])
+    # the failures were logged (so this text is the right haystack) ...
+    assert "Injected write fault" in text and "401" in text
+    # ... and neither token is in it
+    assert TOKEN not in text and WRONG not in text
+    assert TOKEN[8:24] not in text and WRONG[8:24] not in text
+
+
+async def test_two_reconcile_flows_at_once_never_over_admit(emulator_factory, monkeypatch) -> None:
+    """The deployment's concurrency limit should prevent this; if it happens anyway, the
+    verification and the conflict rule keep the fleet consistent."""
+    monkeypatch.setenv("SLURMGATE_ORPHAN_GRACE_S", "30")
+    monkeypatch.setenv("SLURMGATE_MIN_WRITE_INTERVAL_S", "0.01")
+    monkeypatch.setenv("GITHUB_TOKEN", "any")
+    emu = emulator_factory({"a": 18})
+    ids = [emu.admin.add_job(job_labels(n, token=f"n{n}"), 600)["id"] for n in (10, 9, 8)]
+
+    results = await asyncio.gather(
+        *(reconcile(scope_block=None, api_url=emu.url, repo=emu.repo) for _ in range(2)),
+        return_exceptions=True,
+    )
+    for result in results:
+        assert not isinstance(result, BaseException), result
+    assert_invariants(emu.admin.dump())
+    runners = fleet(emu.admin.dump())
+    leased = sum(len(lease_of_job(runners, job_id)) for job_id in ids)
+    assert leased <= 18
+    assert sum(r["admitted"] for r in results) >= 2  # both may admit the same (identical) lease
+
+
+async def test_concurrent_protocols_on_shared_runners_one_wins(emulator_factory) -> None:
+    """Two admissions racing for runners 6..10: exactly one keeps its lease, the other undoes
+    only its own labels (the older lease wins unless the younger already has its anchor)."""
+    emu = emulator_factory({"a": 15})
+    first = emu.admin.add_job(job_labels(10, token="first"), 600)["id"]
+    second = emu.admin.add_job(job_labels(10, token="second"), 600)["id"]
+
+    def admit(job_id: int, token: str, runner_ids: range, created: int) -> Admit:
+        return Admit(
+            job_id=job_id,
+            attempt=1,
+            pool="cluster:a",
+            nodes=10,
+            runner_ids=tuple(runner_ids),
+            anchor_id=runner_ids[0],
+            lease_label=LeaseLabel(job_id, 1, created).render(),
+            anchor_labels=(f"ci-job-1.000-{token}", "ci-attempt-1", "nodes:10"),
+            priority="1.000",
+            reason="test",
+        )
+
+    scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+    async with GitHubClient(scope, "t") as a, GitHubClient(scope, "t") as b:
+        outcomes = await asyncio.gather(
+            admit_lease(a, admit(first, "first", range(1, 11), 1_800_000_000)),
+            admit_lease(b, admit(second, "second", range(6, 16), 1_800_000_001)),
+        )
+    assert sorted(o.admitted for o in outcomes) == [False, True], outcomes
+    loser = next(o for o in outcomes if not o.admitted)
+    assert "LeaseConflict" in loser.reason or "LeaseLost" in loser.reason
+    assert_invariants(emu.admin.dump())
+    runners = fleet(emu.admin.dump())
+    winner = next(o for o in outcomes if o.admitted)
+    assert len(lease_of_job(runners, winner.job_id)) == 10
+    assert lease_of_job(runners, loser.job_id) == []
+
+
+@pytest.mark.parametrize("anchored_younger", [False, True])
+def test_conflict_rule_is_deterministic(anchored_younger: bool) -> None:
+    from slurmgate.leases import conflict_winner
+    from slurmgate.model import Runner
+
+    old, young = "ci-lease-j1-a1-t100", "ci-lease-j2-a1-t200"
+    shared = Runner(1, "r1", True, False, ("cluster:a", old, young))
+    anchor_labels = ("ci-job-1.000-x", "ci-attempt-1") if anchored_younger else ()
+    young_anchor = Runner(2, "r2", True, False, ("cluster:a", young, *anchor_labels))
+    fleet_view = [shared, young_anchor]
+    expected = young if anchored_younger else old
+    assert conflict_winner([old, young], fleet_view) == expected
+    assert conflict_winner([young, old], fleet_view) == expected
+    same_time = ["ci-lease-j9-a1-t100", "ci-lease-j10-a1-t100"]
+    assert conflict_winner(same_time, []) == "ci-lease-j10-a1-t100"  # smaller label
