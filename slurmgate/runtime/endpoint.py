@@ -632,6 +632,9 @@ async def serve(config: EndpointConfig, sock: socket.socket | None = None) -> No
     )
     server = _Server(uv_config)
     loop = asyncio.get_running_loop()
+    if sock is not None:
+        # Accepted sockets inherit it on Linux; asyncio sets it only when proto says TCP.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def stop() -> None:
         server.should_exit = True

@@ -1,0 +1,199 @@
+"""A closed-loop load generator for OpenAI-style endpoints: throughput, latency percentiles, 429s.
+
+``concurrency`` workers each send one request at a time until ``duration`` seconds have passed or
+``requests`` requests were sent in all, whichever comes first. A 429 answer is counted as
+throttled and, when ``honour_retry_after`` is set, the worker waits the answer's Retry-After
+(capped by ``max_retry_after``) before its next request, as a well-behaved client does.
+Latency is measured per answered request, from sending to the last byte of the body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to send, how hard and for how long."""
+
+    url: str
+    path: str = "/v1/completions"
+    concurrency: int = 8
+    duration: float | None = 10.0
+    requests: int | None = None
+    body: dict[str, Any] = field(
+        default_factory=lambda: {"model": "stub-model", "prompt": "hello", "max_tokens": 16}
+    )
+    timeout: float = 60.0
+    honour_retry_after: bool = True
+    max_retry_after: float = 30.0
+
+    def check(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if self.duration is None and self.requests is None:
+            raise ValueError("set duration or requests (or both), or the run would never end")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError("duration must be > 0 seconds")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError("requests must be >= 1")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of an ascending list; NaN when it is empty."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+@dataclass
+class LoadReport:
+    """The outcome of one run; latencies in seconds."""
+
+    sent: int
+    ok: int
+    throttled: int
+    errors: dict[str, int]
+    elapsed: float
+    throughput: float
+    latency_p50: float
+    latency_p90: float
+    latency_p99: float
+    latency_max: float
+    latency_mean: float
+    retry_after_waited: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def run_load(spec: LoadSpec, clock: Callable[[], float] = time.perf_counter) -> LoadReport:
+    """Drive ``spec.url + spec.path`` and report; never raises for HTTP or connection errors."""
+    spec.check()
+    target = spec.url.rstrip("/") + spec.path
+    payload = json.dumps(spec.body).encode()
+    headers = {"content-type": "application/json"}
+    stream = bool(spec.body.get("stream"))
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    counts = {"sent": 0, "throttled": 0}
+    waited = [0.0]
+    started = clock()
+    deadline = started + spec.duration if spec.duration is not None else math.inf
+    budget = spec.requests if spec.requests is not None else math.inf
+
+    connector = aiohttp.TCPConnector(limit=spec.concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=spec.timeout)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def worker() -> None:
+            while clock() < deadline and counts["sent"] < budget:
+                counts["sent"] += 1
+                sent_at = clock()
+                try:
+                    async with session.post(target, data=payload, headers=headers) as resp:
+                        if stream:
+                            async for _ in resp.content.iter_any():
+                                pass
+                        else:
+                            await resp.read()
+                        status = resp.status
+                        retry_after = resp.headers.get("retry-after")
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    errors[type(exc).__name__] += 1
+                    continue
+                if status == 200:
+                    latencies.append(clock() - sent_at)
+                elif status == 429:
+                    counts["throttled"] += 1
+                    if spec.honour_retry_after and retry_after:
+                        try:
+                            delay = min(float(retry_after), spec.max_retry_after)
+                        except ValueError:
+                            delay = 0.0
+                        delay = max(0.0, min(delay, deadline - clock()))
+                        waited[0] += delay
+                        await asyncio.sleep(delay)
+                else:
+                    errors[str(status)] += 1
+
+        await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+    elapsed = clock() - started
+    latencies.sort()
+    return LoadReport(
+        sent=counts["sent"],
+        ok=len(latencies),
+        throttled=counts["throttled"],
+        errors=dict(errors),
+        elapsed=elapsed,
+        throughput=len(latencies) / elapsed if elapsed > 0 else 0.0,
+        latency_p50=percentile(latencies, 50),
+        latency_p90=percentile(latencies, 90),
+        latency_p99=percentile(latencies, 99),
+        latency_max=latencies[-1] if latencies else math.nan,
+        latency_mean=sum(latencies) / len(latencies) if latencies else math.nan,
+        retry_after_waited=waited[0],
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmgate.loadgen", description="Closed-loop load generator."
+    )
+    parser.add_argument("url", help="base URL, e.g. http://127.0.0.1:9000")
+    parser.add_argument("--path", default="/v1/completions")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=None, help="seconds (default 10)")
+    parser.add_argument("--requests", type=int, default=None, help="stop after this many")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--model", default="stub-model")
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--no-retry-after", action="store_true", help="do not wait on 429s")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point; exit 1 when no request succeeded."""
+    ns = build_parser().parse_args(argv)
+    duration = ns.duration if ns.duration is not None or ns.requests is not None else 10.0
+    spec = LoadSpec(
+        url=ns.url,
+        path=ns.path,
+        concurrency=ns.concurrency,
+        duration=duration,
+        requests=ns.requests,
+        body={"model": ns.model, "prompt": "hello", "max_tokens": ns.max_tokens}
+        | ({"stream": True} if ns.stream else {}),
+        honour_retry_after=not ns.no_retry_after,
+    )
+    try:
+        spec.check()
+    except ValueError as exc:
+        build_parser().error(str(exc))
+    report = asyncio.run(run_load(spec))
+    if ns.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(
+            f"{report.ok} ok, {report.throttled} throttled, errors {report.errors or 'none'} "
+            f"in {report.elapsed:.2f}s: {report.throughput:.0f} req/s, "
+            f"p50 {report.latency_p50 * 1e3:.2f} ms, p99 {report.latency_p99 * 1e3:.2f} ms"
+        )
+    sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main()
