@@ -399,11 +399,14 @@ class ReservationBackfill:
     compatible pool where that start comes first, while that pool holds fewer than `depth`
     reservations. With depth 1 this is EASY: only the top blocked job of each pool is protected,
     and a backfill job must end before its reservation or use only the runners it leaves over.
+    With `reserve_after_s` a blocked job gets a reservation only once it has waited that long
+    (Slurm's bf_min_age_reserve): younger jobs backfill greedily, old ones cannot starve.
     """
 
-    def __init__(self, name: str, depth: int) -> None:
+    def __init__(self, name: str, depth: int, reserve_after_s: float = 0.0) -> None:
         self.name = name
         self.depth = depth
+        self.reserve_after_s = reserve_after_s
 
     def place(
         self,
@@ -436,7 +439,10 @@ class ReservationBackfill:
                 if outcome.pool in profiles:
                     profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
                 continue
-            if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED):
+            if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and (
+                not self.reserve_after_s
+                or fleet.now_s - request.job.created_at.timestamp() >= self.reserve_after_s
+            ):
                 reserved = self._reserve(request, fleet, profiles, held, full)
                 if reserved is not None and explain:
                     pool, start = reserved
@@ -507,7 +513,11 @@ def policy_for(settings: AdmissionSettings, name: str | None = None) -> Admissio
     """
     chosen = name or settings.policy
     if chosen == "conservative":
-        return ReservationBackfill("conservative", settings.reservation_depth)
+        return ReservationBackfill(
+            "conservative", settings.reservation_depth, settings.reserve_after_s
+        )
+    if chosen == "easy" and settings.reserve_after_s:
+        return ReservationBackfill("easy", 1, settings.reserve_after_s)
     if chosen in BASELINES:
         return BASELINES[chosen]
     return policy_named(chosen)

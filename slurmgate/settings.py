@@ -98,6 +98,15 @@ class AdmissionSettings(BaseSettings):
             "re-evaluated on every plan."
         ),
     )
+    reserve_after_s: float = Field(
+        default=0.0,
+        ge=0,
+        validation_alias=AliasChoices("reserve_after_s", "SLURMGATE_RESERVE_AFTER_S"),
+        description=(
+            "easy/conservative: a blocked job gets a reservation only after waiting this long "
+            "(seconds; 0 = at once, classic EASY). Like Slurm's bf_min_age_reserve."
+        ),
+    )
     reservation_depth: int = Field(
         default=32,
         ge=1,

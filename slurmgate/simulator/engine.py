@@ -34,6 +34,7 @@ from slurmgate.simulator.metrics import Run, summarize
 from slurmgate.simulator.traces import Trace, TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+EPOCH_S = EPOCH.timestamp()  # trace time 0 in the unix seconds the planner works in
 ESTIMATES = ("timeout", "learned", "perfect")
 POLICY_NAMES = ("fcfs", "greedy", "easy", "conservative")
 
@@ -231,7 +232,7 @@ def simulate(
             upcoming = next(arrivals, None)
         if not queue:
             continue
-        fleet.now_s = now
+        fleet.now_s = EPOCH_S + now
         placements, _ = chosen.place(queue, fleet, ordered=True, explain=False)
         plans += 1
         if not placements:
