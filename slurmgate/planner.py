@@ -450,7 +450,7 @@ class ReservationBackfill:
                         request.job.id,
                         nodes,
                         pool,
-                        BlockReason.NO_CAPACITY,
+                        outcome.reason,
                         f"{outcome.detail}; reserved {pool} in {start - fleet.now_s:.0f}s",
                     )
             if explain:

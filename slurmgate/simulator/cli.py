@@ -110,7 +110,9 @@ def simulate_main(argv: list[str] | None = None) -> int:
     """Run `simulate` with `argv` (the flags after the word `simulate`); returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=args, prog_name="slurmgate simulate", standalone_mode=False)
+        code = app(args=args, prog_name="slurmgate simulate", standalone_mode=False)
+        if isinstance(code, int):
+            return code
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except SystemExit as exc:  # click usage errors

@@ -1,0 +1,117 @@
+"""Runtime history (quantiles, merge, JSON) and the simulate command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurmgate.estimates import (
+    Estimate,
+    Estimator,
+    HistoryError,
+    RuntimeHistory,
+    expected_end,
+    high_quantile,
+    job_key,
+)
+from slurmgate.simulator.cli import simulate_main
+
+SWF = Path(__file__).with_name("tiny.swf")
+
+
+def test_expected_end_falls_back_from_prediction_to_limit_to_extension() -> None:
+    est = Estimate(100, 400)
+    assert expected_end(1000, est, 1050, 60) == 1100
+    assert expected_end(1000, est, 1100, 60) == 1400  # past the prediction: the limit
+    assert expected_end(1000, est, 1400, 60) == 1460  # past the limit: slides with now
+    assert expected_end(1000, est, 5000, 60) == 5060
+    assert Estimate(900, 400).predicted_s == 400  # a prediction never exceeds the limit
+    with pytest.raises(ValueError, match="positive"):
+        Estimate(0, 10)
+
+
+def test_learned_estimate_is_a_high_quantile_once_enough_runs_are_known() -> None:
+    history = RuntimeHistory(keep=5)
+    key = job_key("  Bench (dsr1,  8k1k) ", 4)
+    assert key == job_key("bench (dsr1, 8k1k)", 4) != job_key("bench (dsr1, 8k1k)", 8)
+    learned = Estimator("learned", 0.9, 3, history)
+    assert learned.estimate(key, 3600) == Estimate(3600, 3600)
+    for i, runtime in enumerate([300, 100, 200, 5000, 400, 250]):
+        history.record(key, i, runtime, 10_000 + i)
+    assert sorted(history.runtimes(key)) == [100, 200, 250, 400, 5000]  # newest 5 kept
+    assert high_quantile([100, 200, 250, 400, 5000], 0.9) == 5000
+    assert high_quantile([100, 200, 250, 400, 5000], 0.5) == 250
+    assert learned.estimate(key, 3600) == Estimate(3600, 3600)  # capped by the timeout
+    assert Estimator("learned", 0.5, 3, history).estimate(key, 3600) == Estimate(250, 3600)
+    assert Estimator("timeout", 0.5, 3, history).estimate(key, 3600) == Estimate(3600, 3600)
+
+
+def test_history_merge_is_a_union_that_order_cannot_change() -> None:
+    a, b = RuntimeHistory(keep=3), RuntimeHistory(keep=3)
+    for i in range(4):
+        a.record("k", i, 10 + i, 100 + i)
+    for i in range(2, 7):
+        b.record("k", i, 10 + i, 100 + i)
+    b.record("other", 9, 7, 50)
+    merged = a.merge(b)
+    assert merged.to_json() == b.merge(a).to_json() == merged.merge(a).to_json()
+    assert sorted(merged.runtimes("k")) == [14, 15, 16]
+    assert merged.runtimes("other") == [7]
+
+
+def test_history_json_round_trip_and_errors_name_the_field() -> None:
+    h = RuntimeHistory()
+    h.record("bench|n4", 11, 321.5, 1_700_000_000)
+    assert RuntimeHistory.from_json(h.dumps()).to_json() == h.to_json()
+    assert RuntimeHistory.from_json({}).records == {}
+    with pytest.raises(HistoryError, match="'format'"):
+        RuntimeHistory.from_json({"format": 9, "jobs": {}})
+    with pytest.raises(HistoryError, match=r"'jobs\.bench\|n4'"):
+        RuntimeHistory.from_json({"format": 1, "jobs": {"bench|n4": [[1, 2]]}})
+    with pytest.raises(HistoryError, match="not JSON"):
+        RuntimeHistory.from_json("{oops")
+
+
+def test_simulate_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    code = simulate_main([str(SWF), "--pools", "16", "--policy", "easy", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["jobs"] == 3 and out["policy"] == "easy" and out["pools"] == {"cluster:p0": 16}
+    # the anchor scenario: A (9) starts at 100 s, B (8, 1000 s) only after A
+    assert out["max_wait_h"] == pytest.approx(598 / 3600)
+    greedy = simulate_main([str(SWF), "--pools", "16", "--policy", "greedy", "--json"])
+    assert greedy == 0
+    assert json.loads(capsys.readouterr().out)["max_wait_h"] == pytest.approx(1001 / 3600)
+
+
+def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "gantt.png"
+    code = simulate_main([str(SWF), "--pools", "16", "--json", "--plot", str(target)])
+    assert code == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(capsys.readouterr().out)["plot"] == str(target)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pools", "0"], "--pools entry '0'"),
+        (["--pools", "16", "--policy", "sjf"], "--policy 'sjf'"),
+        (["--pools", "16", "--estimates", "oracle"], "--estimates 'oracle'"),
+        (["--pools", "16", "--wide-frac", "2"], "--wide-frac"),
+        ([], "--pools is required"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert simulate_main([str(SWF), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_missing_trace_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulate_main([str(tmp_path / "nope.swf"), "--pools", "4"]) == 2
+    assert "does not exist" in capsys.readouterr().err
