@@ -1,7 +1,7 @@
 """The allocation flow: one subflow per phase, supervised from the main thread, cleaned up once."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Prefect builds the parameter model from the real
+# annotation types when it loads this flow from its entrypoint (string annotations fail there).
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +9,7 @@ from prefect import flow
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import Flow
 
+import tasks.allocation as registry
 from slurmgate.runtime.controller import AllocationRun, new_run_id
 from slurmgate.runtime.spec import AllocationSpec
 from tasks.allocation import (
@@ -19,14 +20,9 @@ from tasks.allocation import (
     publish_record,
 )
 
-# Subflows get the run id; the live run (with its processes) stays in this process.
-_RUNS: dict[str, AllocationRun] = {}
-# flow-run id → run id, so the cancellation/crash hooks find the run to clean.
-_BY_FLOW_RUN: dict[str, str] = {}
-
 
 def _run(run_id: str) -> AllocationRun:
-    return _RUNS[run_id]
+    return registry.LIVE_RUNS[run_id]
 
 
 @flow(name="allocation-preflight", validate_parameters=False)
@@ -84,11 +80,14 @@ def cleanup_phase(run_id: str) -> list[str]:
     return report.actions
 
 
-def _cleanup_hook(flow_: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) -> None:
-    """on_cancellation / on_crashed: the same single owner; a no-op when already clean."""
-    run_id = _BY_FLOW_RUN.get(str(flow_run.id))
-    if run_id and run_id in _RUNS:
-        _RUNS[run_id].cleanup()
+def _cleanup_hook(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """on_cancellation / on_crashed: the same single owner; a no-op when already clean.
+
+    Prefect calls hooks with keyword arguments, so the parameter names are fixed.
+    """
+    run_id = registry.RUNS_BY_FLOW_RUN.get(str(flow_run.id))
+    if run_id and run_id in registry.LIVE_RUNS:
+        registry.LIVE_RUNS[run_id].cleanup()
 
 
 @flow(
@@ -109,8 +108,8 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
         log=log,
         on_progress=Progress(run_id),
     )
-    _RUNS[run.run_id] = run
-    _BY_FLOW_RUN[str(flow_run.id)] = run.run_id
+    registry.LIVE_RUNS[run.run_id] = run
+    registry.RUNS_BY_FLOW_RUN[str(flow_run.id)] = run.run_id
     log(f"run {run.run_id}: {spec.total_nodes} node(s), record {run.record_path}")
     failure: BaseException | None = None
     try:
@@ -128,7 +127,7 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
         finally:
             run.finish(failure)  # idempotent: settles the status, raises if cleanup failed
             publish_record(run)
-            _RUNS.pop(run.run_id, None)
+            registry.LIVE_RUNS.pop(run.run_id, None)
     result = run.result()
     return {
         "run_id": result.run_id,

@@ -17,6 +17,13 @@ from prefect.exceptions import MissingContextError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime.controller import AllocationRun
 
+# Subflows get a run id; the live run (with its processes) stays in this process. The registry
+# lives here and flows reach it as `module.attribute`: a served flow is cloudpickled by value,
+# which would copy a dict imported into the flow module's globals once per function.
+LIVE_RUNS: dict[str, AllocationRun] = {}
+# flow-run id → run id, so the cancellation/crash hooks find the run to clean.
+RUNS_BY_FLOW_RUN: dict[str, str] = {}
+
 
 def log(message: str) -> None:
     """One line per decision into the current Prefect run's log (stderr outside a run)."""

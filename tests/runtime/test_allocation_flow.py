@@ -90,3 +90,79 @@ def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> 
     info = slurm.show_job(final["job_id"])
     assert info is None or not info.active
     assert_no_orphans(record["run_id"])
+
+
+SERVE = (
+    "from flows.allocation import allocation; "
+    "allocation.serve(name='allocation-test', print_starting_message=False)"
+)
+
+
+def test_cancel_through_the_prefect_api_mid_readiness_cleans_up(
+    prefect_harness: None, tmp_path: Path
+) -> None:
+    """A served deployment, a run started and cancelled through the API, as CI would."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL
+    from prefect.states import Cancelling
+
+    data = example_data()
+    data["deployments"][0]["env"] = {"SLURMGATE_STUB_HANG": "1"}
+    runs_root = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=str(Path(__file__).resolve().parents[2]),
+        start_new_session=True,
+    )
+    try:
+        with get_client(sync_client=True) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client.read_deployment_by_name("allocation/allocation-test")
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+                    time.sleep(0.5)
+            flow_run = run_deployment(
+                "allocation/allocation-test",
+                parameters={"spec": data, "runs_dir": str(runs_root)},
+                timeout=0,
+            )
+            deadline = time.monotonic() + 90
+            record = None
+            while time.monotonic() < deadline and record is None:
+                for rec in load_records(runs_root):
+                    if rec["phase"] == "readiness":
+                        record = rec
+                time.sleep(0.2)
+            assert record is not None, (tmp_path / "serve.log").read_text()
+            time.sleep(1.0)
+            assert processes_with(record["run_id"])
+            client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+            deadline = time.monotonic() + 60
+            while True:
+                state = client.read_flow_run(flow_run.id).state
+                if state is not None and state.is_final():
+                    break
+                assert time.monotonic() < deadline, f"run stuck in {state}"
+                time.sleep(0.3)
+            assert state.is_cancelled(), state
+        final = load_records(runs_root)[0]
+        assert final["cleanup_complete"] is True
+        served = (tmp_path / "serve.log").read_text()
+        assert "cleanup complete" in served
+        assert "error was encountered while running hook" not in served, served
+        info = slurm.show_job(final["job_id"])
+        assert info is None or not info.active
+        assert_no_orphans(record["run_id"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -82,11 +82,14 @@ def test_happy_path_on_three_nodes(runs_root: Path) -> None:
     assert again is run.cleanup() and again.actions == result.cleanup
 
 
-def _failing_run(data: dict[str, Any], runs_root: Path, phase: str) -> tuple[AllocationRun, str]:
+def _failing_run(
+    data: dict[str, Any], runs_root: Path, phase: str | set[str]
+) -> tuple[AllocationRun, str]:
     run = AllocationRun(AllocationSpec.from_data(data), runs_root=runs_root, grace_s=5)
     with pytest.raises(RunFailed) as info:
         run.run()
-    assert info.value.phase == phase, str(info.value)
+    phases = {phase} if isinstance(phase, str) else phase
+    assert info.value.phase in phases, str(info.value)
     assert run.status == "failed" and run.cleaned
     return run, str(info.value)
 
@@ -160,7 +163,9 @@ def test_follower_death_fails_the_deployment_fast(runs_root: Path) -> None:
         "SLURMGATE_STUB_EXIT_CODE": "3",
     }
     t0 = time.monotonic()
-    run, message = _failing_run(data, runs_root, "client")
+    # The follower dies 2 s after it starts: during readiness, endpoints or client on a
+    # loaded machine; whichever phase, the whole run must fail on it, fast.
+    run, message = _failing_run(data, runs_root, {"readiness", "endpoints", "client"})
     assert time.monotonic() - t0 < 30
     assert "required step serve-pipe exited" in message
     pipe_log = next(run.run_dir.glob("*-serve-pipe.log")).read_text()

@@ -123,3 +123,19 @@ def test_spec_is_a_prefect_friendly_json_schema() -> None:
     schema = AllocationSpec.model_json_schema()
     assert schema["additionalProperties"] is False
     assert "deployments" in schema["required"]
+
+
+def test_cli_reports_a_bad_spec_without_a_traceback(tmp_path: Path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from slurmgate.runtime.cli import allocation_app
+
+    data = example_data()
+    data["deployments"][0]["gpus_per_node"] = 16
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = CliRunner().invoke(allocation_app, ["run", str(path)])
+    assert out.exit_code == 2
+    assert "deployments[0].gpus_per_node: 16 GPUs per node but a node has 8" in out.output
+    assert "Traceback" not in out.output
