@@ -96,6 +96,7 @@ class AllocationRun:
         grace_s: float = 10.0,
         poll_s: float = 0.2,
         python: str | None = None,
+        allocate_timeout_s: float = 300.0,
         log: Callable[[str], None] | None = None,
         on_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
@@ -103,6 +104,7 @@ class AllocationRun:
         self.run_id = run_id or new_run_id(spec.name)
         self.run_dir = (runs_root or default_runs_root()) / self.run_id
         self.python = python or sys.executable
+        self.allocate_timeout_s = allocate_timeout_s
         self.poll_s = poll_s
         self.grace_s = grace_s
         self._log = log or (lambda m: print(f"[slurmgate] {m}", file=sys.stderr, flush=True))
@@ -203,6 +205,7 @@ class AllocationRun:
                 job_name=self.run_id,
                 gpus_per_node=self.spec.gpus_per_node,
                 time_limit=self.spec.time_limit,
+                timeout=self.allocate_timeout_s,
             )
         self.supervisor.job_id = self.job_id
         self.timings.mark("allocated", t0)
@@ -504,6 +507,10 @@ class AllocationRun:
             report = self.supervisor.cleanup()
             self._cleanup_report = report
             try:
+                if self.owned_allocation and not self.job_id:
+                    # salloc failed or timed out: a request may still be pending under our name.
+                    slurm.scancel_by_name(self.run_id)
+                    report.actions.append(f"scancel --name={self.run_id} (no job id granted)")
                 if self.job_id and self.owned_allocation:
                     self._release(report)
                 elif self.job_id:

@@ -211,6 +211,11 @@ def scancel(
     raise SlurmError(argv, f"exited {out.returncode}", out.stderr)
 
 
+def scancel_by_name(job_name: str, *, timeout: float = 15.0) -> None:
+    """Cancel this user's jobs named `job_name` (e.g. a salloc that timed out while pending)."""
+    run(["scancel", f"--name={job_name}"], timeout=timeout, check=False)
+
+
 def sinfo_states(*, timeout: float = 10.0) -> dict[str, str]:
     """node -> state."""
     out = run(["sinfo", "-h", "-N", "-o", "%N|%T"], timeout=timeout)

@@ -251,3 +251,42 @@ def test_reap_leftovers_after_a_sigkilled_controller(runs_root: Path, tmp_path: 
     assert _job_gone(records[0]["job_id"])
     assert_no_orphans(record["run_id"], within=15)
     assert reap_leftovers(load_records(runs_root)) == []  # a second pass finds nothing to do
+
+
+def test_cleanup_during_a_long_stagger_returns_within_2s(runs_root: Path) -> None:
+    data = example_data()
+    data["deployments"][0]["lead_boot_standoff_s"] = 30  # replica 1 of chat waits 30.5 s
+    run = AllocationRun(AllocationSpec.from_data(data), runs_root=runs_root, grace_s=5)
+    try:
+        run.allocate()
+        run.resolve()
+        run.preflight()
+        run.launch()
+        time.sleep(1.5)  # replica 0 is up, replica 1 is waiting out its delay
+    finally:
+        t0 = time.monotonic()
+        report = run.cleanup()
+        elapsed = time.monotonic() - t0
+    assert report.complete
+    assert elapsed < 2.0, report.actions
+    chat_log = next(run.run_dir.glob("*-serve-chat.log")).read_text()
+    assert "started lane chat-replica-00000-rank-00000" in chat_log
+    assert "chat-replica-00001" not in chat_log  # the delayed lane never started
+    assert _job_gone(run.job_id)
+    assert_no_orphans(run.run_id)
+
+
+def test_salloc_that_cannot_be_granted_leaves_no_pending_job(runs_root: Path) -> None:
+    # Five nodes on a four-node cluster: salloc waits, times out, and cleanup cancels by name.
+    data = example_data()
+    data["client"]["dedicated_node"] = True
+    data["deployments"][0]["replicas"] = 4
+    data["deployments"][0]["lanes_per_node"] = 2
+    spec = AllocationSpec.from_data(data)
+    assert spec.total_nodes == 5
+    run = AllocationRun(spec, runs_root=runs_root, allocate_timeout_s=2.0)
+    with pytest.raises(slurm.SlurmError, match="timed out"):
+        run.run()
+    assert run.cleaned and run.job_id is None
+    pending = slurm.run(["squeue", "-h", "-n", run.run_id, "-o", "%i"]).stdout.strip()
+    assert pending == ""
