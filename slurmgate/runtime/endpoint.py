@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -36,6 +37,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from yarl import URL
 
 from slurmgate.runtime.backpressure import Lane, QueuePolicy, Sampler, start_samplers
 from slurmgate.runtime.routing import LeastActiveRouter
@@ -253,6 +255,7 @@ class Endpoint:
         self._sampler_tasks: list[asyncio.Task[None]] = []
         self._retry_after = config.retry_after_header
         self._attempt_cap = min(config.max_attempts, len(self.lanes))
+        self._urls: dict[tuple[int, str], URL] = {}  # parsing a URL per request costs ~10 us
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -419,10 +422,11 @@ class Endpoint:
         if scope.get("query_string"):
             target = target + b"?" + scope["query_string"]
         path = target.decode("latin-1")
-        headers = [
+        headers = CIMultiDict(
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, v in _strip_hop_by_hop(scope["headers"], NOT_FORWARDED_UP)
-        ]
+        )
+        urls = self._urls
         tried: list[Lane] = []
         first_overload_retry_after: bytes | None = None
         saw_overload = False
@@ -442,9 +446,14 @@ class Endpoint:
             lane.requests += 1
             lane.active += 1
             try:
+                url = urls.get((lane.index, path))
+                if url is None:
+                    url = URL(lane.url + path, encoded=True)
+                    if len(urls) < 4096:
+                        urls[lane.index, path] = url
                 try:
                     resp = await session.request(
-                        method, lane.url + path, data=body, headers=headers, allow_redirects=False
+                        method, url, data=body, headers=headers, allow_redirects=False
                     )
                 except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                     last = None

@@ -1,0 +1,354 @@
+"""Cost of the logical endpoint: one load straight to a stub and through the endpoint on one core.
+
+Run: ``.venv/bin/python benchmarks/bench_endpoint.py`` (about 45 s, loopback only). It measures,
+in one run and side by side:
+
+1. a 20 ms backend (the stub with ``--first-token-delay 0.02``): throughput, p50/p99, the p50 the
+   endpoint adds, and the endpoint's CPU per request (``/proc/<pid>/stat`` utime+stime);
+2. a 0 ms backend: peak requests per second through the endpoint pinned to one core;
+3. the upstream HTTP client the endpoint should use: httpx.AsyncClient against aiohttp's
+   ClientSession, CPU per request for the same requests, each in a process pinned to one core.
+
+The endpoint runs alone on core 0; the stub and this load generator share core 1. The peer
+figure is DataDesigner's aiohttp proxy, about 235 us of CPU per small JSON request. Results go to
+``benchmarks/results/endpoint.json`` and ``endpoint.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from slurmgate.loadgen import LoadReport, LoadSpec, run_load  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+PEER_CPU_US = 235.0  # DataDesigner's aiohttp proxy, per small JSON request (issue 3)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BODY = {"model": "stub-model", "prompt": "hello", "max_tokens": 16}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_AVAILABLE = sorted(os.sched_getaffinity(0))  # read before this process pins itself
+
+
+def cores() -> tuple[int | None, int | None]:
+    """(endpoint core, load core), or (None, None) when there are fewer than two cores."""
+    if len(_AVAILABLE) < 2:
+        return None, None
+    return _AVAILABLE[0], _AVAILABLE[1]
+
+
+def spawn(args: list[str], core: int | None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def pin() -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=pin,
+        start_new_session=True,
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def wait_ready(url: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready within {timeout}s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def load(url: str, concurrency: int, duration: float) -> LoadReport:
+    import uvloop
+
+    spec = LoadSpec(url=url, concurrency=concurrency, duration=duration, body=BODY)
+    return uvloop.run(run_load(spec))
+
+
+def compare(
+    backend_args: list[str], concurrency: int, duration: float, warmup: float
+) -> dict[str, Any]:
+    """Direct vs through the endpoint, same backend and load, in one run."""
+    ep_core, load_core = cores()
+    stub_port, ep_port = free_port(), free_port()
+    stub_url, ep_url = f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{ep_port}"
+    backend = spawn(
+        ["-m", "slurmgate.runtime.stub_server", "--port", str(stub_port), *backend_args], load_core
+    )
+    endpoint = spawn(
+        [
+            "-m", "slurmgate.runtime.endpoint", "--name", "bench",
+            "--listen", f"127.0.0.1:{ep_port}", "--backend", stub_url,
+        ],
+        ep_core,
+    )  # fmt: skip
+    try:
+        wait_ready(f"{stub_url}/health")
+        wait_ready(f"{ep_url}/health")
+        load(stub_url, concurrency, warmup)
+        direct = load(stub_url, concurrency, duration)
+        load(ep_url, concurrency, warmup)
+        cpu_before, wall_before = cpu_seconds(endpoint.pid), time.perf_counter()
+        through = load(ep_url, concurrency, duration)
+        cpu_used = cpu_seconds(endpoint.pid) - cpu_before
+        wall = time.perf_counter() - wall_before
+    finally:
+        stop(endpoint)
+        stop(backend)
+    cpu_per_request_us = cpu_used / max(1, through.ok + through.throttled) * 1e6
+    return {
+        "backend_args": backend_args,
+        "concurrency": concurrency,
+        "duration_s": duration,
+        "direct": direct.to_dict(),
+        "through_endpoint": through.to_dict(),
+        "throughput_ratio": through.throughput / direct.throughput if direct.throughput else None,
+        "added_p50_ms": (through.latency_p50 - direct.latency_p50) * 1e3,
+        "added_p99_ms": (through.latency_p99 - direct.latency_p99) * 1e3,
+        "endpoint_cpu_s": cpu_used,
+        "endpoint_core_utilisation": cpu_used / wall,
+        "endpoint_cpu_us_per_request": cpu_per_request_us,
+        "endpoint_capacity_req_s_per_core": 1e6 / cpu_per_request_us
+        if cpu_per_request_us
+        else None,
+        "pinned": {"endpoint_core": ep_core, "load_and_stub_core": load_core},
+    }
+
+
+def client_probe(kind: str, url: str, requests: int, concurrency: int) -> dict[str, float]:
+    """Runs inside a pinned subprocess: CPU per request of one upstream client library."""
+    import uvloop
+
+    payload = json.dumps(BODY).encode()
+    target = f"{url}/v1/completions"
+    per_worker = requests // concurrency
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    async def with_httpx() -> tuple[float, float]:
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+
+            async def worker(n: int) -> None:
+                for _ in range(n):
+                    response = await client.post(target, content=payload)
+                    await response.aread()
+
+            await worker(50)
+            start_cpu, start = cpu(), time.perf_counter()
+            await asyncio.gather(*(worker(per_worker) for _ in range(concurrency)))
+            return cpu() - start_cpu, time.perf_counter() - start
+
+    async def with_aiohttp() -> tuple[float, float]:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=256)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def worker(n: int) -> None:
+                for _ in range(n):
+                    async with session.post(target, data=payload) as response:
+                        await response.read()
+
+            await worker(50)
+            start_cpu, start = cpu(), time.perf_counter()
+            await asyncio.gather(*(worker(per_worker) for _ in range(concurrency)))
+            return cpu() - start_cpu, time.perf_counter() - start
+
+    used, wall = uvloop.run(with_httpx() if kind == "httpx" else with_aiohttp())
+    done = per_worker * concurrency
+    return {"cpu_us_per_request": used / done * 1e6, "req_s": done / wall, "requests": done}
+
+
+def compare_clients(requests: int, concurrency: int) -> dict[str, Any]:
+    ep_core, load_core = cores()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    backend = spawn(
+        ["-m", "slurmgate.runtime.stub_server", "--port", str(port), "--tokens-per-second", "0",
+         "--max-concurrency", "1024"],
+        load_core,
+    )  # fmt: skip
+    out: dict[str, Any] = {}
+    try:
+        wait_ready(f"{url}/health")
+        for kind in ("httpx", "aiohttp"):
+            probe = [
+                sys.executable, str(Path(__file__).resolve()), "--client-probe", kind, "--url", url,
+                "--requests", str(requests), "--concurrency", str(concurrency),
+            ]  # fmt: skip
+            if ep_core is not None:
+                probe = ["taskset", "-c", str(ep_core), *probe]
+            result = subprocess.run(
+                probe, capture_output=True, text=True, check=True, timeout=120,
+                env=dict(os.environ, PYTHONPATH=str(REPO)),
+            )  # fmt: skip
+            out[kind] = json.loads(result.stdout)
+    finally:
+        stop(backend)
+    out["httpx_over_aiohttp_cpu"] = (
+        out["httpx"]["cpu_us_per_request"] / out["aiohttp"]["cpu_us_per_request"]
+    )
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    def ms(v: float) -> str:
+        return f"{v * 1e3:.2f}"
+
+    lines = [
+        "# Logical endpoint benchmark",
+        "",
+        f"Run {results['when']} on {results['machine']['cpus']} CPUs ({results['machine']['cpu']}),"
+        f" Python {results['machine']['python']}, load average "
+        f"{results['machine']['load_average_at_start'][0]:.1f} at start (other work on the "
+        "machine slows both columns alike). Endpoint pinned to core "
+        f"{results['delay_20ms']['pinned']['endpoint_core']}; stub and load generator on core "
+        f"{results['delay_20ms']['pinned']['load_and_stub_core']}. Closed loop, small JSON "
+        "completions, keep-alive. Produced by `benchmarks/bench_endpoint.py`.",
+        "",
+        "| backend | concurrency | direct req/s | via endpoint req/s | ratio | direct p50 ms "
+        "| via p50 ms | added p50 ms | direct p99 ms | via p99 ms | endpoint CPU us/req "
+        "| endpoint core busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, label in (("delay_20ms", "20 ms"), ("delay_0ms", "0 ms")):
+        r = results[key]
+        d, t = r["direct"], r["through_endpoint"]
+        lines.append(
+            f"| {label} | {r['concurrency']} | {d['throughput']:.0f} | {t['throughput']:.0f} "
+            f"| {r['throughput_ratio']:.3f} | {ms(d['latency_p50'])} | {ms(t['latency_p50'])} "
+            f"| {r['added_p50_ms']:.2f} | {ms(d['latency_p99'])} | {ms(t['latency_p99'])} "
+            f"| {r['endpoint_cpu_us_per_request']:.0f} | {r['endpoint_core_utilisation']:.0%} |"
+        )
+    cpu20 = results["delay_20ms"]["endpoint_cpu_us_per_request"]
+    cpu0 = results["delay_0ms"]["endpoint_cpu_us_per_request"]
+    clients = results["upstream_clients"]
+    lines += [
+        "",
+        f"Endpoint CPU per request against the peer (DataDesigner's aiohttp proxy, "
+        f"{PEER_CPU_US:.0f} us): {cpu0:.0f} us at peak = {cpu0 / PEER_CPU_US:.2f}x the peer, "
+        f"{cpu20:.0f} us with the 20 ms backend = {cpu20 / PEER_CPU_US:.2f}x. "
+        f"One core's capacity at that cost: {1e6 / cpu0:.0f} req/s.",
+        "",
+        "## Upstream client, chosen by measurement",
+        "",
+        "| client | CPU us/request | req/s (one core) |",
+        "|---|---|---|",
+        f"| httpx.AsyncClient | {clients['httpx']['cpu_us_per_request']:.0f} "
+        f"| {clients['httpx']['req_s']:.0f} |",
+        f"| aiohttp.ClientSession | {clients['aiohttp']['cpu_us_per_request']:.0f} "
+        f"| {clients['aiohttp']['req_s']:.0f} |",
+        "",
+        f"httpx costs {clients['httpx_over_aiohttp_cpu']:.1f}x the CPU of aiohttp per request, "
+        "so the endpoint uses aiohttp upstream (uvicorn + httptools + uvloop downstream).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--client-probe", choices=["httpx", "aiohttp"])
+    parser.add_argument("--url")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=6.0)
+    ns = parser.parse_args()
+    if ns.client_probe:
+        print(json.dumps(client_probe(ns.client_probe, ns.url, ns.requests, ns.concurrency)))
+        return
+    _, load_core = cores()
+    if load_core is not None:
+        os.sched_setaffinity(0, {load_core})
+    else:
+        print("warning: fewer than 2 cores; nothing is pinned", file=sys.stderr)
+    started = time.monotonic()
+    cpu_model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": cpu_model,
+            "python": platform.python_version(),
+            "load_average_at_start": os.getloadavg(),
+        },
+        "peer_cpu_us_per_request": PEER_CPU_US,
+    }
+    stub20 = [
+        "--first-token-delay",
+        "0.02",
+        "--tokens-per-second",
+        "0",
+        "--max-concurrency",
+        "1024",
+    ]
+    results["delay_20ms"] = compare(stub20, concurrency=32, duration=ns.duration, warmup=1.0)
+    stub0 = ["--tokens-per-second", "0", "--max-concurrency", "1024"]
+    results["delay_0ms"] = compare(stub0, concurrency=64, duration=ns.duration, warmup=1.0)
+    results["upstream_clients"] = compare_clients(ns.requests, ns.concurrency)
+    results["bench_seconds"] = time.monotonic() - started
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "endpoint.json").write_text(json.dumps(results, indent=2) + "\n")
+    report = markdown(results)
+    (RESULTS / "endpoint.md").write_text(report)
+    print(report)
+    print(f"({results['bench_seconds']:.0f} s; wrote benchmarks/results/endpoint.json and .md)")
+
+
+if __name__ == "__main__":
+    main()
