@@ -21,6 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmgate.labels import LabelError, parse_nodes
+from slurmgate.model import Job, JobStatus
+
 HISTORY_FORMAT = 1
 _SPACES = re.compile(r"\s+")
 
@@ -98,6 +101,32 @@ class RuntimeHistory:
         if len(per_key) > self.keep:
             newest = sorted(per_key.items(), key=lambda item: (item[1][0], item[0]))
             self.records[key] = dict(newest[-self.keep :])
+
+    def learn(self, jobs: Iterable[Job], node_slots: bool = True) -> int:
+        """Record every completed job that has both `started_at` and `completed_at`.
+
+        Cancelled and skipped jobs are left out (their runtime says nothing about the next
+        run); failures count, since they held their runners as long as they ran. Returns how
+        many records were added or refreshed.
+        """
+        added = 0
+        for job in jobs:
+            if (
+                job.status != JobStatus.COMPLETED
+                or job.started_at is None
+                or job.completed_at is None
+                or job.conclusion in ("cancelled", "skipped")
+            ):
+                continue
+            try:
+                nodes = parse_nodes(job.labels) if node_slots else 1
+            except LabelError:
+                continue
+            runtime = (job.completed_at - job.started_at).total_seconds()
+            if runtime > 0:
+                self.record(job_key(job.name, nodes), job.id, runtime, job.completed_at.timestamp())
+                added += 1
+        return added
 
     def runtimes(self, key: str) -> list[float]:
         return [runtime for _, runtime in self.records.get(key, {}).values()]

@@ -153,10 +153,10 @@ class MixModel:
 
     days: int = 14
     sweep_hour: float = 2.0
-    sweep_fraction: float = 0.2
+    sweep_fraction: float = 0.15
     day_start: float = 8.0
     day_end: float = 20.0
-    pr_per_hour: float = 0.5
+    pr_per_hour: float = 0.4
     fixed_median_s: float = 2700.0
     fixed_sigma: float = 0.5
     run_jitter: float = 0.15

@@ -115,3 +115,34 @@ def test_bad_flags_are_one_line_errors(
 def test_missing_trace_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert simulate_main([str(tmp_path / "nope.swf"), "--pools", "4"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_history_learns_from_completed_jobs_of_a_snapshot() -> None:
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+
+    from slurmgate.model import Job, JobStatus
+
+    t0 = datetime(2026, 11, 29, tzinfo=UTC)
+    base = Job(
+        1,
+        1,
+        1,
+        "bench (dsr1, 8k1k)",
+        ("cluster:x", "nodes:4"),
+        JobStatus.COMPLETED,
+        t0,
+        conclusion="success",
+        started_at=t0,
+        completed_at=t0 + timedelta(minutes=30),
+    )
+    jobs = [
+        base,
+        replace(base, id=2, conclusion="failure", completed_at=t0 + timedelta(minutes=5)),
+        replace(base, id=3, conclusion="cancelled"),
+        replace(base, id=4, status=JobStatus.IN_PROGRESS, completed_at=None),
+        replace(base, id=5, labels=("nodes:x",)),
+    ]
+    history = RuntimeHistory()
+    assert history.learn(jobs) == 2
+    assert sorted(history.runtimes(job_key("bench (dsr1, 8k1k)", 4))) == [300, 1800]
