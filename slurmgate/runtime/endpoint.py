@@ -273,6 +273,8 @@ class Endpoint:
                 total=None, connect=cfg.connect_timeout, sock_read=cfg.read_timeout
             ),
             auto_decompress=False,
+            # A proxy must never keep one client's cookies and send them for another.
+            cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             raise_for_status=False,
         )
