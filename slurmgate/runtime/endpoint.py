@@ -442,6 +442,8 @@ class Endpoint:
                     return await self._overloaded(
                         send, self._retry_after, "every backend is over its queue limit"
                     )
+                # The untried lanes are over their queue limit: that is an overload too.
+                saw_overload = True
                 break
             tried.append(lane)
             stats.attempts += 1

@@ -11,6 +11,7 @@ import pytest
 from endpoint_helpers import (
     Backend,
     Proc,
+    refused_url,
     running_backends,
     running_endpoint,
     until,
@@ -202,3 +203,32 @@ async def test_real_overload_of_a_stub_gives_429_with_retry_after(
     assert r.json()["error"]["type"] == "rate_limit_exceeded"
     assert health.status_code == 200
     assert [x.status_code for x in results] == [200, 200, 200]
+
+
+async def test_connection_failure_then_only_full_lanes_gives_429(client: httpx.AsyncClient) -> None:
+    full = Backend("full", metrics=waiting_metrics(9))
+    async with (
+        running_backends(full) as urls,
+        running_endpoint([refused_url(), *urls], max_waiting=2, retry_after=5) as (url, ep),
+    ):
+        await until(lambda: ep.lanes[1].depth == 9.0)
+        r = await client.post(f"{url}/v1/completions", json=BODY)
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "5"
+    assert full.hits == 0
+
+
+async def test_backend_cookies_are_not_kept_between_clients(client: httpx.AsyncClient) -> None:
+    setter = Backend("a", headers=[(b"set-cookie", b"session=alice; Path=/")])
+    async with running_backends(setter) as urls:
+        # By host name: a cookie jar would refuse cookies from a bare IP and hide the leak.
+        by_name = [u.replace("127.0.0.1", "localhost") for u in urls]
+        async with (
+            running_endpoint(by_name) as (url, _),
+            httpx.AsyncClient() as alice,
+            httpx.AsyncClient() as bob,
+        ):
+            first = await alice.post(f"{url}/v1/completions", json=BODY)
+            await bob.post(f"{url}/v1/completions", json=BODY)
+    assert first.headers["set-cookie"] == "session=alice; Path=/"  # relayed to its client
+    assert "cookie" not in setter.seen_headers[1]  # but never replayed for another
