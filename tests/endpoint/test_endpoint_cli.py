@@ -66,3 +66,30 @@ def test_bad_arguments_name_the_flag() -> None:
         "--name", "d", "--listen", "127.0.0.1:1", "--backend", "http://a:1", "--max-waiting", "-1"
     )
     assert bad_limit.returncode == 2 and b"--max-waiting" in bad_limit.stderr
+
+
+async def test_sigterm_during_a_stream_still_exits_0_promptly(
+    client: httpx.AsyncClient, stub: Callable[..., Proc], spawn: Callable[..., Proc]
+) -> None:
+    lane = stub("--tokens-per-second", "5")
+    port = free_port()
+    endpoint = spawn(
+        ENDPOINT, "--name", "d", "--listen", f"127.0.0.1:{port}", "--backend", lane.url, port=port
+    )
+    await wait_status(client, f"{endpoint.url}/health", 200)
+    body = {"prompt": "a", "max_tokens": 100, "stream": True}
+    got_first = asyncio.Event()
+
+    async def consume() -> None:
+        async with client.stream("POST", f"{endpoint.url}/v1/completions", json=body) as r:
+            async for _ in r.aiter_raw():
+                got_first.set()
+
+    streaming = asyncio.create_task(consume())
+    await asyncio.wait_for(got_first.wait(), 5)
+    started = time.monotonic()
+    endpoint.popen.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(endpoint.wait, 5) == 0
+    assert time.monotonic() - started < 3.0
+    await asyncio.gather(streaming, return_exceptions=True)
+    assert lane.popen.poll() is None  # the backend lane is not the endpoint's to stop
