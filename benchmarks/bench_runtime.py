@@ -102,6 +102,16 @@ def start_to_ready_s(runs_root: Path) -> dict[str, float]:
     return {"ready_s": ready, "cleanup_s": cleanup}
 
 
+def flow_start_to_ready_s(runs_root: Path) -> float:
+    """The same, through the Prefect `allocation` flow (subflow per phase), from the call."""
+    from flows.allocation import allocation
+
+    spec = AllocationSpec.from_data(four_node_spec())
+    t0 = time.time()
+    summary = allocation(spec=spec, runs_dir=str(runs_root))
+    return float(summary["timings"]["lanes_ready_at_epoch"]) - t0
+
+
 def cancel_to_clean_s(runs_root: Path, spec_path: Path) -> float:
     """SIGTERM to a controller process mid-readiness → process gone and allocation over."""
     proc = subprocess.Popen(
@@ -158,7 +168,11 @@ def main() -> int:
     hang_spec = tmp / "hang.yaml"
     hang_spec.write_text(yaml.safe_dump(four_node_spec(hang=True)))
 
-    stub, srun, ready, cleanup, cancel = [], [], [], [], []
+    os.environ.setdefault("PREFECT_HOME", str(tmp / "prefect"))
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    flow_start_to_ready_s(tmp / "warmup")  # starts the ephemeral Prefect server once
+
+    stub, srun, ready, cleanup, cancel, via_flow = [], [], [], [], [], []
     for i in range(args.repeat):
         stub.append(stub_startup_s())
         srun.append(bare_srun_s())
@@ -166,9 +180,11 @@ def main() -> int:
         ready.append(r["ready_s"])
         cleanup.append(r["cleanup_s"])
         cancel.append(cancel_to_clean_s(tmp / f"cancel-{i}", hang_spec))
+        via_flow.append(flow_start_to_ready_s(tmp / f"flow-{i}"))
         print(
             f"round {i + 1}: stub {stub[-1]:.3f}s srun -N4 {srun[-1]:.3f}s "
-            f"ready {ready[-1]:.3f}s cleanup {cleanup[-1]:.3f}s cancel→clean {cancel[-1]:.3f}s",
+            f"ready {ready[-1]:.3f}s (flow {via_flow[-1]:.3f}s) cleanup {cleanup[-1]:.3f}s "
+            f"cancel→clean {cancel[-1]:.3f}s",
             flush=True,
         )
     overhead = median(ready) - median(stub)
@@ -180,6 +196,8 @@ def main() -> int:
         "start_to_all_lanes_ready_s": median(ready),
         "runtime_overhead_s": overhead,
         "overhead_over_bare_srun": overhead / median(srun),
+        "prefect_flow_start_to_all_lanes_ready_s": median(via_flow),
+        "prefect_flow_overhead_over_bare_srun": (median(via_flow) - median(stub)) / median(srun),
         "cleanup_after_success_s": median(cleanup),
         "cancel_to_clean_s": median(cancel),
         "samples": {
@@ -188,6 +206,7 @@ def main() -> int:
             "start_to_all_lanes_ready_s": ready,
             "cleanup_after_success_s": cleanup,
             "cancel_to_clean_s": cancel,
+            "prefect_flow_start_to_all_lanes_ready_s": via_flow,
         },
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -203,6 +222,9 @@ def main() -> int:
         f"(salloc, resolve, 3 preflight steps, 2 launch steps, probes) | {median(ready):.3f} |",
         f"| runtime overhead = ready − stub startup | {overhead:.3f} |",
         f"| **overhead ÷ bare srun** | **{overhead / median(srun):.1f}×** |",
+        "| the same through the Prefect `allocation` flow, from the call "
+        f"(3 sync subflows before readiness) | {median(via_flow):.3f} |",
+        f"| flow overhead ÷ bare srun | {(median(via_flow) - median(stub)) / median(srun):.1f}× |",
         f"| cleanup after success (2 serve steps + owned allocation) | {median(cleanup):.3f} |",
         f"| SIGTERM mid-readiness → controller gone, allocation over | {median(cancel):.3f} |",
         "",

@@ -220,7 +220,7 @@ class AllocationRun:
         if info is None or not info.nodelist:
             raise RunFailed("resolve", f"allocation {self.job_id} is not running")
         hosts = slurm.show_hostnames(info.nodelist)
-        addresses = {h: slurm.node_address(h) for h in hosts}
+        addresses = slurm.node_addresses(hosts)
         try:
             self.layout = layout_mod.bind(self.plan, hosts, addresses)
         except layout_mod.LayoutError as exc:
@@ -382,6 +382,8 @@ class AllocationRun:
         except StepFailed as exc:
             raise RunFailed("readiness", str(exc)) from None
         self.timings.mark("lanes_ready", self.launched_at)
+        self.timings.mark("lanes_ready_since_start", self.t0)
+        self.timings.marks["lanes_ready_at_epoch"] = time.time()
         return seconds
 
     def start_endpoints(self) -> None:

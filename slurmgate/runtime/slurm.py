@@ -103,6 +103,19 @@ def node_address(node: str, *, timeout: float = 10.0) -> str:
     return _kv(out.stdout).get("NodeAddr", node)
 
 
+def node_addresses(nodes: Sequence[str], *, timeout: float = 10.0) -> dict[str, str]:
+    """NodeAddr of several nodes in one call."""
+    if not nodes:
+        return {}
+    out = run(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout=timeout)
+    found: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        fields = _kv(line)
+        if "NodeName" in fields:
+            found[fields["NodeName"]] = fields.get("NodeAddr", fields["NodeName"])
+    return {n: found.get(n, n) for n in nodes}
+
+
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _SUBMITTED = re.compile(r"Submitted batch job (\d+)")
 
