@@ -142,7 +142,23 @@ def parse_settings(argv: list[str] | None = None) -> StubSettings:
         parser = build_parser()
     except KnobError as exc:
         argparse.ArgumentParser(prog="python -m slurmgate.runtime.stub_server").error(str(exc))
-    ns = parser.parse_args(argv)
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # Other vLLM flags (--gpu-memory-utilization, --middleware, ...) are accepted and ignored
+        # so a production command template runs unchanged; a near-miss of a stub knob is a typo.
+        import difflib
+
+        known = [opt for action in parser._actions for opt in action.option_strings]
+        for arg in unknown:
+            flag = arg.split("=", 1)[0]
+            if not flag.startswith("--"):
+                continue
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.85)
+            if close:
+                parser.error(f"unknown flag {flag}: did you mean {close[0]}?")
+        print(
+            f"stub_server: ignoring flags it does not model: {' '.join(unknown)}", file=sys.stderr
+        )
     model = ns.model or ns.model_positional or "stub-model"
     checks = [
         (ns.max_concurrency >= 1, "--max-concurrency must be >= 1"),

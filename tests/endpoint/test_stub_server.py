@@ -176,10 +176,15 @@ def test_accepts_the_vllm_flags_the_launcher_passes() -> None:
         sys.executable, "-m", STUB, "/models/x", "--served-model-name", "x", "--host", "127.0.0.1",
         "--port", str(port), "--tensor-parallel-size", "4", "--pipeline-parallel-size", "1",
         "--distributed-executor-backend", "mp", "--data-parallel-backend", "mp",
-        "--enable-expert-parallel", "--exit-after", "0.3",
+        "--enable-expert-parallel", "--exit-after", "0.3", "--gpu-memory-utilization", "0.9",
     ]  # fmt: skip
     result = subprocess.run(argv, env=python_env(), capture_output=True, timeout=10, check=False)
     assert result.returncode == 0, result.stderr.decode()
+    assert b"ignoring flags it does not model: --gpu-memory-utilization 0.9" in result.stderr
+    typo = [sys.executable, "-m", STUB, "--crash-afer", "3"]
+    result = subprocess.run(typo, env=python_env(), capture_output=True, timeout=10, check=False)
+    assert result.returncode == 2
+    assert b"did you mean --crash-after?" in result.stderr
 
 
 def test_bad_knob_names_the_flag() -> None:
