@@ -269,8 +269,10 @@ class Endpoint:
         )
         self.session = aiohttp.ClientSession(
             connector=connector,
+            # sock_connect, not connect: aiohttp's connect timeout also bounds the wait for a
+            # pooled connection, which under load is queueing, not a dead backend.
             timeout=aiohttp.ClientTimeout(
-                total=None, connect=cfg.connect_timeout, sock_read=cfg.read_timeout
+                total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.read_timeout
             ),
             auto_decompress=False,
             # A proxy must never keep one client's cookies and send them for another.

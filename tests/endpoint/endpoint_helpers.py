@@ -86,6 +86,7 @@ class Backend:
     hits: int = 0
     seen_headers: list[dict[str, str]] = field(default_factory=list)
     seen_bodies: list[bytes] = field(default_factory=list)
+    client_ports: set[int] = field(default_factory=set)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -107,6 +108,7 @@ class Backend:
             if not message.get("more_body"):
                 break
         self.hits += 1
+        self.client_ports.add(scope["client"][1])
         self.seen_headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         self.seen_bodies.append(body)
         if self.hang:

@@ -312,3 +312,28 @@ def test_config_errors_name_the_field() -> None:
         EndpointConfig(name="d", backends=["http://a:1"], max_waiting=-1)
     with pytest.raises(ValueError, match="extra"):
         EndpointConfig(name="d", backends=["http://a:1"], max_wating=3)  # type: ignore[call-arg]
+
+
+async def test_upstream_connections_are_pooled_and_reused(client: httpx.AsyncClient) -> None:
+    a = Backend("a")
+    async with running_backends(a) as urls, running_endpoint(urls) as (url, _):
+        for _ in range(5):
+            assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 200
+    assert a.hits == 5
+    assert len(a.client_ports) == 1  # one keep-alive connection served all five
+
+
+async def test_waiting_for_a_pooled_connection_is_not_a_connect_timeout(
+    client: httpx.AsyncClient,
+) -> None:
+    a = Backend("a", delay=0.3)
+    async with (
+        running_backends(a) as urls,
+        running_endpoint(urls, pool_size=1, connect_timeout=0.1) as (url, ep),
+    ):
+        rs = await asyncio.gather(
+            *(client.post(f"{url}/v1/completions", json=BODY) for _ in range(3))
+        )
+    assert [r.status_code for r in rs] == [200, 200, 200]
+    assert ep.stats.retries == {}
+    assert a.hits == 3 and len(a.client_ports) == 1
