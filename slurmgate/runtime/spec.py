@@ -37,9 +37,15 @@ class SpecError(ValueError):
         super().__init__("\n".join(f"{f}: {m} — {fix}" for f, m, fix in problems))
 
 
+_PROBLEM = re.compile(
+    r"^(?:Value error, )?(?P<field>[\w\[\].]+): (?P<msg>.*) — fix: (?P<fix>.*)$", re.S
+)
+
+
 def _problem(field: str, message: str, fix: str) -> ValueError:
-    # pydantic wraps ValueErrors raised in validators; the marker lets from_* recover the parts.
-    return ValueError(f"@@{field}@@{message}@@{fix}")
+    # Readable as it stands (Prefect shows pydantic's message for bad flow parameters), and
+    # parseable back into its parts for SpecError.
+    return ValueError(f"{field}: {message} — fix: {fix}")
 
 
 class _Strict(BaseModel):
@@ -261,8 +267,9 @@ def spec_error_from(exc: ValidationError, source: str = "spec") -> SpecError:
     for err in exc.errors():
         loc = _loc(err.get("loc", ()))
         msg = str(err.get("msg", ""))
-        if "@@" in msg:
-            _, field, message, fix = msg.split("@@", 3)[0:4]
+        m = _PROBLEM.match(msg) if err.get("type") == "value_error" else None
+        if m:
+            field, message, fix = m.group("field"), m.group("msg"), m.group("fix")
             where = f"{loc}.{field}" if loc and field != loc.rsplit(".", 1)[-1] else loc or field
             if field.startswith("deployments["):
                 where = field
