@@ -64,21 +64,26 @@ def gantt(
     fig, ax = plt.subplots(figsize=(12, max(3.0, len(runner_ids) * 0.06 + 2)))
     cmap = plt.get_cmap("viridis")
     biggest = max((r.nodes for r in shown), default=1)
-    for run in shown:
+    labelled: list[tuple[float, float]] = []
+    for run in sorted(shown, key=lambda r: -r.wait_s):
         left = (max(run.start_s, start_s) - start_s) / 3600
         width = (min(run.end_s, end_s) - max(run.start_s, start_s)) / 3600
-        wide = wide_above and run.nodes > wide_above
+        wide = bool(wide_above) and run.nodes > wide_above
         color = "#d62728" if wide else cmap(0.15 + 0.7 * run.nodes / biggest)
         for rid in run.runner_ids:
             ax.broken_barh(
                 [(left, width)], (row[rid] - 0.4, 0.8), facecolors=color, edgecolor="white", lw=0.2
             )
-        if wide:
+        middle = sum(row[rid] for rid in run.runner_ids) / len(run.runner_ids)
+        crowded = any(abs(left - x) < 1.5 and abs(middle - y) < 6 for x, y in labelled)
+        if wide and run.wait_s >= 3600 and run.start_s >= start_s and not crowded:
+            labelled.append((left, middle))
             ax.annotate(
-                f"{run.nodes}n waited {run.wait_s / 3600:.1f}h",
-                (left, row[min(run.runner_ids)]),
+                f"{run.nodes}n, waited {run.wait_s / 3600:.0f}h",
+                (left + 0.05, middle),
                 fontsize=7,
-                color="black",
+                color="white",
+                va="center",
             )
     ax.set_xlim(0, span_s / 3600)
     ax.set_ylim(-1, len(runner_ids))
