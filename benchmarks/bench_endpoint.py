@@ -151,14 +151,26 @@ def reference_proxy(port: int, backend: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, loop=uvloop.new_event_loop())
 
 
-def _through(
-    proxy: subprocess.Popen[bytes], url: str, concurrency: int, duration: float, warmup: float
-) -> tuple[LoadReport, float, float]:
-    load(url, concurrency, warmup)
-    cpu_before, wall_before = cpu_seconds(proxy.pid), time.perf_counter()
-    report = load(url, concurrency, duration)
-    cpu_used = cpu_seconds(proxy.pid) - cpu_before
-    return report, cpu_used, time.perf_counter() - wall_before
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _combine(rounds: list[LoadReport]) -> dict[str, Any]:
+    """Throughput over all rounds; latency percentiles as the median of the rounds' values."""
+    ok = sum(r.ok for r in rounds)
+    elapsed = sum(r.elapsed for r in rounds)
+    return {
+        "ok": ok,
+        "throttled": sum(r.throttled for r in rounds),
+        "errors": sum(sum(r.errors.values()) for r in rounds),
+        "elapsed": elapsed,
+        "throughput": ok / elapsed,
+        "latency_p50": _median([r.latency_p50 for r in rounds]),
+        "latency_p99": _median([r.latency_p99 for r in rounds]),
+        "rounds": [r.to_dict() for r in rounds],
+    }
 
 
 def compare(
@@ -167,69 +179,80 @@ def compare(
     duration: float,
     warmup: float,
     with_reference: bool = False,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """Direct vs through the endpoint (and the reference proxy), same backend and load."""
+    """Direct vs through the endpoint (and the reference proxy), same backend and load.
+
+    The targets are measured in interleaved rounds (direct, endpoint, reference, direct, ...) so
+    that other work on the machine drifting over the run weighs on every column alike.
+    """
     ep_core, load_core = cores()
     stub_port, ep_port, ref_port = free_port(), free_port(), free_port()
-    stub_url, ep_url = f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{ep_port}"
+    stub_url = f"http://127.0.0.1:{stub_port}"
+    targets = {"endpoint": f"http://127.0.0.1:{ep_port}"}
     backend = spawn(
         ["-m", "slurmgate.runtime.stub_server", "--port", str(stub_port), *backend_args], load_core
     )
-    endpoint = spawn(
-        [
-            "-m", "slurmgate.runtime.endpoint", "--name", "bench",
-            "--listen", f"127.0.0.1:{ep_port}", "--backend", stub_url,
-        ],
-        ep_core,
-    )  # fmt: skip
+    procs = {
+        "endpoint": spawn(
+            [
+                "-m", "slurmgate.runtime.endpoint", "--name", "bench",
+                "--listen", f"127.0.0.1:{ep_port}", "--backend", stub_url,
+            ],
+            ep_core,
+        )
+    }  # fmt: skip
+    if with_reference:
+        targets["reference"] = f"http://127.0.0.1:{ref_port}"
+        procs["reference"] = spawn(
+            [str(Path(__file__).resolve()), "--reference-proxy", str(ref_port), "--url", stub_url],
+            ep_core,
+        )
+    reports: dict[str, list[LoadReport]] = {"direct": [], **{name: [] for name in targets}}
+    cpu = dict.fromkeys(targets, 0.0)
+    wall = dict.fromkeys(targets, 0.0)
+    try:
+        wait_ready(f"{stub_url}/health")
+        for url in targets.values():
+            wait_ready(f"{url}/v1/models")
+        for url in [stub_url, *targets.values()]:
+            load(url, concurrency, warmup)
+        for _ in range(rounds):
+            reports["direct"].append(load(stub_url, concurrency, duration / rounds))
+            for name, url in targets.items():
+                pid = procs[name].pid
+                cpu_before, wall_before = cpu_seconds(pid), time.perf_counter()
+                reports[name].append(load(url, concurrency, duration / rounds))
+                cpu[name] += cpu_seconds(pid) - cpu_before
+                wall[name] += time.perf_counter() - wall_before
+    finally:
+        for proc in procs.values():
+            stop(proc)
+        stop(backend)
     out: dict[str, Any] = {
         "backend_args": backend_args,
         "concurrency": concurrency,
         "duration_s": duration,
+        "rounds": rounds,
         "pinned": {"endpoint_core": ep_core, "load_and_stub_core": load_core},
+        "direct": _combine(reports["direct"]),
     }
-    try:
-        wait_ready(f"{stub_url}/health")
-        wait_ready(f"{ep_url}/health")
-        load(stub_url, concurrency, warmup)
-        direct = load(stub_url, concurrency, duration)
-        through, cpu_used, wall = _through(endpoint, ep_url, concurrency, duration, warmup)
-        stop(endpoint)
-        if with_reference:
-            ref_url = f"http://127.0.0.1:{ref_port}"
-            reference = spawn(
-                [str(Path(__file__).resolve()), "--reference-proxy", str(ref_port), "--url",
-                 stub_url],
-                ep_core,
-            )  # fmt: skip
-            try:
-                wait_ready(f"{ref_url}/v1/models")
-                ref, ref_cpu, ref_wall = _through(reference, ref_url, concurrency, duration, warmup)
-            finally:
-                stop(reference)
-            ref_us = ref_cpu / max(1, ref.ok) * 1e6
-            out["through_reference"] = ref.to_dict()
-            out["reference_cpu_us_per_request"] = ref_us
-            out["reference_core_utilisation"] = ref_cpu / ref_wall
-    finally:
-        stop(endpoint)
-        stop(backend)
-    cpu_us = cpu_used / max(1, through.ok + through.throttled) * 1e6
-    out.update(
-        {
-            "direct": direct.to_dict(),
-            "through_endpoint": through.to_dict(),
-            "throughput_ratio": through.throughput / direct.throughput,
-            "added_p50_ms": (through.latency_p50 - direct.latency_p50) * 1e3,
-            "added_p99_ms": (through.latency_p99 - direct.latency_p99) * 1e3,
-            "endpoint_cpu_s": cpu_used,
-            "endpoint_core_utilisation": cpu_used / wall,
-            "endpoint_cpu_us_per_request": cpu_us,
-            "endpoint_capacity_req_s_per_core": 1e6 / cpu_us,
-        }
-    )
+    direct = out["direct"]
+    for name in targets:
+        combined = _combine(reports[name])
+        us = cpu[name] / max(1, combined["ok"] + combined["throttled"]) * 1e6
+        key = "through_endpoint" if name == "endpoint" else "through_reference"
+        out[key] = combined
+        out[f"{name}_cpu_us_per_request"] = us
+        out[f"{name}_core_utilisation"] = cpu[name] / wall[name]
+        out[f"{name}_throughput_ratio"] = combined["throughput"] / direct["throughput"]
+        out[f"{name}_added_p50_ms"] = (combined["latency_p50"] - direct["latency_p50"]) * 1e3
+        out[f"{name}_added_p99_ms"] = (combined["latency_p99"] - direct["latency_p99"]) * 1e3
+    out["endpoint_capacity_req_s_per_core"] = 1e6 / out["endpoint_cpu_us_per_request"]
     if with_reference:
-        out["endpoint_over_reference_cpu"] = cpu_us / out["reference_cpu_us_per_request"]
+        out["endpoint_over_reference_cpu"] = (
+            out["endpoint_cpu_us_per_request"] / out["reference_cpu_us_per_request"]
+        )
     return out
 
 
@@ -316,55 +339,53 @@ def markdown(results: dict[str, Any]) -> str:
     def ms(v: float) -> str:
         return f"{v * 1e3:.2f}"
 
+    pinned = results["delay_20ms"]["pinned"]
     lines = [
         "# Logical endpoint benchmark",
         "",
         f"Run {results['when']} on {results['machine']['cpus']} CPUs ({results['machine']['cpu']}),"
         f" Python {results['machine']['python']}, load average "
-        f"{results['machine']['load_average_at_start'][0]:.1f} at start (other work on the "
-        "machine slows both columns alike). Endpoint pinned to core "
-        f"{results['delay_20ms']['pinned']['endpoint_core']}; stub and load generator on core "
-        f"{results['delay_20ms']['pinned']['load_and_stub_core']}. Closed loop, small JSON "
-        "completions, keep-alive. Produced by `benchmarks/bench_endpoint.py`.",
+        f"{results['machine']['load_average_at_start'][0]:.1f} at start (other work shares the "
+        f"machine). Endpoint pinned to core {pinned['endpoint_core']}; stub and load generator "
+        f"on core {pinned['load_and_stub_core']}. Closed loop, small JSON completions, keep-alive;"
+        f" {results['delay_20ms']['rounds']} interleaved rounds per column, latency = median of "
+        "the rounds. Produced by `benchmarks/bench_endpoint.py`.",
         "",
-        "| backend | concurrency | direct req/s | via endpoint req/s | ratio | direct p50 ms "
-        "| via p50 ms | added p50 ms | direct p99 ms | via p99 ms | endpoint CPU us/req "
-        "| endpoint core busy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| backend | via | concurrency | direct req/s | via req/s | ratio | direct p50 ms "
+        "| via p50 ms | added p50 ms | direct p99 ms | via p99 ms | proxy CPU us/req "
+        "| proxy core busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for key, label in (("delay_20ms", "20 ms"), ("delay_0ms", "0 ms")):
+    rows = [
+        ("delay_20ms", "20 ms", "endpoint", "through_endpoint"),
+        ("delay_0ms", "0 ms", "endpoint", "through_endpoint"),
+        ("delay_0ms", "0 ms", "reference", "through_reference"),
+    ]
+    for key, label, name, through_key in rows:
         r = results[key]
-        d, t = r["direct"], r["through_endpoint"]
+        d, t = r["direct"], r[through_key]
+        via = "slurmgate endpoint" if name == "endpoint" else "peer-style aiohttp proxy"
         lines.append(
-            f"| {label} | {r['concurrency']} | {d['throughput']:.0f} | {t['throughput']:.0f} "
-            f"| {r['throughput_ratio']:.3f} | {ms(d['latency_p50'])} | {ms(t['latency_p50'])} "
-            f"| {r['added_p50_ms']:.2f} | {ms(d['latency_p99'])} | {ms(t['latency_p99'])} "
-            f"| {r['endpoint_cpu_us_per_request']:.0f} | {r['endpoint_core_utilisation']:.0%} |"
+            f"| {label} | {via} | {r['concurrency']} | {d['throughput']:.0f} "
+            f"| {t['throughput']:.0f} | {r[name + '_throughput_ratio']:.3f} "
+            f"| {ms(d['latency_p50'])} | {ms(t['latency_p50'])} | {r[name + '_added_p50_ms']:.2f} "
+            f"| {ms(d['latency_p99'])} | {ms(t['latency_p99'])} "
+            f"| {r[name + '_cpu_us_per_request']:.0f} | {r[name + '_core_utilisation']:.0%} |"
         )
-    peak = results["delay_0ms"]
-    ref = peak["through_reference"]
-    lines.append(
-        f"| 0 ms, reference aiohttp proxy | {peak['concurrency']} "
-        f"| {peak['direct']['throughput']:.0f} | {ref['throughput']:.0f} "
-        f"| {ref['throughput'] / peak['direct']['throughput']:.3f} "
-        f"| {ms(peak['direct']['latency_p50'])} | {ms(ref['latency_p50'])} "
-        f"| {(ref['latency_p50'] - peak['direct']['latency_p50']) * 1e3:.2f} "
-        f"| {ms(peak['direct']['latency_p99'])} | {ms(ref['latency_p99'])} "
-        f"| {peak['reference_cpu_us_per_request']:.0f} "
-        f"| {peak['reference_core_utilisation']:.0%} |"
-    )
     cpu20 = results["delay_20ms"]["endpoint_cpu_us_per_request"]
-    cpu0 = results["delay_0ms"]["endpoint_cpu_us_per_request"]
+    peak = results["delay_0ms"]
+    cpu0 = peak["endpoint_cpu_us_per_request"]
     clients = results["upstream_clients"]
     lines += [
         "",
-        f"Endpoint CPU per request against the peer (DataDesigner's aiohttp proxy, "
-        f"{PEER_CPU_US:.0f} us): {cpu0:.0f} us at peak = {cpu0 / PEER_CPU_US:.2f}x the peer, "
+        f"Endpoint CPU per request against the peer figure (DataDesigner's aiohttp proxy, "
+        f"{PEER_CPU_US:.0f} us): {cpu0:.0f} us at peak = {cpu0 / PEER_CPU_US:.2f}x, "
         f"{cpu20:.0f} us with the 20 ms backend = {cpu20 / PEER_CPU_US:.2f}x. "
         f"One core's capacity at that cost: {1e6 / cpu0:.0f} req/s. Against the peer-style "
-        f"aiohttp proxy measured in this run on the same core: "
+        "aiohttp proxy measured in this run on the same core: "
         f"{peak['endpoint_over_reference_cpu']:.2f}x its CPU per request (it does no routing, "
-        "retries, limits or header hygiene).",
+        "retries, limits or header hygiene). CPU per request falls as load rises (more requests "
+        "per event-loop wake-up), so the 20 ms row, at lower load, costs more per request.",
         "",
         "## Upstream client, chosen by measurement",
         "",
