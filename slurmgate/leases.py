@@ -146,9 +146,9 @@ class CompensationStack:
 
 @dataclass(frozen=True, slots=True)
 class Verification:
-    """The re-read fleet confirmed the lease; `anchor_present` are anchor labels it already had."""
+    """The re-read fleet confirmed the lease; `anchor_present` are anchor labels it already had,
+    `competing` the other lease labels found on our runners (whose leases lose to ours)."""
 
-    runners: tuple[Runner, ...]
     anchor_present: frozenset[str]
     competing: tuple[str, ...] = ()
 
@@ -194,6 +194,10 @@ def conflict_winner(labels: Sequence[str], fleet: Sequence[Runner]) -> str:
 
 def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
     """Step 2 on a fleet already read: raise LeaseLost/LeaseConflict, or confirm the lease."""
+    if admit.anchor_id not in admit.runner_ids:
+        raise ValueError(
+            f"Admit for job {admit.job_id}: anchor_id {admit.anchor_id} is not one of runner_ids"
+        )
     ours = fold(admit.lease_label)
     by_id = {r.id: r for r in fleet}
     competing: set[str] = set()
@@ -223,7 +227,7 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
             f"anchor {anchor.name} ({anchor.id}) already carries job labels {', '.join(foreign)}"
         )
     present = frozenset(label for label in anchor.managed_job_labels() if label in wanted)
-    return Verification(tuple(fleet), present, tuple(sorted(competing)))
+    return Verification(present, tuple(sorted(competing)))
 
 
 async def verify_lease(client: LeaseClient, admit: Admit) -> Verification:
