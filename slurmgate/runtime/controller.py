@@ -94,7 +94,7 @@ class AllocationRun:
         runs_root: Path | None = None,
         run_id: str | None = None,
         grace_s: float = 10.0,
-        poll_s: float = 0.2,
+        poll_s: float = 0.1,
         python: str | None = None,
         allocate_timeout_s: float = 300.0,
         log: Callable[[str], None] | None = None,

@@ -241,7 +241,9 @@ class Supervisor:
             self.check_required(exclude=step)
             if deadline is not None and time.monotonic() >= deadline:
                 raise StepFailed(f"step {step.name} did not finish within {timeout:g} s", step)
-            time.sleep(self.poll_s)
+            # Wake as soon as the awaited step exits; peers are checked every poll.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.popen.wait(timeout=self.poll_s)
 
     # -- cleanup ---------------------------------------------------------------------------
 
