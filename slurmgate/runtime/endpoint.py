@@ -252,6 +252,9 @@ class Endpoint:
         self.router = LeastActiveRouter(self.lanes, self.policy)
         self.stats = EndpointStats()
         self.session: aiohttp.ClientSession | None = None
+        # Scrapes and health probes get their own small pool: when traffic fills the proxy
+        # pool, which is exactly when backpressure matters, they must not queue behind it.
+        self.control: aiohttp.ClientSession | None = None
         self._sampler_tasks: list[asyncio.Task[None]] = []
         self._retry_after = config.retry_after_header
         self._attempt_cap = min(config.max_attempts, len(self.lanes))
@@ -280,6 +283,11 @@ class Endpoint:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             raise_for_status=False,
         )
+        self.control = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=2 * len(self.lanes) + 8),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
         samplers = [
             Sampler(lane, self._read_metrics, cfg.sample_interval, cfg.metrics_timeout)
             for lane in self.lanes
@@ -292,22 +300,23 @@ class Endpoint:
         if self._sampler_tasks:
             await asyncio.wait(self._sampler_tasks, timeout=1.0)
         self._sampler_tasks = []
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        for session in (self.session, self.control):
+            if session is not None:
+                await session.close()
+        self.session = self.control = None
 
     async def _read_metrics(self, lane: Lane) -> str | None:
-        assert self.session is not None
+        assert self.control is not None
         url = lane.url + self.config.backend_metrics_path
-        async with self.session.get(url) as resp:
+        async with self.control.get(url) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"GET {url} answered {resp.status}")
             return await resp.text()
 
     async def backend_health(self) -> list[bool]:
         """Whether each backend's health path answers 200 now (probed concurrently)."""
-        assert self.session is not None
-        session = self.session
+        assert self.control is not None
+        session = self.control
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
         path = self.config.backend_health_path
 

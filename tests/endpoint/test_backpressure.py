@@ -232,3 +232,19 @@ async def test_backend_cookies_are_not_kept_between_clients(client: httpx.AsyncC
             await bob.post(f"{url}/v1/completions", json=BODY)
     assert first.headers["set-cookie"] == "session=alice; Path=/"  # relayed to its client
     assert "cookie" not in setter.seen_headers[1]  # but never replayed for another
+
+
+async def test_sampling_continues_when_the_proxy_pool_is_full(client: httpx.AsyncClient) -> None:
+    a = Backend("a", hang=True, metrics=waiting_metrics(0))
+    async with (
+        running_backends(a) as urls,
+        running_endpoint(urls, pool_size=1, max_waiting=3) as (url, ep),
+    ):
+        stuck = asyncio.create_task(client.post(f"{url}/v1/completions", json=BODY))
+        await until(lambda: a.hits == 1)  # the only pooled upstream connection is now busy
+        a.metrics = waiting_metrics(7)
+        await until(lambda: ep.lanes[0].depth == 7.0)  # scrapes still get through
+        assert (await client.get(f"{url}/health")).status_code == 200
+        assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 429
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
