@@ -89,7 +89,13 @@ class EndpointConfig(BaseModel):
     backend_health_path: str = "/health"
     backend_metrics_path: str = "/metrics"
     pool_size: int = Field(default=256, ge=1, description="pooled upstream connections in all")
-    keepalive_timeout: float = Field(default=65.0, gt=0)
+    keepalive_timeout: float = Field(
+        default=4.0,
+        gt=0,
+        description="idle upstream connections close after this; keep it under the backends' "
+        "own keep-alive (uvicorn and vLLM default to 5 s) so a pooled connection is never "
+        "reused just as the backend closes it",
+    )
 
     @field_validator("backends")
     @classmethod
@@ -612,6 +618,7 @@ def parse_config(argv: list[str] | None = None) -> EndpointConfig:
         "read_timeout": float,
         "health_timeout": float,
         "pool_size": int,
+        "keepalive_timeout": float,
         "backend_health_path": str,
         "backend_metrics_path": str,
     }
