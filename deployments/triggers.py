@@ -4,17 +4,23 @@
 `github.workflow_job.<action>` on the resource `github.repo.<owner>.<name>`. This trigger runs the
 reconcile deployment on `queued` (something to admit) and `completed` (capacity came back).
 
-Debounce: a reactive trigger with threshold 1 fires on the first matching event and then ignores
-matching events for the rest of its `within` window, so a burst of 50 queued jobs makes one run
-(two when the burst straddles a window). The reconcile run reads the whole fleet, so it admits
-every job queued before it started; jobs queued after that wait for the next event past the window
-or for the 30 s schedule, which stays as the safety net. `deployments/prefect.yaml` carries the
-same trigger for `prefect deploy`; keep the two in step (a test compares them).
+Debounce, leading and trailing edge: a reactive trigger with threshold 1 fires on the first
+matching event and then ignores matching events for the rest of its `within` window. Alone, that
+would strand the jobs queued in the window after the run read the fleet until the 30 s schedule,
+so there are two such triggers on the same events:
+
+- `reconcile-now` starts a run at once (the leading edge);
+- `reconcile-after-burst` starts one `within` seconds later (`schedule_after`), which sees
+  everything queued during the window (the trailing edge).
+
+A burst of 50 queued jobs therefore makes two runs, and a continuous stream at most two per
+window. The reconcile deployment's concurrency limit (1, CANCEL_NEW) still keeps runs from
+overlapping, and the 30 s schedule stays as the safety net. `deployments/prefect.yaml` carries
+the same triggers for `prefect deploy`; keep the two in step (a test compares them).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 RECONCILE_EVENTS = ("github.workflow_job.queued", "github.workflow_job.completed")
@@ -22,31 +28,31 @@ RESOURCE_MATCH = "github.repo.*"
 DEBOUNCE_S = 10
 
 
-def reconcile_trigger_spec(within_s: float = DEBOUNCE_S) -> dict[str, Any]:
-    """The trigger as plain data (the shape of a `triggers:` entry in prefect.yaml)."""
-    return {
-        "type": "event",
-        "enabled": True,
-        "match": {"prefect.resource.id": RESOURCE_MATCH},
-        "expect": list(RECONCILE_EVENTS),
-        "posture": "Reactive",
-        "threshold": 1,
-        "within": within_s,
-    }
+def reconcile_trigger_specs(within_s: float = DEBOUNCE_S) -> list[dict[str, Any]]:
+    """The triggers as plain data (the shape of the `triggers:` list in prefect.yaml)."""
+    specs = []
+    for name, delay in (("reconcile-now", 0), ("reconcile-after-burst", within_s)):
+        spec: dict[str, Any] = {
+            "name": name,
+            "type": "event",
+            "enabled": True,
+            "match": {"prefect.resource.id": RESOURCE_MATCH},
+            "expect": list(RECONCILE_EVENTS),
+            "posture": "Reactive",
+            "threshold": 1,
+            "within": within_s,
+        }
+        if delay:
+            spec["schedule_after"] = delay
+        specs.append(spec)
+    return specs
 
 
 def reconcile_triggers(within_s: float = DEBOUNCE_S) -> list[Any]:
-    """`[DeploymentEventTrigger]` for `reconcile.to_deployment(triggers=...)` / `flow.serve`."""
+    """`DeploymentEventTrigger`s for `reconcile.to_deployment(triggers=...)` / `flow.serve`."""
     from prefect.events import DeploymentEventTrigger
-    from prefect.events.schemas.events import ResourceSpecification
 
     return [
-        DeploymentEventTrigger(
-            name="reconcile-on-workflow-job",
-            match=ResourceSpecification({"prefect.resource.id": RESOURCE_MATCH}),
-            expect=set(RECONCILE_EVENTS),
-            posture="Reactive",  # type: ignore[arg-type]
-            threshold=1,
-            within=timedelta(seconds=within_s),
-        )
+        DeploymentEventTrigger(**{k: v for k, v in spec.items() if k != "type"})
+        for spec in reconcile_trigger_specs(within_s)
     ]

@@ -1,7 +1,8 @@
 """Serve reconcile with the event trigger against $PREFECT_API_URL (run as a subprocess).
 
 Usage: python serve_reconcile.py NAME EMULATOR_URL REPO [WITHIN_S] [INTERVAL_S]
-WITHIN_S below 0 serves without the trigger; INTERVAL_S 0 (the default) serves without a schedule, so every run comes from the trigger.
+WITHIN_S below 0 serves without the triggers; INTERVAL_S 0 (the default) serves without a
+schedule, so every run comes from a trigger.
 """
 
 from __future__ import annotations

@@ -48,16 +48,20 @@ def runs_of(deployment_name: str) -> list[Any]:
         )
 
 
-def deployment_exists(name: str) -> bool:
+def deployment_ready(name: str, triggers: int) -> bool:
+    """The served deployment exists and owns its trigger automations (serve() creates the
+    deployment first and its automations just after: events in between would be missed)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
-            client.read_deployment_by_name(f"reconcile/{name}")
+            deployment = client.read_deployment_by_name(f"reconcile/{name}")
         except ObjectNotFound:
             return False
-    return True
+        owned = client._client.get(f"/automations/related-to/prefect.deployment.{deployment.id}")
+        owned.raise_for_status()
+        return len(owned.json()) >= triggers
 
 
 @pytest.fixture
@@ -95,7 +99,8 @@ def serve_reconcile(prefect_api: str, tmp_path: Path) -> Iterator[Callable[..., 
             stderr=subprocess.STDOUT,
         )
         procs.append(proc)
-        wait_until(lambda: deployment_exists(name) or proc.poll() is not None, 60, "serve")
+        triggers = 2 if within_s >= 0 else 0
+        wait_until(lambda: deployment_ready(name, triggers) or proc.poll() is not None, 60, "serve")
         assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
         return name
 
@@ -134,8 +139,8 @@ def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
 
         running = wait_until(lambda: len(admitted()) == 2 and admitted(), 90, "two admissions")
         assert running == ids[:2], "admission order is queue order among equal jobs"
-        # let a whole debounce window pass after the burst; no further run may appear
-        time.sleep(max(0.0, 12.0 - (time.monotonic() - started)))
+        # let the debounce window and the trailing run's delay pass; no further run may appear
+        time.sleep(max(0.0, 16.0 - (time.monotonic() - started)))
         wait_until(lambda: all(r.state.is_final() for r in runs_of(name)), 60, "runs to finish")
         runs = runs_of(name)
         completed = [r for r in runs if r.state.is_completed()]
@@ -146,24 +151,48 @@ def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
 
 def test_prefect_yaml_carries_the_same_trigger() -> None:
     sys.path.insert(0, str(REPO_ROOT / "deployments"))
-    from triggers import reconcile_trigger_spec, reconcile_triggers
+    from triggers import reconcile_trigger_specs, reconcile_triggers
 
     config = yaml.safe_load((REPO_ROOT / "deployments" / "prefect.yaml").read_text())
     reconcile = next(d for d in config["deployments"] if d["name"] == "reconcile")
-    assert reconcile["triggers"] == [reconcile_trigger_spec()]
-    # the yaml entry is a valid Prefect deployment trigger, and it is the one triggers.py builds
+    assert reconcile["triggers"] == reconcile_trigger_specs()
+    # the yaml entries are valid Prefect deployment triggers, the ones triggers.py builds
     from prefect.events import DeploymentEventTrigger
 
-    parsed = DeploymentEventTrigger(
-        **{k: v for k, v in reconcile["triggers"][0].items() if k != "type"}
-    )
-    built = reconcile_triggers()[0]
-    assert (parsed.expect, parsed.match, parsed.within, parsed.threshold, parsed.posture) == (
-        built.expect,
-        built.match,
-        built.within,
-        built.threshold,
-        built.posture,
-    )
+    parsed = [
+        DeploymentEventTrigger(**{k: v for k, v in entry.items() if k != "type"})
+        for entry in reconcile["triggers"]
+    ]
+    assert parsed == reconcile_triggers()
+    assert [t.schedule_after.total_seconds() for t in parsed] == [0, 10]  # leading, trailing
     # any interval schedule stays as the safety net
     assert reconcile["schedules"][0]["interval"] == 30
+
+
+def test_a_job_queued_inside_the_window_is_admitted_by_the_trailing_run(
+    relay_factory, serve_reconcile
+) -> None:
+    """The leading run has read the fleet already; the delayed run picks the late job up."""
+    from slurmgate.emulator.testing import running_emulator
+
+    def anchored(emu: Any, token: str) -> bool:
+        with emu.state.lock:
+            return any(f"ci-job-1.000-{token}" in r.folded() for r in emu.state.runners.values())
+
+    relay = relay_factory()
+    within = 15.0
+    with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
+        name = serve_reconcile(emu, within_s=within)
+        first_at = time.monotonic()
+        emu.admin.add_job(job_labels("early", 1), duration_s=600)
+        wait_until(lambda: anchored(emu, "early"), within - 5, "the leading run to admit")
+        late_at = time.monotonic()
+        assert late_at - first_at < within - 2, "the late job must land inside the window"
+        emu.admin.add_job(job_labels("late", 1), duration_s=600)
+        wait_until(lambda: relay.stats["posted"] >= 2, 10, "the late job's event")
+        time.sleep(1.0)
+        assert not anchored(emu, "late"), "a run outside the debounce admitted the late job"
+        wait_until(lambda: anchored(emu, "late"), within + 20, "the trailing run to admit")
+        assert time.monotonic() - first_at >= within  # it was the delayed run, not a new one
+        starts = sorted(r.start_time for r in runs_of(name) if r.start_time is not None)
+        assert len(starts) == 2, starts
