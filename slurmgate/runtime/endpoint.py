@@ -495,8 +495,29 @@ class Endpoint:
                                 first_overload_retry_after = _retry_after_of(raw)
                         failures.append(str(status))
                         continue
+                    small = resp.content_length is not None and resp.content_length <= SMALL_BODY
+                    if small:
+                        # Read before answering: until the first byte goes out, a backend
+                        # that breaks mid-body can still be retried on another lane.
+                        try:
+                            data = await resp.read()
+                        except (aiohttp.ClientError, TimeoutError):
+                            last = None
+                            failures.append("broken")
+                            continue
                     for reason in failures:
                         stats.retries[reason] += 1
+                    if small:
+                        headers_out = _strip_hop_by_hop(resp.raw_headers, HOP_BY_HOP)
+                        await send(
+                            {
+                                "type": "http.response.start",
+                                "status": status,
+                                "headers": headers_out,
+                            }
+                        )
+                        await send({"type": "http.response.body", "body": data})
+                        return status
                     return await self._relay(resp, send)
                 finally:
                     resp.release()
@@ -529,11 +550,7 @@ class Endpoint:
         """Stream a non-retryable upstream response to the client; no retry after this point."""
         headers = _strip_hop_by_hop(resp.raw_headers, HOP_BY_HOP)
         status = resp.status
-        length = resp.content_length
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        if length is not None and length <= SMALL_BODY:
-            await send({"type": "http.response.body", "body": await resp.read()})
-            return status
         try:
             async for chunk in resp.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

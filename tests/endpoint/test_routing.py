@@ -337,3 +337,26 @@ async def test_waiting_for_a_pooled_connection_is_not_a_connect_timeout(
     assert [r.status_code for r in rs] == [200, 200, 200]
     assert ep.stats.retries == {}
     assert a.hits == 3 and len(a.client_ports) == 1
+
+
+async def test_small_body_cut_before_relay_is_retried(client: httpx.AsyncClient) -> None:
+    async def cuts(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/completions":
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await receive()
+        headers = [(b"content-length", b"100")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{", "more_body": True})
+        raise RuntimeError("engine died after one byte")
+
+    good = Backend("good")
+    async with (
+        serve_asgi(cuts) as broken,
+        running_backends(good) as urls,
+        running_endpoint([broken, *urls]) as (url, ep),
+    ):
+        r = await client.post(f"{url}/v1/completions", json=BODY)
+    assert r.status_code == 200 and served_by(r) == "good"
+    assert ep.stats.retries == {"broken": 1}
