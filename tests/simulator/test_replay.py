@@ -134,12 +134,17 @@ def textbook(trace: Trace, capacity: int, easy: bool) -> dict[int, float]:
                 else:
                     start = False
                     if easy:
+                        # shadow: the first end at which enough runners are free; extra: what
+                        # is free then beyond the head's need (every job ending then counts)
                         avail = free
                         for _, limit_end, nodes in sorted(running, key=lambda r: r[1]):
-                            avail += nodes
-                            if avail >= job.nodes:
-                                shadow, extra = limit_end, avail - job.nodes
+                            if shadow is not None and limit_end > shadow:
                                 break
+                            avail += nodes
+                            if shadow is None and avail >= job.nodes:
+                                shadow = limit_end
+                        if shadow is not None:
+                            extra = avail - job.nodes
             else:
                 start = job.nodes <= free and (now + job.limit_s <= shadow or job.nodes <= extra)
                 if start and now + job.limit_s > shadow:
