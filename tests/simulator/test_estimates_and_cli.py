@@ -146,3 +146,15 @@ def test_history_learns_from_completed_jobs_of_a_snapshot() -> None:
     history = RuntimeHistory()
     assert history.learn(jobs) == 2
     assert sorted(history.runtimes(job_key("bench (dsr1, 8k1k)", 4))) == [300, 1800]
+
+
+def test_benchmark_charts_write_pngs(tmp_path: Path) -> None:
+    from slurmgate.simulator.metrics import Run
+    from slurmgate.simulator.plots import busiest_day, wait_cdf, wide_waits
+
+    runs = [Run(1, 0, 90_000, 50, 8, "p", (1, 2)), Run(2, 0, 10, 50, 1, "p", (3,))]
+    assert busiest_day(runs, "p") == 86_400  # the day where the 8-node job started after waiting
+    cdf = wait_cdf({"a": [0.0, 1.0, 2.0], "b": [0.5]}, tmp_path / "cdf.png", "t")
+    wide = wide_waits({"a": [(1.0, 3.0)]}, tmp_path / "wide.png", "t")
+    for path in (cdf, wide):
+        assert path.read_bytes()[:4] == b"\x89PNG"
