@@ -358,6 +358,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     rows = [
         ("delay_20ms", "20 ms", "endpoint", "through_endpoint"),
+        ("delay_20ms", "20 ms", "reference", "through_reference"),
         ("delay_0ms", "0 ms", "endpoint", "through_endpoint"),
         ("delay_0ms", "0 ms", "reference", "through_reference"),
     ]
@@ -450,7 +451,9 @@ def main() -> None:
         "--max-concurrency",
         "1024",
     ]
-    results["delay_20ms"] = compare(stub20, concurrency=32, duration=ns.duration, warmup=1.0)
+    results["delay_20ms"] = compare(
+        stub20, concurrency=8, duration=ns.duration, warmup=1.0, with_reference=True
+    )
     stub0 = ["--tokens-per-second", "0", "--max-concurrency", "1024"]
     results["delay_0ms"] = compare(
         stub0, concurrency=64, duration=ns.duration, warmup=1.0, with_reference=True

@@ -39,7 +39,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from yarl import URL
 
-from slurmgate.runtime.backpressure import Lane, QueuePolicy, Sampler, start_samplers
+from slurmgate.runtime.backpressure import (
+    METRICS_QUERY,
+    Lane,
+    QueuePolicy,
+    Sampler,
+    start_samplers,
+)
 from slurmgate.runtime.routing import LeastActiveRouter
 
 Scope = MutableMapping[str, Any]
@@ -313,8 +319,8 @@ class Endpoint:
 
     async def _read_metrics(self, lane: Lane) -> str | None:
         assert self.control is not None
-        url = lane.url + self.config.backend_metrics_path
-        async with self.control.get(url) as resp:
+        url = lane.url + self.config.backend_metrics_path + METRICS_QUERY
+        async with self.control.get(URL(url, encoded=True)) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"GET {url} answered {resp.status}")
             return await resp.text()

@@ -114,7 +114,10 @@ async def test_sampler_error_then_recovery_restores_the_limit(client: httpx.Asyn
         failed = lane.samples_failed
         await until(lambda: lane.samples_failed > failed)
         assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 200
-        a.metrics_status, a.metrics = 200, "garbage {{{ not prometheus"  # parse error → fail-open
+        a.metrics_status, a.metrics = (
+            200,
+            "vllm:num_requests_waiting{{{ 4",
+        )  # unparsable → fail-open
         failed = lane.samples_failed
         await until(lambda: lane.samples_failed > failed)
         assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 200
@@ -248,3 +251,41 @@ async def test_sampling_continues_when_the_proxy_pool_is_full(client: httpx.Asyn
         assert (await client.post(f"{url}/v1/completions", json=BODY)).status_code == 429
         stuck.cancel()
         await asyncio.gather(stuck, return_exceptions=True)
+
+
+def test_queue_depth_reads_a_full_vllm_sized_page() -> None:
+    noise = []
+    for family in range(40):
+        noise.append(
+            f"# HELP vllm:latency_{family} seconds\n# TYPE vllm:latency_{family} histogram"
+        )
+        for bucket in [*(f"{0.001 * 2**i:g}" for i in range(30)), "+Inf"]:
+            noise.append(f'vllm:latency_{family}_bucket{{le="{bucket}",engine="0"}} 12.0')
+        noise.append(f'vllm:latency_{family}_count{{engine="0"}} 12.0')
+    page = (
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        + "\n".join(noise[:700])
+        + '\nvllm:num_requests_waiting{model_name="m",engine="0"} 2.0\n'
+        + "\n".join(noise[700:])
+        + "\n# TYPE vllm:num_requests_waiting gauge\n"
+        + 'vllm:num_requests_waiting{model_name="m",engine="1"} 5.0\n'
+    )
+    assert len(page) > 50_000
+    assert queue_depth(page) == 7.0
+
+
+async def test_samples_a_real_prometheus_client_server() -> None:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, make_asgi_app
+
+    registry = CollectorRegistry()
+    waiting = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry)
+    waiting.labels("m").set(6)
+    Counter("vllm:prompt_tokens", "noise", registry=registry).inc(100)
+    async with (
+        running_backends(make_asgi_app(registry)) as urls,
+        running_endpoint(urls, max_waiting=5) as (_, ep),
+    ):
+        await until(lambda: ep.lanes[0].depth == 6.0)
+        waiting.labels("m").set(1)
+        await until(lambda: ep.lanes[0].depth == 1.0)
+    assert ep.lanes[0].samples_failed == 0
