@@ -243,7 +243,9 @@ class AllocationRun:
             for lane in n.lanes:
                 master = self.layout.address(lane.rendezvous_node)
                 lanes.append(
-                    layout_lane(lane, layout_mod.lane_argv(dspec, lane, master), dspec.env)
+                    # The deployment's env travels in the step's environment, never in argv
+                    # (argv is world-readable in /proc and may hold tokens).
+                    layout_lane(lane, layout_mod.lane_argv(dspec, lane, master), {})
                 )
             nodes.append(NodeSpec(host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes))
         return WorkerSpec(
@@ -301,7 +303,7 @@ class AllocationRun:
                         step_name=self._step_name(f"preflight-{d.name}"),
                         gres=None,
                     ),
-                    env=self._base_env(),
+                    env=self._base_env(self.spec.deployments[d.index].env),
                     step_name=self._step_name(f"preflight-{d.name}"),
                     required=False,
                 )
@@ -339,7 +341,7 @@ class AllocationRun:
                     step_name=self._step_name(f"serve-{d.name}"),
                     gres=None,
                 ),
-                env=self._base_env(),
+                env=self._base_env(self.spec.deployments[d.index].env),
                 step_name=self._step_name(f"serve-{d.name}"),
                 required=True,
             )

@@ -290,3 +290,35 @@ def test_salloc_that_cannot_be_granted_leaves_no_pending_job(runs_root: Path) ->
     assert run.cleaned and run.job_id is None
     pending = slurm.run(["squeue", "-h", "-n", run.run_id, "-o", "%i"]).stdout.strip()
     assert pending == ""
+
+
+def test_deployment_env_reaches_lanes_but_never_a_command_line(runs_root: Path) -> None:
+    secret = f"tok-{os.getpid()}-{time.time_ns()}"
+    data = example_data()
+    data["deployments"][1]["env"] = {"HF_TOKEN": secret}
+    run = AllocationRun(AllocationSpec.from_data(data), runs_root=runs_root, grace_s=5)
+    try:
+        run.allocate()
+        run.resolve()
+        run.preflight()
+        run.launch()
+        run.wait_ready()
+        in_env, in_argv = [], []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+                environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+            except OSError:
+                continue
+            if secret.encode() in cmdline:
+                in_argv.append(cmdline)
+            if f"HF_TOKEN={secret}".encode() in environ and b"stub_server" in cmdline:
+                in_env.append(cmdline)
+        assert in_argv == []
+        assert len(in_env) == 2  # the pipe deployment's two ranks
+    finally:
+        run.finish(None)
+    assert secret not in run.record_path.read_text()
+    assert_no_orphans(run.run_id)
