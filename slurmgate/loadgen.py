@@ -4,13 +4,15 @@
 ``requests`` requests were sent in all, whichever comes first. A 429 answer is counted as
 throttled and, when ``honour_retry_after`` is set, the worker waits the answer's Retry-After
 (capped by ``max_retry_after``) before its next request, as a well-behaved client does.
-Latency is measured per answered request, from sending to the last byte of the body.
+Latency is measured per answered request, from sending to the last byte of the body; for
+streamed requests the time to the first body chunk (time to first token) is reported too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import email.utils
 import json
 import math
 import sys
@@ -58,6 +60,22 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
+def retry_after_seconds(value: str, now: float | None = None) -> float:
+    """Seconds to wait for a Retry-After value: delay-seconds or an HTTP-date; 0 if unreadable."""
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 0.0
+    if when.tzinfo is None:
+        return 0.0
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
 @dataclass
 class LoadReport:
     """The outcome of one run; latencies in seconds."""
@@ -73,6 +91,8 @@ class LoadReport:
     latency_p99: float
     latency_max: float
     latency_mean: float
+    first_byte_p50: float
+    first_byte_p99: float
     retry_after_waited: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +107,7 @@ async def run_load(spec: LoadSpec, clock: Callable[[], float] = time.perf_counte
     headers = {"content-type": "application/json"}
     stream = bool(spec.body.get("stream"))
     latencies: list[float] = []
+    first_bytes: list[float] = []
     errors: Counter[str] = Counter()
     counts = {"sent": 0, "throttled": 0}
     waited = [0.0]
@@ -104,9 +125,11 @@ async def run_load(spec: LoadSpec, clock: Callable[[], float] = time.perf_counte
                 sent_at = clock()
                 try:
                     async with session.post(target, data=payload, headers=headers) as resp:
+                        first_byte = None
                         if stream:
                             async for _ in resp.content.iter_any():
-                                pass
+                                if first_byte is None:
+                                    first_byte = clock()
                         else:
                             await resp.read()
                         status = resp.status
@@ -115,14 +138,13 @@ async def run_load(spec: LoadSpec, clock: Callable[[], float] = time.perf_counte
                     errors[type(exc).__name__] += 1
                     continue
                 if status == 200:
-                    latencies.append(clock() - sent_at)
+                    done_at = clock()
+                    latencies.append(done_at - sent_at)
+                    first_bytes.append((first_byte or done_at) - sent_at)
                 elif status == 429:
                     counts["throttled"] += 1
                     if spec.honour_retry_after and retry_after:
-                        try:
-                            delay = min(float(retry_after), spec.max_retry_after)
-                        except ValueError:
-                            delay = 0.0
+                        delay = min(retry_after_seconds(retry_after), spec.max_retry_after)
                         delay = max(0.0, min(delay, deadline - clock()))
                         waited[0] += delay
                         await asyncio.sleep(delay)
@@ -132,6 +154,7 @@ async def run_load(spec: LoadSpec, clock: Callable[[], float] = time.perf_counte
         await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
     elapsed = clock() - started
     latencies.sort()
+    first_bytes.sort()
     return LoadReport(
         sent=counts["sent"],
         ok=len(latencies),
@@ -144,6 +167,8 @@ async def run_load(spec: LoadSpec, clock: Callable[[], float] = time.perf_counte
         latency_p99=percentile(latencies, 99),
         latency_max=latencies[-1] if latencies else math.nan,
         latency_mean=sum(latencies) / len(latencies) if latencies else math.nan,
+        first_byte_p50=percentile(first_bytes, 50),
+        first_byte_p99=percentile(first_bytes, 99),
         retry_after_waited=waited[0],
     )
 

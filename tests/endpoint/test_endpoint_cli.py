@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import httpx
 from endpoint_helpers import Proc, free_port, python_env, wait_status
+from prometheus_client.parser import text_string_to_metric_families
 
 ENDPOINT = "slurmgate.runtime.endpoint"
 
@@ -33,6 +34,8 @@ async def test_endpoint_process_routes_to_stubs_and_stops_on_sigterm(
     ]
     assert served == [200] * 4
     metrics = (await client.get(f"{endpoint.url}/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}  # valid exposition
+    assert {"slurmgate_endpoint_requests", "slurmgate_backend_active"} <= families.keys()
     for lane in lanes:
         assert (
             f'slurmgate_backend_requests_total{{backend="{lane.url}",endpoint="chat"}} 2.0'

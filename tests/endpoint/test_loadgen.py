@@ -8,7 +8,7 @@ import httpx
 import pytest
 from endpoint_helpers import Backend, Proc, running_backends, wait_status
 
-from slurmgate.loadgen import LoadSpec, percentile, run_load
+from slurmgate.loadgen import LoadSpec, percentile, retry_after_seconds, run_load
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -46,3 +46,26 @@ async def test_honours_retry_after_on_429() -> None:
     assert polite.throttled == 2  # at 0 s and at 1 s, then the run ends while waiting
     assert polite.retry_after_waited >= 1.0
     assert pushy.throttled > 20
+
+
+def test_retry_after_accepts_seconds_and_http_dates() -> None:
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds("0.5") == 0.5
+    now = 1_700_000_000.0  # Tue, 14 Nov 2023 22:13:20 GMT
+    assert retry_after_seconds("Tue, 14 Nov 2023 22:13:25 GMT", now=now) == 5.0
+    assert retry_after_seconds("Tue, 14 Nov 2023 22:13:00 GMT", now=now) == 0.0
+    assert retry_after_seconds("soon") == 0.0
+
+
+async def test_streamed_requests_report_time_to_first_byte(
+    client: httpx.AsyncClient, stub: Callable[..., Proc]
+) -> None:
+    lane = stub("--tokens-per-second", "20")
+    await wait_status(client, f"{lane.url}/health", 200)
+    body = {"prompt": "a", "max_tokens": 6, "stream": True}  # 6 tokens at 20/s: 0.3 s
+    report = await run_load(
+        LoadSpec(url=lane.url, concurrency=2, duration=None, requests=4, body=body)
+    )
+    assert report.ok == 4
+    assert report.first_byte_p50 < report.latency_p50 - 0.15
+    assert report.latency_p50 >= 0.3
