@@ -473,7 +473,11 @@ async def _serve_rendezvous(state: StubState) -> asyncio.Server:
                 pass
         _die(1, f"follower rank {rank} disconnected")
 
-    return await asyncio.start_server(follower, host=None, port=settings.master_port)
+    try:
+        return await asyncio.start_server(follower, host=None, port=settings.master_port)
+    except OSError as exc:
+        _die(1, f"cannot listen for followers on --master-port {settings.master_port}: {exc}")
+        raise
 
 
 async def _run_follower(settings: StubSettings, stop: asyncio.Event) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -251,3 +252,20 @@ async def test_follower_exits_0_on_sigterm(
     follower.popen.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(follower.wait, 2) == 0
     assert await asyncio.to_thread(head.wait, 5) == 1  # its follower left: the replica is down
+
+
+def test_busy_master_port_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        master = str(taken.getsockname()[1])
+        argv = [
+            sys.executable, "-m", STUB, "--port", str(free_port()), "--nnodes", "2",
+            "--master-port", master,
+        ]  # fmt: skip
+        result = subprocess.run(
+            argv, env=python_env(), capture_output=True, timeout=10, check=False
+        )
+    assert result.returncode == 1
+    assert f"cannot listen for followers on --master-port {master}".encode() in result.stderr
+    assert b"Traceback" not in result.stderr
