@@ -120,6 +120,7 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
         client_phase(run.run_id)
     except BaseException as exc:
         failure = exc
+        run.note_failure(exc)
         raise
     finally:
         try:

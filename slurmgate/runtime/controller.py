@@ -587,12 +587,18 @@ class AllocationRun:
             self.finish(failure)
         return self.result()
 
+    def note_failure(self, failure: BaseException) -> None:
+        """Record the first failure and the phase it hit (before cleanup moves the phase)."""
+        if self.error is None:
+            self.error = f"{type(failure).__name__}: {failure}"
+            self.log(f"run failed in phase {self.phase}: {self.error}")
+            self.save()
+
     def finish(self, failure: BaseException | None) -> None:
         """Cleanup, then settle the status; raises CleanupFailed if cleanup was incomplete."""
         with DEFER.hold():
-            if failure is not None and self.error is None:
-                self.error = f"{type(failure).__name__}: {failure}"
-                self.log(f"run failed in phase {self.phase}: {self.error}")
+            if failure is not None:
+                self.note_failure(failure)
             report = self.cleanup()
             self.status = (
                 "cleanup-failed"

@@ -83,6 +83,7 @@ def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> 
     out = (tmp_path / "flow.log").read_text()
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "Stopping temporary server" in out  # the ephemeral Prefect server is not orphaned
+    assert "run failed in phase readiness: TerminationSignal" in out
     assert elapsed < 20, out
     final = load_records(runs_root)[0]
     assert final["cleanup_complete"] is True, out
