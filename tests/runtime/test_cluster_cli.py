@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,12 +14,16 @@ from slurmgate.runtime import slurm
 
 pytestmark = pytest.mark.slurm
 
+REPO = Path(__file__).resolve().parents[2]
+
 CLI = "from slurmgate.runtime.cli import cluster_app; cluster_app()"
 
 
-def test_scripts_are_found_without_the_shared_folder() -> None:
+def test_scripts_ship_as_package_data_and_are_the_repository_copy() -> None:
     found = cluster.scripts_dir()
-    assert (found / "start.sh").is_file() and "shared" not in found.parts
+    assert found == Path(cluster.__file__).resolve().parent / "data" / "slurm-local"
+    assert found.resolve() == REPO / "scripts" / "slurm-local"  # one copy, no drift
+    assert (found / "start.sh").is_file() and "shared" not in found.resolve().parts
 
 
 def test_up_is_idempotent_and_prints_the_environment(slurm_cluster: dict[str, str]) -> None:
