@@ -129,6 +129,7 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
             run.finish(failure)  # idempotent: settles the status, raises if cleanup failed
             publish_record(run)
             registry.LIVE_RUNS.pop(run.run_id, None)
+            registry.RUNS_BY_FLOW_RUN.pop(str(flow_run.id), None)
     result = run.result()
     return {
         "run_id": result.run_id,
