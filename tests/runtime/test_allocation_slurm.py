@@ -19,6 +19,7 @@ from slurmgate.runtime import slurm
 from slurmgate.runtime.controller import AllocationRun, RunFailed, load_records, reap_leftovers
 from slurmgate.runtime.spec import AllocationSpec
 
+from .conftest import EXAMPLE as EXAMPLE_PATH
 from .conftest import assert_no_orphans, example_data, processes_with
 
 pytestmark = pytest.mark.slurm
@@ -322,3 +323,36 @@ def test_deployment_env_reaches_lanes_but_never_a_command_line(runs_root: Path) 
         run.finish(None)
     assert secret not in run.record_path.read_text()
     assert_no_orphans(run.run_id)
+
+
+def test_runs_inside_a_batch_job_by_attaching_to_its_allocation(tmp_path: Path) -> None:
+    """Production shape: the controller is the batch script of a 3-node job and attaches."""
+    runs_root = tmp_path / "runs"
+    out = tmp_path / "batch.out"
+    job = slurm.sbatch(
+        [
+            "--nodes=3",
+            "--gres=gpu:8",
+            "--job-name=sg-test-batch",
+            f"--output={out}",
+            f"--chdir={tmp_path}",
+            "--time=00:05:00",
+            "--wrap",
+            f"exec {sys.executable} -m slurmgate.runtime.controller run "
+            f"{EXAMPLE_PATH} --runs-dir {runs_root}",
+        ]
+    )
+    try:
+        assert _job_gone(job, within=90), "the batch job did not finish"
+        info = slurm.run(["scontrol", "show", "job", "-o", job], check=False).stdout
+        log = out.read_text()
+        assert "ExitCode=0:0" in info, log
+        (record,) = load_records(runs_root)
+        assert record["job_id"] == job and record["owned_allocation"] is False
+        assert record["status"] == "succeeded" and record["cleanup_complete"] is True
+        client_log = next((runs_root / record["run_id"]).glob("[0-9][0-9]-client.log"))
+        assert "client ok: 8 completions" in client_log.read_text()
+        assert "decision: attach to allocation" in log
+        assert_no_orphans(record["run_id"])
+    finally:
+        slurm.scancel(job)
