@@ -10,8 +10,12 @@ would strand the jobs queued in the window after the run read the fleet until th
 so there are two such triggers on the same events:
 
 - `reconcile-now` starts a run at once (the leading edge);
-- `reconcile-after-burst` starts one `within` seconds later (`schedule_after`), which sees
-  everything queued during the window (the trailing edge).
+- `reconcile-after-burst` schedules one `TRAILING_S` (25 s) later (`schedule_after`), which sees
+  everything queued during the window (the trailing edge). Prefect's runner and worker start a
+  run up to their prefetch (10 s) *before* its scheduled time (measured), so it really starts
+  about 15 s after the first event. The delay must exceed the prefetch plus one reconcile run:
+  otherwise the trailing run starts while the leading one still holds the concurrency slot, and
+  CANCEL_NEW cancels it (measured with 10 s).
 
 A burst of 50 queued jobs therefore makes two runs, and a continuous stream at most two per
 window. The reconcile deployment's concurrency limit (1, CANCEL_NEW) still keeps runs from
@@ -26,12 +30,17 @@ from typing import Any
 RECONCILE_EVENTS = ("github.workflow_job.queued", "github.workflow_job.completed")
 RESOURCE_MATCH = "github.repo.*"
 DEBOUNCE_S = 10
+PREFETCH_S = 10  # Prefect's runner and worker default prefetch
+TRAILING_S = DEBOUNCE_S + PREFETCH_S + 5
 
 
-def reconcile_trigger_specs(within_s: float = DEBOUNCE_S) -> list[dict[str, Any]]:
+def reconcile_trigger_specs(
+    within_s: float = DEBOUNCE_S, trailing_s: float | None = None
+) -> list[dict[str, Any]]:
     """The triggers as plain data (the shape of the `triggers:` list in prefect.yaml)."""
+    trailing = within_s + PREFETCH_S + 5 if trailing_s is None else trailing_s
     specs = []
-    for name, delay in (("reconcile-now", 0), ("reconcile-after-burst", within_s)):
+    for name, delay in (("reconcile-now", 0.0), ("reconcile-after-burst", trailing)):
         spec: dict[str, Any] = {
             "name": name,
             "type": "event",
@@ -48,11 +57,11 @@ def reconcile_trigger_specs(within_s: float = DEBOUNCE_S) -> list[dict[str, Any]
     return specs
 
 
-def reconcile_triggers(within_s: float = DEBOUNCE_S) -> list[Any]:
+def reconcile_triggers(within_s: float = DEBOUNCE_S, trailing_s: float | None = None) -> list[Any]:
     """`DeploymentEventTrigger`s for `reconcile.to_deployment(triggers=...)` / `flow.serve`."""
     from prefect.events import DeploymentEventTrigger
 
     return [
         DeploymentEventTrigger(**{k: v for k, v in spec.items() if k != "type"})
-        for spec in reconcile_trigger_specs(within_s)
+        for spec in reconcile_trigger_specs(within_s, trailing_s)
     ]
