@@ -156,6 +156,73 @@ def reconcile(
         raise typer.Exit(code=code)
 
 
+@app.command(
+    "loadgen",
+    epilog=(
+        "Example: slurmgate loadgen http://127.0.0.1:17000 --concurrency 32 --duration 10 --json"
+    ),
+)
+def loadgen(
+    url: Annotated[str, typer.Argument(help="Base URL of an endpoint, e.g. http://HOST:PORT.")],
+    path: Annotated[str, typer.Option(help="Request path.")] = "/v1/completions",
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
+    duration: Annotated[float | None, typer.Option(help="Seconds to run (default 10).")] = None,
+    requests: Annotated[int | None, typer.Option(help="Stop after this many requests.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="max_tokens of each completion.")] = 16,
+    model: Annotated[str, typer.Option(help="Model name sent in each request.")] = "stub-model",
+    stream: Annotated[bool, typer.Option(help="Ask for SSE streaming.")] = False,
+    honour_retry_after: Annotated[
+        bool, typer.Option(help="Wait a 429's Retry-After before the next request.")
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Drive an endpoint at a set concurrency; report throughput, latency percentiles and 429s."""
+    import asyncio
+    import json
+
+    from slurmgate.loadgen import LoadSpec, run_load
+
+    if not url.startswith(("http://", "https://")):
+        raise _fail(f"URL {url!r} is not an http(s) URL; e.g. http://127.0.0.1:17000")
+    spec = LoadSpec(
+        url=url,
+        path=path,
+        concurrency=concurrency,
+        duration=duration if duration is not None or requests is not None else 10.0,
+        requests=requests,
+        body={"model": model, "prompt": "hello", "max_tokens": max_tokens}
+        | ({"stream": True} if stream else {}),
+        honour_retry_after=honour_retry_after,
+    )
+    try:
+        spec.check()
+    except ValueError as exc:
+        raise _fail(f"{exc}") from None
+    report = asyncio.run(run_load(spec))
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo(
+            f"{report.ok} ok, {report.throttled} throttled (429), "
+            f"errors {report.errors or 'none'} in {report.elapsed:.2f}s: "
+            f"{report.throughput:.0f} req/s, p50 {report.latency_p50 * 1e3:.2f} ms, "
+            f"p99 {report.latency_p99 * 1e3:.2f} ms"
+        )
+    if not report.ok:
+        raise typer.Exit(code=1)
+
+
+def _register_subcommands() -> None:
+    """Sub-apps that live beside the modules they drive; importing them is cheap (typer only)."""
+    from slurmgate.runtime.cli import allocation_app, cluster_app
+
+    app.add_typer(cluster_app, name="cluster")
+    app.add_typer(allocation_app, name="allocation")
+
+
+_register_subcommands()
+
+
 def _exceptions(name: str) -> tuple[type[BaseException], ...]:
     """click's exception class `name`, and typer's vendored copy of it when typer has one."""
     found: list[type[BaseException]] = [getattr(click.exceptions, name)]
