@@ -65,12 +65,28 @@ def webhook(
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first.get("loc", ())) or "settings"
         raise _fail(f"{field}: {first.get('msg')}") from None
+    import socket
+
     import uvicorn
 
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)  # accept into the backlog at once; uvicorn serves them when it is up
+    except OSError as exc:
+        raise _fail(
+            f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
+        ) from None
+    bound = sock.getsockname()[1]
+    # bind first, then announce the real URL: `--port 0` is usable by scripts and tests
     typer.echo(
-        f"webhook relay on http://{host}:{port}/webhook -> {settings.prefect_api_url}", err=True
+        f"webhook relay on http://{host}:{bound}/webhook -> {settings.prefect_api_url}", err=True
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        create_app(settings), log_level="warning", access_log=False, timeout_graceful_shutdown=2
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def register(app: typer.Typer) -> None:
