@@ -37,7 +37,7 @@ class ReconcileError(RuntimeError):
 
 
 @flow(name="lease", flow_run_name="lease-j{admit.job_id}-a{admit.attempt}", log_prints=False)
-async def lease(admit: Admit) -> AdmitOutcome:
+async def lease(admit: Admit, fleet_size: int | None = None) -> AdmitOutcome:
     """Label the runners, verify, anchor; on any failure undo exactly this attempt's labels.
 
     Compensation is our own stack, not a Prefect transaction: a step that fails once and then
@@ -60,7 +60,7 @@ async def lease(admit: Admit) -> AdmitOutcome:
     outcome = await run_admission(
         admit,
         add_lease_labels_task,
-        verify_lease_task,
+        lambda a: verify_lease_task(a, fleet_size),
         add_anchor_labels_task,
         on_rollback=log_rollback,
     )
@@ -258,7 +258,7 @@ async def reconcile(
         # one admission at a time: GitHub has no compare-and-swap, so we are the single writer
         for admit in decisions.admit:
             try:
-                outcome = await lease(admit)
+                outcome = await lease(admit, fleet_size=len(snapshot.runners))
             except Exception as exc:
                 failures.append(f"lease {admit.lease_label}: {type(exc).__name__}: {exc}")
                 continue

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from slurmgate.github import NotFound
 from slurmgate.labels import (
     ATTEMPT_PREFIX,
     JOB_PREFIX,
@@ -29,6 +30,8 @@ class LeaseClient(Protocol):
     """The slice of `slurmgate.github.GitHubClient` the protocol uses."""
 
     async def list_runners(self, conditional: bool = True) -> list[Runner]: ...
+
+    async def get_runner(self, runner_id: int) -> Runner: ...
 
     async def add_labels(self, runner_id: int, labels: list[str]) -> object: ...
 
@@ -230,8 +233,28 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
     return Verification(present, tuple(sorted(competing)))
 
 
-async def verify_lease(client: LeaseClient, admit: Admit) -> Verification:
-    """Step 2: re-read the fleet unconditionally (no cached copy) and check the lease on it."""
+RUNNERS_PER_PAGE = 100  # GitHub's largest page of the runner list
+
+
+async def verify_lease(
+    client: LeaseClient, admit: Admit, *, fleet_size: int | None = None
+) -> Verification:
+    """Step 2: re-read unconditionally (never a cached copy) and check the lease on it.
+
+    When the fleet spans more list pages than the lease has runners, only the chosen runners
+    are read (one fresh GET each): N reads instead of every page. Another lease label on one
+    of them sends it back to the whole fleet, because the winner rule needs every anchor.
+    """
+    pages = -(-fleet_size // RUNNERS_PER_PAGE) if fleet_size else 0
+    if len(admit.runner_ids) < pages:
+        chosen: list[Runner] = []
+        for runner_id in admit.runner_ids:
+            try:
+                chosen.append(await client.get_runner(runner_id))
+            except NotFound:
+                raise LeaseLost(f"runner {runner_id} is no longer registered") from None
+        if all(len(runner.lease_labels) <= 1 for runner in chosen):
+            return check_lease(admit, chosen)
     fleet = await client.list_runners(conditional=False)
     return check_lease(admit, fleet)
 
@@ -321,7 +344,11 @@ async def run_admission(
 
 
 async def admit_lease(
-    client: LeaseClient, admit: Admit, *, on_rollback: RollbackHook | None = None
+    client: LeaseClient,
+    admit: Admit,
+    *,
+    fleet_size: int | None = None,
+    on_rollback: RollbackHook | None = None,
 ) -> AdmitOutcome:
     """The whole protocol straight over a client (no Prefect): N + 1 label writes, one read."""
 
@@ -329,7 +356,7 @@ async def admit_lease(
         await add_lease_labels(client, a, stack)
 
     async def verify(a: Admit) -> Verification:
-        return await verify_lease(client, a)
+        return await verify_lease(client, a, fleet_size=fleet_size)
 
     async def anchor(a: Admit, stack: CompensationStack, verified: Verification) -> None:
         await add_anchor_labels(client, a, stack, verified)

@@ -116,8 +116,9 @@ async def add_lease_labels_task(admit: Admit, stack: CompensationStack) -> None:
 
 
 @task(name="verify-lease", **_task_options)
-async def verify_lease_task(admit: Admit) -> Verification:
-    return await verify_lease(current_client(), admit)
+async def verify_lease_task(admit: Admit, fleet_size: int | None = None) -> Verification:
+    """Step 2: a fresh read of the chosen runners (or the whole fleet) checks the lease."""
+    return await verify_lease(current_client(), admit, fleet_size=fleet_size)
 
 
 @task(

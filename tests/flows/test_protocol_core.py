@@ -8,6 +8,7 @@ from flowcheck import fleet, managed_on
 from slurmgate.github import GitHubClient, GitHubScope
 from slurmgate.leases import (
     CompensationStack,
+    LeaseConflict,
     UnmanagedLabelError,
     add_lease_labels,
     remove_labels,
@@ -65,3 +66,25 @@ async def test_only_managed_labels_can_be_removed(emulator_factory) -> None:
         assert emu.admin.stats()["writes"] == 0  # refused before any request
         outcome = await remove_labels(client, [(1, ["ci-lease-j1-a1-t1"])])
     assert outcome.already_gone == ((1, "ci-lease-j1-a1-t1"),)  # 404 is success
+
+
+async def test_large_fleet_verifies_by_reading_only_the_chosen_runners(emulator_factory) -> None:
+    """250 runners are 3 list pages: a 2-runner lease reads its 2 runners, not the pages,
+    unless another lease shows up on them (the winner rule then needs the whole fleet)."""
+    emu = emulator_factory({"a": 250})
+    admit = admit_for((1, 2))
+    stack = CompensationStack()
+    by_id = "GET /repos/{owner}/{repo}/actions/runners/{runner_id}"
+    listing = "GET /repos/{owner}/{repo}/actions/runners"
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), "t") as client:
+        await add_lease_labels(client, admit, stack)
+        emu.admin.reset_stats()
+        await verify_lease(client, admit, fleet_size=250)
+        assert emu.admin.stats()["requests"] == {by_id: 2}
+
+        await client.add_labels(2, ["ci-lease-j1-a1-t100"])  # an older lease, same runner
+        emu.admin.reset_stats()
+        with pytest.raises(LeaseConflict, match="ci-lease-j1-a1-t100"):
+            await verify_lease(client, admit, fleet_size=250)
+        assert emu.admin.stats()["requests"] == {by_id: 2, listing: 3}
+        await stack.unwind()
