@@ -204,7 +204,7 @@ class Estimator:
     """Turns a job (its key and timeout) into an Estimate, from the timeout or from history."""
 
     source: str = "timeout"  # "timeout" | "learned"
-    quantile: float = 0.9
+    quantile: float = 0.8
     min_samples: int = 3
     history: RuntimeHistory | None = None
 

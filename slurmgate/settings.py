@@ -77,7 +77,7 @@ class AdmissionSettings(BaseSettings):
         ),
     )
     estimate_quantile: float = Field(
-        default=0.9,
+        default=0.8,
         gt=0,
         le=1,
         validation_alias=AliasChoices("estimate_quantile", "SLURMGATE_ESTIMATE_QUANTILE"),
@@ -99,12 +99,14 @@ class AdmissionSettings(BaseSettings):
         ),
     )
     reserve_after_s: float = Field(
-        default=0.0,
+        default=18000.0,
         ge=0,
         validation_alias=AliasChoices("reserve_after_s", "SLURMGATE_RESERVE_AFTER_S"),
         description=(
             "easy/conservative: a blocked job gets a reservation only after waiting this long "
-            "(seconds; 0 = at once, classic EASY). Like Slurm's bf_min_age_reserve."
+            "(env SLURMGATE_RESERVE_AFTER_S, seconds; default 5 h, the best measured in "
+            "benchmarks/bench_policies.py; 0 = at once, classic EASY). Like Slurm's "
+            "bf_min_age_reserve."
         ),
     )
     reservation_depth: int = Field(

@@ -60,10 +60,12 @@ class Result:
 
 
 def sim_settings(**overrides: Any) -> AdmissionSettings:
-    """Settings for a replay: both seed flags on; knobs as given (environment ignored)."""
+    """Settings for a replay: both seed flags on, classic (immediate) reservations, and the
+    knobs as given; the environment is not read."""
     values: dict[str, Any] = {
         "PRIORITY_SCHEDULER_ENABLED": True,
         "NODE_SLOT_SCHEDULER_ENABLED": True,
+        "reserve_after_s": 0.0,
     }
     values.update(overrides)
     return AdmissionSettings.model_validate(values)

@@ -36,6 +36,7 @@ def cfg(policy: str, **knobs: Any) -> AdmissionSettings:
             "NODE_SLOT_SCHEDULER_ENABLED": True,
             "policy": policy,
             "estimates": "timeout",
+            "reserve_after_s": 0,
             **knobs,
         }
     )
@@ -186,6 +187,8 @@ def test_policy_for_applies_the_knobs() -> None:
     assert policy_for(cfg("conservative", reservation_depth=5)).depth == 5  # type: ignore[attr-defined]
     assert policy_for(cfg("easy"), "fcfs").name == "fcfs"
     assert policy_for(cfg("easy", reserve_after_s=60)).reserve_after_s == 60  # type: ignore[attr-defined]
+    assert policy_for(cfg("easy")).reserve_after_s == 0  # type: ignore[attr-defined]
+    assert AdmissionSettings().reserve_after_s == 5 * 3600
 
 
 def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
