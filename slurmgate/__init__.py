@@ -1,3 +1,3 @@
-"""slurmgate: weighted runner-lease admission and the Slurm allocation runtime (the core, no prefect)."""
+"""slurmgate: weighted runner-lease admission and the Slurm allocation runtime (core)."""
 
 __version__ = "0.1.0"

@@ -135,7 +135,9 @@ class MalformedLabel:
     reason: str
 
 
-def leases_from_fleet(runners: tuple[Runner, ...] | list[Runner]) -> tuple[list[Lease], list[MalformedLabel]]:
+def leases_from_fleet(
+    runners: tuple[Runner, ...] | list[Runner],
+) -> tuple[list[Lease], list[MalformedLabel]]:
     """Rebuild every lease from one read of the fleet; report lease labels that do not parse.
 
     The anchor is the leased runner that also carries per-job labels. When several do (a crash
@@ -222,7 +224,7 @@ class BlockReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Create a lease: label `runner_ids` with `lease_label`, verify, then give `anchor_id` the job labels."""
+    """Create a lease: label `runner_ids`, verify, then give `anchor_id` the job's own labels."""
 
     job_id: int
     attempt: int

@@ -27,7 +27,10 @@ def slurm_unavailable_reason() -> str | None:
     if forced:
         return forced
     if not os.environ.get("SLURM_CONF"):
-        return "SLURM_CONF is not set: run the suite through `make test`, which starts the bundled cluster"
+        return (
+            "SLURM_CONF is not set: run the suite through `make test`, "
+            "which starts the bundled cluster"
+        )
     if shutil.which("sinfo") is None:
         return "sinfo is not installed (Debian package slurm-client)"
     try:
@@ -43,7 +46,7 @@ def slurm_unavailable_reason() -> str | None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
-    """The bundled local Slurm cluster, started by scripts/test.sh; skips with the reason if absent."""
+    """The bundled local Slurm cluster (started by scripts/test.sh); skips with the reason."""
     reason = slurm_unavailable_reason()
     if reason:
         pytest.skip(f"real Slurm unavailable: {reason}")
