@@ -165,6 +165,42 @@ def driver_ratio() -> dict[str, Any]:
     return out
 
 
+NOTES = """
+## Notes
+
+- **Cross-check.** fcfs and greedy reproduce the reference on every scenario to its printed
+  precision. conservative here is bounded (`reservation_depth` 32 per pool, like Slurm's
+  `bf_max_job_test`); with an unbounded depth it reproduces the reference exactly on KTH x0.8
+  (8.49 / 36.79 / 147.8 / 290.4). easy matches a textbook Lifka EASY (shadow time and extra
+  runners) job for job on the whole KTH x0.8 trace (checked by the independent implementation in
+  `tests/simulator/test_replay.py`), within 1% of the reference on KTH at native load, and 2-9%
+  off on KTH x0.8, the five pools and LANL/32. EASY is sensitive to tie rules at equal
+  timestamps (KTH's requested times are round numbers): on KTH x0.8, counting only the first
+  lease that ends at the shadow time gives a mean wait of 6.07 h, a strict "ends before the
+  shadow" gives 6.49 h, ours (every lease ending then counts, ending exactly at the shadow is
+  allowed) 6.21 h, the reference 6.36 h. Across several pools the reference does not say which
+  pool a reservation takes; ours takes the pool with the earliest start, one reservation per pool.
+- **Default.** easy + learned estimates (0.8 quantile of the job key's last 20 runtimes, after 3
+  runs; the timeout until then) + reservations only for jobs that waited 5 h (Slurm's
+  `bf_min_age_reserve`). Young jobs backfill greedily, which keeps greedy's mean wait; a job
+  that has waited 5 h is protected like EASY's head, which bounds wide-job waits. Classic EASY
+  with timeout estimates misses the mean-wait target on KTH (x1.19) and LANL/32 (x1.31); learned
+  estimates alone recover little (x1.16, x1.19); the age threshold is what closes the gap. The
+  two knobs were chosen on these scenarios (quantile 0.7-1.0, threshold 2-8 h swept); wide-job
+  maxima move by +-10% with either knob. Held-out check on LANL/16 (pools 32, 16, 8, 4, 4,
+  wide > 16 nodes; not used for tuning; run by hand, 122,049 jobs): greedy 2.93 h mean / 127.7 h
+  wide max, easy/timeout 2.54 / 68.4, default 2.42 / 70.3: mean better than greedy's, wide max
+  2.9% above EASY's, so the wide-job target is met only approximately away from the tuning set.
+- **InferenceX mix.** Stated model (`slurmgate/simulator/traces.py`, `MixModel`): 14 days; every
+  night at 02:00 a sweep queues all rows of 15% of the config keys at once; PRs arrive 08-20 h
+  as a Poisson stream of 0.4/h, each queueing all rows of one key; agentic rows run 3600 s,
+  fixed-seq-len rows a per-row lognormal base (median 45 min, sigma 0.5) +-15% per run; GB200 /
+  GB300 pools have 18 tokens (one per NVL72 tray; the snapshot's 4 and 3 runners cannot hold
+  their 18-node rows). Its waits come from the nightly burst, not from starvation: every
+  policy's wide maximum is the same 28.7 h.
+"""
+
+
 def fmt(value: float) -> str:
     return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
 
@@ -226,6 +262,7 @@ def markdown(
             f"| {policy} | {r['fast_s']} | {r['via_plan_s']} | x{r['ratio']} | {r['plans']} "
             f"| {r['same_schedule']} |"
         )
+    lines += ["", *NOTES.strip("\n").split("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -233,9 +270,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="KTH on 100 nodes only")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--render", action="store_true", help="rewrite policies.md from policies.json only"
+    )
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if args.render:
+        saved = json.loads((out / "policies.json").read_text())
+        (out / "policies.md").write_text(
+            markdown(saved["rows"], saved["targets"], saved["drivers"])
+        )
+        return 0
     scenarios = SCENARIOS[:1] if args.quick else SCENARIOS
     rows: list[dict[str, Any]] = []
     targets: list[dict[str, Any]] = []
