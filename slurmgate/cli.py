@@ -219,6 +219,16 @@ def _register_subcommands() -> None:
     app.add_typer(cluster_app, name="cluster")
     app.add_typer(allocation_app, name="allocation")
 
+    from slurmgate.simulator.cli import simulate_command
+
+    app.command(
+        "simulate",
+        epilog=(
+            "Example: slurmgate simulate slurmgate/data/traces/KTH-SP2-1996-2.1-cln.swf.gz "
+            "--pools 100 --policy easy --json"
+        ),
+    )(simulate_command)
+
 
 _register_subcommands()
 
