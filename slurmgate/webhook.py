@@ -6,11 +6,11 @@ small starlette app sits between GitHub and Prefect's `POST /api/events`:
 1. every request must carry a valid `X-Hub-Signature-256` (HMAC-SHA256 of the raw body with the
    shared secret, compared in constant time), else 401 and nothing happens;
 2. `ping` is answered, other event types are acknowledged (202) and ignored;
-3. a `workflow_job` delivery is **stale** when the job's timestamp for its action (`created_at`
-   for queued/waiting, `started_at` for in_progress, `completed_at` for completed) is older than
-   `max_age_s`, or more than `max_skew_s` in the future: 403, nothing posted. GitHub sends no
-   timestamp header, so this bounds replays of captured deliveries; redelivering an old delivery
-   by hand is refused too, and the reconcile schedule covers what it would have done;
+3. a `workflow_job` delivery is **stale** when its newest job timestamp (normally the action's
+   own: `created_at` for queued, `started_at` for in_progress, `completed_at` for completed) is
+   older than `max_age_s`, or more than `max_skew_s` in the future: 403, nothing posted. GitHub
+   sends no timestamp header, so this bounds replays of captured deliveries; redelivering an old
+   delivery by hand is refused too, and the reconcile schedule covers what it would have done;
 4. `X-GitHub-Delivery` ids are remembered (bounded LRU with a TTL): a repeat answers 200 with
    `duplicate: true` and posts nothing;
 5. the event `github.workflow_job.<action>` is posted with a short timeout (well inside GitHub's
@@ -160,14 +160,24 @@ def _parse_time(value: object, field: str) -> datetime:
 
 
 def delivery_time(payload: Mapping[str, Any]) -> datetime:
-    """The job's timestamp for the delivery's action (see ACTION_TIMESTAMP)."""
+    """When the delivery was made, as near as the payload tells: the newest job timestamp.
+
+    The action's own timestamp (ACTION_TIMESTAMP) is usually the newest. Taking the newest of
+    all keeps a job that waited (for an approval, say) before it was queued from looking stale.
+    """
     job = payload.get("workflow_job")
     if not isinstance(job, Mapping):
         raise BadDelivery("workflow_job is missing")
     action = str(payload.get("action", ""))
     field = ACTION_TIMESTAMP.get(action, "created_at")
-    value = job.get(field) or job.get("created_at")
-    return _parse_time(value, field)
+    times = [
+        _parse_time(job[name], name)
+        for name in dict.fromkeys((field, "created_at", "started_at", "completed_at"))
+        if job.get(name)
+    ]
+    if not times:
+        raise BadDelivery(f"workflow_job.{field} is missing")
+    return max(times)
 
 
 def check_fresh(payload: Mapping[str, Any], now: datetime, max_age_s: float, skew_s: float) -> None:

@@ -198,15 +198,26 @@ def test_delivery_cache_is_bounded_in_size_and_age() -> None:
     assert cache.claim("b") and len(cache) == 1  # everything older than the TTL expired
 
 
-def test_freshness_uses_the_actions_own_timestamp() -> None:
+def test_freshness_uses_the_newest_job_timestamp() -> None:
     now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
     payload = job_payload(1, "completed")
     job = payload["workflow_job"]
-    job["created_at"] = "2026-01-01T00:00:00Z"  # queued long ago
+    job["created_at"] = job["started_at"] = "2026-01-01T00:00:00Z"  # queued long ago
     job["completed_at"] = "2026-01-01T11:59:00Z"  # but completed a minute ago
     check_fresh(payload, now, max_age_s=300, skew_s=60)
-    payload["action"] = "queued"
+    job["completed_at"] = None
     with pytest.raises(ValueError, match="old"):
+        check_fresh(payload, now, max_age_s=300, skew_s=60)
+    # a job that waited before it was queued: its start time dates the queued delivery
+    payload["action"] = "queued"
+    job["started_at"] = "2026-01-01T11:58:30Z"
+    check_fresh(payload, now, max_age_s=300, skew_s=60)
+    job["created_at"] = job["started_at"] = "2026-01-01T12:05:00Z"
+    with pytest.raises(ValueError, match="future"):
+        check_fresh(payload, now, max_age_s=300, skew_s=60)
+    for name in ("created_at", "started_at"):
+        job[name] = None
+    with pytest.raises(ValueError, match="missing"):
         check_fresh(payload, now, max_age_s=300, skew_s=60)
 
 
