@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from slurmgate.ci import (
@@ -277,3 +279,39 @@ def test_node_count_bad_allocation_spec_names_the_field(cli: CliRunner, tmp_path
     result = cli.invoke(app, ["node-count", str(path)])
     assert result.exit_code == 2
     assert "name" in result.stderr and "lowercase" in result.stderr
+
+
+# ---- properties -------------------------------------------------------------------------------
+
+rows = st.fixed_dictionaries(
+    {"runner": st.sampled_from(["cluster:h100", "cluster:B200-nv", "gb200"])},
+    optional={
+        "node-count": st.one_of(st.integers(1, 64), st.just(""), st.none()),
+        "model-prefix": st.sampled_from(["dsr1", "kimik3", "other"]),
+        "precision": st.sampled_from(["fp4", "fp8"]),
+        "framework": st.sampled_from(["vllm", "sglang-x", "trt"]),
+    },
+)
+
+
+@given(row=rows, priority=st.booleans(), node_slots=st.booleans(), attempt=st.integers(1, 9))
+def test_label_set_properties(row: dict[str, Any], priority: bool, node_slots: bool, attempt: int):
+    spec = spec_from_data(row, "row")
+    result = compute_labels(spec, LabelFlags(priority, node_slots), RunContext(7, attempt))
+    labels = list(result.runs_on)
+    folded = [label.casefold() for label in labels]
+    assert len(folded) == len(set(folded)), labels
+    assert row["runner"] in labels
+    has_nodes = any(label.startswith("nodes:") for label in labels)
+    known = row.get("node-count") not in ("", None) or "node-count" not in row
+    # nodes:N only with both flags on and a known count; then it is the row's count
+    assert has_nodes == (priority and node_slots and known)
+    if has_nodes:
+        assert parse_nodes(labels) == spec.nodes == (row.get("node-count") or 1)
+    if not priority:
+        assert labels == [row["runner"]]
+    else:
+        gate = JobLabel.parse(result.job_label or "")
+        assert labels[0] == "self-hosted" and labels[-1] == f"ci-attempt-{attempt}"
+        assert gate.score == Decimal(result.score or "")
+        assert str(gate.score) == result.score  # the planner reads back exactly what was scored
