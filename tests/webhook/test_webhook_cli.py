@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -97,11 +98,13 @@ def test_the_command_serves_and_never_prints_the_secret(prefect_api: str, tmp_pa
 class HeaderRecorder:
     """A real HTTP server standing in for a Prefect API that requires basic auth."""
 
-    def __init__(self) -> None:
+    def __init__(self, stall_s: float = 0.0) -> None:
         self.seen: list[str | None] = []
 
         async def events(request: Request) -> Response:
             self.seen.append(request.headers.get("authorization"))
+            if stall_s:
+                await asyncio.sleep(stall_s)
             ok = request.headers.get("authorization") == "Basic YWRtaW46czNjcjN0OnB3"
             return Response(status_code=204 if ok else 401)
 
@@ -111,6 +114,7 @@ class HeaderRecorder:
             port=0,
             log_config=None,
             log_level="warning",
+            timeout_graceful_shutdown=1,  # a stalled request must not hold up teardown
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -146,3 +150,21 @@ def test_prefect_auth_string_is_sent_as_basic_auth() -> None:
         with RelayServer(no_auth) as relay:
             assert deliver(relay.url, job_payload(98003)).status_code == 503
     assert prefect.seen == ["Basic YWRtaW46czNjcjN0OnB3", "Basic YWRtaW46Z3Vlc3M=", None]
+
+
+def test_a_hanging_prefect_still_gets_github_an_answer_in_time() -> None:
+    """GitHub counts a delivery failed after 10 s: the relay gives up on Prefect first (503)."""
+    with HeaderRecorder(stall_s=30) as prefect:
+        settings = RelaySettings(secret=SECRET, prefect_api_url=prefect.url, post_timeout_s=1.5)
+        with RelayServer(settings) as relay:
+            delivery = str(uuid.uuid4())
+            started = time.monotonic()
+            response = deliver(relay.url, job_payload(99001), delivery=delivery)
+            elapsed = time.monotonic() - started
+            assert response.status_code == 503
+            assert 1.4 <= elapsed < 5, elapsed
+            # the delivery id was released: GitHub's redelivery is tried again, not dropped
+            assert deliver(relay.url, job_payload(99001), delivery=delivery).status_code == 503
+            assert relay.stats["duplicates"] == 0
+        # the default keeps the answer inside GitHub's 10 s
+        assert RelaySettings(secret="s", prefect_api_url="http://x/api").post_timeout_s < 10
