@@ -216,8 +216,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{busy['blocked']}, rolled back {busy['rolled_back']}; "
         f"{ratios['writes_per_admitted_job']} writes per admitted job, budget N+1 = "
         f"{busy['label_writes_budget_n_plus_1']} writes in all.",
-        f"Verification re-reads the whole fleet unconditionally: "
-        f"{ratios['verify_reads_per_admitted_job']} read requests per admitted job here.",
+        f"Verification reads fresh (unconditional) either the chosen runners or every list page, "
+        f"whichever is fewer: {ratios['verify_reads_per_admitted_job']} read requests per "
+        "admitted job here.",
         f"Planner alone on the same snapshot: median {result['plan_alone_median_s']} s.",
         f"The same busy tick without Prefect (core protocol, twin emulator): "
         f"{result['core_tick_without_prefect']['wall_s']} s for "
