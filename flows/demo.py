@@ -1,0 +1,733 @@
+"""The demo driver: admission on the emulator tick by tick, the runtime on Slurm, then a summary.
+
+`make demo` runs it through scripts/demo.sh.
+
+Usage: python flows/demo.py [--mode deployment|direct] [--jobs 40] [--seed 7] [--skip-runtime]
+`deployment` (the default) triggers the served `reconcile` deployment of a local Prefect server on
+every tick, as the schedule would; `direct` calls the flow in this process (faster, for tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the flows and deployments packages live at the repository root
+
+from slurmgate.board import (  # noqa: E402
+    AdmissionTracker,
+    render_compact,
+    render_live,
+)
+from slurmgate.priority import job_label, queue_namespace, queue_token, score  # noqa: E402
+
+JOB_MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
+DEMO_SPEC = REPO / "examples" / "specs" / "demo.yaml"
+DEMO_REPO = "acme/gpu-ci"
+SCOPE_BLOCK = "slurmgate-demo"
+FLAGS = {
+    "PRIORITY_SCHEDULER_ENABLED": "true",
+    "NODE_SLOT_SCHEDULER_ENABLED": "true",
+    # the emulator has no secondary rate limit: do not pace label writes 1 s apart
+    "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
+}
+
+
+class DemoError(RuntimeError):
+    """A part of the demo failed; the message says which and why."""
+
+
+# ---- the job mix ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoJob:
+    row_id: str
+    pool: str
+    nodes: int
+    score: str
+    labels: list[str]
+    duration_s: float
+
+
+def _priority_row(row: dict[str, str], nodes: int) -> dict[str, Any]:
+    """The mix row in the shape the priority policy scores (seed field names)."""
+    recipe = (row.get("recipe") or "").lower()
+    spec = next((s for s in ("eagle3", "eagle", "mtp") if s in recipe), "")
+    return {
+        "node-count": nodes,
+        "prefill": {} if row.get("disagg") == "True" else None,
+        "precision": row.get("precision", ""),
+        "spec-decoding": spec,
+        "framework": row.get("framework", ""),
+        "model-prefix": (row.get("config_key") or "").split("-")[0],
+        "scenario-type": row.get("scenario", ""),
+    }
+
+
+def draw_jobs(
+    csv_path: Path = JOB_MIX,
+    *,
+    load: float = 1.75,
+    never_fits: int = 2,
+    seed: int = 7,
+    duration_s: float = 4.0,
+) -> list[DemoJob]:
+    """Rows of the mix as queued jobs with runs-on labels, deterministic for a seed.
+
+    Each pool gets rows that fit it until their nodes add up to `load` times its runners (so
+    jobs wait and smaller ones backfill), and up to `never_fits` rows wider than the pool when
+    the mix has any. Durations are `duration_s` times 0.75-1.5, so a pool turns over in seconds.
+    """
+    from slurmgate.emulator import fleet_from_job_mix
+
+    if load <= 0:
+        raise DemoError(f"--load {load} must be above 0 (pool load factor, e.g. 2)")
+    pools = fleet_from_job_mix(csv_path)
+    with open(csv_path, newline="") as fh:
+        rows = [
+            r
+            for r in csv.DictReader(fh)
+            if (r.get("cluster_pool") or "").startswith("cluster:")
+            and (r.get("total_nodes") or "").isdigit()
+        ]
+    rng = random.Random(seed)
+    picked: list[dict[str, str]] = []
+    for pool, capacity in pools.items():
+        mine = [r for r in rows if r["cluster_pool"] == f"cluster:{pool}"]
+        fits = [r for r in mine if int(r["total_nodes"]) <= capacity]
+        wide = [r for r in mine if int(r["total_nodes"]) > capacity]
+        rng.shuffle(fits)
+        nodes = 0
+        for row in fits:
+            if nodes >= load * capacity:
+                break
+            picked.append(row)
+            nodes += int(row["total_nodes"])
+        picked.extend(rng.sample(wide, min(never_fits, len(wide))))
+    rng.shuffle(picked)  # arrival order is not priority order
+    jobs = []
+    for index, row in enumerate(picked):
+        nodes = int(row["total_nodes"])
+        pool = row["cluster_pool"].removeprefix("cluster:")
+        value = score(_priority_row(row, nodes))
+        token = queue_token(row, queue_namespace(seed, 1, "demo"), (str(index),))
+        labels = [
+            "self-hosted",
+            f"cluster:{pool}",
+            f"nodes:{nodes}",
+            job_label(value, token),
+            "ci-attempt-1",
+        ]
+        duration = round(duration_s * rng.uniform(0.75, 1.5), 2)
+        jobs.append(DemoJob(row["row_id"], pool, nodes, str(value), labels, duration))
+    return jobs
+
+
+# ---- Prefect: a local server and the served reconcile deployment ---------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str, proc: Any = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if proc is not None and proc.poll() is not None:
+            raise DemoError(f"{what}: the process exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise DemoError(f"{what} did not happen within {timeout_s:.0f} s")
+        time.sleep(0.25)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait(5)
+
+
+@contextmanager
+def prefect_server(workdir: Path) -> Iterator[str]:
+    """`prefect server start` on a free loopback port (SQLite in PREFECT_HOME); yields its API."""
+    import httpx
+
+    port = free_port()
+    log = open(workdir / "prefect-server.log", "wb")  # noqa: SIM115 (closed below)
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(api + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, 90, f"prefect server on {api}", proc)
+        yield api
+    finally:
+        _stop(proc)
+        log.close()
+
+
+@contextmanager
+def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
+    """`deployments/serve.py`'s reconcile deployment served in a subprocess, without its schedule
+    (the demo triggers every tick itself); yields the deployment name."""
+    import httpx
+
+    log = open(workdir / "serve.log", "wb")  # noqa: SIM115 (closed below)
+    env = dict(
+        os.environ,
+        PREFECT_API_URL=api,
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
+        PREFECT_RESULTS_PERSIST_BY_DEFAULT="true",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--serve-reconcile"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    name = "reconcile/reconcile"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{api}/deployments/name/{name}", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, 90, "the served reconcile deployment", proc)
+        yield name
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def serve_reconcile() -> None:
+    """The subprocess side of `served_reconcile`: the shipped definition, schedule removed."""
+    import importlib.util
+
+    from prefect import serve
+
+    spec = importlib.util.spec_from_file_location("slurmgate_serve", REPO / "deployments/serve.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    deployments = [
+        d
+        for d in module.build_deployments(scope_block=SCOPE_BLOCK, policy_block=None)
+        if d.name == "reconcile"
+    ]
+    for deployment in deployments:
+        deployment.schedules = []
+    serve(*deployments, print_starting_message=False)
+
+
+# ---- admission -----------------------------------------------------------------------------
+
+
+@dataclass
+class AdmissionResult:
+    jobs: int
+    ticks: int
+    admitted: int
+    admitted_by_flow: int
+    released_by_flow: int
+    completed: int
+    never_fits: dict[int, str]
+    backfills: list[dict[str, Any]]
+    peak_utilization: dict[str, float]
+    capacity: dict[str, int]
+    api_calls: int
+    api_calls_by_flow: int
+    leases_left: int
+    seconds: float
+    mode: str
+    problems: list[str] = field(default_factory=list)
+
+
+class Printer:
+    """A rich Live view on a terminal, one compact block per tick otherwise."""
+
+    def __init__(self, live: bool | None = None) -> None:
+        from rich.console import Console
+
+        self.console = Console()
+        self.live_mode = self.console.is_terminal if live is None else live
+        self.events: list[str] = []
+        self._live: Any = None
+
+    def __enter__(self) -> Printer:
+        if self.live_mode:
+            from rich.live import Live
+
+            self._live = Live(console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def show(self, view: Any, *, running: bool = False) -> None:
+        """Show a tick's view; `running` marks a refresh while the tick is still in flight."""
+        if self._live is not None:
+            self.events = (self.events + view.events)[-10:]
+            self._live.update(render_live(view, self.events, running=running))
+        elif not running:
+            print(render_compact(view), flush=True)
+
+    def say(self, text: str) -> None:
+        if self._live is not None:
+            self._live.console.print(text)
+        else:
+            print(text, flush=True)
+
+
+def _api_calls(stats: dict[str, Any]) -> int:
+    return sum(n for k, n in stats.get("requests", {}).items() if "/_emulator" not in k)
+
+
+async def _board_rows() -> list[dict[str, Any]]:
+    from prefect.artifacts import Artifact
+
+    from flows.reconcile import BOARD_KEY
+
+    artifact = await Artifact.aget(BOARD_KEY)
+    if artifact is None:
+        return []
+    data = artifact.data
+    rows = json.loads(data) if isinstance(data, str) else data
+    return list(rows or [])
+
+
+async def _tick(mode: str, emu_url: str, deployment: str | None) -> dict[str, Any]:
+    """One reconcile run; its summary (admitted, released, api_calls, ...)."""
+    if mode == "direct":
+        from flows.reconcile import reconcile
+
+        result: dict[str, Any] = await reconcile(scope_block=SCOPE_BLOCK, policy_block=None)
+        return result
+    from prefect.deployments import run_deployment
+
+    assert deployment is not None
+    flow_run: Any = await run_deployment(deployment, timeout=120, poll_interval=0.25)  # type: ignore[misc]
+    state = flow_run.state
+    if state is None or not state.is_completed():
+        raise DemoError(
+            f"reconcile run {flow_run.name} ended {state.name if state else 'without a state'}"
+            f": {state.message if state else ''}"
+        )
+    value = await state.aresult() if hasattr(state, "aresult") else state.result()
+    if not isinstance(value, dict):
+        raise DemoError(f"reconcile run {flow_run.name} returned {value!r}, not its summary")
+    return value
+
+
+async def run_admission(
+    emu: Any,
+    jobs: list[DemoJob],
+    printer: Printer,
+    *,
+    mode: str = "direct",
+    deployment: str | None = None,
+    max_ticks: int = 120,
+    timeout_s: float = 180.0,
+    min_tick_s: float = 1.0,
+) -> AdmissionResult:
+    """Queue `jobs` on the emulator, tick reconcile until every job that can run has run and
+    released its lease (or `max_ticks`/`timeout_s` pass), following the fleet with the tracker."""
+    from blocks import GitHubScopeBlock
+
+    await GitHubScopeBlock(
+        api_url=emu.url, repo=emu.repo, token=emu.token, min_write_interval_s=0
+    ).save(SCOPE_BLOCK, overwrite=True)
+    ids = [emu.admin.add_job(j.labels, j.duration_s, name=j.row_id)["id"] for j in jobs]
+    emu.admin.reset_stats()
+    tracker = AdmissionTracker(ids)
+    started = time.monotonic()
+    flow_admitted = flow_released = flow_calls = 0
+    problems: list[str] = []
+    tick = 0
+    while tick < max_ticks:
+        tick += 1
+        tick_started = time.monotonic()
+        running = asyncio.ensure_future(_tick(mode, emu.url, deployment))
+        while printer.live_mode and not running.done():
+            await asyncio.wait({running}, timeout=1.0)
+            if not running.done():
+                printer.show(
+                    tracker.peek(tick, emu.state.dump(), elapsed_s=time.monotonic() - started),
+                    running=True,
+                )
+        summary = await running
+        flow_admitted += int(summary.get("admitted", 0))
+        flow_released += int(summary.get("released", 0))
+        flow_calls += int(summary.get("api_calls", 0))
+        dump = emu.admin.dump()
+        view = tracker.observe(
+            tick,
+            dump,
+            await _board_rows(),
+            elapsed_s=time.monotonic() - started,
+            api_calls=_api_calls(emu.admin.stats()),
+        )
+        printer.show(view)
+        ours = [j for j in dump["jobs"] if j["id"] in tracker.job_ids]  # type: ignore[operator]
+        waiting = [
+            j for j in ours if j["status"] != "completed" and j["id"] not in tracker.never_fits
+        ]
+        leases_left = sum(p.leases for p in view.pools)
+        if not waiting and leases_left == 0:
+            break
+        if time.monotonic() - started > timeout_s:
+            problems.append(
+                f"admission timed out after {timeout_s:.0f} s with {len(waiting)} job(s) "
+                f"unfinished and {leases_left} lease(s) held"
+            )
+            break
+        await asyncio.sleep(max(0.0, min_tick_s - (time.monotonic() - tick_started)))
+    else:
+        problems.append(f"admission did not settle within {max_ticks} ticks")
+    final = emu.admin.dump()
+    leases_left = sum(
+        1 for r in final["runners"] if any(lb["name"].startswith("ci-lease-") for lb in r["labels"])
+    )
+    for job_id in tracker.never_fits:
+        emu.admin.cancel_job(job_id)  # what a person does with a job no pool can hold
+    if flow_admitted != len(tracker.admitted):
+        problems.append(
+            f"the flows report {flow_admitted} admission(s) but the fleet showed "
+            f"{len(tracker.admitted)} leased job(s)"
+        )
+    return AdmissionResult(
+        jobs=len(jobs),
+        ticks=tick,
+        admitted=len(tracker.admitted),
+        admitted_by_flow=flow_admitted,
+        released_by_flow=flow_released,
+        completed=len(tracker.completed),
+        never_fits=dict(tracker.never_fits),
+        backfills=[
+            {k: str(v) if k.endswith("score") else v for k, v in asdict(b).items()}
+            for b in tracker.backfills
+        ],
+        peak_utilization=dict(sorted(tracker.peak.items())),
+        capacity=dict(sorted(tracker.capacity.items())),
+        api_calls=_api_calls(emu.admin.stats()),
+        api_calls_by_flow=flow_calls,
+        leases_left=leases_left,
+        seconds=round(time.monotonic() - started, 1),
+        mode=mode,
+        problems=problems,
+    )
+
+
+# ---- runtime -------------------------------------------------------------------------------
+
+
+@dataclass
+class RuntimeResult:
+    run_id: str = ""
+    job_id: str = ""
+    hosts: list[str] = field(default_factory=list)
+    loadgen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    served: int = 0
+    throttled_429: int = 0
+    endpoint_requests: int = 0
+    cleanup_complete: bool = False
+    leftover_processes: list[int] = field(default_factory=list)
+    slurm_job_left: bool = False
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def processes_with_env(key: str, value: str) -> list[int]:
+    """Pids whose environment holds KEY=VALUE (the runtime tags every step with its run id)."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def endpoint_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Requests, 200s and 429s answered by the logical endpoints, from their metric rows."""
+    totals = {"requests": 0, "served": 0, "throttled": 0}
+    for row in rows:
+        value = int(float(row.get("value", 0)))
+        metric, labels = str(row.get("metric", "")), str(row.get("labels", ""))
+        if metric == "slurmgate_endpoint_requests_total":
+            totals["requests"] += value
+        elif metric == "slurmgate_endpoint_responses_total" and "status=200" in labels:
+            totals["served"] += value
+        elif metric == "slurmgate_endpoint_responses_total" and "status=429" in labels:
+            totals["throttled"] += value
+    return totals
+
+
+def run_runtime(workdir: Path, printer: Printer, spec_path: Path = DEMO_SPEC) -> RuntimeResult:
+    """The allocation flow on the cluster with the demo spec; reads loadgen, metrics, cleanup."""
+    from prefect.artifacts import Artifact
+
+    from flows.allocation import allocation
+    from slurmgate.runtime.spec import AllocationSpec
+
+    result = RuntimeResult()
+    out = workdir / "loadgen"
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o777)
+    base = AllocationSpec.from_yaml(spec_path)
+    client = base.client.model_copy(
+        update={"env": {**base.client.env, "SLURMGATE_DEMO_OUT": str(out)}}
+    )
+    spec = base.model_copy(update={"client": client})
+    started = time.monotonic()
+    printer.say(f"runtime: allocation {spec.name} on Slurm ({spec.total_nodes} nodes)")
+    try:
+        flow_result = allocation(spec=spec, runs_dir=str(workdir / "runs"))
+    except Exception as exc:
+        result.problems.append(f"allocation flow failed: {type(exc).__name__}: {exc}")
+        flow_result = {}
+    result.seconds = round(time.monotonic() - started, 1)
+    result.run_id = str(flow_result.get("run_id", ""))
+    result.job_id = str(flow_result.get("job_id", ""))
+    result.hosts = list(flow_result.get("hosts", []))
+    for path in sorted(out.glob("*.json")):
+        result.loadgen[path.stem] = json.loads(path.read_text())
+    artifact: Any = Artifact.get("allocation-endpoint-stats")
+    rows: list[dict[str, Any]] = []
+    if artifact is not None:
+        data = artifact.data
+        rows = list(json.loads(data) if isinstance(data, str) else data or [])
+    totals = endpoint_totals(rows or [])
+    result.served, result.throttled_429 = totals["served"], totals["throttled"]
+    result.endpoint_requests = totals["requests"]
+    records = sorted((workdir / "runs").glob("*/record.json"))
+    if records:
+        record = json.loads(records[-1].read_text())
+        result.run_id = result.run_id or record["run_id"]
+        result.cleanup_complete = record.get("cleanup_complete") is True
+    if result.run_id:
+        wait_until_quiet = time.monotonic() + 5
+        while True:
+            result.leftover_processes = processes_with_env("SLURMGATE_RUN_ID", result.run_id)
+            if not result.leftover_processes or time.monotonic() > wait_until_quiet:
+                break
+            time.sleep(0.2)
+    if result.job_id and shutil.which("squeue"):
+        out_q = subprocess.run(
+            ["squeue", "-h", "-j", result.job_id, "-o", "%i"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        result.slurm_job_left = bool(out_q.stdout.strip())
+    if not result.problems:
+        if not result.cleanup_complete:
+            result.problems.append("the run record does not say cleanup completed")
+        if result.leftover_processes:
+            result.problems.append(f"processes of the run still alive: {result.leftover_processes}")
+        if result.slurm_job_left:
+            result.problems.append(f"Slurm job {result.job_id} is still in the queue")
+        if result.served == 0:
+            result.problems.append("the endpoints served no request")
+        if result.throttled_429 == 0:
+            result.problems.append("the overload drew no 429 from the endpoint")
+        throttled = sum(int(r.get("throttled", 0)) for r in result.loadgen.values())
+        if throttled != result.throttled_429:
+            result.problems.append(
+                f"loadgen counted {throttled} 429s but the endpoints report {result.throttled_429}"
+            )
+    return result
+
+
+# ---- summary -------------------------------------------------------------------------------
+
+
+def summary_lines(
+    adm: AdmissionResult | None, rt: RuntimeResult | None, total_s: float
+) -> list[str]:
+    lines = ["", "== slurmgate demo summary"]
+    if adm is not None:
+        lines.append(
+            f"admission ({adm.mode}): {adm.jobs} jobs queued, {adm.admitted} admitted "
+            f"({adm.admitted_by_flow} by the reconcile runs), {adm.completed} completed, "
+            f"{len(adm.never_fits)} never fit, {len(adm.backfills)} backfill(s), "
+            f"{adm.ticks} ticks in {adm.seconds:.0f} s, {adm.leases_left} lease(s) left"
+        )
+        lines.append(
+            f"API calls used: {adm.api_calls} (the emulator counted; the flows counted "
+            f"{adm.api_calls_by_flow})"
+        )
+        lines.append(
+            "peak utilization: "
+            + ", ".join(
+                f"{pool} {adm.peak_utilization.get(pool, 0.0):.0%} of {cap}"
+                for pool, cap in adm.capacity.items()
+            )
+        )
+        for b in adm.backfills[:3]:
+            lines.append(
+                f"  backfill: job {b['job_id']} ({b['nodes']}n) ran in {b['pool']} while job "
+                f"{b['past_job_id']} ({b['past_nodes']}n, higher score {b['past_score']}) waited"
+            )
+    if rt is not None:
+        lines.append(
+            f"runtime: run {rt.run_id or '-'} (Slurm job {rt.job_id or '-'} on "
+            f"{','.join(rt.hosts) or '-'}) in {rt.seconds:.0f} s: {rt.served} requests served, "
+            f"{rt.throttled_429} answered 429, {rt.endpoint_requests} received by the endpoints"
+        )
+        for name, report in sorted(rt.loadgen.items()):
+            lines.append(
+                f"  loadgen {name}: {report.get('ok')} ok, {report.get('throttled')} throttled, "
+                f"{report.get('throughput', 0):.0f} req/s, p50 "
+                f"{report.get('latency_p50', 0) * 1e3:.0f} ms"
+            )
+        verified = rt.cleanup_complete and not rt.leftover_processes and not rt.slurm_job_left
+        lines.append(
+            f"cleanup verified: {'yes' if verified else 'NO'} (record says complete: "
+            f"{rt.cleanup_complete}; processes of the run left: {len(rt.leftover_processes)}; "
+            f"Slurm job left: {rt.slurm_job_left})"
+        )
+    lines.append(f"total time: {total_s:.0f} s")
+    problems = (adm.problems if adm else []) + (rt.problems if rt else [])
+    lines.extend(f"!! {p}" for p in problems)
+    lines.append("demo: FAILED" if problems else "demo: OK")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("deployment", "direct"), default="deployment")
+    parser.add_argument("--load", type=float, default=1.75, help="queued nodes per pool runner")
+    parser.add_argument("--never-fits", type=int, default=2, help="too-wide jobs per pool")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--duration", type=float, default=4.0, help="mean job seconds")
+    parser.add_argument("--skip-runtime", action="store_true", help="admission only")
+    parser.add_argument("--skip-admission", action="store_true", help="runtime only")
+    parser.add_argument("--live", choices=("auto", "yes", "no"), default="auto")
+    parser.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
+    parser.add_argument("--serve-reconcile", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_reconcile:
+        serve_reconcile()
+        return 0
+    os.environ.update(FLAGS)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="slurmgate-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("SLURMGATE_STATE_DIR", str(workdir / "state"))
+    try:
+        jobs = draw_jobs(
+            load=args.load, never_fits=args.never_fits, seed=args.seed, duration_s=args.duration
+        )
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    live = {"auto": None, "yes": True, "no": False}[args.live]
+    with contextmanager_chain(args.mode, workdir) as deployment:
+        adm = rt = None
+        with Printer(live) as printer:
+            if not args.skip_admission:
+                adm = asyncio.run(admission_part(jobs, printer, args.mode, deployment))
+        printer = Printer(False)
+        if not args.skip_runtime:
+            rt = run_runtime(workdir, printer)
+    lines = summary_lines(adm, rt, time.monotonic() - started)
+    print("\n".join(lines), flush=True)
+    (workdir / "summary.json").write_text(
+        json.dumps(
+            {"admission": asdict(adm) if adm else None, "runtime": asdict(rt) if rt else None},
+            indent=1,
+            default=str,
+        )
+    )
+    failed = (adm is not None and adm.problems) or (rt is not None and rt.problems)
+    return 1 if failed else 0
+
+
+async def admission_part(
+    jobs: list[DemoJob], printer: Printer, mode: str, deployment: str | None
+) -> AdmissionResult:
+    from slurmgate.emulator import fleet_from_job_mix
+    from slurmgate.emulator.testing import running_emulator
+
+    pools = fleet_from_job_mix(JOB_MIX)
+    with running_emulator(pools, repo=DEMO_REPO, token="demo-token", tick_s=0.1) as emu:
+        printer.say(
+            f"admission: emulator at {emu.url} with {sum(pools.values())} runners in "
+            f"{len(pools)} pools ({', '.join(f'{p}={n}' for p, n in pools.items())}); "
+            f"{len(jobs)} jobs from the InferenceX mix; reconcile via {mode}"
+        )
+        return await run_admission(emu, jobs, printer, mode=mode, deployment=deployment)
+
+
+@contextmanager
+def contextmanager_chain(mode: str, workdir: Path) -> Iterator[str | None]:
+    """Deployment mode: a local Prefect server and the served reconcile deployment.
+    Direct mode: whatever PREFECT_API_URL names, or Prefect's ephemeral server."""
+    if mode != "deployment":
+        yield None
+        return
+    with prefect_server(workdir) as api:
+        os.environ["PREFECT_API_URL"] = api
+        with served_reconcile(workdir, api) as name:
+            yield name
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# `make demo`: set up, bring up what is missing (local Slurm, a private Prefect home), run the demo
+# driver (flows/demo.py), and leave nothing running. Extra arguments go to the driver.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+VENV="${SLURMGATE_VENV:-.venv}"
+export PATH="$PWD/$VENV/bin:$PATH"
+export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
+# the live view is the demo's output; flow logs still reach the Prefect UI and its database
+export PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="${PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL:-WARNING}"
+export PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL="${PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL:-WARNING}"
+
+work="$(mktemp -d -t slurmgate-demo.XXXXXX)"
+export PREFECT_HOME="$work/prefect"
+unset PREFECT_API_URL
+mkdir -p .slurmgate
+started_slurm=0
+driver_rc=1
+
+# Kill, by pid, whatever still runs with this demo's PREFECT_HOME (only possible after a crash).
+reap_ours() {
+    local needle="PREFECT_HOME=$PREFECT_HOME" pid
+    for env in /proc/[0-9]*/environ; do
+        pid="${env#/proc/}"; pid="${pid%/environ}"
+        [ "$pid" = "$$" ] && continue
+        if { tr '\0' '\n' <"$env"; } 2>/dev/null | grep -qxF "$needle"; then
+            kill -TERM "$pid" 2>/dev/null || true
+        fi
+    done
+}
+
+cleanup() {
+    trap - EXIT INT TERM
+    reap_ours
+    if [ "$started_slurm" = 1 ]; then
+        echo "[demo] stopping the local Slurm cluster it started" >&2
+        scripts/slurm-local/stop.sh >/dev/null 2>&1 || true
+    fi
+    if [ -f "$work/summary.json" ]; then cp "$work/summary.json" .slurmgate/demo-summary.json; fi
+    rm -rf "$work"
+    exit "$driver_rc"
+}
+trap cleanup EXIT
+trap 'driver_rc=130; cleanup' INT
+trap 'driver_rc=143; cleanup' TERM
+
+slurm_answers() { [ -n "${SLURM_CONF:-}" ] && timeout 10 sinfo -h >/dev/null 2>&1; }
+SLURM_LOCAL_DIR="${SLURM_LOCAL_DIR:-/tmp/slurm-local}"
+if ! slurm_answers && [ -f "$SLURM_LOCAL_DIR/env.sh" ]; then
+    # shellcheck disable=SC1091
+    . "$SLURM_LOCAL_DIR/env.sh"
+fi
+if ! slurm_answers; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "[demo] no Slurm answers (sinfo) and only root can start the bundled cluster;" \
+            "run as root, or export SLURM_CONF for a cluster of yours" >&2
+        exit 1
+    fi
+    echo "[demo] starting the bundled local Slurm cluster (netns mode)" >&2
+    if ! SLURM_LOCAL_MODE=netns scripts/slurm-local/start.sh >"$work/slurm-start.log" 2>&1; then
+        echo "[demo] the local Slurm cluster did not start; log tail:" >&2
+        tail -n 20 "$work/slurm-start.log" >&2
+        exit 1
+    fi
+    started_slurm=1
+    # shellcheck disable=SC1091
+    . "$SLURM_LOCAL_DIR/env.sh"
+fi
+
+set +e
+python flows/demo.py --workdir "$work" "$@"
+driver_rc=$?
+set -e
+echo "[demo] summary: .slurmgate/demo-summary.json" >&2

@@ -1,0 +1,174 @@
+"""The demo's shortened paths: the job draw, admission through the real reconcile flow on the
+emulator (non-tty rendering), the live view, and the runtime part on the real cluster."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from flows.demo import (
+    DemoJob,
+    Printer,
+    draw_jobs,
+    endpoint_totals,
+    processes_with_env,
+    run_admission,
+    run_runtime,
+)
+from slurmgate.board import AdmissionTracker, parse_board_blocked, render_live
+from slurmgate.emulator import fleet_from_job_mix
+from slurmgate.emulator.testing import running_emulator
+from slurmgate.labels import JobLabel
+from slurmgate.priority import job_label
+
+MIX = Path(__file__).resolve().parents[2] / "slurmgate" / "data" / "inferencex-job-mix.csv"
+
+
+def test_the_draw_is_deterministic_and_loads_every_pool() -> None:
+    jobs = draw_jobs(load=1.75, never_fits=2, seed=7)
+    assert jobs == draw_jobs(load=1.75, never_fits=2, seed=7)
+    assert jobs != draw_jobs(load=1.75, never_fits=2, seed=8)
+    pools = fleet_from_job_mix(MIX)
+    fitting: Counter[str] = Counter()
+    wide: Counter[str] = Counter()
+    for job in jobs:
+        assert job.labels[:3] == ["self-hosted", f"cluster:{job.pool}", f"nodes:{job.nodes}"]
+        assert job.labels[4] == "ci-attempt-1"
+        assert JobLabel.parse(job.labels[3]).score == Decimal(job.score)
+        assert 3.0 <= job.duration_s <= 6.0
+        if job.nodes <= pools[job.pool]:
+            fitting[job.pool] += job.nodes
+        else:
+            wide[job.pool] += 1
+    for pool, capacity in pools.items():
+        assert fitting[pool] >= 1.75 * capacity, pool  # every pool has waiting work
+        assert wide[pool] <= 2
+    # only the GB200/GB300 pools have rows wider than the pool in the mix
+    assert set(wide) == {"gb200-nv", "gb300-nv"}
+    assert 30 <= len(jobs) <= 70
+
+
+def _job(pool: str, nodes: int, score: str, token: str, duration: float = 1.5) -> DemoJob:
+    labels = [
+        "self-hosted",
+        f"cluster:{pool}",
+        f"nodes:{nodes}",
+        job_label(Decimal(score), token),
+        "ci-attempt-1",
+    ]
+    return DemoJob(token, pool, nodes, score, labels, duration)
+
+
+async def test_admission_backfills_blocks_and_releases_consistently(
+    prefect_harness: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = [
+        _job("small", 3, "5.000", "top"),  # admitted first
+        _job("small", 3, "4.000", "second"),  # waits: 1 runner left
+        _job("small", 1, "3.000", "little"),  # backfills past "second"
+        _job("wide", 3, "9.000", "toowide"),  # a pool of 2 can never hold it
+    ]
+    with running_emulator({"small": 4, "wide": 2}, token="t0k", tick_s=0.05) as emu:
+        result = await run_admission(
+            emu, jobs, Printer(live=False), mode="direct", max_ticks=15, min_tick_s=0.5
+        )
+        dump = emu.admin.dump()
+        stats = emu.admin.stats()
+    assert result.problems == []
+    by_name = {j["name"]: j for j in dump["jobs"]}
+    ran = {n for n, j in by_name.items() if j["conclusion"] == "success"}
+    assert ran == {"top", "second", "little"}
+    assert by_name["toowide"]["conclusion"] == "cancelled"  # the demo cancels never-fits
+    assert by_name["toowide"]["runner_id"] is None
+    # the summary agrees with the emulator and with the flows' own counters
+    assert result.admitted == result.admitted_by_flow == result.completed == 3
+    assert result.released_by_flow == 3
+    assert list(result.never_fits.values()) == ["larger-than-any-compatible-pool"]
+    assert result.leases_left == 0
+    assert not any(
+        lb["name"].startswith(("ci-lease-", "ci-job-", "nodes:"))
+        for r in dump["runners"]
+        for lb in r["labels"]
+    )
+    calls = sum(n for k, n in stats["requests"].items() if "/_emulator" not in k)
+    assert result.api_calls == result.api_calls_by_flow == calls
+    assert result.peak_utilization == {"small": 1.0, "wide": 0.0}
+    assert result.capacity == {"small": 4, "wide": 2}
+    [backfill] = result.backfills
+    little, second = by_name["little"]["id"], by_name["second"]["id"]
+    assert (backfill["job_id"], backfill["past_job_id"], backfill["tick"]) == (little, second, 1)
+    # non-tty: one compact block per tick, the backfill and the never-fit among the events
+    out = capsys.readouterr().out
+    assert out.count("\ntick ") + out.startswith("tick ") == result.ticks
+    assert f"BACKFILL job {little} (1n, score 3.000) runs while job {second}" in out
+    assert "can never run in wide: larger-than-any-compatible-pool" in out
+
+
+def test_live_view_shows_capacity_leases_and_blocked_reasons() -> None:
+    dump = {
+        "runners": [
+            {
+                "id": i,
+                "status": "online",
+                "labels": [{"name": "cluster:p"}]
+                + ([{"name": "ci-lease-j7-a1-t100"}] if i < 3 else []),
+            }
+            for i in range(4)
+        ],
+        "jobs": [
+            {"id": 7, "status": "in_progress", "labels": ["cluster:p", "nodes:3"]},
+            {"id": 8, "status": "queued", "labels": ["cluster:p", "nodes:2", "ci-job-4.000-x"]},
+        ],
+    }
+    rows = [{"pool": "cluster:p", "blocked": "job 8 (2n): no-free-capacity"}]
+    assert parse_board_blocked(rows) == {"p": [(8, "no-free-capacity")]}
+    tracker = AdmissionTracker()
+    view = tracker.observe(1, dump, rows, elapsed_s=3.0, api_calls=12)
+    [pool] = view.pools
+    assert (pool.online, pool.leased, pool.leases, pool.running) == (4, 3, 1, 1)
+    assert tracker.peak == {"p": 0.75}
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    console.print(render_live(view, view.events))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "3/4" in text and "no-free-capacity" in text and "admitted job 7" in text
+
+
+def test_endpoint_totals_read_the_metric_rows() -> None:
+    rows = [
+        {"metric": "slurmgate_endpoint_requests_total", "labels": "endpoint=a", "value": "10"},
+        {
+            "metric": "slurmgate_endpoint_responses_total",
+            "labels": "endpoint=a,status=200",
+            "value": "7",
+        },
+        {
+            "metric": "slurmgate_endpoint_responses_total",
+            "labels": "endpoint=a,status=429",
+            "value": "3",
+        },
+    ]
+    assert endpoint_totals(rows) == {"requests": 10, "served": 7, "throttled": 3}
+
+
+@pytest.mark.slurm
+def test_runtime_part_serves_throttles_and_cleans_up(
+    slurm_cluster: dict[str, str],
+    prefect_harness: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    result = run_runtime(tmp_path, Printer(live=False))
+    assert result.problems == []
+    assert result.served > 0 and result.throttled_429 > 0
+    assert set(result.loadgen) == {"normal-chat", "normal-pipe", "overload-pipe"}
+    assert result.loadgen["normal-chat"]["throttled"] == 0
+    assert result.loadgen["overload-pipe"]["throttled"] == result.throttled_429
+    assert sum(r["ok"] for r in result.loadgen.values()) == result.served
+    assert result.cleanup_complete and not result.slurm_job_left
+    assert processes_with_env("SLURMGATE_RUN_ID", result.run_id) == []
