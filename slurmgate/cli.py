@@ -219,7 +219,11 @@ def _register_subcommands() -> None:
     app.add_typer(cluster_app, name="cluster")
     app.add_typer(allocation_app, name="allocation")
 
+    from slurmgate import ci_cli, webhook_cli
     from slurmgate.simulator.cli import simulate_command
+
+    ci_cli.register(app)
+    webhook_cli.register(app)
 
     app.command(
         "simulate",
