@@ -44,6 +44,13 @@ class GitHubScopeBlock(Block):
         default=None,
         description="Organization scope (runners registered at org level); set this or repo.",
     )
+    repos: list[str] = Field(
+        default_factory=list,
+        description=(
+            "With an org scope: the OWNER/NAME repositories whose queued jobs are read "
+            "(runners are org-wide, workflow jobs belong to repositories)."
+        ),
+    )
     token: SecretStr = Field(
         description="GitHub token with admin rights on the repository's or org's runners.",
     )

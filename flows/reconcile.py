@@ -224,6 +224,12 @@ async def reconcile(
         "errors": 0,
     }
     failures: list[str] = []
+    if scope.org and not scope.repos:
+        logger.warning(
+            "org scope %s lists no repos: no workflow jobs can be read, so nothing is admitted; "
+            "set repos on the scope block",
+            scope.org,
+        )
     async with scope.get_client() as client, bound_client(client):
         snapshot = await read_snapshot()
         started = time.perf_counter()

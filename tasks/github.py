@@ -53,7 +53,9 @@ def etag_cache_for(scope: GitHubScope) -> FileEtagCache:
 
 def client_for_scope(block: GitHubScopeBlock, **overrides: Any) -> GitHubClient:
     """A GitHubClient for a scope block, with its file ETag cache; overrides go to the client."""
-    scope = GitHubScope(api_url=block.api_url, repo=block.repo, org=block.org)
+    scope = GitHubScope(
+        api_url=block.api_url, repo=block.repo, org=block.org, repos=tuple(block.repos)
+    )
     options: dict[str, Any] = {
         "etag_cache": etag_cache_for(scope),
         "min_write_interval_s": block.min_write_interval_s,

@@ -84,3 +84,12 @@ def test_serve_builds_deployments_with_a_single_reconcile_slot() -> None:
     assert limit == 1 or getattr(limit, "limit", None) == 1
     options = deployments["reconcile"].concurrency_options
     assert options is not None and options.collision_strategy.value == "CANCEL_NEW"
+
+
+async def test_org_scope_reads_jobs_of_its_repos(tmp_path) -> None:
+    block = GitHubScopeBlock(org="acme", repos=["acme/gpu-ci"], token=TOKEN)
+    async with block.get_client() as client:
+        assert client.scope.runners_path == "/orgs/acme/actions/runners"
+        assert client.scope.job_repos == ("acme/gpu-ci",)
+    with pytest.raises(ValueError, match="OWNER/NAME"):
+        GitHubScopeBlock(org="acme", repos=["gpu-ci"], token=TOKEN).get_client()
