@@ -301,6 +301,7 @@ class Printer:
         self.console = Console()
         self.live_mode = self.console.is_terminal if live is None else live
         self.events: list[str] = []
+        self.highlights: list[str] = []  # backfills and never-fits stay on screen longer
         self._live: Any = None
 
     def __enter__(self) -> Printer:
@@ -318,8 +319,12 @@ class Printer:
     def show(self, view: Any, *, running: bool = False) -> None:
         """Show a tick's view; `running` marks a refresh while the tick is still in flight."""
         if self._live is not None:
-            self.events = (self.events + view.events)[-10:]
-            self._live.update(render_live(view, self.events, running=running))
+            for event in view.events:
+                notable = event.startswith("BACKFILL") or "can never run" in event
+                (self.highlights if notable else self.events).append(event)
+            self.events, self.highlights = self.events[-5:], self.highlights[-6:]
+            shown = self.highlights + self.events
+            self._live.update(render_live(view, shown, running=running))
         elif not running:
             print(render_compact(view), flush=True)
 

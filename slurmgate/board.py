@@ -230,9 +230,11 @@ class AdmissionTracker:
         for job in jobs.values():
             if job.get("status") == "completed" and int(job["id"]) in self.admitted:
                 self.completed.add(int(job["id"]))
-        for job_id in sorted(self._leased_before - leased_jobs):
-            self.released.add(job_id)
-            events.append(f"released the lease of job {job_id}")
+        ended = sorted(self._leased_before - leased_jobs)
+        self.released.update(ended)
+        if ended:
+            shown = ", ".join(str(j) for j in ended[:8]) + (" ..." if len(ended) > 8 else "")
+            events.append(f"released {len(ended)} lease(s) of finished jobs: {shown}")
         self._leased_before = leased_jobs
 
         blocked = parse_board_blocked(board_rows)
