@@ -1,0 +1,298 @@
+"""One real `prefect server start` (loopback, SQLite) and `deployments/serve.py` for this folder.
+
+Everything talks to the server the way CI and the UI do: plain REST on `/api`. The served
+process runs the three deployments from the checkout, polling every second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "ghs_PREFECTserverSECRET0123456789"
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
+
+pytestmark = pytest.mark.prefect_server
+
+
+def load_deployments_module(name: str) -> Any:
+    """`deployments/<name>.py` as a module (the folder holds scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"slurmgate_deployments_{name}", REPO / "deployments" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM the process group we started, twice (Prefect turns the first into SIGINT), then
+    SIGKILL whatever is left."""
+    for sig in (signal.SIGTERM, signal.SIGTERM):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout / 2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+
+
+class RetryingClient(httpx.Client):
+    """An httpx client that retries the SQLite server's 503s ("database is busy") with a short
+    backoff, as a CI script should (an idempotency key makes a repeated create safe)."""
+
+    retried_503 = 0
+
+    def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
+        delay = 0.2
+        for _ in range(8):
+            response = super().send(request, **kwargs)
+            if response.status_code != 503:
+                return response
+            RetryingClient.retried_503 += 1
+            time.sleep(delay)
+            delay = min(delay * 2, 3.0)
+        return response
+
+
+@dataclass
+class PrefectServer:
+    """A running server: `url` is the UI root, `api` an httpx client on `/api`."""
+
+    url: str
+    api: httpx.Client
+    home: Path
+    log: Path
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/api"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a Prefect client process pointed at this server."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+        env.update(
+            PREFECT_API_URL=self.api_url,
+            PREFECT_HOME=str(self.home / "client"),
+            DO_NOT_TRACK="1",
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PYTHONPATH=str(REPO),
+        )
+        env.update(extra)
+        return env
+
+    def deployment_id(self, name: str) -> str:
+        response = self.api.get(f"/deployments/name/{name}")
+        response.raise_for_status()
+        return str(response.json()["id"])
+
+    def create_run(
+        self, name: str, parameters: dict[str, Any], idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """What CI does: look the deployment up by name, then create a run with parameters."""
+        body: dict[str, Any] = {"parameters": parameters, "tags": ["ci"]}
+        body["idempotency_key"] = idempotency_key or f"test-{uuid.uuid4()}"
+        response = self.api.post(
+            f"/deployments/{self.deployment_id(name)}/create_flow_run", json=body
+        )
+        assert response.status_code in (200, 201), response.text
+        run: dict[str, Any] = response.json()
+        return run
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        response = self.api.get(f"/flow_runs/{run_id}")
+        response.raise_for_status()
+        run: dict[str, Any] = response.json()
+        return run
+
+    def state(self, run_id: str) -> str:
+        state = self.run(run_id)["state"]
+        return str(state["type"]) if state else "NONE"
+
+    def wait_state(self, run_id: str, states: set[str], timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.run(run_id)
+            if run["state"] and run["state"]["type"] in states:
+                return run
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"flow run {run['name']} is {run['state']}, not {states} after {timeout} s; "
+                    f"logs:\n{self.logs(run_id)}"
+                )
+            time.sleep(0.25)
+
+    def logs(self, run_id: str) -> str:
+        response = self.api.post(
+            "/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200}
+        )
+        return "\n".join(entry["message"] for entry in response.json())
+
+    def wait_log(self, run_id: str, text: str, timeout: float = 15.0) -> str:
+        """The run's logs once `text` is among them (logs reach the API after the state)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            logs = self.logs(run_id)
+            if text in logs:
+                return logs
+            assert time.monotonic() < deadline, f"{text!r} not logged by {run_id}:\n{logs}"
+            time.sleep(0.3)
+
+    def run_family(self, run_id: str) -> list[str]:
+        """The run and its subflow runs."""
+        response = self.api.post(
+            "/flow_runs/filter",
+            json={"flow_runs": {"parent_flow_run_id": {"any_": [run_id]}}, "limit": 50},
+        )
+        response.raise_for_status()
+        return [run_id, *(str(r["id"]) for r in response.json())]
+
+    def artifacts(self, run_ids: list[str]) -> list[dict[str, Any]]:
+        response = self.api.post(
+            "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": run_ids}}}
+        )
+        response.raise_for_status()
+        found: list[dict[str, Any]] = response.json()
+        return found
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[PrefectServer]:
+    """`prefect server start` on a free loopback port with SQLite in a temporary PREFECT_HOME."""
+    home = Path(tempfile.mkdtemp(prefix="slurmgate-prefect-server-"))
+    port = free_port()
+    log = home / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(home / "server"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DO_NOT_TRACK="1",
+        PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",
+    )
+    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    api = RetryingClient(base_url=url + "/api", timeout=30.0)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if api.get("/health").status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"prefect server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield PrefectServer(url, api, home, log)
+    finally:
+        print(f"\nprefect server: {RetryingClient.retried_503} REST call(s) retried after 503")
+        api.close()
+        stop_group(proc)
+
+
+@pytest.fixture(scope="session")
+def prefect_client_settings(prefect_server: PrefectServer) -> Iterator[None]:
+    """Point this process's Prefect client (block saves) at the server for the session."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
+        yield
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[Any]:
+    """A GitHub emulator with one 4-runner pool; its token is the one the scope block holds."""
+    from slurmgate.emulator.testing import running_emulator
+
+    with running_emulator({"a": 4}, token=TOKEN) as emu:
+        yield emu
+
+
+@pytest.fixture(scope="session")
+def saved_blocks(prefect_client_settings: None, emulator: Any) -> dict[str, str]:
+    """The `default` scope (pointing at the emulator) and policy blocks the deployments name."""
+    from blocks import AdmissionPolicyBlock, GitHubScopeBlock
+
+    GitHubScopeBlock(
+        api_url=emulator.url, repo=emulator.repo, token=TOKEN, min_write_interval_s=0
+    ).save("default", overwrite=True)
+    AdmissionPolicyBlock(
+        priority_scheduler_enabled=True, node_slot_scheduler_enabled=True, orphan_grace_s=0
+    ).save("default", overwrite=True)
+    return {"scope": "default", "policy": "default"}
+
+
+DEPLOYMENTS = ("reconcile/reconcile", "release-lease/release-lease", "allocation/allocation")
+
+
+@pytest.fixture(scope="session")
+def served(prefect_server: PrefectServer, saved_blocks: dict[str, str]) -> Iterator[PrefectServer]:
+    """`python deployments/serve.py` polling every second; the schedule is an hour apart so
+    that only the tests start runs."""
+    log = prefect_server.home / "serve.log"
+    env = prefect_server.env(
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
+        SLURMGATE_STATE_DIR=str(prefect_server.home / "state"),
+    )
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "deployments/serve.py", "--interval", "3600"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        for name in DEPLOYMENTS:
+            while prefect_server.api.get(f"/deployments/name/{name}").status_code != 200:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"serve.py did not register {name}:\n{log.read_text()[-3000:]}")
+                time.sleep(0.3)
+        yield prefect_server
+    finally:
+        stop_group(proc)
+        served_log = log.read_text(errors="replace")
+        assert TOKEN not in served_log, "the GitHub token reached the serve process's output"
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
+    """Keep each phase's report on the item, so fixtures can tell a failed test (screenshots)."""
+    outcome = yield
+    setattr(item, "rep_" + call.when, outcome.get_result())
