@@ -12,15 +12,13 @@ export PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="${PREFECT_LOGGING_HANDLERS_CONSOL
 export PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL="${PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL:-WARNING}"
 
 work="$(mktemp -d -t slurmgate-demo.XXXXXX)"
-export PREFECT_HOME="$work/prefect"
-unset PREFECT_API_URL
 mkdir -p .slurmgate
 started_slurm=0
 driver_rc=1
 
 # Kill, by pid, whatever still runs with this demo's PREFECT_HOME (only possible after a crash).
 reap_ours() {
-    local needle="PREFECT_HOME=$PREFECT_HOME" pid
+    local needle="PREFECT_HOME=$work/prefect" pid
     for env in /proc/[0-9]*/environ; do
         pid="${env#/proc/}"; pid="${pid%/environ}"
         [ "$pid" = "$$" ] && continue
@@ -67,6 +65,11 @@ if ! slurm_answers; then
     # shellcheck disable=SC1091
     . "$SLURM_LOCAL_DIR/env.sh"
 fi
+
+# Prefect in local mode: a private home (SQLite) under the demo's temporary directory, set only
+# now so the Slurm daemons started above do not carry it (reap_ours finds processes by it).
+export PREFECT_HOME="$work/prefect"
+unset PREFECT_API_URL
 
 set +e
 python flows/demo.py --workdir "$work" "$@"
