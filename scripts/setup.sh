@@ -10,7 +10,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     for pkg in python3-venv python3-dev iproute2 procps tmux; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
-    if [ "${SLURMGATE_WITH_BROWSER:-0}" = 1 ]; then
+    # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,
+    # driven by Playwright without its browser downloads). SLURMGATE_WITH_BROWSER=0 skips it.
+    if [ "${SLURMGATE_WITH_BROWSER:-1}" = 1 ]; then
         for pkg in chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
     fi
     if [ ${#need[@]} -gt 0 ]; then

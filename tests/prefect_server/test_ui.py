@@ -1,0 +1,118 @@
+"""The Prefect UI in headless Debian Chromium: run reconcile from its deployment page."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import REPO, PrefectServer
+
+pytestmark = pytest.mark.prefect_server
+
+ARTIFACTS_DIR = REPO / "tests" / "artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def chromium_path() -> str:
+    """Debian's chromium, or skip saying how to get it (we never download a browser)."""
+    found = os.environ.get("SLURMGATE_CHROMIUM") or shutil.which("chromium")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        reason = "chromium is not installed: `apt-get install -y --no-install-recommends chromium`"
+    else:
+        reason = "chromium is not installed and cannot be (needs root on Debian)"
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def page(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh headless page; when the test fails, a screenshot goes to tests/artifacts/."""
+    executable = chromium_path()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=CHROMIUM_ARGS
+        )
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        context.set_default_timeout(30_000)
+        page = context.new_page()
+        try:
+            yield page
+        finally:
+            report = getattr(request.node, "rep_call", None)
+            if report is None or report.failed:
+                ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+                shot = ARTIFACTS_DIR / f"{request.node.name}-{int(time.time())}.png"
+                page.screenshot(path=str(shot), full_page=True)
+                print(f"screenshot saved: {shot.relative_to(REPO)}")
+            context.close()
+            browser.close()
+
+
+def test_quick_run_of_reconcile_from_its_deployment_page_completes_with_the_board(
+    served: PrefectServer, emulator: Any, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    # a job too wide for the pool: this tick's board differs from the last, so it is written
+    wide = emulator.admin.add_job(
+        ["self-hosted", "cluster:a", "ci-job-1.000-ui", "ci-attempt-1", "nodes:9"], 600
+    )["id"]
+    deployment_id = served.deployment_id("reconcile/reconcile")
+    before = {r["id"] for r in served_runs(served, deployment_id)}
+
+    page.goto(served.url + "/deployments")
+    # the list links both the flow and the deployment as "reconcile": take the deployment's
+    page.locator(f'a[href*="/deployments/deployment/{deployment_id}"]').first.click()
+    page.wait_for_url(f"**/deployments/deployment/{deployment_id}**")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("Quick run", exact=True).click()
+
+    run = wait_new_run(served, deployment_id, before)
+    page.goto(f"{served.url}/runs/flow-run/{run}")
+    expect(page.get_by_text("Completed").first).to_be_visible(timeout=60_000)
+    page.get_by_text("Artifacts", exact=True).click()
+    card = page.get_by_text("slurmgate pools: capacity, leases, blocked jobs").first
+    expect(card).to_be_visible()
+    card.click()  # the artifact page renders the table itself
+    expect(page.get_by_text(f"job {wide} (9n)").first).to_be_visible()
+
+    (board,) = [a for a in served.artifacts([run]) if a["key"] == "slurmgate-pool-board"]
+    assert f"job {wide} (9n)" in str(board["data"])
+
+
+def served_runs(served: PrefectServer, deployment_id: str) -> list[dict[str, Any]]:
+    response = served.api.post(
+        "/flow_runs/filter",
+        json={"flow_runs": {"deployment_id": {"any_": [deployment_id]}}, "limit": 200},
+    )
+    response.raise_for_status()
+    runs: list[dict[str, Any]] = response.json()
+    return runs
+
+
+def wait_new_run(served: PrefectServer, deployment_id: str, before: set[str]) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        new = [
+            r
+            for r in served_runs(served, deployment_id)
+            if r["id"] not in before and "auto-scheduled" not in r["tags"]
+        ]
+        if new:
+            return str(new[0]["id"])
+        time.sleep(0.3)
+    raise AssertionError("the Quick run click created no flow run")
