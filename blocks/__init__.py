@@ -9,6 +9,7 @@ from typing import Any, Literal
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from slurmgate.estimates import RuntimeHistory
 from slurmgate.settings import AdmissionSettings
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
@@ -105,6 +106,24 @@ class GitHubScopeBlock(Block):
         return client_for_scope(self, **kwargs)
 
 
+def _knob(name: str) -> Any:
+    """A block field with the default and description of the same AdmissionSettings knob.
+
+    The settings stay the one definition of every knob; the block only mirrors them for the UI.
+    """
+    field = AdmissionSettings.model_fields[name]
+    if field.default_factory is not None:
+        return Field(default_factory=field.default_factory, description=field.description)
+    return Field(default=field.default, description=field.description)
+
+
+# block field -> AdmissionSettings field (the two seed flags keep their environment names there)
+_FLAG_FIELDS = {
+    "priority_scheduler_enabled": "PRIORITY_SCHEDULER_ENABLED",
+    "node_slot_scheduler_enabled": "NODE_SLOT_SCHEDULER_ENABLED",
+}
+
+
 class AdmissionPolicyBlock(Block):
     """The admission policy: the two feature flags and the planner knobs (as AdmissionSettings).
 
@@ -112,7 +131,7 @@ class AdmissionPolicyBlock(Block):
         ```python
         from blocks import AdmissionPolicyBlock
         AdmissionPolicyBlock(priority_scheduler_enabled=True,
-                             node_slot_scheduler_enabled=True).save("default")
+                             node_slot_scheduler_enabled=True, policy="easy").save("default")
         ```
     """
 
@@ -120,53 +139,74 @@ class AdmissionPolicyBlock(Block):
     _block_type_slug = "slurmgate-admission-policy"
     _documentation_url = "https://github.com/slurmgate/slurmgate#blocks"  # type: ignore[assignment]
 
-    priority_scheduler_enabled: bool = Field(
-        default=False,
-        description="Admit queued jobs by weighted runner leases in priority order.",
-    )
-    node_slot_scheduler_enabled: bool = Field(
-        default=False,
-        description="Size each job by its nodes:N label (needs the priority scheduler).",
-    )
-    policy: Literal["greedy"] = Field(
-        default="greedy", description="Ordering and fit policy of the planner."
-    )
-    lease_max_queued_age_s: float = Field(
-        default=3600.0,
-        gt=0,
-        description="Release a lease older than this (seconds) while its job is still queued.",
-    )
-    orphan_grace_s: float = Field(
-        default=30.0,
-        ge=0,
-        description="Leave an anchorless lease younger than this (seconds) alone.",
-    )
-    default_priority: Decimal = Field(
-        default=Decimal("1.000"),
-        description="Score of a job without a ci-job-<score>-<token> label.",
-    )
+    priority_scheduler_enabled: bool = _knob("PRIORITY_SCHEDULER_ENABLED")
+    node_slot_scheduler_enabled: bool = _knob("NODE_SLOT_SCHEDULER_ENABLED")
+    policy: Literal["greedy", "easy", "conservative"] = _knob("policy")
+    estimates: Literal["timeout", "learned"] = _knob("estimates")
+    timeout_min: float = _knob("timeout_min")
+    timeout_overrides: dict[str, float] = _knob("timeout_overrides")
+    estimate_quantile: float = _knob("estimate_quantile")
+    estimate_min_samples: int = _knob("estimate_min_samples")
+    overrun_extension_s: float = _knob("overrun_extension_s")
+    reserve_after_s: float = _knob("reserve_after_s")
+    reservation_depth: int = _knob("reservation_depth")
+    lease_max_queued_age_s: float = _knob("lease_max_queued_age_s")
+    orphan_grace_s: float = _knob("orphan_grace_s")
+    default_priority: Decimal = _knob("default_priority")
+
+    @model_validator(mode="after")
+    def _valid_settings(self) -> AdmissionPolicyBlock:
+        self.to_settings()  # a bad knob fails when the block is built, naming the field
+        return self
 
     def to_settings(self) -> AdmissionSettings:
         """The planner settings this block describes; raises naming the field on bad input."""
-        return AdmissionSettings(
-            PRIORITY_SCHEDULER_ENABLED=self.priority_scheduler_enabled,
-            NODE_SLOT_SCHEDULER_ENABLED=self.node_slot_scheduler_enabled,
-            policy=self.policy,
-            lease_max_queued_age_s=self.lease_max_queued_age_s,
-            orphan_grace_s=self.orphan_grace_s,
-            default_priority=self.default_priority,
-        )
+        values = {
+            _FLAG_FIELDS.get(name, name): getattr(self, name)
+            for name in type(self).model_fields
+            if name in _FLAG_FIELDS or name in AdmissionSettings.model_fields
+        }
+        return AdmissionSettings(**values)
 
     @classmethod
     def from_settings(cls, settings: AdmissionSettings) -> AdmissionPolicyBlock:
+        settings_names = {v: k for k, v in _FLAG_FIELDS.items()}
         return cls(
-            priority_scheduler_enabled=settings.PRIORITY_SCHEDULER_ENABLED,
-            node_slot_scheduler_enabled=settings.NODE_SLOT_SCHEDULER_ENABLED,
-            policy=settings.policy,
-            lease_max_queued_age_s=settings.lease_max_queued_age_s,
-            orphan_grace_s=settings.orphan_grace_s,
-            default_priority=settings.default_priority,
+            **{
+                settings_names.get(name, name): getattr(settings, name)
+                for name in AdmissionSettings.model_fields
+                if settings_names.get(name, name) in cls.model_fields
+            }
         )
 
 
 __all__ = ["AdmissionPolicyBlock", "GitHubScopeBlock"]
+
+
+class RuntimeHistoryBlock(Block):
+    """Past runtimes per job key (job name with its matrix values, and its node count).
+
+    The reconcile flow learns them from GitHub's `started_at`/`completed_at` of finished lease
+    jobs and feeds them to the reservation policies as learned estimates. A block, because a
+    Prefect Variable holds at most 5,000 characters and an artifact is for people, not reads;
+    merging is a union keyed by job id, so two writers never diverge.
+
+    Examples:
+        ```python
+        from blocks import RuntimeHistoryBlock
+        history = RuntimeHistoryBlock.load("default").runtime_history()
+        ```
+    """
+
+    _block_type_name = "slurmgate Runtime History"
+    _block_type_slug = "slurmgate-runtime-history"
+    _documentation_url = "https://github.com/slurmgate/slurmgate#blocks"  # type: ignore[assignment]
+
+    history: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The runtime history as JSON: format, keep, and per job key the runs.",
+    )
+
+    def runtime_history(self) -> RuntimeHistory:
+        """The parsed history; raises HistoryError naming the bad field."""
+        return RuntimeHistory.from_json(self.history)

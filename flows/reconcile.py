@@ -14,8 +14,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import Artifact, acreate_table_artifact
 from pydantic import ValidationError
 
+from slurmgate.estimates import HistoryError, RuntimeHistory
 from slurmgate.leases import AdmitOutcome, UnwindReport, run_admission
-from slurmgate.model import Admit, Decisions
+from slurmgate.model import Admit, Decisions, Snapshot
 from slurmgate.planner import plan
 from slurmgate.settings import AdmissionSettings
 from tasks.github import (
@@ -30,6 +31,34 @@ from tasks.github import (
 )
 
 BOARD_KEY = "slurmgate-pool-board"
+HISTORY_BLOCK = "default"
+
+
+async def load_history(logger: Any) -> RuntimeHistory:
+    """The learned runtimes (empty before the first save, or when the stored copy is bad)."""
+    from blocks import RuntimeHistoryBlock
+
+    try:
+        block: RuntimeHistoryBlock = await RuntimeHistoryBlock.aload(HISTORY_BLOCK)
+    except ValueError:
+        return RuntimeHistory()
+    try:
+        return block.runtime_history()
+    except HistoryError as exc:
+        logger.warning("runtime history ignored (%s); estimates fall back to timeouts", exc)
+        return RuntimeHistory()
+
+
+async def learn_history(
+    history: RuntimeHistory, snapshot: Snapshot, settings: AdmissionSettings, logger: Any
+) -> None:
+    """Record the runtimes of finished lease jobs; save only when something was learned."""
+    from blocks import RuntimeHistoryBlock
+
+    if not history.learn(snapshot.jobs, settings.node_slots):
+        return
+    merged = (await load_history(logger)).merge(history)  # a union: concurrent writers agree
+    await RuntimeHistoryBlock(history=merged.to_json()).asave(HISTORY_BLOCK, overwrite=True)
 
 
 class ReconcileError(RuntimeError):
@@ -132,39 +161,7 @@ def _log_admissions(decisions: Decisions, logger: Any) -> None:
 
 def board_table(decisions: Decisions) -> list[dict[str, Any]]:
     """The pool board: capacity, leased, free and the blocked jobs with their reasons."""
-    blocked: dict[str, list[str]] = {}
-    for b in decisions.blocked:
-        pool = b.pool or "(none)"
-        nodes = f"{b.nodes}n" if b.nodes is not None else "?n"
-        blocked.setdefault(pool, []).append(f"job {b.job_id} ({nodes}): {b.reason.value}")
-    rows: list[dict[str, Any]] = []
-    for row in decisions.board:
-        rows.append(
-            {
-                "pool": row.pool,
-                "runners": row.runners,
-                "online": row.online,
-                "leased": row.leased,
-                "busy_unleased": row.busy_unleased,
-                "free": row.free,
-                "admitted_nodes": row.admitted_nodes,
-                "blocked": "; ".join(blocked.pop(row.pool, [])),
-            }
-        )
-    for pool, jobs in sorted(blocked.items()):
-        rows.append(
-            {
-                "pool": pool,
-                "runners": 0,
-                "online": 0,
-                "leased": 0,
-                "busy_unleased": 0,
-                "free": 0,
-                "admitted_nodes": 0,
-                "blocked": "; ".join(jobs),
-            }
-        )
-    return rows
+    return decisions.board_rows()
 
 
 async def write_board_if_changed(table: list[dict[str, Any]]) -> bool:
@@ -232,8 +229,10 @@ async def reconcile(
         )
     async with scope.get_client() as client, bound_client(client):
         snapshot = await read_snapshot()
+        history = await load_history(logger)
+        await learn_history(history, snapshot, settings, logger)
         started = time.perf_counter()
-        decisions = plan(snapshot, settings, datetime.now(UTC))
+        decisions = plan(snapshot, settings, datetime.now(UTC), history=history)
         summary["plan_s"] = round(time.perf_counter() - started, 6)
         log_decisions(decisions, logger, admissions=False)
 
@@ -254,7 +253,7 @@ async def reconcile(
             # read so released capacity is reused in this tick, never guessed at.
             snapshot = await read_snapshot()
             started = time.perf_counter()
-            decisions = plan(snapshot, settings, datetime.now(UTC))
+            decisions = plan(snapshot, settings, datetime.now(UTC), history=history)
             summary["plan_s"] += round(time.perf_counter() - started, 6)
             for deferred in (*decisions.release, *decisions.clean):
                 logger.info("deferred to the next tick: %s", deferred)

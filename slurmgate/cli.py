@@ -157,6 +157,71 @@ def reconcile(
 
 
 @app.command(
+    "status",
+    epilog=(
+        "Example: GITHUB_TOKEN=... slurmgate status --api-url http://127.0.0.1:8787 "
+        "--repo acme/gpu-ci"
+    ),
+)
+def status(
+    api_url: Annotated[
+        str, typer.Option(help="GitHub REST API base URL, or the emulator's URL.")
+    ] = "https://api.github.com",
+    repo: Annotated[str | None, typer.Option(help="Repository scope, OWNER/NAME.")] = None,
+    org: Annotated[str | None, typer.Option(help="Organization scope, NAME.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the board rows as JSON.")] = False,
+) -> None:
+    """The pool and lease board of a live GitHub scope (reads only; token from GITHUB_TOKEN)."""
+    import asyncio
+    import json
+    import os
+    from datetime import UTC, datetime
+
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.table import Table
+
+    from slurmgate.github import GitHubClient, GitHubError, GitHubScope
+    from slurmgate.planner import plan
+    from slurmgate.settings import AdmissionSettings
+    from slurmgate.snapshot import take_snapshot
+
+    token = os.environ.get("GITHUB_TOKEN", "").strip()
+    if not token:
+        raise _fail("GITHUB_TOKEN is empty; export a token that can read the runners")
+    try:
+        scope = GitHubScope(api_url=api_url, repo=repo, org=org)
+        settings = AdmissionSettings()
+    except (ValidationError, ValueError) as exc:
+        raise _fail(" ".join(str(exc).split())) from None
+
+    async def read() -> list[dict[str, object]]:
+        async with GitHubClient(scope, token) as client:
+            snapshot = await take_snapshot(client)
+        decisions = plan(snapshot, settings, datetime.now(UTC))
+        rows = decisions.board_rows()
+        for runner_id, reason in decisions.misconfigured_runners:
+            rows.append({"pool": f"runner {runner_id}", "blocked": f"misconfigured: {reason}"})
+        return rows
+
+    try:
+        rows = asyncio.run(read())
+    except GitHubError as exc:
+        typer.echo(f"error: reading {scope.api_url} failed: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="slurmgate pools")
+    columns = ["pool", "runners", "online", "leased", "busy_unleased", "free", "admitted_nodes"]
+    for name in [*columns, "blocked"]:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*(str(row.get(name, "")) for name in [*columns, "blocked"]))
+    Console().print(table)
+
+
+@app.command(
     "loadgen",
     epilog=(
         "Example: slurmgate loadgen http://127.0.0.1:17000 --concurrency 32 --duration 10 --json"

@@ -295,3 +295,43 @@ class Decisions:
     @property
     def changes(self) -> bool:
         return bool(self.admit or self.release or self.clean)
+
+    def board_rows(self) -> list[dict[str, object]]:
+        """The pool board as rows: capacity, leased, free, and the blocked jobs with reasons.
+
+        Blocked jobs whose pool has no board row (no compatible pool) get a row of their own.
+        """
+        blocked: dict[str, list[str]] = {}
+        for b in self.blocked:
+            nodes = f"{b.nodes}n" if b.nodes is not None else "?n"
+            blocked.setdefault(b.pool or "(none)", []).append(
+                f"job {b.job_id} ({nodes}): {b.reason.value}"
+            )
+        rows: list[dict[str, object]] = []
+        for row in self.board:
+            rows.append(
+                {
+                    "pool": row.pool,
+                    "runners": row.runners,
+                    "online": row.online,
+                    "leased": row.leased,
+                    "busy_unleased": row.busy_unleased,
+                    "free": row.free,
+                    "admitted_nodes": row.admitted_nodes,
+                    "blocked": "; ".join(blocked.pop(row.pool, [])),
+                }
+            )
+        for pool, jobs in sorted(blocked.items()):
+            rows.append(
+                {
+                    "pool": pool,
+                    "runners": 0,
+                    "online": 0,
+                    "leased": 0,
+                    "busy_unleased": 0,
+                    "free": 0,
+                    "admitted_nodes": 0,
+                    "blocked": "; ".join(jobs),
+                }
+            )
+        return rows

@@ -39,8 +39,11 @@ class AdmissionSettings(BaseSettings):
             "when false every job counts as 1 node."
         ),
     )
+    # EASY with learned estimates and reservations after 5 h met every target of
+    # benchmarks/bench_policies.py (wide-job max wait no worse than EASY, mean wait within 10%
+    # of greedy, utilization at the bound); young jobs still backfill as greedily as the seed.
     policy: Literal["greedy", "easy", "conservative"] = Field(
-        default="greedy",
+        default="easy",
         validation_alias=AliasChoices("policy", "SLURMGATE_POLICY"),
         description=(
             "Ordering and fit policy of the planner (env SLURMGATE_POLICY): greedy (the seed: "
