@@ -184,8 +184,8 @@ class PrefectServer:
         return found
 
 
-@pytest.fixture(scope="session")
-def prefect_server() -> Iterator[PrefectServer]:
+@contextlib.contextmanager
+def running_prefect_server() -> Iterator[PrefectServer]:
     """`prefect server start` on a free loopback port with SQLite in a temporary PREFECT_HOME."""
     home = Path(tempfile.mkdtemp(prefix="slurmgate-prefect-server-"))
     port = free_port()
@@ -222,6 +222,13 @@ def prefect_server() -> Iterator[PrefectServer]:
         print(f"\nprefect server: {RetryingClient.retried_503} REST call(s) retried after 503")
         api.close()
         stop_group(proc)
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[PrefectServer]:
+    """The session's server, shared by every module here but test_deploy."""
+    with running_prefect_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
