@@ -1,0 +1,87 @@
+"""The `slurmgate` command line: every command the README names exists, helps, and fails cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SLURMGATE = [sys.executable, "-m", "slurmgate.cli"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLURMGATE, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+        check=False,
+    )
+
+
+def readme_commands() -> set[str]:
+    """Sub-commands the README shows in code: fenced blocks and inline `code` spans."""
+    text = (REPO / "README.md").read_text()
+    code = re.findall(r"```.*?```", text, flags=re.S) + re.findall(r"`[^`\n]+`", text)
+    found = {m for chunk in code for m in re.findall(r"\bslurmgate ([a-z][a-z-]+)", chunk)}
+    listed = re.search(r"## Command line\n\n(.*?)\n\n", text, flags=re.S)
+    assert listed, "the README lists the commands under '## Command line'"
+    found |= set(re.findall(r"`(?:slurmgate )?([a-z][a-z-]+)", listed.group(1)))
+    return found
+
+
+@pytest.mark.parametrize("command", sorted(readme_commands()))
+def test_every_readme_command_exists_with_an_example(command: str) -> None:
+    out = run(command, "--help")
+    assert out.returncode == 0, out.stderr
+    if command in ("cluster", "allocation"):  # groups: their commands carry the examples
+        assert "Commands" in out.stdout
+    else:
+        assert "Example" in out.stdout, out.stdout
+
+
+def test_bad_arguments_are_one_line_and_exit_2() -> None:
+    out = run("loadgen", "http://127.0.0.1:9", "--concurrency", "0")
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "concurrency" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run("status", "--repo", "a/b", env={"GITHUB_TOKEN": ""})
+    assert out.returncode == 2 and "GITHUB_TOKEN" in out.stderr
+    out = run("status", "--repo", "not a repo", env={"GITHUB_TOKEN": "x"})
+    assert out.returncode == 2 and "repo" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_status_shows_the_board_of_a_live_scope() -> None:
+    from slurmgate.emulator.testing import running_emulator
+
+    with running_emulator({"h100": 4}, legacy=1) as emu:
+        wide = ["self-hosted", "cluster:h100", "nodes:9", "ci-job-2.000-wide", "ci-attempt-1"]
+        job = emu.admin.add_job(wide, duration_s=60)["id"]
+        out = run(
+            "status",
+            "--api-url",
+            emu.url,
+            "--repo",
+            emu.repo,
+            "--json",
+            env={
+                "GITHUB_TOKEN": emu.token,
+                "PRIORITY_SCHEDULER_ENABLED": "true",
+                "NODE_SLOT_SCHEDULER_ENABLED": "true",
+            },
+        )
+        assert out.returncode == 0, out.stderr
+        rows = {row["pool"]: row for row in json.loads(out.stdout)}
+        assert rows["cluster:h100"]["online"] == 4 and rows["cluster:h100"]["free"] == 4
+        assert f"job {job} (9n): larger-than-any-compatible-pool" in rows["cluster:h100"]["blocked"]
+        assert rows["(legacy)"]["runners"] == 1
+        # status only reads: no label was written
+        assert emu.admin.stats()["writes"] == 0
