@@ -362,7 +362,7 @@ async def _tick(mode: str, emu_url: str, deployment: str | None) -> dict[str, An
     from prefect.deployments import run_deployment
 
     assert deployment is not None
-    flow_run: Any = await run_deployment(deployment, timeout=120, poll_interval=0.25)  # type: ignore[misc]
+    flow_run: Any = await run_deployment(deployment, timeout=600, poll_interval=0.25)  # type: ignore[misc]
     state = flow_run.state
     if state is None or not state.is_completed():
         raise DemoError(
@@ -383,7 +383,7 @@ async def run_admission(
     mode: str = "direct",
     deployment: str | None = None,
     max_ticks: int = 120,
-    timeout_s: float = 180.0,
+    timeout_s: float = 420.0,
     min_tick_s: float = 1.0,
 ) -> AdmissionResult:
     """Queue `jobs` on the emulator, tick reconcile until every job that can run has run and
@@ -411,7 +411,11 @@ async def run_admission(
                     tracker.peek(tick, emu.state.dump(), elapsed_s=time.monotonic() - started),
                     running=True,
                 )
-        summary = await running
+        try:
+            summary = await running
+        except Exception as exc:  # a failed tick is a demo failure; the next tick repairs state
+            problems.append(f"reconcile tick {tick} failed: {type(exc).__name__}: {exc}")
+            summary = {}
         flow_admitted += int(summary.get("admitted", 0))
         flow_released += int(summary.get("released", 0))
         flow_calls += int(summary.get("api_calls", 0))
@@ -684,14 +688,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     live = {"auto": None, "yes": True, "no": False}[args.live]
-    with contextmanager_chain(args.mode, workdir) as deployment:
-        adm = rt = None
-        with Printer(live) as printer:
-            if not args.skip_admission:
-                adm = asyncio.run(admission_part(jobs, printer, args.mode, deployment))
-        printer = Printer(False)
-        if not args.skip_runtime:
-            rt = run_runtime(workdir, printer)
+    adm = rt = None
+    try:
+        with contextmanager_chain(args.mode, workdir) as deployment:
+            with Printer(live) as printer:
+                if not args.skip_admission:
+                    adm = asyncio.run(admission_part(jobs, printer, args.mode, deployment))
+            if not args.skip_runtime:
+                rt = run_runtime(workdir, Printer(False))
+    except DemoError as exc:
+        print(f"demo: {exc} (logs in {workdir})", file=sys.stderr)
+        return 1
     lines = summary_lines(adm, rt, time.monotonic() - started)
     print("\n".join(lines), flush=True)
     (workdir / "summary.json").write_text(

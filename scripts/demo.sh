@@ -36,6 +36,10 @@ cleanup() {
         scripts/slurm-local/stop.sh >/dev/null 2>&1 || true
     fi
     if [ -f "$work/summary.json" ]; then cp "$work/summary.json" .slurmgate/demo-summary.json; fi
+    if [ "$driver_rc" != 0 ] && compgen -G "$work/*.log" >/dev/null; then
+        mkdir -p .slurmgate/demo-logs && cp "$work"/*.log .slurmgate/demo-logs/
+        echo "[demo] failed; the Prefect server and serve logs are in .slurmgate/demo-logs/" >&2
+    fi
     rm -rf "$work"
     exit "$driver_rc"
 }

@@ -172,3 +172,19 @@ def test_runtime_part_serves_throttles_and_cleans_up(
     assert sum(r["ok"] for r in result.loadgen.values()) == result.served
     assert result.cleanup_complete and not result.slurm_job_left
     assert processes_with_env("SLURMGATE_RUN_ID", result.run_id) == []
+
+
+async def test_a_failing_tick_makes_the_demo_fail_with_the_reason(prefect_harness: None) -> None:
+    from flows.demo import summary_lines
+
+    jobs = [_job("small", 1, "3.000", "one")]
+    with running_emulator({"small": 2}, token="t0k", tick_s=0.05) as emu:
+        emu.admin.fault("status", status=401, count=None, path="/repos/*/actions/runners*")
+        result = await run_admission(
+            emu, jobs, Printer(live=False), mode="direct", max_ticks=2, min_tick_s=0.1
+        )
+    assert result.admitted == 0
+    assert any("reconcile tick 1 failed" in p for p in result.problems), result.problems
+    lines = summary_lines(result, None, 1.0)
+    assert lines[-1] == "demo: FAILED"
+    assert any(line.startswith("!! reconcile tick 1 failed") for line in lines)
