@@ -188,3 +188,35 @@ async def test_a_failing_tick_makes_the_demo_fail_with_the_reason(prefect_harnes
     lines = summary_lines(result, None, 1.0)
     assert lines[-1] == "demo: FAILED"
     assert any(line.startswith("!! reconcile tick 1 failed") for line in lines)
+
+
+async def test_admission_through_the_served_reconcile_deployment(
+    prefect_harness: None, tmp_path: Path
+) -> None:
+    """The demo's default path: every tick is a run of the served deployment, whose summary
+    (a persisted flow result) agrees with what the fleet showed."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.demo import served_reconcile
+
+    api = PREFECT_API_URL.value()
+    jobs = [_job("small", 2, "5.000", "first"), _job("small", 2, "4.000", "next", 1.0)]
+    with (
+        running_emulator({"small": 3}, token="t0k", tick_s=0.05) as emu,
+        served_reconcile(tmp_path, api) as deployment,
+    ):
+        result = await run_admission(
+            emu,
+            jobs,
+            Printer(live=False),
+            mode="deployment",
+            deployment=deployment,
+            max_ticks=10,
+            min_tick_s=0.2,
+        )
+        dump = emu.admin.dump()
+    assert result.problems == []
+    assert result.admitted == result.admitted_by_flow == result.completed == 2
+    assert result.ticks >= 3  # admit, release + admit, release
+    assert [j["conclusion"] for j in dump["jobs"]] == ["success", "success"]
+    assert result.peak_utilization == {"small": 2 / 3}
