@@ -99,6 +99,10 @@ def draw_jobs(
 
     if load <= 0:
         raise DemoError(f"--load {load} must be above 0 (pool load factor, e.g. 2)")
+    if never_fits < 0:
+        raise DemoError(f"--never-fits {never_fits} must be 0 or more (too-wide jobs per pool)")
+    if duration_s <= 0:
+        raise DemoError(f"--duration {duration_s} must be above 0 (mean job seconds, e.g. 4)")
     pools = fleet_from_job_mix(csv_path)
     with open(csv_path, newline="") as fh:
         rows = [
@@ -660,7 +664,10 @@ def summary_lines(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example: bash scripts/demo.sh --mode direct --skip-runtime --live no",
+    )
     parser.add_argument("--mode", choices=("deployment", "direct"), default="deployment")
     parser.add_argument("--load", type=float, default=1.75, help="queued nodes per pool runner")
     parser.add_argument("--never-fits", type=int, default=2, help="too-wide jobs per pool")
@@ -679,6 +686,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="slurmgate-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("SLURMGATE_STATE_DIR", str(workdir / "state"))
+    # Prefect in local mode, isolated: never the user's own ~/.prefect database
+    os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         jobs = draw_jobs(
             load=args.load, never_fits=args.never_fits, seed=args.seed, duration_s=args.duration
@@ -700,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: {exc} (logs in {workdir})", file=sys.stderr)
         return 1
     lines = summary_lines(adm, rt, time.monotonic() - started)
+    if args.workdir is None:
+        lines.insert(-1, f"run files (logs, records, summary.json): {workdir}")
     print("\n".join(lines), flush=True)
     (workdir / "summary.json").write_text(
         json.dumps(

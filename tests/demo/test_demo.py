@@ -220,3 +220,18 @@ async def test_admission_through_the_served_reconcile_deployment(
     assert result.ticks >= 3  # admit, release + admit, release
     assert [j["conclusion"] for j in dump["jobs"]] == ["success", "success"]
     assert result.peak_utilization == {"small": 2 / 3}
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"load": 0}, "--load"),
+        ({"never_fits": -1}, "--never-fits"),
+        ({"duration_s": 0}, "--duration"),
+    ],
+)
+def test_bad_draw_arguments_name_the_flag(args: dict[str, float], field: str) -> None:
+    from flows.demo import DemoError
+
+    with pytest.raises(DemoError, match=f"^{field} "):
+        draw_jobs(**args)  # type: ignore[arg-type]
