@@ -109,6 +109,15 @@ class PrefectServer:
         env.update(extra)
         return env
 
+    @contextlib.contextmanager
+    def client_settings(self) -> Iterator[None]:
+        """Point this process's Prefect client at the server, only for the `with` block (the
+        rest of the suite keeps its own test harness)."""
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api_url}):
+            yield
+
     def deployment_id(self, name: str) -> str:
         response = self.api.get(f"/deployments/name/{name}")
         response.raise_for_status()
@@ -232,15 +241,6 @@ def prefect_server() -> Iterator[PrefectServer]:
 
 
 @pytest.fixture(scope="session")
-def prefect_client_settings(prefect_server: PrefectServer) -> Iterator[None]:
-    """Point this process's Prefect client (block saves) at the server for the session."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
-        yield
-
-
-@pytest.fixture(scope="session")
 def emulator() -> Iterator[Any]:
     """A GitHub emulator with one 4-runner pool; its token is the one the scope block holds."""
     from slurmgate.emulator.testing import running_emulator
@@ -250,16 +250,17 @@ def emulator() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def saved_blocks(prefect_client_settings: None, emulator: Any) -> dict[str, str]:
+def saved_blocks(prefect_server: PrefectServer, emulator: Any) -> dict[str, str]:
     """The `default` scope (pointing at the emulator) and policy blocks the deployments name."""
     from blocks import AdmissionPolicyBlock, GitHubScopeBlock
 
-    GitHubScopeBlock(
-        api_url=emulator.url, repo=emulator.repo, token=TOKEN, min_write_interval_s=0
-    ).save("default", overwrite=True)
-    AdmissionPolicyBlock(
-        priority_scheduler_enabled=True, node_slot_scheduler_enabled=True, orphan_grace_s=0
-    ).save("default", overwrite=True)
+    with prefect_server.client_settings():
+        GitHubScopeBlock(
+            api_url=emulator.url, repo=emulator.repo, token=TOKEN, min_write_interval_s=0
+        ).save("default", overwrite=True)
+        AdmissionPolicyBlock(
+            priority_scheduler_enabled=True, node_slot_scheduler_enabled=True, orphan_grace_s=0
+        ).save("default", overwrite=True)
     return {"scope": "default", "policy": "default"}
 
 

@@ -84,7 +84,7 @@ def running_flow_run(server: PrefectServer, flow_id: str, name: str) -> str:
 
 
 def test_a_run_whose_heartbeats_stop_is_marked_crashed_and_a_beating_one_is_not(
-    prefect_server: PrefectServer, prefect_client_settings: None
+    prefect_server: PrefectServer,
 ) -> None:
     """The shipped automation with a 10 s window (the shortest Prefect allows), on runs whose
     heartbeats the test sends: one goes silent after one beat (a SIGKILLed process), one keeps
@@ -93,7 +93,8 @@ def test_a_run_whose_heartbeats_stop_is_marked_crashed_and_a_beating_one_is_not(
 
     automations = load_deployments_module("automations")
     name = f"crash-silent-test-{uuid.uuid4().hex[:6]}"
-    automation_id = asyncio.run(automations.aensure_heartbeat_automation(10, 2, name))
+    with prefect_server.client_settings():
+        automation_id = asyncio.run(automations.aensure_heartbeat_automation(10, 2, name))
     try:
         flow = prefect_server.api.post("/flows/", json={"name": "heartbeat-check"}).json()
         silent = running_flow_run(prefect_server, flow["id"], "silent")
