@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -91,6 +90,7 @@ class PrefectServer:
     api: httpx.Client
     home: Path
     log: Path
+    auth: str | None = None
 
     @property
     def api_url(self) -> str:
@@ -106,6 +106,8 @@ class PrefectServer:
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PYTHONPATH=str(REPO),
         )
+        if self.auth:
+            env["PREFECT_API_AUTH_STRING"] = self.auth
         env.update(extra)
         return env
 
@@ -194,9 +196,9 @@ class PrefectServer:
 
 
 @contextlib.contextmanager
-def running_prefect_server() -> Iterator[PrefectServer]:
-    """`prefect server start` on a free loopback port with SQLite in a temporary PREFECT_HOME."""
-    home = Path(tempfile.mkdtemp(prefix="slurmgate-prefect-server-"))
+def running_prefect_server(home: Path, auth: str | None = None) -> Iterator[PrefectServer]:
+    """`prefect server start` on a free loopback port with SQLite in `home` (its PREFECT_HOME,
+    logs and the served process's state); `auth` ("user:pass") turns on basic auth."""
     port = free_port()
     log = home / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
@@ -206,6 +208,8 @@ def running_prefect_server() -> Iterator[PrefectServer]:
         DO_NOT_TRACK="1",
         PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",
     )
+    if auth:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -216,7 +220,8 @@ def running_prefect_server() -> Iterator[PrefectServer]:
             start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
-    api = RetryingClient(base_url=url + "/api", timeout=30.0)
+    basic = tuple(auth.split(":", 1)) if auth else None
+    api = RetryingClient(base_url=url + "/api", timeout=30.0, auth=basic)  # type: ignore[arg-type]
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -226,7 +231,7 @@ def running_prefect_server() -> Iterator[PrefectServer]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"prefect server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.3)
-        yield PrefectServer(url, api, home, log)
+        yield PrefectServer(url, api, home, log, auth)
     finally:
         print(f"\nprefect server: {RetryingClient.retried_503} REST call(s) retried after 503")
         api.close()
@@ -234,9 +239,9 @@ def running_prefect_server() -> Iterator[PrefectServer]:
 
 
 @pytest.fixture(scope="session")
-def prefect_server() -> Iterator[PrefectServer]:
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     """The session's server, shared by every module here but test_deploy."""
-    with running_prefect_server() as server:
+    with running_prefect_server(tmp_path_factory.mktemp("prefect-server")) as server:
         yield server
 
 

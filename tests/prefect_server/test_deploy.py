@@ -14,11 +14,15 @@ from .conftest import REPO, PrefectServer, running_prefect_server
 
 pytestmark = pytest.mark.prefect_server
 
+AUTH_PASSWORD = "s3cret-AUTH-pass"
+
 
 @pytest.fixture(scope="module")
-def deploy_server() -> Iterator[PrefectServer]:
-    """A server of its own: deploying replaces the served deployments of the same names."""
-    with running_prefect_server() as server:
+def deploy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """A server of its own (deploying replaces the served deployments of the same names), with
+    basic auth on, as a server that others can reach should run."""
+    home = tmp_path_factory.mktemp("deploy-server")
+    with running_prefect_server(home, auth=f"ops:{AUTH_PASSWORD}") as server:
         yield server
 
 
@@ -68,3 +72,18 @@ def test_deploy_all_creates_the_three_deployments_and_the_heartbeat_automation(
     named = [a for a in automations if a["name"] == "slurmgate-crash-silent-flow-runs"]
     assert len(named) == 1, [a["name"] for a in automations]
     assert named[0]["trigger"]["within"] == 600.0
+
+
+def test_an_auth_string_keeps_anonymous_callers_out(deploy_server: PrefectServer) -> None:
+    """PREFECT_SERVER_API_AUTH_STRING on the server: every API call needs the credentials
+    (`include_secrets=true` would otherwise hand block secrets to anyone who can connect)."""
+    import httpx
+
+    denied = httpx.post(f"{deploy_server.api_url}/block_documents/filter", json={}, timeout=10)
+    assert denied.status_code == 401, denied.text
+    wrong = httpx.post(
+        f"{deploy_server.api_url}/deployments/filter", json={}, auth=("ops", "guess"), timeout=10
+    )
+    assert wrong.status_code == 401
+    allowed = deploy_server.api.post("/deployments/filter", json={})
+    assert allowed.status_code == 200
