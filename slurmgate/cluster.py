@@ -45,14 +45,11 @@ def _env(directory: str | None, mode: str | None) -> dict[str, str]:
     return env
 
 
-def up(directory: str | None = None, mode: str | None = None, timeout: float = 300) -> ClusterEnv:
-    """Start the cluster (a no-op when it is already up with the same config)."""
-    if os.geteuid() != 0:
-        raise ClusterError("the local cluster needs root (mknod, namespaces) — run as root")
-    env = _env(directory, mode)
+def _run_script(name: str, env: dict[str, str], timeout: float) -> None:
+    """Run one of the bundled scripts; a failure raises with the tail of its output."""
     try:
         out = subprocess.run(
-            ["bash", str(scripts_dir() / "start.sh")],
+            ["bash", str(scripts_dir() / name)],
             env=env,
             capture_output=True,
             text=True,
@@ -61,29 +58,22 @@ def up(directory: str | None = None, mode: str | None = None, timeout: float = 3
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise ClusterError(f"start.sh did not finish within {timeout:g} s") from None
+        raise ClusterError(f"{name} did not finish within {timeout:g} s") from None
     if out.returncode != 0:
         tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-15:])
-        raise ClusterError(f"start.sh failed (exit {out.returncode}):\n{tail}")
+        raise ClusterError(f"{name} failed (exit {out.returncode}):\n{tail}")
+
+
+def up(directory: str | None = None, mode: str | None = None, timeout: float = 300) -> ClusterEnv:
+    """Start the cluster (a no-op when it is already up with the same config)."""
+    if os.geteuid() != 0:
+        raise ClusterError("the local cluster needs root (mknod, namespaces) — run as root")
+    env = _env(directory, mode)
+    _run_script("start.sh", env, timeout)
     directory = env["SLURM_LOCAL_DIR"]
     return ClusterEnv(slurm_conf=f"{directory}/etc/slurm.conf", directory=directory)
 
 
 def down(directory: str | None = None, timeout: float = 120) -> None:
     """Stop the cluster; safe when nothing runs."""
-    env = _env(directory, None)
-    try:
-        out = subprocess.run(
-            ["bash", str(scripts_dir() / "stop.sh")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise ClusterError(f"stop.sh did not finish within {timeout:g} s") from None
-    if out.returncode != 0:
-        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-15:])
-        raise ClusterError(f"stop.sh failed (exit {out.returncode}):\n{tail}")
+    _run_script("stop.sh", _env(directory, None), timeout)
