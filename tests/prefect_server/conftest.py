@@ -115,9 +115,12 @@ class PrefectServer:
     def client_settings(self) -> Iterator[None]:
         """Point this process's Prefect client at the server, only for the `with` block (the
         rest of the suite keeps its own test harness)."""
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: self.api_url}):
+        updates: dict[Any, Any] = {PREFECT_API_URL: self.api_url}
+        if self.auth:
+            updates[PREFECT_API_AUTH_STRING] = self.auth
+        with temporary_settings(updates):
             yield
 
     def deployment_id(self, name: str) -> str:
@@ -254,18 +257,23 @@ def emulator() -> Iterator[Any]:
         yield emu
 
 
-@pytest.fixture(scope="session")
-def saved_blocks(prefect_server: PrefectServer, emulator: Any) -> dict[str, str]:
-    """The `default` scope (pointing at the emulator) and policy blocks the deployments name."""
+def save_default_blocks(server: PrefectServer, emulator: Any) -> None:
+    """Save the `default` scope and policy blocks on `server`, the scope on `emulator`."""
     from blocks import AdmissionPolicyBlock, GitHubScopeBlock
 
-    with prefect_server.client_settings():
+    with server.client_settings():
         GitHubScopeBlock(
             api_url=emulator.url, repo=emulator.repo, token=TOKEN, min_write_interval_s=0
         ).save("default", overwrite=True)
         AdmissionPolicyBlock(
             priority_scheduler_enabled=True, node_slot_scheduler_enabled=True, orphan_grace_s=0
         ).save("default", overwrite=True)
+
+
+@pytest.fixture(scope="session")
+def saved_blocks(prefect_server: PrefectServer, emulator: Any) -> dict[str, str]:
+    """The `default` scope (pointing at the emulator) and policy blocks the deployments name."""
+    save_default_blocks(prefect_server, emulator)
     return {"scope": "default", "policy": "default"}
 
 
