@@ -3,7 +3,8 @@
 # driver (flows/demo.py), and leave nothing running. Extra arguments go to the driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# the demo needs no browser (only the UI test of `make test` does)
+SLURMGATE_WITH_BROWSER="${SLURMGATE_WITH_BROWSER:-0}" scripts/setup.sh
 VENV="${SLURMGATE_VENV:-.venv}"
 export PATH="$PWD/$VENV/bin:$PATH"
 export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
