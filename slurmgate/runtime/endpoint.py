@@ -319,10 +319,10 @@ class Endpoint:
 
     async def _read_metrics(self, lane: Lane) -> str | None:
         assert self.control is not None
-        url = lane.url + self.config.backend_metrics_path + METRICS_QUERY
-        async with self.control.get(URL(url, encoded=True)) as resp:
+        path = lane.url + self.config.backend_metrics_path
+        async with self.control.get(URL(path + METRICS_QUERY, encoded=True)) as resp:
             if resp.status != 200:
-                raise RuntimeError(f"GET {url} answered {resp.status}")
+                raise RuntimeError(f"GET {path} answered {resp.status}")
             return await resp.text()
 
     async def backend_health(self) -> list[bool]:

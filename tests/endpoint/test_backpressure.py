@@ -61,6 +61,33 @@ def test_policy_fails_open_on_missing_or_stale_samples_and_counts_in_flight() ->
     assert policy.estimated_depth(lane, 40.0) is None
 
 
+def test_a_learned_capacity_bounds_a_burst_between_samples() -> None:
+    """Once a queue showed the lane's capacity, a burst after an idle sample cannot overshoot."""
+    policy = QueuePolicy(max_waiting=0, stale_after=1.0)
+    lane = Lane(index=0, url="http://127.0.0.1:1")
+    lane.record_sample(0.0, taken_at=1.0, active_then=0, running=0.0)
+    lane.active = 9  # a burst before the lane ever queued: capacity unknown, so no guess
+    assert policy.estimated_depth(lane, 1.05) == 0.0
+    lane.record_sample(3.0, taken_at=2.0, active_then=5, running=2.0)  # saturated at 2 running
+    assert lane.capacity == 2.0
+    lane.record_sample(0.0, taken_at=3.0, active_then=1, running=1.0)  # idle again: 1 slot free
+    lane.active = 2  # one more routed: fits the free slot
+    assert policy.estimated_depth(lane, 3.05) == 0.0 and policy.admits(lane, 3.05)
+    lane.active = 5  # a burst of four: three of them would wait
+    assert policy.estimated_depth(lane, 3.05) == 3.0 and not policy.admits(lane, 3.05)
+
+
+def test_queue_sample_reads_waiting_and_running_summed() -> None:
+    from slurmgate.runtime.backpressure import queue_sample
+
+    text = (
+        'vllm:num_requests_waiting{engine="0"} 2\nvllm:num_requests_waiting{engine="1"} 1\n'
+        'vllm:num_requests_running{engine="0"} 4\nvllm:num_requests_running{engine="1"} 4\n'
+    )
+    assert queue_sample(text) == (3.0, 8.0)
+    assert queue_sample("vllm_num_requests_running 2\n") == (None, 2.0)
+
+
 async def test_every_lane_over_limit_gives_429_while_health_and_metrics_answer(
     client: httpx.AsyncClient,
 ) -> None:
