@@ -26,7 +26,9 @@ allocation_app = typer.Typer(
 )
 
 
-@cluster_app.command("up")
+@cluster_app.command(
+    "up", epilog="Example: slurmgate cluster up --mode netns  (then: export SLURM_CONF=...)"
+)
 def cluster_up(
     mode: Annotated[str, typer.Option(help="netns (one IP per node) or uts.")] = "netns",
 ) -> None:
@@ -41,7 +43,7 @@ def cluster_up(
     typer.echo(env.exports())
 
 
-@cluster_app.command("down")
+@cluster_app.command("down", epilog="Example: slurmgate cluster down")
 def cluster_down() -> None:
     """Stop the cluster (safe when it is not running)."""
     from slurmgate.cluster import ClusterError, down
@@ -58,7 +60,9 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-@allocation_app.command("run")
+@allocation_app.command(
+    "run", epilog="Example: slurmgate allocation run examples/specs/local-stub.yaml"
+)
 def allocation_run(
     spec: Annotated[Path, typer.Argument(help="The allocation spec (YAML).")],
     runs_dir: Annotated[
@@ -87,7 +91,7 @@ def allocation_run(
     typer.echo(f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}")
 
 
-@allocation_app.command("reap")
+@allocation_app.command("reap", epilog="Example: slurmgate allocation reap")
 def allocation_reap(
     runs_dir: Annotated[
         Path | None, typer.Option(help="Run directories to scan (default: the runs root).")

@@ -44,6 +44,9 @@ def test_every_readme_command_exists_with_an_example(command: str) -> None:
     assert out.returncode == 0, out.stderr
     if command in ("cluster", "allocation"):  # groups: their commands carry the examples
         assert "Commands" in out.stdout
+        for sub in {"cluster": ("up", "down"), "allocation": ("run", "reap")}[command]:
+            help_text = run(command, sub, "--help")
+            assert help_text.returncode == 0 and "Example" in help_text.stdout, help_text.stdout
     else:
         assert "Example" in out.stdout, out.stdout
 
