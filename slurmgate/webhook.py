@@ -28,8 +28,6 @@ import hmac
 import json
 import logging
 import re
-import socket
-import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -44,6 +42,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from slurmgate.threaded_server import ThreadedServer
 
 log = logging.getLogger("slurmgate.webhook")
 
@@ -377,52 +377,17 @@ def create_app(
     return app
 
 
-class RelayServer:
+class RelayServer(ThreadedServer):
     """The relay under uvicorn on a free loopback port, in a daemon thread (tests, demo, bench)."""
 
-    def __init__(self, settings: RelaySettings, host: str = "127.0.0.1", port: int = 0) -> None:
-        import uvicorn
+    what = "webhook relay"
 
+    def __init__(self, settings: RelaySettings, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app = create_app(settings)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.port: int = self._sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}/webhook"
-        config = uvicorn.Config(
-            self.app,
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=1,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
+        super().__init__(self.app, host, port)
+        self.url = f"{self.base_url}/webhook"
 
     @property
     def stats(self) -> dict[str, int]:
         stats: dict[str, int] = self.app.state.stats
         return stats
-
-    def start(self, timeout_s: float = 10.0) -> RelayServer:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"webhook relay did not start on {self.url}")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout_s)
-        self._sock.close()
-
-    def __enter__(self) -> RelayServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
