@@ -362,6 +362,7 @@ class AllocationRun:
                         base_url=url,
                         path=dspec.readiness_path,
                         deadline=self.launched_at + lane.delay_s + dspec.startup_timeout_s,
+                        needed=dspec.ready_probes,
                     )
                 )
         probe_timeout = min(d.probe_timeout_s for d in self.spec.deployments)

@@ -15,15 +15,28 @@ class ReadinessTimeout(RuntimeError):
 
 @dataclass
 class Target:
-    """One URL that must answer 200 on `path` (and on /v1/models when `models` is set)."""
+    """One URL that must answer 200 on `path` (and on /v1/models when `models` is set).
+
+    It is ready after `needed` good probes in a row: /health flaps while a server starts, and a
+    single good answer has admitted lanes that were still loading (see runtime-anchors).
+    """
 
     name: str
     base_url: str
     path: str = "/health"
     deadline: float = 0.0  # time.monotonic()
     models: bool = True
+    needed: int = 1
     ready: bool = False
+    streak: int = 0
     last: str = "not probed"
+
+    def record(self, good: bool) -> None:
+        """Count one probe; a bad one restarts the streak."""
+        self.streak = self.streak + 1 if good else 0
+        self.ready = self.streak >= self.needed
+        if good and not self.ready:
+            self.last = f"ready {self.streak}/{self.needed} probes in a row"
 
 
 def probe(client: httpx.Client, target: Target, timeout: float) -> bool:
@@ -58,7 +71,7 @@ def wait_ready(
             check_alive()
             for t in targets:
                 if not t.ready:
-                    t.ready = probe(client, t, probe_timeout)
+                    t.record(probe(client, t, probe_timeout))
             now_ready = sum(t.ready for t in targets)
             if now_ready != ready_count:
                 ready_count = now_ready

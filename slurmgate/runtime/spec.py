@@ -92,6 +92,9 @@ class DeploymentSpec(_Strict):
     startup_timeout_s: float = Field(default=900.0, gt=0)
     distributed_timeout_s: float = Field(default=600.0, gt=0)
     probe_timeout_s: float = Field(default=1.0, gt=0)
+    ready_probes: int = Field(
+        default=2, ge=1, le=100, description="good readiness probes in a row before a lane is ready"
+    )
     readiness_path: str = "/health"
     lead_boot_standoff_s: float = Field(default=60.0, ge=0)
     rank_launch_stagger_s: float = Field(default=5.0, ge=0)
