@@ -48,6 +48,16 @@ def _problem(field: str, message: str, fix: str) -> ValueError:
     return ValueError(f"{field}: {message} — fix: {fix}")
 
 
+def _checked_name(v: str, what: str) -> str:
+    if not _NAME.match(v):
+        raise _problem(
+            "name",
+            f"{v!r} is not a valid {what} name",
+            "use lowercase letters, digits and dashes, starting with a letter (≤ 40)",
+        )
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -104,13 +114,7 @@ class DeploymentSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise _problem(
-                "name",
-                f"{v!r} is not a valid deployment name",
-                "use lowercase letters, digits and dashes, starting with a letter (≤ 40)",
-            )
-        return v
+        return _checked_name(v, "deployment")
 
     @field_validator("readiness_path")
     @classmethod
@@ -187,13 +191,7 @@ class AllocationSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise _problem(
-                "name",
-                f"{v!r} is not a valid allocation name",
-                "use lowercase letters, digits and dashes, starting with a letter (≤ 40)",
-            )
-        return v
+        return _checked_name(v, "allocation")
 
     @field_validator("time_limit")
     @classmethod
