@@ -54,6 +54,7 @@ class StubSettings:
     max_concurrency: int
     startup_delay: float
     crash_after: int
+    close_listener_after: int
     hang: bool
     exit_after: float
     exit_code: int
@@ -116,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("max-concurrency", int, 8, "requests generating at once; the rest wait in a queue"),
         ("startup-delay", float, 0.0, "seconds before /health turns 200"),
         ("crash-after", int, 0, "exit 1 after this many completed requests (0 = never)"),
+        (
+            "close-listener-after",
+            int,
+            0,
+            "after this many completed requests the HTTP listener and its connections close "
+            "while the process lives on, as an API front end that died under a live engine: "
+            "new connections are refused and the lane does not exit (0 = never)",
+        ),
         ("exit-after", float, 0.0, "exit with --exit-code after this many seconds (0 = never)"),
         ("exit-code", int, 0, "status used by --exit-after"),
         ("exit-rank", int, -1, "apply --exit-after/--crash-after only on this node rank"),
@@ -166,6 +175,7 @@ def parse_settings(argv: list[str] | None = None) -> StubSettings:
         (ns.nnodes >= 1, "--nnodes must be >= 1"),
         (0 <= ns.node_rank < ns.nnodes, "--node-rank must be in [0, --nnodes)"),
         (ns.crash_after >= 0, "--crash-after must be >= 0 (0 = never)"),
+        (ns.close_listener_after >= 0, "--close-listener-after must be >= 0 (0 = never)"),
         (ns.startup_delay >= 0, "--startup-delay must be >= 0"),
         (ns.exit_after >= 0, "--exit-after must be >= 0 (0 = never)"),
         (ns.first_token_delay >= 0, "--first-token-delay must be >= 0"),
@@ -192,6 +202,7 @@ def parse_settings(argv: list[str] | None = None) -> StubSettings:
         max_concurrency=ns.max_concurrency,
         startup_delay=ns.startup_delay,
         crash_after=ns.crash_after,
+        close_listener_after=ns.close_listener_after,
         hang=ns.hang,
         exit_after=ns.exit_after,
         exit_code=ns.exit_code,
@@ -219,6 +230,8 @@ class StubState:
         self.waiting = 0
         self.running = 0
         self.completed = 0
+        self.answered: dict[int, int] = {}  # completion requests by the status answered
+        self.listener_closed = asyncio.Event()
         self._fail_credit = 0.0
         self.slots = asyncio.Semaphore(settings.max_concurrency)
 
@@ -249,6 +262,12 @@ class StubState:
         crash_after = self.settings.crash_after
         if crash_after and self.applies_exit_knobs and self.completed >= crash_after:
             asyncio.get_running_loop().call_soon(_die, 1, f"crash-after {crash_after} requests")
+        close_after = self.settings.close_listener_after
+        if close_after and self.completed >= close_after and not self.listener_closed.is_set():
+            self.listener_closed.set()
+
+    def answer(self, status: int) -> None:
+        self.answered[status] = self.answered.get(status, 0) + 1
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
@@ -276,6 +295,13 @@ class StubState:
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
             "# TYPE vllm:num_requests_waiting gauge\n"
             f'vllm:num_requests_waiting{{model_name="{name}"}} {float(self.waiting)}\n'
+            "# HELP slurmgate_stub_requests_total Completion requests answered, by status "
+            "(the stub's own counter, not a vLLM metric).\n"
+            "# TYPE slurmgate_stub_requests_total counter\n"
+            + "".join(
+                f'slurmgate_stub_requests_total{{status="{status}"}} {float(count)}\n'
+                for status, count in sorted(self.answered.items())
+            )
         )
 
 
@@ -351,6 +377,7 @@ class StubApp:
         except ConnectionResetError:
             return
         if not state.ready():
+            state.answer(503)
             await _json(send, 503, _error("not ready", "service_unavailable", 503))
             return
         try:
@@ -361,6 +388,7 @@ class StubApp:
             if max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
         except (ValueError, TypeError) as exc:
+            state.answer(400)
             await _json(send, 400, _error(f"bad request: {exc}", "invalid_request_error", 400))
             return
         if state.should_fail():
@@ -368,6 +396,7 @@ class StubApp:
             if settings.fail_retry_after:
                 extra.append((b"retry-after", settings.fail_retry_after.encode()))
             status = settings.fail_status
+            state.answer(status)
             await _json(send, status, _error("injected failure", "stub_failure", status), extra)
             return
         stream = bool(request.get("stream"))
@@ -377,6 +406,7 @@ class StubApp:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{id(scope):x}{state.completed}"
         obj = "chat.completion" if chat else "text_completion"
         slot = await state.acquire_slot()
+        state.answer(200)
         with slot:
             if settings.first_token_delay:
                 await asyncio.sleep(settings.first_token_delay)
@@ -566,8 +596,22 @@ async def run(settings: StubSettings) -> int:
     def on_stop() -> None:
         server.should_exit = True
 
+    async def close_listener() -> None:
+        await state.listener_closed.wait()
+        print(
+            f"stub_server: closing the HTTP listener after {state.completed} requests; "
+            "the process stays up until it is stopped",
+            file=sys.stderr,
+            flush=True,
+        )
+        server.should_exit = True
+
+    closer = asyncio.ensure_future(close_listener())
     _install_stop(stop, on_stop)
     await server.serve()
+    closer.cancel()
+    if state.listener_closed.is_set() and not stop.is_set():
+        await stop.wait()  # a live process without a listener: connects are refused
     if rendezvous is not None:
         rendezvous.close()
     if not server.started and not stop.is_set():
