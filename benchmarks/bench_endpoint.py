@@ -11,7 +11,9 @@ in one run and side by side:
 
 The endpoint runs alone on core 0; the stub and this load generator share core 1. The peer
 figure is DataDesigner's aiohttp proxy, about 235 us of CPU per small JSON request. Results go to
-``benchmarks/results/endpoint.json`` and ``endpoint.md``.
+``benchmarks/results/endpoint.json`` and ``endpoint.md`` (``--results-dir DIR`` for another
+place). ``--smoke`` measures every column for 1.5 s instead of 6 s, with 600 requests per client
+probe: about 15 s, a check that the benchmark works, not a measurement.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
+
 from slurmgate.loadgen import LoadReport, LoadSpec, run_load  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
 PEER_CPU_US = 235.0  # DataDesigner's aiohttp proxy, per small JSON request (issue 3)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = {"model": "stub-model", "prompt": "hello", "max_tokens": 16}
@@ -412,7 +415,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--duration", type=float, default=6.0)
+    add_output_flags(parser, "1.5 s per column and 600 requests per client probe")
     ns = parser.parse_args()
+    warmup = 1.0
+    if ns.smoke:
+        ns.duration, ns.requests, warmup = min(ns.duration, 1.5), min(ns.requests, 600), 0.3
     if ns.reference_proxy:
         reference_proxy(ns.reference_proxy, ns.url)
         return
@@ -452,20 +459,21 @@ def main() -> None:
         "1024",
     ]
     results["delay_20ms"] = compare(
-        stub20, concurrency=8, duration=ns.duration, warmup=1.0, with_reference=True
+        stub20, concurrency=8, duration=ns.duration, warmup=warmup, with_reference=True
     )
     stub0 = ["--tokens-per-second", "0", "--max-concurrency", "1024"]
     results["delay_0ms"] = compare(
-        stub0, concurrency=64, duration=ns.duration, warmup=1.0, with_reference=True
+        stub0, concurrency=64, duration=ns.duration, warmup=warmup, with_reference=True
     )
     results["upstream_clients"] = compare_clients(ns.requests, ns.concurrency)
     results["bench_seconds"] = time.monotonic() - started
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "endpoint.json").write_text(json.dumps(results, indent=2) + "\n")
-    report = markdown(results)
-    (RESULTS / "endpoint.md").write_text(report)
+    results["smoke"] = ns.smoke
+    out = results_dir(ns)
+    (out / "endpoint.json").write_text(json.dumps(results, indent=2) + "\n")
+    report = markdown(results) + ("\n" + SMOKE_NOTE + "\n" if ns.smoke else "")
+    (out / "endpoint.md").write_text(report)
     print(report)
-    print(f"({results['bench_seconds']:.0f} s; wrote benchmarks/results/endpoint.json and .md)")
+    print(f"({results['bench_seconds']:.0f} s; wrote {out / 'endpoint.json'} and .md)")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ node counts and cluster pools), runners are spread over the mix's pools in propo
 and about a third of each pool is already leased to running jobs. Both sizes are timed in the
 same run; the ratio shows how plan time scales with 10x the fleet and 10x the queue.
 
-Run: .venv/bin/python benchmarks/bench_plan.py [--repeat N]
-Writes benchmarks/results/plan.json and benchmarks/results/plan.md.
+Run: .venv/bin/python benchmarks/bench_plan.py [--repeat N] [--smoke] [--results-dir DIR]
+Writes benchmarks/results/plan.json and benchmarks/results/plan.md. The sizes are cheap, so
+`--smoke` keeps them and only cuts the repeats to 5.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from options import SMOKE_NOTE, add_output_flags, results_dir
+
 from slurmgate.model import Job, JobStatus, Runner, Snapshot
 from slurmgate.planner import plan
 from slurmgate.settings import AdmissionSettings
@@ -29,7 +32,6 @@ from slurmgate.settings import AdmissionSettings
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
-RESULTS = HERE / "results"
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SETTINGS = AdmissionSettings(PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True)
 SCORES = ["0.000", "1.000", "1.250", "2.250", "3.000", "4.500", "6.000"]
@@ -134,7 +136,10 @@ def measure(snap: Snapshot, repeat: int) -> dict[str, float | int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30)
+    add_output_flags(parser, "5 repeats instead of 30 (same sizes)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = min(args.repeat, 5)
 
     small = measure(build(100, 50), args.repeat)
     large = measure(build(1000, 500), args.repeat)
@@ -148,9 +153,10 @@ def main() -> None:
         "ratio_large_over_small": round(ratio, 2),
         "target_ms_large": 100,
         "meets_target": large["median_ms"] < 100,
+        "smoke": args.smoke,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "plan.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = results_dir(args)
+    (out / "plan.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# plan() time",
         "",
@@ -172,7 +178,9 @@ def main() -> None:
         f"({'met' if result['meets_target'] else 'NOT met'}).",
         "",
     ]
-    (RESULTS / "plan.md").write_text("\n".join(lines))
+    if args.smoke:
+        lines += [SMOKE_NOTE, ""]
+    (out / "plan.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

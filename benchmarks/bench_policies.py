@@ -7,6 +7,10 @@ the fast replay driver against replaying through `plan()` on label-encoded runne
 
     .venv/bin/python benchmarks/bench_policies.py            # all scenarios (~5 min on 1 core)
     .venv/bin/python benchmarks/bench_policies.py --quick    # KTH on 100 nodes only
+    .venv/bin/python benchmarks/bench_policies.py --smoke --results-dir /tmp/p  # seconds
+
+`--smoke` replays the first SMOKE_JOBS jobs of every scenario (and a shorter prefix for the
+driver ratio) and writes the same files, marked as a smoke run, to `--results-dir`.
 
 The reference numbers are `../shared/traces/sim-results.md` (an independent simulator); they are
 copied below so this script needs nothing outside the repository.
@@ -25,6 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from options import SMOKE_NOTE, add_output_flags  # noqa: E402
+
 from slurmgate.simulator.engine import (  # noqa: E402
     Result,
     sim_settings,
@@ -34,7 +40,8 @@ from slurmgate.simulator.engine import (  # noqa: E402
 from slurmgate.simulator.plots import gantt, wait_cdf, wide_waits  # noqa: E402
 from slurmgate.simulator.traces import JOB_MIX, TRACES, Trace, read_trace  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
+SMOKE_JOBS = 400  # jobs per scenario in a smoke run
+SMOKE_DRIVER_JOBS = 200  # jobs of the driver-ratio prefix in a smoke run
 KTH = TRACES / "KTH-SP2-1996-2.1-cln.swf.gz"
 LANL = TRACES / "LANL-CM5-1994-4.1-cln.swf.gz"
 
@@ -141,9 +148,9 @@ def run(scenario: Scenario, trace: Trace, variant: Variant) -> tuple[Result, dic
     return result, metrics, elapsed
 
 
-def driver_ratio() -> dict[str, Any]:
+def driver_ratio(limit: int = 1500) -> dict[str, Any]:
     """Fast driver vs plan() on label-encoded runners, same KTH prefix, same schedule."""
-    trace = read_trace(KTH, limit=1500)
+    trace = read_trace(KTH, limit=limit)
     pools = {"cluster:p0": 100}
     out: dict[str, Any] = {"jobs": len(trace.jobs)}
     for policy in ("greedy", "easy"):
@@ -206,11 +213,15 @@ def fmt(value: float) -> str:
 
 
 def markdown(
-    rows: list[dict[str, Any]], targets: list[dict[str, Any]], ratio: dict[str, Any]
+    rows: list[dict[str, Any]],
+    targets: list[dict[str, Any]],
+    ratio: dict[str, Any],
+    smoke: bool = False,
 ) -> str:
     lines = [
         "# Admission policies replayed on real traces",
         "",
+        *([SMOKE_NOTE, ""] if smoke else []),
         "Written by `benchmarks/bench_policies.py` (one run, every scenario x every policy). "
         "Waits in hours; `ref` = the independent reference simulator "
         "(`../shared/traces/sim-results.md`): mean / p95 / wide max / bsld.",
@@ -269,24 +280,28 @@ def markdown(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="KTH on 100 nodes only")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_output_flags(parser, f"the first {SMOKE_JOBS} jobs of every scenario")
+    parser.add_argument(
+        "--out", dest="results_dir", type=Path, default=argparse.SUPPRESS, help="= --results-dir"
+    )
     parser.add_argument(
         "--render", action="store_true", help="rewrite policies.md from policies.json only"
     )
     args = parser.parse_args(argv)
-    out: Path = args.out
+    out: Path = args.results_dir
     out.mkdir(parents=True, exist_ok=True)
     if args.render:
         saved = json.loads((out / "policies.json").read_text())
         (out / "policies.md").write_text(
-            markdown(saved["rows"], saved["targets"], saved["drivers"])
+            markdown(saved["rows"], saved["targets"], saved["drivers"], saved.get("smoke", False))
         )
         return 0
     scenarios = SCENARIOS[:1] if args.quick else SCENARIOS
+    limit = SMOKE_JOBS if args.smoke else None
     rows: list[dict[str, Any]] = []
     targets: list[dict[str, Any]] = []
     for scenario in scenarios:
-        trace = read_trace(scenario.trace, **scenario.read)
+        trace = read_trace(scenario.trace, **scenario.read, limit=limit)
         print(f"== {scenario.title}: {len(trace.jobs)} jobs", flush=True)
         by_label: dict[str, tuple[Result, dict[str, Any]]] = {}
         for variant in VARIANTS:
@@ -362,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                     wide_above=wide_above,
                     title=f"{scenario.title}, {label}: {pool} over greedy's busiest day",
                 )
-    ratio = driver_ratio()
+    ratio = driver_ratio(SMOKE_DRIVER_JOBS) if args.smoke else driver_ratio()
     print(
         f"== drivers on KTH[:{ratio['jobs']}]: plan() on labels is "
         f"x{ratio['greedy']['ratio']} (greedy) / x{ratio['easy']['ratio']} (easy) slower than the "
@@ -376,10 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             f"x{t['mean_ratio']:.3f} of greedy: {t['met']}"
         )
     suffix = "-quick" if args.quick else ""
-    (out / f"policies{suffix}.json").write_text(
-        json.dumps({"rows": rows, "targets": targets, "drivers": ratio}, indent=1, sort_keys=True)
-    )
-    (out / f"policies{suffix}.md").write_text(markdown(rows, targets, ratio))
+    saved = {"rows": rows, "targets": targets, "drivers": ratio, "smoke": args.smoke}
+    (out / f"policies{suffix}.json").write_text(json.dumps(saved, indent=1, sort_keys=True))
+    (out / f"policies{suffix}.md").write_text(markdown(rows, targets, ratio, args.smoke))
     print(f"wrote {out / f'policies{suffix}.md'}")
     return 0
 

@@ -9,6 +9,7 @@ the planner timed on its own over the same snapshot.
 
 Run: .venv/bin/python benchmarks/bench_reconcile.py [--runners 1000] [--jobs 500]
 Writes benchmarks/results/reconcile.json and benchmarks/results/reconcile.md.
+`--smoke` runs both ticks on 24 runners and 8 jobs; `--results-dir DIR` writes elsewhere.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from options import SMOKE_NOTE, add_output_flags, results_dir
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
-RESULTS = HERE / "results"
 SCORES = ["1.000", "1.250", "2.250", "3.000", "4.500"]
 JOBS_PER_RUN = 10
 
@@ -234,7 +236,10 @@ def main() -> None:
     parser.add_argument("--runners", type=int, default=1000)
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
+    add_output_flags(parser, "24 runners and 8 queued jobs")
     args = parser.parse_args()
+    if args.smoke:
+        args.runners, args.jobs = min(args.runners, 24), min(args.jobs, 8)
     os.environ.setdefault("PRIORITY_SCHEDULER_ENABLED", "true")
     os.environ.setdefault("NODE_SLOT_SCHEDULER_ENABLED", "true")
     os.environ.setdefault("SLURMGATE_MIN_WRITE_INTERVAL_S", "0")
@@ -243,10 +248,11 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     result = run(args.runners, args.jobs, args.seed)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "reconcile.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result)
-    (RESULTS / "reconcile.md").write_text(text)
+    result["smoke"] = args.smoke
+    out = results_dir(args)
+    (out / "reconcile.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = markdown(result) + ("\n" + SMOKE_NOTE + "\n" if args.smoke else "")
+    (out / "reconcile.md").write_text(text)
     print(text)
 
 

@@ -1,8 +1,8 @@
 """Runtime overhead on 4 local Slurm nodes: start-to-ready beside `srun -N4 true`, cancel-to-clean.
 
 Run after `slurmgate cluster up` (SLURM_CONF exported):
-    .venv/bin/python benchmarks/bench_runtime.py [--repeat 3]
-Writes benchmarks/results/runtime.json and runtime.md.
+    .venv/bin/python benchmarks/bench_runtime.py [--repeat 3] [--smoke] [--results-dir DIR]
+Writes benchmarks/results/runtime.json and runtime.md. `--smoke` makes one round instead of 3.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
+
 from slurmgate.runtime import slurm  # noqa: E402
 from slurmgate.runtime.controller import AllocationRun, load_records  # noqa: E402
 from slurmgate.runtime.spec import AllocationSpec  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results"
 
 
 def four_node_spec(hang: bool = False) -> dict[str, Any]:
@@ -156,7 +156,10 @@ def median(xs: list[float]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
+    add_output_flags(parser, "one round instead of 3")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = 1
     if not os.environ.get("SLURM_CONF"):
         print("SLURM_CONF is not set: run `slurmgate cluster up` and export it", file=sys.stderr)
         return 2
@@ -170,6 +173,8 @@ def main() -> int:
 
     os.environ.setdefault("PREFECT_HOME", str(tmp / "prefect"))
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     flow_start_to_ready_s(tmp / "warmup")  # starts the ephemeral Prefect server once
 
     stub, srun, ready, cleanup, cancel, via_flow = [], [], [], [], [], []
@@ -188,7 +193,7 @@ def main() -> int:
             flush=True,
         )
     overhead = median(ready) - median(stub)
-    result = {
+    result: dict[str, Any] = {
         "cluster": "slurm-local netns, 4 nodes, one 2-core machine",
         "repeat": args.repeat,
         "stub_startup_s": median(stub),
@@ -208,9 +213,10 @@ def main() -> int:
             "cancel_to_clean_s": cancel,
             "prefect_flow_start_to_all_lanes_ready_s": via_flow,
         },
+        "smoke": args.smoke,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "runtime.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = results_dir(args)
+    (out / "runtime.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         f"# Allocation runtime overhead (4-node local Slurm, medians of {args.repeat})",
         "",
@@ -228,8 +234,9 @@ def main() -> int:
         f"| cleanup after success (2 serve steps + owned allocation) | {median(cleanup):.3f} |",
         f"| SIGTERM mid-readiness → controller gone, allocation over | {median(cancel):.3f} |",
         "",
+        *([SMOKE_NOTE, ""] if args.smoke else []),
     ]
-    (RESULTS / "runtime.md").write_text("\n".join(md))
+    (out / "runtime.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
 

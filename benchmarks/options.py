@@ -1,0 +1,39 @@
+"""The two flags every benchmark takes: `--smoke` (small sizes) and `--results-dir DIR`.
+
+`--smoke` runs the same side-by-side comparison at a size a test can afford (seconds, not
+minutes) and marks its output as a smoke run; `--results-dir` sends the JSON and markdown (and
+PNGs) somewhere other than the committed `benchmarks/results/`, so a test never overwrites them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SMOKE_NOTE = (
+    "Smoke run (`--smoke`): reduced sizes or repeats, a check that it works, not a measurement."
+)
+
+
+def add_output_flags(parser: argparse.ArgumentParser, smoke: str) -> None:
+    """Adds `--smoke` (with `smoke` saying what it shrinks) and `--results-dir`."""
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"small sizes for a quick check, both arms still measured: {smoke}",
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS,
+        metavar="DIR",
+        help="where the JSON and markdown go (default: benchmarks/results)",
+    )
+
+
+def results_dir(args: argparse.Namespace) -> Path:
+    """The results directory from the parsed flags, created if missing."""
+    out: Path = args.results_dir
+    out.mkdir(parents=True, exist_ok=True)
+    return out
