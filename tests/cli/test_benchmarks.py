@@ -1,0 +1,264 @@
+"""The README's benchmark commands, each run as written plus `--smoke --results-dir DIR`.
+
+The commands are parsed out of the README, so a renamed script or a changed flag fails here. Each
+run must measure both arms of its comparison, print the ratio, write JSON plus markdown to the
+given directory, leave the committed `benchmarks/results/` alone, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..runtime.conftest import assert_no_orphans
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "benchmarks" / "results"
+COMMAND = re.compile(r"^\s*(\.venv/bin/python\s+benchmarks/bench_\w+\.py\b[^#\n]*)", re.M)
+NEEDS_SLURM = {"bench_runtime.py"}
+RUN_TIMEOUT_S = 420  # a seventh benchmark of unknown size gets room; the six take 1-60 s
+
+
+def readme_benchmark_commands() -> list[str]:
+    """Every `.venv/bin/python benchmarks/bench_*.py ...` line in the README's code blocks."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+    return [m.strip() for block in blocks for m in COMMAND.findall(block)]
+
+
+def script_of(command: str) -> str:
+    return Path(shlex.split(command)[1]).name
+
+
+def numbers(data: Any, path: str = "") -> list[tuple[str, float]]:
+    """Every numeric leaf of a JSON document with its dotted key path."""
+    if isinstance(data, dict):
+        return [pair for k, v in data.items() for pair in numbers(v, f"{path}.{k}")]
+    if isinstance(data, list):
+        return [pair for i, v in enumerate(data) for pair in numbers(v, f"{path}[{i}]")]
+    if isinstance(data, int | float) and not isinstance(data, bool):
+        return [(path, float(data))]
+    return []
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+# ---- what each known benchmark must write (the seventh and later get the generic checks) ----
+
+
+def check_plan(out: Path) -> None:
+    data = json.loads((out / "plan.json").read_text())
+    small, large = data["small"], data["large"]
+    assert (small["runners"], large["runners"]) == (100, 1000)
+    assert (small["queued_jobs"], large["queued_jobs"]) == (50, 500)
+    assert positive(small["median_ms"]) and positive(large["median_ms"])
+    assert small["admitted"] > 0 and large["admitted"] > 0
+    assert data["ratio_large_over_small"] == pytest.approx(
+        large["median_ms"] / small["median_ms"], rel=0.01
+    )
+    assert data["smoke"] is True and data["repeat"] == 5
+    assert "Ratio large / small" in (out / "plan.md").read_text()
+
+
+def check_reconcile(out: Path) -> None:
+    data = json.loads((out / "reconcile.json").read_text())
+    busy, idle, core = data["busy_tick"], data["idle_tick"], data["core_tick_without_prefect"]
+    assert data["fleet"]["runners"] == 24 and data["fleet"]["queued_jobs"] == 8
+    assert busy["admitted"] > 0 and busy["label_writes"] > 0
+    # the same fleet and queue through the core protocol admits the same jobs
+    assert core["admitted"] == busy["admitted"] and positive(core["wall_s"])
+    assert idle["quota_used"] == 0 and idle["writes"] == 0 and idle["not_modified"] > 0
+    assert positive(data["ratios"]["busy_over_idle_wall"])
+    assert positive(data["ratios"]["prefect_tick_over_core_tick"])
+    assert data["smoke"] is True
+    assert "| measure | busy tick | idle tick | ratio |" in (out / "reconcile.md").read_text()
+
+
+def check_policies(out: Path) -> None:
+    data = json.loads((out / "policies.json").read_text())
+    scenarios = {row["scenario"] for row in data["rows"]}
+    assert scenarios == {"kth100", "kth100x0.8", "kth-pools", "lanl32", "inferencex"}
+    assert len(data["rows"]) == 6 * len(scenarios)  # every policy on every scenario
+    assert all(row["metrics"]["jobs"] > 0 for row in data["rows"])
+    assert {t["scenario"] for t in data["targets"]} == scenarios
+    for policy in ("greedy", "easy"):
+        drivers = data["drivers"][policy]
+        assert positive(drivers["fast_s"]) and positive(drivers["via_plan_s"])
+        assert positive(drivers["ratio"]) and drivers["same_schedule"] is True
+    assert data["smoke"] is True
+    for key in scenarios:
+        assert (out / f"policies-{key}-wait-cdf.png").stat().st_size > 0
+    assert "Replay drivers side by side" in (out / "policies.md").read_text()
+
+
+def check_endpoint(out: Path) -> None:
+    data = json.loads((out / "endpoint.json").read_text())
+    for key in ("delay_20ms", "delay_0ms"):
+        run = data[key]
+        for arm in ("direct", "through_endpoint", "through_reference"):
+            assert run[arm]["ok"] > 0 and run[arm]["errors"] == 0, (key, arm, run[arm])
+        for name in ("endpoint", "reference"):
+            assert positive(run[f"{name}_throughput_ratio"])
+            assert positive(run[f"{name}_cpu_us_per_request"])
+        assert positive(run["endpoint_over_reference_cpu"])
+    clients = data["upstream_clients"]
+    assert clients["httpx"]["requests"] > 0 and clients["aiohttp"]["requests"] > 0
+    assert positive(clients["httpx_over_aiohttp_cpu"])
+    assert data["smoke"] is True
+    assert "| backend | via |" in (out / "endpoint.md").read_text()
+
+
+def check_runtime(out: Path) -> None:
+    data = json.loads((out / "runtime.json").read_text())
+    for key in (
+        "stub_startup_s",
+        "bare_srun_N4_true_s",
+        "start_to_all_lanes_ready_s",
+        "prefect_flow_start_to_all_lanes_ready_s",
+        "cleanup_after_success_s",
+        "cancel_to_clean_s",
+        "overhead_over_bare_srun",
+    ):
+        assert positive(data[key]), (key, data[key])
+    assert data["repeat"] == 1 and all(len(v) == 1 for v in data["samples"].values())
+    assert data["smoke"] is True
+    assert "overhead ÷ bare srun" in (out / "runtime.md").read_text()
+
+
+def check_events(out: Path) -> None:
+    data = json.loads((out / "events.json").read_text())
+    jobs = data["config"]["jobs_per_mode"]
+    assert jobs == 3 and data["config"]["interval_s"] == 12.0
+    for mode in ("events", "polling"):
+        arm = data[mode]
+        assert arm["missing"] == 0 and len(arm["latencies_s"]) == jobs, arm
+        assert positive(arm["median_s"]) and arm["flow_runs_started"] > 0
+    assert data["events"]["relay"]["posted"] >= jobs and data["events"]["relay"]["bad"] == 0
+    assert data["polling"]["relay"] is None
+    assert positive(data["ratio_median_polling_over_events"])
+    assert data["smoke"] is True
+    assert "Median ratio polling / events" in (out / "events.md").read_text()
+
+
+KNOWN: dict[str, tuple[Callable[[Path], None], str]] = {
+    # script: (checks of its results, what its printed comparison says)
+    "bench_plan.py": (check_plan, "Ratio large / small"),
+    "bench_reconcile.py": (check_reconcile, "| ratio |"),
+    "bench_policies.py": (check_policies, "slower than the fast driver"),
+    "bench_endpoint.py": (check_endpoint, "| ratio |"),
+    "bench_runtime.py": (check_runtime, "÷ bare srun"),
+    "bench_events.py": (check_events, "Median ratio polling / events"),
+}
+
+
+def check_generic(out: Path) -> None:
+    """Any benchmark: JSON that parses, a markdown table or a plot, and a positive ratio."""
+    documents = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    assert documents, f"no JSON written to {out}"
+    assert list(out.glob("*.md")) or list(out.glob("*.png")), f"no markdown or PNG in {out}"
+    ratios = [
+        (key, value)
+        for doc in documents
+        for key, value in numbers(doc)
+        if re.search(r"ratio|_over_", key.rsplit(".", 1)[-1])
+    ]
+    assert any(positive(value) for _, value in ratios), f"no positive ratio among {ratios}"
+
+
+def committed_state() -> dict[str, tuple[int, int]]:
+    """Modification time and size of every committed result file."""
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in COMMITTED.iterdir()}
+
+
+def active_bench_jobs() -> set[str]:
+    """Slurm jobs of the benchmark's spec (`sg-local-stub-*`) that are still queued or running."""
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=30, check=True
+    )
+    return {line for line in out.stdout.splitlines() if " sg-local-stub-" in line}
+
+
+COMMANDS = readme_benchmark_commands()
+
+
+def test_the_readme_lists_the_six_benchmarks() -> None:
+    listed = {script_of(c) for c in COMMANDS}
+    assert set(KNOWN) <= listed, f"README's benchmark section lacks {set(KNOWN) - listed}"
+    for command in COMMANDS:
+        script = REPO / shlex.split(command)[1]
+        assert script.is_file(), f"README names {script.relative_to(REPO)}, which does not exist"
+
+
+def test_make_bench_runs_every_readme_benchmark() -> None:
+    assert re.search(r"^bench:\n\tbash scripts/bench\.sh$", (REPO / "Makefile").read_text(), re.M)
+    script = REPO / "scripts" / "bench.sh"
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    listed = subprocess.run(
+        ["bash", str(script), "--list"], capture_output=True, text=True, timeout=30, check=True
+    )
+    runs = {Path(line.split()[-1]).name for line in listed.stdout.splitlines()}
+    assert {script_of(c) for c in COMMANDS} <= runs, listed.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(c, id=script_of(c), marks=[pytest.mark.slurm])
+        if script_of(c) in NEEDS_SLURM
+        else pytest.param(c, id=script_of(c))
+        for c in COMMANDS
+    ],
+)
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_readme_benchmark_runs_small(
+    command: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    script = script_of(command)
+    if script in NEEDS_SLURM:
+        request.getfixturevalue("slurm_cluster")
+        jobs_before = active_bench_jobs()
+    argv = shlex.split(command)
+    if not (REPO / argv[0]).exists():  # a venv elsewhere (SLURMGATE_VENV): the same interpreter
+        argv[0] = sys.executable
+    out = tmp_path / "results"
+    token = str(tmp_path / "proc")  # in the environment of everything the benchmark starts
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SLURM_JOBID")}
+    env.update(TMPDIR=token, PREFECT_HOME=str(tmp_path / "proc" / "prefect"))
+    Path(token).mkdir()
+    before = committed_state()
+
+    ran = subprocess.run(
+        [*argv, "--smoke", "--results-dir", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert ran.returncode == 0, (
+        f"{command} --smoke failed:\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
+    )
+
+    after = committed_state()
+    touched = [p.name for p in out.iterdir() if after.get(p.name) != before.get(p.name)]
+    assert not touched, f"the smoke run wrote into benchmarks/results/: {touched}"
+    checks, printed = KNOWN.get(script, (check_generic, ""))
+    checks(out)
+    assert printed in ran.stdout, f"{script} did not print its comparison ({printed!r})"
+    assert_no_orphans(token, within=15.0)
+    if script in NEEDS_SLURM:
+        assert active_bench_jobs() <= jobs_before, "the benchmark left Slurm jobs behind"
