@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import statistics
 import subprocess
 import sys
@@ -101,13 +102,21 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
     proc.wait(timeout=5)
 
 
+def pg_parent() -> Path:
+    """Where the cluster's directory goes: the temp dir, unless we are root and the `postgres`
+    user (who runs the cluster then) cannot reach it, e.g. under pytest's 0700 tmp dirs."""
+    temp = Path(tempfile.gettempdir()).resolve()
+    if os.geteuid() != 0:
+        return temp
+    reachable = all(p.stat().st_mode & stat.S_IXOTH for p in (temp, *temp.parents))
+    return temp if reachable else Path("/tmp")
+
+
 @contextlib.contextmanager
 def postgres(workdir: Path) -> Iterator[Callable[[str], str]]:
     """A throw-away PostgreSQL cluster (scripts/postgres-local.sh); yields `database(name)`,
     which creates a fresh database and returns its asyncpg URL."""
-    # Not inside `workdir`: as root the cluster runs as `postgres`, which cannot enter a 0700
-    # mkdtemp directory.
-    env = dict(os.environ, SLURMGATE_PG_DIR=str(Path(tempfile.gettempdir()) / f"{workdir.name}-pg"))
+    env = dict(os.environ, SLURMGATE_PG_DIR=str(pg_parent() / f"{workdir.name}-pg"))
 
     def database(name: str) -> str:
         done = subprocess.run(
@@ -450,15 +459,15 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def compare(sq: dict[str, Any], pg: dict[str, Any]) -> dict[str, float | None]:
     """SQLite over PostgreSQL for one load condition."""
     return {
-        "tick_wall": ratio(sq["tick_wall_s"], pg["tick_wall_s"]),
-        "wall_per_lease_subflow": ratio(
+        "tick_wall_ratio": ratio(sq["tick_wall_s"], pg["tick_wall_s"]),
+        "wall_per_lease_subflow_ratio": ratio(
             sq["wall_s_per_lease_subflow"], pg["wall_s_per_lease_subflow"]
         ),
-        "lease_subflow_run_time_p50": ratio(
+        "lease_subflow_run_time_p50_ratio": ratio(
             sq["lease_subflow_runs"]["run_time_p50_s"],
             pg["lease_subflow_runs"]["run_time_p50_s"],
         ),
-        "load_client_create_p50": ratio(
+        "load_client_create_p50_ratio": ratio(
             sq["load_client"]["create_p50_s"], pg["load_client"]["create_p50_s"]
         ),
     }
@@ -491,7 +500,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     floor = core_floor(args)
     for condition in conditions:
         condition["over_core_per_admission"] = {
-            name: ratio(b["wall_s_per_lease_subflow"], floor["wall_s_per_admission"])
+            f"{name}_ratio": ratio(b["wall_s_per_lease_subflow"], floor["wall_s_per_admission"])
             for name, b in condition["backends"].items()
         }
     return {
@@ -501,6 +510,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         },
         "prefect": __import__("prefect").__version__,
+        "smoke": args.smoke,
         "fleet": {"runners": args.runners, "queued_jobs": args.jobs, "seed": args.seed},
         "order": list(args.order),
         "postgres_start_s": round(pg_start_s, 2),
@@ -536,19 +546,19 @@ def condition_table(condition: dict[str, Any]) -> list[str]:
         "",
         "| measure | SQLite | PostgreSQL | SQLite / PostgreSQL |",
         "|---|---|---|---|",
-        row("tick wall time (s)", sq["tick_wall_s"], pg["tick_wall_s"], f"{r['tick_wall']}x"),
+        row("tick wall time (s)", sq["tick_wall_s"], pg["tick_wall_s"], f"{r['tick_wall_ratio']}x"),
         row("lease subflows (admitted + rolled back)", sq["lease_subflows"], pg["lease_subflows"]),
         row(
             "tick wall per lease subflow (s)",
             sq["wall_s_per_lease_subflow"],
             pg["wall_s_per_lease_subflow"],
-            f"{r['wall_per_lease_subflow']}x",
+            f"{r['wall_per_lease_subflow_ratio']}x",
         ),
         row(
             "lease subflow run time p50 / p95 (s)",
             runs(sq),
             runs(pg),
-            f"{r['lease_subflow_run_time_p50']}x (p50)",
+            f"{r['lease_subflow_run_time_p50_ratio']}x (p50)",
         ),
         row("503s sent by the server", sq["server_503s"], pg["server_503s"]),
         row(
@@ -573,7 +583,7 @@ def condition_table(condition: dict[str, Any]) -> list[str]:
                 "load client: create p50 / max (s)",
                 f"{load(sq, 'create_p50_s')} / {load(sq, 'create_max_s')}",
                 f"{load(pg, 'create_p50_s')} / {load(pg, 'create_max_s')}",
-                f"{r['load_client_create_p50']}x (p50)",
+                f"{r['load_client_create_p50_ratio']}x (p50)",
             ),
         ]
     lines += [
@@ -585,8 +595,8 @@ def condition_table(condition: dict[str, Any]) -> list[str]:
         ),
         row(
             "per lease subflow over the core floor",
-            f"{condition['over_core_per_admission']['sqlite']}x",
-            f"{condition['over_core_per_admission']['postgres']}x",
+            f"{condition['over_core_per_admission']['sqlite_ratio']}x",
+            f"{condition['over_core_per_admission']['postgres_ratio']}x",
         ),
         "",
     ]
@@ -625,6 +635,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{floor['admitted']} admissions, {floor['wall_s_per_admission']} s each.",
         "",
     ]
+    if result["smoke"]:
+        lines += [
+            "Smoke run (`--smoke`): reduced sizes, a check that it works, not a measurement.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -648,12 +663,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--postgres-first", action="store_true", help="run PostgreSQL before SQLite"
     )
     parser.add_argument(
-        "--smoke", action="store_true", help="a small run (40 runners, 20 jobs) to check it works"
+        "--smoke",
+        action="store_true",
+        help="a small run to check it works, both backends and both conditions still measured "
+        "(24 runners, 10 queued jobs; about a minute in all)",
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.runners, args.jobs = 40, 20
+        args.runners, args.jobs = min(args.runners, 24), min(args.jobs, 10)
     for flag in ("runners", "jobs"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1")

@@ -76,6 +76,11 @@ start() {
         mkdir -p "$DIR"
         [ "$(id -u)" = 0 ] && chown postgres: "$DIR"
         chmod 700 "$DIR"
+        if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -w "$DIR"; then
+            rmdir "$DIR" 2>/dev/null || true
+            die "the postgres user cannot reach $DIR (a parent directory is private); set \
+SLURMGATE_PG_DIR to a path under a world-searchable directory such as /tmp"
+        fi
         if [ ! -f "$DATA/PG_VERSION" ]; then
             as_owner "$bin/initdb" -D "$DATA" -U postgres --auth=trust --encoding=UTF8 \
                 --no-locale >"$DIR/initdb.log" 2>&1 \
