@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -19,6 +20,7 @@ from slurmgate.leases import AdmitOutcome, UnwindReport, run_admission
 from slurmgate.model import Admit, Decisions, Snapshot
 from slurmgate.planner import plan
 from slurmgate.settings import AdmissionSettings
+from tasks.allocation import reap_crashed_allocations
 from tasks.github import (
     ScopeError,
     add_anchor_labels_task,
@@ -189,16 +191,29 @@ async def reconcile(
     api_url: str | None = None,
     repo: str | None = None,
     org: str | None = None,
+    reap_allocations: bool = True,
+    runs_dir: str | None = None,
 ) -> dict[str, Any]:
-    """One reconcile tick: read, plan, release finished leases, clean strays, admit in order.
+    """One reconcile tick: reap crashed allocations, read, plan, release, clean, admit in order.
 
     Parameters name saved blocks (`slurmgate-github-scope`, `slurmgate-admission-policy`); the
     CLI passes an inline scope instead (api_url with repo or org; token from $GITHUB_TOKEN).
     Without a policy block the settings come from the environment (AdmissionSettings).
+    `reap_allocations` cancels the Slurm jobs and steps of allocation runs on this host whose
+    controller died (records under `runs_dir`, default $SLURMGATE_RUNS_DIR or
+    ~/.cache/slurmgate/runs); it never fails the tick.
     """
     from blocks import AdmissionPolicyBlock
 
     logger = get_run_logger()
+    # First, and apart from GitHub: a crashed run's allocation holds nodes whatever GitHub says.
+    reap = (
+        await asyncio.to_thread(
+            reap_crashed_allocations, logger, Path(runs_dir) if runs_dir else None
+        )
+        if reap_allocations
+        else None
+    )
     scope = await resolve_scope(scope_block, api_url, repo, org)
     if policy_block:
         try:
@@ -219,6 +234,8 @@ async def reconcile(
         "cleaned": 0,
         "blocked": 0,
         "errors": 0,
+        "reaped": reap.reaped if reap else 0,
+        "reap_deferred": reap.deferred if reap else 0,
     }
     failures: list[str] = []
     if scope.org and not scope.repos:

@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -146,7 +147,7 @@ class AllocationRun:
             "phase": self.phase,
             "status": self.status,
             "error": self.error,
-            "controller_pid": os.getpid(),
+            **_controller_identity(),
             "cleanup_complete": (
                 report.complete if (report := getattr(self, "_cleanup_report", None)) else None
             ),
@@ -634,43 +635,179 @@ def layout_lane(lane: layout_mod.LanePlan, argv: list[str], env: dict[str, str])
 
 # -- leftovers of a SIGKILLed controller -----------------------------------------------------
 
+# A run in one of these states owns nothing in Slurm any more.
+FINISHED_STATUSES = frozenset({"clean", "succeeded", "failed", "reaped"})
+RECORD_FILE_KEY = "record_file"  # added by load_records: where the record was read from
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None once it exited.
+
+    With the pid it names one process for good: a reused pid has a later start time. A zombie
+    (exited, not yet waited for) counts as exited.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if not fields or fields[0] in {b"Z", b"X"}:
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _controller_identity() -> dict[str, Any]:
+    pid = os.getpid()
+    return {
+        "controller_pid": pid,
+        "controller_started": process_start_ticks(pid),
+        "controller_host": socket.gethostname(),
+    }
+
 
 def load_records(runs_root: Path | None = None) -> list[dict[str, Any]]:
-    """Every run record under the runs root."""
+    """Every run record under the runs root (each with `record_file`, the file it came from)."""
     root = runs_root or default_runs_root()
     out = []
     for path in sorted(root.glob("*/record.json")):
         with contextlib.suppress(OSError, ValueError):
-            out.append(json.loads(path.read_text()))
+            rec = json.loads(path.read_text())
+            if isinstance(rec, dict):
+                rec[RECORD_FILE_KEY] = str(path)
+                out.append(rec)
     return out
 
 
-def reap_leftovers(records: Iterable[dict[str, Any]]) -> list[str]:
-    """Cancel what runs whose controller died left behind: owned jobs, steps, srun groups."""
+def controller_alive(rec: dict[str, Any]) -> bool:
+    """The run's controller process still exists (same pid and start time), so it owns cleanup.
+
+    Records written before the start time was recorded fall back to a python process holding
+    the pid (not this one, which cannot be a dead controller).
+    """
+    pid = rec.get("controller_pid")
+    if not isinstance(pid, int):
+        return False
+    started = rec.get("controller_started")
+    if isinstance(started, int):
+        return process_start_ticks(pid) == started
+    return pid != os.getpid() and _alive_with(pid, "python")
+
+
+def stale_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Unfinished runs of this host whose controller is dead: what a reaper must clean.
+
+    Reads /proc only, never Slurm, so a pass with nothing stale costs no Slurm command. Runs of
+    other hosts (a shared home directory) are left to a reaper on their own host.
+    """
+    here = socket.gethostname()
+    return [
+        rec
+        for rec in records
+        if rec.get("status") not in FINISHED_STATUSES
+        and rec.get("controller_host", here) == here
+        and not controller_alive(rec)
+    ]
+
+
+def reap_due(rec: dict[str, Any], now: float) -> bool:
+    """False while a stale run waits out the backoff of its last failed reap (defer_reap)."""
+    return _number(rec.get("reap_retry_at")) <= now
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def reap_run(rec: dict[str, Any], *, timeout: float = 10.0) -> list[str]:
+    """Cancel what one dead controller's run left: its owned job, else its steps; srun groups.
+
+    Raises SlurmError when Slurm cannot answer: the run stays unreaped for a later pass.
+    """
+    run_id = str(rec.get("run_id"))
     actions: list[str] = []
-    for rec in records:
-        if rec.get("status") in {"clean", "succeeded", "failed"}:
-            continue
-        pid = rec.get("controller_pid")
-        if isinstance(pid, int) and pid != os.getpid() and _alive_with(pid, "python"):
-            continue  # the controller still owns its cleanup
-        job = rec.get("job_id")
-        info = slurm.show_job(str(job)) if job else None
-        if info is None or not info.active:
-            pass  # the allocation is already over: Slurm has ended its steps
-        elif rec.get("owned_allocation"):
-            if slurm.scancel(str(job)):
-                actions.append(f"scancel {job} (run {rec['run_id']})")
-        else:
-            for step in slurm.list_steps(str(job)):
-                if step.name.startswith(str(rec["run_id"])) and slurm.scancel(step.step_id):
-                    actions.append(f"scancel {step.step_id} (run {rec['run_id']})")
-        for s in rec.get("steps", []):
-            pgid = s.get("pgid")
-            if isinstance(pgid, int) and _alive_with(pgid, str(rec["run_id"])):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-                    actions.append(f"SIGKILL group {pgid} ({s.get('name')})")
+    job = rec.get("job_id")
+    info = slurm.show_job(str(job), timeout=timeout) if job else None
+    if job and (info is None or not info.active):
+        pass  # the allocation is already over: Slurm has ended its steps
+    elif not job:
+        if rec.get("owned_allocation"):
+            # killed while salloc waited: the request may still be pending, or granted since
+            slurm.scancel_by_name(run_id, timeout=timeout)
+            actions.append(f"scancel --name={run_id} (salloc had granted no job id)")
+    elif rec.get("owned_allocation"):
+        if slurm.scancel(str(job), timeout=timeout):
+            actions.append(f"scancel {job} (owned allocation)")
+    else:
+        for step in slurm.list_steps(str(job), timeout=timeout):
+            if step.name.startswith(run_id) and slurm.scancel(step.step_id, timeout=timeout):
+                actions.append(f"scancel {step.step_id} ({step.name})")
+    for s in rec.get("steps", []):
+        pgid = s.get("pgid")
+        if isinstance(pgid, int) and _alive_with(pgid, run_id):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                actions.append(f"SIGKILL group {pgid} ({s.get('name')})")
+    return actions
+
+
+def mark_reaped(rec: dict[str, Any], actions: list[str]) -> None:
+    """Write `status: reaped` (with what was done, and by whom) into the run's record file."""
+    _update_record(
+        rec,
+        status="reaped",
+        status_before_reap=rec.get("status"),
+        reaped_at=round(time.time(), 3),
+        reaped_by={k.removeprefix("controller_"): v for k, v in _controller_identity().items()},
+        reap_actions=list(actions),
+    )
+
+
+REAP_BACKOFF_S = 30.0
+REAP_BACKOFF_MAX_S = 300.0
+
+
+def defer_reap(rec: dict[str, Any], reason: str, *, now: float | None = None) -> float:
+    """Record a failed reap; the next try waits 30 s, doubling up to 5 min. Returns the wait.
+
+    A Slurm that cannot answer costs a command timeout; without a wait, every 30 s tick would.
+    """
+    failures = int(_number(rec.get("reap_failures"))) + 1
+    wait = min(REAP_BACKOFF_S * 2.0 ** min(failures - 1, 16), REAP_BACKOFF_MAX_S)
+    _update_record(
+        rec,
+        reap_failures=failures,
+        reap_retry_at=round((time.time() if now is None else now) + wait, 3),
+        reap_error=reason,
+    )
+    return wait
+
+
+def _update_record(rec: dict[str, Any], **changes: Any) -> None:
+    """Merge `changes` into the record file `rec` was loaded from (atomically) and into `rec`."""
+    rec.update(changes)
+    path_text = rec.get(RECORD_FILE_KEY)
+    if not path_text:
+        return
+    path = Path(path_text)
+    stored = json.loads(path.read_text())
+    stored.update(changes)
+    tmp = path.with_name(f"record.json.reap-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(stored, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def reap_leftovers(records: Iterable[dict[str, Any]]) -> list[str]:
+    """Cancel what runs whose controller died left behind and mark their records reaped."""
+    actions: list[str] = []
+    for rec in stale_records(records):
+        done = reap_run(rec)
+        mark_reaped(rec, done)
+        actions += [f"{a} (run {rec.get('run_id')})" for a in done]
     return actions
 
 
@@ -702,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     from slurmgate.runtime.spec import SpecError
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2 or args[0] not in {"run", "reap"}:
+    if not args or args[0] not in {"run", "reap"} or (args[0] == "run" and len(args) < 2):
         print("usage: python -m slurmgate.runtime.controller {run SPEC|reap} [--runs-dir D]")
         return 64
     runs_root = None
