@@ -99,8 +99,17 @@ def allocation_reap(
 ) -> None:
     """Cancel the Slurm jobs and steps of runs whose controller was killed."""
     from slurmgate.runtime.controller import load_records, reap_leftovers
+    from slurmgate.runtime.slurm import SlurmError
 
-    actions = reap_leftovers(load_records(runs_dir))
+    try:
+        actions = reap_leftovers(load_records(runs_dir))
+    except SlurmError as exc:
+        typer.echo(
+            f"reap stopped, Slurm did not answer ({exc}); the run records are kept: "
+            "check SLURM_CONF and that slurmctld is up, then run it again",
+            err=True,
+        )
+        raise typer.Exit(code=1) from None
     for action in actions:
         typer.echo(action)
     typer.echo(f"{len(actions)} leftover(s) reaped")

@@ -88,3 +88,27 @@ def test_status_shows_the_board_of_a_live_scope() -> None:
         assert rows["(legacy)"]["runners"] == 1
         # status only reads: no label was written
         assert emu.admin.stats()["writes"] == 0
+
+
+def test_reap_without_slurm_is_one_line_and_keeps_the_record(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
+    record = {
+        "run_id": "sg-cli-reap-1",
+        "status": "running",
+        "job_id": "4242",
+        "owned_allocation": True,
+        "controller_pid": int(dead.stdout),
+        "controller_host": os.uname().nodename,
+        "steps": [],
+    }
+    path = tmp_path / "sg-cli-reap-1" / "record.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(record))
+    out = run("allocation", "reap", "--runs-dir", str(tmp_path), env={"PATH": str(tmp_path)})
+    assert out.returncode == 1, out
+    assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "Slurm did not answer" in out.stderr and "SLURM_CONF" in out.stderr
+    assert json.loads(path.read_text())["status"] == "running"  # nothing lost, retried later
+
+
+_OUT: dict[str, bool] = {"capture_output": True, "text": True, "check": True}
