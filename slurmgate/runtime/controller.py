@@ -521,6 +521,10 @@ class AllocationRun:
                     self._release(report)
                 elif self.job_id:
                     self._verify_steps_gone(report)
+            except slurm.SlurmError as exc:
+                # Unverified is not clean: the record must stay reapable and the run must fail.
+                where = f"allocation {self.job_id}" if self.job_id else f"job name {self.run_id}"
+                report.survivors.append(f"{where}: cleanup not verified: {exc}")
             finally:
                 self.timings.mark("cleanup", t0)
                 self._cleanup_state = "closed"
