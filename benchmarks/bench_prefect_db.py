@@ -46,10 +46,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from options import SMOKE_NOTE, add_output_flags, results_dir
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(HERE)]
-RESULTS = HERE / "results"
 PG_SCRIPT = REPO / "scripts" / "postgres-local.sh"
 BACKENDS = ("sqlite", "postgres")
 SERVER_RETRYABLE = "Encountered retryable exception in request"
@@ -646,10 +647,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
     ]
     if result["smoke"]:
-        lines += [
-            "Smoke run (`--smoke`): reduced sizes, a check that it works, not a measurement.",
-            "",
-        ]
+        lines += [SMOKE_NOTE, ""]
     return "\n".join(lines)
 
 
@@ -672,13 +670,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--postgres-first", action="store_true", help="run PostgreSQL before SQLite"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a small run to check it works, both backends and both conditions still measured "
-        "(24 runners, 10 queued jobs; about a minute in all)",
+    add_output_flags(
+        parser,
+        "24 runners and 10 queued jobs, both backends and both load conditions (about a minute)",
     )
-    parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.smoke:
         args.runners, args.jobs = min(args.runners, 24), min(args.jobs, 10)
@@ -703,10 +698,10 @@ def main() -> None:
     except BenchError as exc:
         sys.exit(f"bench_prefect_db: {exc} (logs kept in {workdir})")
     shutil.rmtree(workdir, ignore_errors=True)  # server and tick logs; kept only on failure
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    (args.results_dir / "prefect_db.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = results_dir(args)
+    (out / "prefect_db.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
-    (args.results_dir / "prefect_db.md").write_text(text)
+    (out / "prefect_db.md").write_text(text)
     print(text)
 
 
