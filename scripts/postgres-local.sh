@@ -42,6 +42,12 @@ so that /usr/lib/postgresql/<version>/bin exists"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql \
         >/dev/null
     [ -n "$(pg_bin)" ] || die "postgresql installed but no /usr/lib/postgresql/*/bin/initdb"
+    # The package may have started its own `main` cluster on 5432; we just created it and run
+    # our own, so stop it rather than leave a server behind.
+    if command -v pg_lsclusters >/dev/null 2>&1; then
+        pg_lsclusters -h 2>/dev/null | awk '$4 == "online" {print $1, $2}' \
+            | while read -r ver name; do pg_ctlcluster "$ver" "$name" stop || true; done
+    fi
 }
 
 # Run a PostgreSQL binary as the cluster's owner: `postgres` when we are root (initdb refuses
