@@ -15,9 +15,12 @@ DEFAULT_TIMEOUT_S = 30.0
 class SlurmError(RuntimeError):
     """A Slurm command failed or timed out; carries the argv and its stderr."""
 
-    def __init__(self, argv: Sequence[str], message: str, stderr: str = "") -> None:
+    def __init__(
+        self, argv: Sequence[str], message: str, stderr: str = "", *, timed_out: bool = False
+    ) -> None:
         self.argv = list(argv)
         self.stderr = stderr
+        self.timed_out = timed_out
         detail = f": {stderr.strip()[-800:]}" if stderr.strip() else ""
         super().__init__(f"`{shlex.join(self.argv)}` {message}{detail}")
 
@@ -42,7 +45,7 @@ def run(
         )
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        raise SlurmError(argv, f"timed out after {timeout:g} s", stderr) from None
+        raise SlurmError(argv, f"timed out after {timeout:g} s", stderr, timed_out=True) from None
     except FileNotFoundError:
         raise SlurmError(argv, "not found: is the Slurm client installed and on PATH?") from None
     if check and out.returncode != 0:

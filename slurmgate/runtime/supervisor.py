@@ -138,6 +138,7 @@ class Supervisor:
     ) -> None:
         self.run_dir = private_dir(Path(run_dir))
         self.job_id = job_id
+        self.slurmctld_silent = False  # a scancel timed out during cleanup
         self.grace_s = grace_s
         self.poll_s = poll_s
         self.steps: list[Step] = []
@@ -288,12 +289,16 @@ class Supervisor:
     def _stop(self, step: Step, report: CleanupReport) -> None:
         t0 = time.monotonic()
         if step.returncode() is None:
-            if step.step_id:
+            if step.step_id and not self.slurmctld_silent:
                 try:
                     slurm.scancel(step.step_id, signal="TERM", timeout=10)
                     report.actions.append(f"scancel -s TERM {step.step_id} ({step.name})")
                 except slurm.SlurmError as exc:
                     report.actions.append(f"scancel -s TERM {step.step_id} failed: {exc}")
+                    if exc.timed_out:
+                        # A controller that timed out once will time out for every step: go
+                        # straight to the local srun (it forwards signals without slurmctld).
+                        self.slurmctld_silent = True
                     _killpg(step.pgid, signal.SIGTERM)
             else:
                 _killpg(step.pgid, signal.SIGTERM)
@@ -303,7 +308,7 @@ class Supervisor:
                     f"{step.name} exited {step.returncode()} after {time.monotonic() - t0:.2f} s"
                 )
             else:
-                if step.step_id:
+                if step.step_id and not self.slurmctld_silent:
                     with contextlib.suppress(slurm.SlurmError):
                         slurm.scancel(step.step_id, timeout=10)
                 _killpg(step.pgid, signal.SIGKILL)

@@ -244,6 +244,41 @@ def test_sigterm_to_the_controller_mid_readiness_cleans_up(runs_root: Path, tmp_
     assert_no_orphans(record["run_id"])
 
 
+def test_signals_during_cleanup_neither_cut_it_short_nor_repeat_it(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    data = example_data()
+    for deployment in data["deployments"]:
+        # Lanes that never get ready and ignore SIGTERM: the workers' stop takes its full grace,
+        # which leaves seconds of cleanup for the extra signals to land in.
+        deployment["command"] = ["sh", "-c", 'trap "" TERM; exec sleep 600']
+    spec = tmp_path / "stubborn.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    proc, record = _controller_until("readiness", runs_root, spec)
+    run_id = record["run_id"]
+    deadline = time.monotonic() + 15
+    while sum("sleep 600" in p for p in processes_with(run_id)) < 4:
+        assert time.monotonic() < deadline, processes_with(run_id)
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not load_records(runs_root)[0]["phase"].startswith("cleanup"):
+        assert time.monotonic() < deadline, "cleanup never started"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    assert proc.poll() is None, "a signal during cleanup must not end it early"
+    rc = proc.wait(timeout=60)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert rc == 128 + signal.SIGTERM, stderr  # the first signal decides the exit status
+    assert stderr.count("cleanup complete in") == 1, stderr
+    final = load_records(runs_root)[0]
+    assert final["status"] == "failed" and final["cleanup_complete"] is True, final
+    assert _job_gone(final["job_id"])
+    assert_no_orphans(run_id, within=15)
+
+
 def test_reap_leftovers_after_a_sigkilled_controller(runs_root: Path, tmp_path: Path) -> None:
     proc, record = _controller_until("readiness", runs_root, _hanging_spec(tmp_path))
     proc.send_signal(signal.SIGKILL)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from slurmgate import cluster
 from slurmgate.runtime import slurm
 from slurmgate.runtime.controller import AllocationRun, RunFailed, load_records
 from slurmgate.runtime.spec import AllocationSpec
@@ -113,6 +114,8 @@ def slurmctld_pid() -> Iterator[int]:
         pid, comm = 0, ""
     if comm != "slurmctld":
         pytest.skip("slurmctld does not run on this machine: the test must be able to freeze it")
+    if os.environ.get("SLURMGATE_LOCAL_SLURM") != "1":
+        pytest.skip("freezing slurmctld needs the bundled cluster, which the test restarts after")
     watchdog = subprocess.Popen(
         ["sh", "-c", f"sleep {WATCHDOG_S}; kill -CONT {pid}"],
         start_new_session=True,
@@ -124,6 +127,13 @@ def slurmctld_pid() -> Iterator[int]:
         os.kill(pid, signal.SIGCONT)  # first of all: other tests and engineers share it
         os.killpg(watchdog.pid, signal.SIGKILL)
         watchdog.wait()
+        # A step that ended while slurmctld was frozen keeps its slurmstepd retrying the step
+        # completion for a minute or more; Slurm then drains the node ("Kill task failed").
+        # That is Slurm's own recovery, not the run's, so give later tests a fresh cluster.
+        cluster.down()
+        cluster.up(mode=os.environ.get("SLURM_LOCAL_MODE", "netns"))
+        states = slurm.sinfo_states()
+        assert states and all(s == "idle" for s in states.values()), states
 
 
 def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
@@ -173,8 +183,6 @@ def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
     # With slurmctld back (and the cancel it had queued, or ours), nothing of the run is left.
     assert _job_gone(job_id)
     assert_no_orphans(record["run_id"], within=30)
-    states = slurm.sinfo_states()
-    assert states and not any(re.search(r"down|drain|fail", s) for s in states.values()), states
 
 
 def test_partial_startup_through_srun_cleans_the_first_lane(
