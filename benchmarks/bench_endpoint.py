@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -39,16 +38,11 @@ sys.path.insert(0, str(REPO))
 from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
 
 from slurmgate.loadgen import LoadReport, LoadSpec, run_load  # noqa: E402
+from slurmgate.localproc import free_port  # noqa: E402
 
 PEER_CPU_US = 235.0  # DataDesigner's aiohttp proxy, per small JSON request (issue 3)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = {"model": "stub-model", "prompt": "hello", "max_tokens": 16}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _AVAILABLE = sorted(os.sched_getaffinity(0))  # read before this process pins itself

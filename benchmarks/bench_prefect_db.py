@@ -31,8 +31,6 @@ import os
 import platform
 import re
 import shutil
-import signal
-import socket
 import stat
 import statistics
 import subprocess
@@ -47,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from options import SMOKE_NOTE, add_output_flags, results_dir
+
+from slurmgate.localproc import free_port, stop_group
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -76,31 +76,9 @@ class BenchError(RuntimeError):
     """A step of the benchmark failed; the message says which and where its log is."""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def clean_env() -> dict[str, str]:
     """This process's environment without any Prefect setting (each child sets its own)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-
-
-def stop_group(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    """SIGTERM the process group we started (twice: Prefect turns the first into SIGINT), then
-    SIGKILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGTERM):
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout / 2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=5)
 
 
 def pg_parent() -> Path:
@@ -177,7 +155,7 @@ def prefect_server(home: Path, database_url: str | None) -> Iterator[tuple[str, 
             time.sleep(0.3)
         yield api, log, time.perf_counter() - started
     finally:
-        stop_group(proc)
+        stop_group(proc, timeout=20.0)
 
 
 class LoadClient:

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
 
+from slurmgate.localproc import free_port  # noqa: E402
 from slurmgate.runtime import slurm  # noqa: E402
 from slurmgate.runtime.controller import AllocationRun, load_records  # noqa: E402
 from slurmgate.runtime.spec import AllocationSpec  # noqa: E402
@@ -44,12 +44,6 @@ def four_node_spec(hang: bool = False) -> dict[str, Any]:
         if hang:
             d["env"] = {"SLURMGATE_STUB_HANG": "1"}
     return data
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stub_startup_s() -> float:

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from slurmgate.board import (  # noqa: E402
     render_compact,
     render_live,
 )
+from slurmgate.localproc import free_port  # noqa: E402
 from slurmgate.priority import job_label, queue_namespace, queue_token, score  # noqa: E402
 
 JOB_MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
@@ -145,13 +145,6 @@ def draw_jobs(
 
 
 # ---- Prefect: a local server and the served reconcile deployment ---------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str, proc: Any = None) -> None:

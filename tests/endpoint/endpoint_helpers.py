@@ -19,17 +19,12 @@ import httpx
 import pytest
 import uvicorn
 
+from slurmgate.localproc import free_port
 from slurmgate.runtime.endpoint import EndpointConfig, build_app
 
 REPO = Path(__file__).resolve().parents[2]
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def refused_url() -> str:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from slurmgate.localproc import free_port, stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "ghs_PREFECTserverSECRET0123456789"
@@ -40,28 +40,6 @@ def load_deployments_module(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def stop_group(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    """SIGTERM the process group we started, twice (Prefect turns the first into SIGINT), then
-    SIGKILL whatever is left."""
-    for sig in (signal.SIGTERM, signal.SIGTERM):
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout / 2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=5)
 
 
 class RetryingClient(httpx.Client):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from relaykit import SECRET, deliver, find_events, job_payload, wait_for_events
 
+from slurmgate.localproc import free_port
 from slurmgate.webhook import (
     DeliveryCache,
     RelaySettings,
@@ -137,12 +137,6 @@ def test_bad_payloads_get_400_naming_the_field(relay_factory) -> None:
     assert no_repo.status_code == 400 and "repository.full_name" in no_repo.json()["detail"]
     assert deliver(relay.url, b"not json").status_code == 400
     assert relay.stats["posted"] == 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_prefect_down_answers_503_and_a_redelivery_can_succeed(relay_factory, prefect_api) -> None:
