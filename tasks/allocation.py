@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +16,12 @@ from prefect.artifacts import (
 from prefect.exceptions import MissingContextError
 
 from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime import slurm
 from slurmgate.runtime.controller import (
     AllocationRun,
+    ReapTally,
     default_runs_root,
-    defer_reap,
     load_records,
-    mark_reaped,
-    reap_due,
-    reap_run,
-    stale_records,
+    reap_stale_runs,
 )
 
 # Subflows get a run id; the live run (with its processes) stays in this process. The registry
@@ -137,82 +131,20 @@ def publish_endpoint_stats(run: AllocationRun) -> None:
         )
 
 
-@dataclass(frozen=True)
-class ReapTally:
-    """One reap pass: runs reaped, and stale runs left for a later pass (Slurm did not answer
-    now or at the last try, whose backoff has not run out)."""
-
-    reaped: int = 0
-    deferred: int = 0
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
-
-
 def reap_crashed_allocations(
     logger: Any, runs_root: Path | None = None, *, slurm_timeout_s: float = 10.0
 ) -> ReapTally:
-    """Reap the Slurm leftovers of allocation runs whose controller died, on this host.
+    """Reap, on this host, the Slurm leftovers of allocation runs whose controller died.
 
-    Reads the run records under `runs_root` ($SLURMGATE_RUNS_DIR or ~/.cache/slurmgate/runs):
-    a run that is unfinished and whose controller process is gone (SIGKILL, crash, lost worker)
-    gets its owned job or its steps cancelled and its srun groups killed, one log line per action,
-    and its record marked `reaped`. Live and finished runs are never touched, and a pass with
-    nothing stale runs no Slurm command. It never raises: when Slurm cannot answer, one warning
-    line gives the reason and the stale runs wait (30 s, doubling to 5 min) for a later pass.
+    Reads the run records under `runs_root` ($SLURMGATE_RUNS_DIR or ~/.cache/slurmgate/runs) and
+    hands the stale ones to `reap_stale_runs`, which logs one line per action. It never raises:
+    an unreadable runs directory is one warning, and the tick goes on.
     """
     root = runs_root or default_runs_root()
     try:
-        stale = stale_records(load_records(root))
+        records = load_records(root)
     except Exception as exc:  # an unreadable runs directory must not fail the caller
-        logger.warning("reap skipped: cannot read run records in %s: %s", root, _one_line(exc))
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        logger.warning("reap skipped: cannot read run records in %s: %s", root, reason)
         return ReapTally()
-    now = time.time()
-    due = [rec for rec in stale if reap_due(rec, now)]
-    reaped = 0
-    for index, rec in enumerate(due):
-        run_id, job_id = rec.get("run_id"), rec.get("job_id") or "-"
-        try:
-            actions = reap_run(rec, timeout=slurm_timeout_s)
-        except slurm.SlurmError as exc:
-            # Slurm is down or absent: one line for the pass, and every due run waits
-            left = due[index:]
-            reason = _one_line(exc)
-            waits = [_defer_quietly(r, reason) for r in left]
-            logger.warning(
-                "reap deferred run=%s job=%s: %d stale run(s) wait %.0f s for Slurm: %s",
-                run_id,
-                job_id,
-                len(left),
-                min(waits),
-                reason,
-            )
-            break
-        except Exception as exc:
-            reason = _one_line(exc)
-            wait = _defer_quietly(rec, reason)
-            logger.warning(
-                "reap failed run=%s job=%s (retry in %.0f s): %s", run_id, job_id, wait, reason
-            )
-            continue
-        for action in actions or ["nothing left (allocation over, no live srun group)"]:
-            logger.info("reap run=%s job=%s %s", run_id, job_id, action)
-        try:
-            mark_reaped(rec, actions)
-        except Exception as exc:
-            logger.warning(
-                "reap run=%s job=%s done, but its record could not be marked: %s",
-                run_id,
-                job_id,
-                _one_line(exc),
-            )
-        reaped += 1
-    return ReapTally(reaped=reaped, deferred=len(stale) - reaped)
-
-
-def _defer_quietly(rec: dict[str, Any], reason: str) -> float:
-    try:
-        return defer_reap(rec, reason)
-    except Exception:  # an unwritable record is retried on the next pass instead
-        return 0.0
+    return reap_stale_runs(records, timeout=slurm_timeout_s, info=logger.info, warn=logger.warning)

@@ -805,6 +805,74 @@ def _update_record(rec: dict[str, Any], **changes: Any) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class ReapTally:
+    """One reap pass: runs reaped, and stale runs left for a later pass (Slurm did not answer
+    now or at the last try, whose backoff has not run out)."""
+
+    reaped: int = 0
+    deferred: int = 0
+
+
+def reap_stale_runs(
+    records: Iterable[dict[str, Any]],
+    *,
+    timeout: float = 10.0,
+    info: Callable[[str], Any] = print,
+    warn: Callable[[str], Any] = print,
+) -> ReapTally:
+    """The scheduled reap pass: reap every stale run that is due, one `info` line per action.
+
+    A pass with nothing stale runs no Slurm command. When Slurm cannot answer, one `warn` line
+    gives the reason and every due run waits (30 s, doubling to 5 min) for a later pass.
+    """
+    stale = stale_records(records)
+    now = time.time()
+    due = [rec for rec in stale if reap_due(rec, now)]
+    reaped = 0
+    for index, rec in enumerate(due):
+        run_id, job_id = rec.get("run_id"), rec.get("job_id") or "-"
+        try:
+            actions = reap_run(rec, timeout=timeout)
+        except slurm.SlurmError as exc:
+            # Slurm is down or absent: one line for the pass, and every due run waits
+            left = due[index:]
+            reason = _one_line(exc)
+            waits = [_defer_quietly(r, reason) for r in left]
+            warn(
+                f"reap deferred run={run_id} job={job_id}: {len(left)} stale run(s) wait "
+                f"{min(waits):.0f} s for Slurm: {reason}"
+            )
+            break
+        except Exception as exc:
+            reason = _one_line(exc)
+            wait = _defer_quietly(rec, reason)
+            warn(f"reap failed run={run_id} job={job_id} (retry in {wait:.0f} s): {reason}")
+            continue
+        for action in actions or ["nothing left (allocation over, no live srun group)"]:
+            info(f"reap run={run_id} job={job_id} {action}")
+        try:
+            mark_reaped(rec, actions)
+        except Exception as exc:
+            warn(
+                f"reap run={run_id} job={job_id} done, but its record could not be marked: "
+                f"{_one_line(exc)}"
+            )
+        reaped += 1
+    return ReapTally(reaped=reaped, deferred=len(stale) - reaped)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _defer_quietly(rec: dict[str, Any], reason: str) -> float:
+    try:
+        return defer_reap(rec, reason)
+    except Exception:  # an unwritable record is retried on the next pass instead
+        return 0.0
+
+
 def reap_leftovers(records: Iterable[dict[str, Any]]) -> list[str]:
     """Cancel what runs whose controller died left behind and mark their records reaped."""
     actions: list[str] = []
