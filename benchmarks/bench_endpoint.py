@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
 
-from slurmgate.loadgen import LoadReport, LoadSpec, run_load  # noqa: E402
-from slurmgate.localproc import free_port  # noqa: E402
+from slurmgate.testbed.loadgen import LoadReport, LoadSpec, run_load  # noqa: E402
+from slurmgate.testbed.localproc import free_port  # noqa: E402
 
 PEER_CPU_US = 235.0  # DataDesigner's aiohttp proxy, per small JSON request (issue 3)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -188,7 +188,7 @@ def compare(
     stub_url = f"http://127.0.0.1:{stub_port}"
     targets = {"endpoint": f"http://127.0.0.1:{ep_port}"}
     backend = spawn(
-        ["-m", "slurmgate.runtime.stub_server", "--port", str(stub_port), *backend_args], load_core
+        ["-m", "slurmgate.testbed.stub_server", "--port", str(stub_port), *backend_args], load_core
     )
     procs = {
         "endpoint": spawn(
@@ -305,7 +305,7 @@ def compare_clients(requests: int, concurrency: int) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     backend = spawn(
-        ["-m", "slurmgate.runtime.stub_server", "--port", str(port), "--tokens-per-second", "0",
+        ["-m", "slurmgate.testbed.stub_server", "--port", str(port), "--tokens-per-second", "0",
          "--max-concurrency", "1024"],
         load_core,
     )  # fmt: skip

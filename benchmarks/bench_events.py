@@ -153,8 +153,8 @@ class AnchorWatch:
 
 
 def run_mode(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    from slurmgate.emulator.testing import running_emulator
-    from slurmgate.webhook import RelayServer, RelaySettings
+    from slurmgate.github.webhook import RelayServer, RelaySettings
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     relay = None
     hooks: dict[str, Any] = {}

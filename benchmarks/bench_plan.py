@@ -25,9 +25,9 @@ from pathlib import Path
 
 from options import SMOKE_NOTE, add_output_flags, results_dir
 
-from slurmgate.model import Job, JobStatus, Runner, Snapshot
-from slurmgate.planner import plan
-from slurmgate.settings import AdmissionSettings
+from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot
+from slurmgate.admission.planner import plan
+from slurmgate.admission.settings import AdmissionSettings
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -46,7 +46,7 @@ from typing import Any
 
 from options import SMOKE_NOTE, add_output_flags, results_dir
 
-from slurmgate.localproc import free_port, stop_group
+from slurmgate.testbed.localproc import free_port, stop_group
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -357,7 +357,7 @@ def measure_backend(
     """One fresh server on `name`'s database, a fresh fleet, one busy tick (and the load)."""
     from bench_reconcile import fleet_sizes, load_mix, queue_jobs
 
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     mix = load_mix()
     pools = fleet_sizes(mix, args.runners)
@@ -417,8 +417,8 @@ def core_floor(args: argparse.Namespace) -> dict[str, Any]:
     """The same queue admitted through the core protocol, without Prefect."""
     from bench_reconcile import core_tick, fleet_sizes, load_mix, queue_jobs
 
-    from slurmgate.emulator.testing import running_emulator
-    from slurmgate.settings import AdmissionSettings
+    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     mix = load_mix()
     with running_emulator(fleet_sizes(mix, args.runners)) as emu:

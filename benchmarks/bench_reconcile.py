@@ -77,7 +77,7 @@ def queue_jobs(emu: Any, mix: list[tuple[str, int]], count: int, seed: int) -> C
 
 
 def median_plan_s(snapshot: Any, settings: Any, repeat: int) -> float:
-    from slurmgate.planner import plan
+    from slurmgate.admission.planner import plan
 
     times = []
     for _ in range(repeat):
@@ -89,10 +89,10 @@ def median_plan_s(snapshot: Any, settings: Any, repeat: int) -> float:
 
 async def core_tick(emu: Any, settings: Any) -> tuple[int, float]:
     """The same tick without Prefect: snapshot, plan, then each admission via the core protocol."""
-    from slurmgate.github import GitHubClient, GitHubScope
-    from slurmgate.leases import admit_lease
-    from slurmgate.planner import plan
-    from slurmgate.snapshot import take_snapshot
+    from slurmgate.admission.leases import admit_lease
+    from slurmgate.admission.planner import plan
+    from slurmgate.github.client import GitHubClient, GitHubScope
+    from slurmgate.github.snapshot import take_snapshot
 
     started = time.perf_counter()
     admitted = 0
@@ -104,8 +104,8 @@ async def core_tick(emu: Any, settings: Any) -> tuple[int, float]:
 
 
 async def snapshot_of(emu: Any) -> Any:
-    from slurmgate.github import GitHubClient, GitHubScope
-    from slurmgate.snapshot import take_snapshot
+    from slurmgate.github.client import GitHubClient, GitHubScope
+    from slurmgate.github.snapshot import take_snapshot
 
     async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), emu.token) as client:
         return await take_snapshot(client)
@@ -115,8 +115,8 @@ def run(runners: int, jobs: int, seed: int) -> dict[str, Any]:
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.reconcile import reconcile
-    from slurmgate.emulator.testing import running_emulator
-    from slurmgate.settings import AdmissionSettings
+    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     mix = load_mix()
     pools = fleet_sizes(mix, runners)
@@ -134,7 +134,7 @@ def run(runners: int, jobs: int, seed: int) -> dict[str, Any]:
         busy_stats = emu.admin.stats()
 
         after = asyncio.run(snapshot_of(emu))
-        from slurmgate.model import leases_from_fleet
+        from slurmgate.admission.model import leases_from_fleet
 
         leases, _ = leases_from_fleet(after.runners)
         admitted_nodes = [lease.size for lease in leases]

@@ -27,10 +27,11 @@ sys.path.insert(0, str(REPO))
 
 from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
 
-from slurmgate.localproc import free_port  # noqa: E402
 from slurmgate.runtime import slurm  # noqa: E402
-from slurmgate.runtime.controller import AllocationRun, load_records  # noqa: E402
+from slurmgate.runtime.records import RunRecord, load_records  # noqa: E402
+from slurmgate.runtime.run import AllocationRun  # noqa: E402
 from slurmgate.runtime.spec import AllocationSpec  # noqa: E402
+from slurmgate.testbed.localproc import free_port  # noqa: E402
 
 
 def four_node_spec(hang: bool = False) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def stub_startup_s() -> float:
     port = free_port()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmgate.runtime.stub_server", "--port", str(port)],
+        [sys.executable, "-m", "slurmgate.testbed.stub_server", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -112,7 +113,7 @@ def cancel_to_clean_s(runs_root: Path, spec_path: Path) -> float:
         [
             sys.executable,
             "-m",
-            "slurmgate.runtime.controller",
+            "slurmgate.runtime.run",
             "run",
             str(spec_path),
             "--runs-dir",
@@ -122,10 +123,10 @@ def cancel_to_clean_s(runs_root: Path, spec_path: Path) -> float:
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
-    record: dict[str, Any] | None = None
+    record: RunRecord | None = None
     while time.monotonic() < deadline and record is None:
         for rec in load_records(runs_root):
-            if rec["phase"] == "readiness" and rec["controller_pid"] == proc.pid:
+            if rec.phase == "readiness" and rec.controller_pid == proc.pid:
                 record = rec
         time.sleep(0.05)
     if record is None:
@@ -136,7 +137,7 @@ def cancel_to_clean_s(runs_root: Path, spec_path: Path) -> float:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     while True:
-        info = slurm.show_job(str(record["job_id"]))
+        info = slurm.show_job(str(record.job_id))
         if info is None or not info.active:
             break
         time.sleep(0.02)

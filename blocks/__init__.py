@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 
-from slurmgate.estimates import RuntimeHistory
-from slurmgate.settings import AdmissionSettings
-
-_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-_ORG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+from slurmgate.admission.estimates import RuntimeHistory
+from slurmgate.admission.settings import AdmissionSettings, EstimatesName, PolicyName
+from slurmgate.github.client import GitHubClient, client_for_scope
+from slurmgate.github.scope import GitHubScope
 
 
 class GitHubScopeBlock(Block):
@@ -67,43 +65,36 @@ class GitHubScopeBlock(Block):
         description="Retries of one request on 5xx, timeouts and rate limits inside the client.",
     )
 
-    @field_validator("api_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"api_url {value!r} must start with http:// or https://")
-        return value.rstrip("/")
-
-    @field_validator("repo")
-    @classmethod
-    def _repo_shape(cls, value: str | None) -> str | None:
-        if value is not None and not _REPO_RE.match(value):
-            raise ValueError(f"repo {value!r} must be OWNER/NAME, e.g. acme/bench")
-        return value
-
-    @field_validator("org")
-    @classmethod
-    def _org_shape(cls, value: str | None) -> str | None:
-        if value is not None and not _ORG_RE.match(value):
-            raise ValueError(f"org {value!r} must be a GitHub organization login, e.g. acme")
-        return value
-
     @model_validator(mode="after")
-    def _one_scope(self) -> GitHubScopeBlock:
-        if (self.repo is None) == (self.org is None):
-            raise ValueError("set exactly one of repo (OWNER/NAME) or org (NAME) on the scope")
+    def _valid_scope(self) -> GitHubScopeBlock:
+        self.scope()  # the core's GitHubScope is the one definition of a valid scope
         return self
+
+    def scope(self) -> GitHubScope:
+        """The scope this block names; raises ValueError naming the field and the fix."""
+        try:
+            return GitHubScope(
+                api_url=self.api_url, repo=self.repo, org=self.org, repos=tuple(self.repos)
+            )
+        except ValidationError as exc:
+            raise ValueError(
+                "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            ) from None
 
     @property
     def scope_name(self) -> str:
         """`repo:OWNER/NAME` or `org:NAME`, for logs and state file names."""
         return f"repo:{self.repo}" if self.repo else f"org:{self.org}"
 
-    def get_client(self, **kwargs: Any) -> Any:
-        """A `slurmgate.github.GitHubClient` for this scope; use it as an async context manager."""
-        from tasks.github import client_for_scope
-
-        return client_for_scope(self, **kwargs)
+    def get_client(self, **overrides: Any) -> GitHubClient:
+        """A GitHub client for this scope, with its file ETag cache; use it as an async context
+        manager. `overrides` go to the client."""
+        options: dict[str, Any] = {
+            "min_write_interval_s": self.min_write_interval_s,
+            "max_retries": self.request_retries,
+            **overrides,
+        }
+        return client_for_scope(self.scope(), self.token, **options)
 
 
 def _knob(name: str) -> Any:
@@ -141,8 +132,8 @@ class AdmissionPolicyBlock(Block):
 
     priority_scheduler_enabled: bool = _knob("PRIORITY_SCHEDULER_ENABLED")
     node_slot_scheduler_enabled: bool = _knob("NODE_SLOT_SCHEDULER_ENABLED")
-    policy: Literal["greedy", "easy", "conservative"] = _knob("policy")
-    estimates: Literal["timeout", "learned"] = _knob("estimates")
+    policy: PolicyName = _knob("policy")
+    estimates: EstimatesName = _knob("estimates")
     timeout_min: float = _knob("timeout_min")
     timeout_overrides: dict[str, float] = _knob("timeout_overrides")
     estimate_quantile: float = _knob("estimate_quantile")
@@ -180,9 +171,6 @@ class AdmissionPolicyBlock(Block):
         )
 
 
-__all__ = ["AdmissionPolicyBlock", "GitHubScopeBlock"]
-
-
 class RuntimeHistoryBlock(Block):
     """Past runtimes per job key (job name with its matrix values, and its node count).
 
@@ -210,3 +198,6 @@ class RuntimeHistoryBlock(Block):
     def runtime_history(self) -> RuntimeHistory:
         """The parsed history; raises HistoryError naming the bad field."""
         return RuntimeHistory.from_json(self.history)
+
+
+__all__ = ["AdmissionPolicyBlock", "GitHubScopeBlock", "RuntimeHistoryBlock"]

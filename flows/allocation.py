@@ -10,7 +10,7 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import Flow
 
 import tasks.allocation as registry
-from slurmgate.runtime.controller import AllocationRun, new_run_id
+from slurmgate.runtime.run import AllocationRun, new_run_id
 from slurmgate.runtime.spec import AllocationSpec
 from tasks.allocation import (
     Progress,

@@ -11,33 +11,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the flows and deployments packages live at the repository root
-
-from slurmgate.board import (  # noqa: E402
-    AdmissionTracker,
-    render_compact,
-    render_live,
+from slurmgate.testbed.board import AdmissionTracker
+from slurmgate.testbed.demo import (
+    JOB_MIX,
+    AdmissionResult,
+    DemoError,
+    DemoJob,
+    Printer,
+    RuntimeResult,
+    api_calls,
+    draw_jobs,
+    endpoint_totals,
+    processes_with_env,
+    runtime_problems,
+    summary_lines,
+    wait_until,
 )
-from slurmgate.localproc import free_port  # noqa: E402
-from slurmgate.priority import job_label, queue_namespace, queue_token, score  # noqa: E402
+from slurmgate.testbed.localproc import stop_group
+from slurmgate.testbed.prefect_server import PrefectServerError, running_prefect_server
 
-JOB_MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
+REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "examples" / "specs" / "demo.yaml"
 DEMO_REPO = "acme/gpu-ci"
 SCOPE_BLOCK = "slurmgate-demo"
@@ -49,164 +55,7 @@ FLAGS = {
 }
 
 
-class DemoError(RuntimeError):
-    """A part of the demo failed; the message says which and why."""
-
-
-# ---- the job mix ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DemoJob:
-    row_id: str
-    pool: str
-    nodes: int
-    score: str
-    labels: list[str]
-    duration_s: float
-
-
-def _priority_row(row: dict[str, str], nodes: int) -> dict[str, Any]:
-    """The mix row in the shape the priority policy scores (seed field names)."""
-    recipe = (row.get("recipe") or "").lower()
-    spec = next((s for s in ("eagle3", "eagle", "mtp") if s in recipe), "")
-    return {
-        "node-count": nodes,
-        "prefill": {} if row.get("disagg") == "True" else None,
-        "precision": row.get("precision", ""),
-        "spec-decoding": spec,
-        "framework": row.get("framework", ""),
-        "model-prefix": (row.get("config_key") or "").split("-")[0],
-        "scenario-type": row.get("scenario", ""),
-    }
-
-
-def draw_jobs(
-    csv_path: Path = JOB_MIX,
-    *,
-    load: float = 1.75,
-    never_fits: int = 2,
-    seed: int = 7,
-    duration_s: float = 4.0,
-) -> list[DemoJob]:
-    """Rows of the mix as queued jobs with runs-on labels, deterministic for a seed.
-
-    Each pool gets rows that fit it until their nodes add up to `load` times its runners (so
-    jobs wait and smaller ones backfill), and up to `never_fits` rows wider than the pool when
-    the mix has any. Durations are `duration_s` times 0.75-1.5, so a pool turns over in seconds.
-    """
-    from slurmgate.emulator import fleet_from_job_mix
-
-    if load <= 0:
-        raise DemoError(f"--load {load} must be above 0 (pool load factor, e.g. 2)")
-    if never_fits < 0:
-        raise DemoError(f"--never-fits {never_fits} must be 0 or more (too-wide jobs per pool)")
-    if duration_s <= 0:
-        raise DemoError(f"--duration {duration_s} must be above 0 (mean job seconds, e.g. 4)")
-    pools = fleet_from_job_mix(csv_path)
-    with open(csv_path, newline="") as fh:
-        rows = [
-            r
-            for r in csv.DictReader(fh)
-            if (r.get("cluster_pool") or "").startswith("cluster:")
-            and (r.get("total_nodes") or "").isdigit()
-        ]
-    rng = random.Random(seed)
-    picked: list[dict[str, str]] = []
-    for pool, capacity in pools.items():
-        mine = [r for r in rows if r["cluster_pool"] == f"cluster:{pool}"]
-        fits = [r for r in mine if int(r["total_nodes"]) <= capacity]
-        wide = [r for r in mine if int(r["total_nodes"]) > capacity]
-        rng.shuffle(fits)
-        nodes = 0
-        for row in fits:
-            if nodes >= load * capacity:
-                break
-            picked.append(row)
-            nodes += int(row["total_nodes"])
-        picked.extend(rng.sample(wide, min(never_fits, len(wide))))
-    rng.shuffle(picked)  # arrival order is not priority order
-    jobs = []
-    for index, row in enumerate(picked):
-        nodes = int(row["total_nodes"])
-        pool = row["cluster_pool"].removeprefix("cluster:")
-        value = score(_priority_row(row, nodes))
-        token = queue_token(row, queue_namespace(seed, 1, "demo"), (str(index),))
-        labels = [
-            "self-hosted",
-            f"cluster:{pool}",
-            f"nodes:{nodes}",
-            job_label(value, token),
-            "ci-attempt-1",
-        ]
-        duration = round(duration_s * rng.uniform(0.75, 1.5), 2)
-        jobs.append(DemoJob(row["row_id"], pool, nodes, str(value), labels, duration))
-    return jobs
-
-
 # ---- Prefect: a local server and the served reconcile deployment ---------------------------
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str, proc: Any = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if proc is not None and proc.poll() is not None:
-            raise DemoError(f"{what}: the process exited with {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise DemoError(f"{what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.25)
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait(5)
-
-
-@contextmanager
-def prefect_server(workdir: Path) -> Iterator[str]:
-    """`prefect server start` on a free loopback port (SQLite in PREFECT_HOME); yields its API."""
-    import httpx
-
-    port = free_port()
-    log = open(workdir / "prefect-server.log", "wb")  # noqa: SIM115 (closed below)
-    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
-    env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    api = f"http://127.0.0.1:{port}/api"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(api + "/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(healthy, 90, f"prefect server on {api}", proc)
-        yield api
-    finally:
-        _stop(proc)
-        log.close()
 
 
 @contextmanager
@@ -242,7 +91,7 @@ def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
         wait_until(ready, 90, "the served reconcile deployment", proc)
         yield name
     finally:
-        _stop(proc)
+        stop_group(proc)
         log.close()
 
 
@@ -267,73 +116,6 @@ def serve_reconcile() -> None:
 
 
 # ---- admission -----------------------------------------------------------------------------
-
-
-@dataclass
-class AdmissionResult:
-    jobs: int
-    ticks: int
-    admitted: int
-    admitted_by_flow: int
-    released_by_flow: int
-    completed: int
-    never_fits: dict[int, str]
-    backfills: list[dict[str, Any]]
-    peak_utilization: dict[str, float]
-    capacity: dict[str, int]
-    api_calls: int
-    api_calls_by_flow: int
-    leases_left: int
-    seconds: float
-    mode: str
-    problems: list[str] = field(default_factory=list)
-
-
-class Printer:
-    """A rich Live view on a terminal, one compact block per tick otherwise."""
-
-    def __init__(self, live: bool | None = None) -> None:
-        from rich.console import Console
-
-        self.console = Console()
-        self.live_mode = self.console.is_terminal if live is None else live
-        self.events: list[str] = []
-        self.highlights: list[str] = []  # backfills and never-fits stay on screen longer
-        self._live: Any = None
-
-    def __enter__(self) -> Printer:
-        if self.live_mode:
-            from rich.live import Live
-
-            self._live = Live(console=self.console, refresh_per_second=4, transient=False)
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-
-    def show(self, view: Any, *, running: bool = False) -> None:
-        """Show a tick's view; `running` marks a refresh while the tick is still in flight."""
-        if self._live is not None:
-            for event in view.events:
-                notable = event.startswith("BACKFILL") or "can never run" in event
-                (self.highlights if notable else self.events).append(event)
-            self.events, self.highlights = self.events[-5:], self.highlights[-6:]
-            shown = self.highlights + self.events
-            self._live.update(render_live(view, shown, running=running))
-        elif not running:
-            print(render_compact(view), flush=True)
-
-    def say(self, text: str) -> None:
-        if self._live is not None:
-            self._live.console.print(text)
-        else:
-            print(text, flush=True)
-
-
-def _api_calls(stats: dict[str, Any]) -> int:
-    return sum(n for k, n in stats.get("requests", {}).items() if "/_emulator" not in k)
 
 
 async def _board_rows() -> list[dict[str, Any]]:
@@ -422,7 +204,7 @@ async def run_admission(
             dump,
             await _board_rows(),
             elapsed_s=time.monotonic() - started,
-            api_calls=_api_calls(emu.admin.stats()),
+            api_calls=api_calls(emu.admin.stats()),
         )
         printer.show(view)
         ours = [j for j in dump["jobs"] if j["id"] in tracker.job_ids]  # type: ignore[operator]
@@ -466,7 +248,7 @@ async def run_admission(
         ],
         peak_utilization=dict(sorted(tracker.peak.items())),
         capacity=dict(sorted(tracker.capacity.items())),
-        api_calls=_api_calls(emu.admin.stats()),
+        api_calls=api_calls(emu.admin.stats()),
         api_calls_by_flow=flow_calls,
         leases_left=leases_left,
         seconds=round(time.monotonic() - started, 1),
@@ -476,53 +258,6 @@ async def run_admission(
 
 
 # ---- runtime -------------------------------------------------------------------------------
-
-
-@dataclass
-class RuntimeResult:
-    run_id: str = ""
-    job_id: str = ""
-    hosts: list[str] = field(default_factory=list)
-    loadgen: dict[str, dict[str, Any]] = field(default_factory=dict)
-    served: int = 0
-    throttled_429: int = 0
-    endpoint_requests: int = 0
-    cleanup_complete: bool = False
-    leftover_processes: list[int] = field(default_factory=list)
-    slurm_job_left: bool = False
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-
-def processes_with_env(key: str, value: str) -> list[int]:
-    """Pids whose environment holds KEY=VALUE (the runtime tags every step with its run id)."""
-    needle = f"{key}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
-
-
-def endpoint_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Requests, 200s and 429s answered by the logical endpoints, from their metric rows."""
-    totals = {"requests": 0, "served": 0, "throttled": 0}
-    for row in rows:
-        value = int(float(row.get("value", 0)))
-        metric, labels = str(row.get("metric", "")), str(row.get("labels", ""))
-        if metric == "slurmgate_endpoint_requests_total":
-            totals["requests"] += value
-        elif metric == "slurmgate_endpoint_responses_total" and "status=200" in labels:
-            totals["served"] += value
-        elif metric == "slurmgate_endpoint_responses_total" and "status=429" in labels:
-            totals["throttled"] += value
-    return totals
 
 
 def run_runtime(workdir: Path, printer: Printer, spec_path: Path = DEMO_SPEC) -> RuntimeResult:
@@ -583,77 +318,11 @@ def run_runtime(workdir: Path, printer: Printer, spec_path: Path = DEMO_SPEC) ->
         )
         result.slurm_job_left = bool(out_q.stdout.strip())
     if not result.problems:
-        if not result.cleanup_complete:
-            result.problems.append("the run record does not say cleanup completed")
-        if result.leftover_processes:
-            result.problems.append(f"processes of the run still alive: {result.leftover_processes}")
-        if result.slurm_job_left:
-            result.problems.append(f"Slurm job {result.job_id} is still in the queue")
-        if result.served == 0:
-            result.problems.append("the endpoints served no request")
-        if result.throttled_429 == 0:
-            result.problems.append("the overload drew no 429 from the endpoint")
-        throttled = sum(int(r.get("throttled", 0)) for r in result.loadgen.values())
-        if throttled != result.throttled_429:
-            result.problems.append(
-                f"loadgen counted {throttled} 429s but the endpoints report {result.throttled_429}"
-            )
+        result.problems += runtime_problems(result)
     return result
 
 
 # ---- summary -------------------------------------------------------------------------------
-
-
-def summary_lines(
-    adm: AdmissionResult | None, rt: RuntimeResult | None, total_s: float
-) -> list[str]:
-    lines = ["", "== slurmgate demo summary"]
-    if adm is not None:
-        lines.append(
-            f"admission ({adm.mode}): {adm.jobs} jobs queued, {adm.admitted} admitted "
-            f"({adm.admitted_by_flow} by the reconcile runs), {adm.completed} completed, "
-            f"{len(adm.never_fits)} never fit, {len(adm.backfills)} backfill(s), "
-            f"{adm.ticks} ticks in {adm.seconds:.0f} s, {adm.leases_left} lease(s) left"
-        )
-        lines.append(
-            f"API calls used: {adm.api_calls} (the emulator counted; the flows counted "
-            f"{adm.api_calls_by_flow})"
-        )
-        lines.append(
-            "peak utilization: "
-            + ", ".join(
-                f"{pool} {adm.peak_utilization.get(pool, 0.0):.0%} of {cap}"
-                for pool, cap in adm.capacity.items()
-            )
-        )
-        for b in adm.backfills[:3]:
-            lines.append(
-                f"  backfill: job {b['job_id']} ({b['nodes']}n) ran in {b['pool']} while job "
-                f"{b['past_job_id']} ({b['past_nodes']}n, higher score {b['past_score']}) waited"
-            )
-    if rt is not None:
-        lines.append(
-            f"runtime: run {rt.run_id or '-'} (Slurm job {rt.job_id or '-'} on "
-            f"{','.join(rt.hosts) or '-'}) in {rt.seconds:.0f} s: {rt.served} requests served, "
-            f"{rt.throttled_429} answered 429, {rt.endpoint_requests} received by the endpoints"
-        )
-        for name, report in sorted(rt.loadgen.items()):
-            lines.append(
-                f"  loadgen {name}: {report.get('ok')} ok, {report.get('throttled')} throttled, "
-                f"{report.get('throughput', 0):.0f} req/s, p50 "
-                f"{report.get('latency_p50', 0) * 1e3:.0f} ms"
-            )
-        verified = rt.cleanup_complete and not rt.leftover_processes and not rt.slurm_job_left
-        lines.append(
-            f"cleanup verified: {'yes' if verified else 'NO'} (record says complete: "
-            f"{rt.cleanup_complete}; processes of the run left: {len(rt.leftover_processes)}; "
-            f"Slurm job left: {rt.slurm_job_left})"
-        )
-    lines.append(f"total time: {total_s:.0f} s")
-    problems = (adm.problems if adm else []) + (rt.problems if rt else [])
-    lines.extend(f"!! {p}" for p in problems)
-    lines.append("demo: FAILED" if problems else "demo: OK")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -721,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 async def admission_part(
     jobs: list[DemoJob], printer: Printer, mode: str, deployment: str | None
 ) -> AdmissionResult:
-    from slurmgate.emulator import fleet_from_job_mix
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator import fleet_from_job_mix
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     pools = fleet_from_job_mix(JOB_MIX)
     with running_emulator(pools, repo=DEMO_REPO, token="demo-token", tick_s=0.1) as emu:
@@ -741,10 +410,17 @@ def contextmanager_chain(mode: str, workdir: Path) -> Iterator[str | None]:
     if mode != "deployment":
         yield None
         return
-    with prefect_server(workdir) as api:
-        os.environ["PREFECT_API_URL"] = api
-        with served_reconcile(workdir, api) as name:
-            yield name
+    try:
+        with running_prefect_server(
+            workdir,
+            log=workdir / "prefect-server.log",
+            prefect_home=Path(os.environ.get("PREFECT_HOME") or workdir / "prefect"),
+        ) as server:
+            os.environ["PREFECT_API_URL"] = server.api_url
+            with served_reconcile(workdir, server.api_url) as name:
+                yield name
+    except PrefectServerError as exc:
+        raise DemoError(str(exc)) from None
 
 
 if __name__ == "__main__":

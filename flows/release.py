@@ -6,8 +6,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from slurmgate.labels import is_lease
-from slurmgate.leases import lease_labels_for_job
+from slurmgate.admission.labels import is_lease
+from slurmgate.admission.leases import lease_labels_for_job
 from tasks.github import bound_client, current_client, remove_labels_task, resolve_scope
 
 

@@ -16,13 +16,9 @@ from prefect.artifacts import (
 from prefect.exceptions import MissingContextError
 
 from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime.controller import (
-    AllocationRun,
-    ReapTally,
-    default_runs_root,
-    load_records,
-    reap_stale_runs,
-)
+from slurmgate.runtime.reaper import ReapTally, reap_stale_runs
+from slurmgate.runtime.records import default_runs_root, load_records
+from slurmgate.runtime.run import AllocationRun
 
 # Subflows get a run id; the live run (with its processes) stays in this process. The registry
 # lives here and flows reach it as `module.attribute`: a served flow is cloudpickled by value,
@@ -76,22 +72,22 @@ def publish_record(run: AllocationRun) -> None:
     """Job and step ids of the run, so a later pass can reap what a killed controller left."""
     rec = run.record()
     lines = [
-        f"# Run {rec['run_id']}",
+        f"# Run {rec.run_id}",
         "",
-        f"- job: `{rec['job_id']}` (owned: {rec['owned_allocation']})",
-        f"- status: {rec['status']}; phase: {rec['phase']}",
+        f"- job: `{rec.job_id}` (owned: {rec.owned_allocation})",
+        f"- status: {rec.status}; phase: {rec.phase}",
         f"- record file: `{run.record_path}`",
         "",
         "| step | Slurm step | pgid | exit |",
         "|---|---|---|---|",
     ]
-    for s in rec["steps"]:
-        lines.append(f"| {s['name']} | {s['step_id'] or '-'} | {s['pgid']} | {s['returncode']} |")
+    for s in rec.steps:
+        lines.append(f"| {s.name} | {s.step_id or '-'} | {s.pgid} | {s.returncode} |")
     with contextlib.suppress(Exception):
         create_markdown_artifact(
             markdown="\n".join(lines),
             key="allocation-record",
-            description="Slurm job and step ids of the run (for reap_leftovers)",
+            description="Slurm job and step ids of the run (for the reaper)",
         )
 
 

@@ -2,67 +2,36 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.tasks import Task
 
-from slurmgate.github import FileEtagCache, GitHubClient, GitHubScope
-from slurmgate.leases import (
+from blocks import GitHubScopeBlock
+from slurmgate.admission.leases import (
     CompensationStack,
     RemovalOutcome,
     Verification,
     add_anchor_labels,
     add_lease_labels,
-    is_transient,
     remove_labels,
     verify_lease,
 )
-from slurmgate.model import Admit, Snapshot
-from slurmgate.snapshot import take_snapshot
-
-if TYPE_CHECKING:
-    from blocks import GitHubScopeBlock
-
-STATE_DIR_ENV = "SLURMGATE_STATE_DIR"
+from slurmgate.admission.model import Admit, Snapshot
+from slurmgate.errors import is_transient
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.scope import ScopeError
+from slurmgate.github.snapshot import take_snapshot
 
 # The client is bound per flow run and never passed as a parameter: Prefect serialises flow
 # parameters for the API, and a client object would carry the token there.
 _client: ContextVar[GitHubClient | None] = ContextVar("slurmgate_github_client", default=None)
-
-
-def state_dir() -> Path:
-    """Where the controller keeps its ETag cache: $SLURMGATE_STATE_DIR, else ~/.cache/slurmgate."""
-    configured = os.environ.get(STATE_DIR_ENV, "").strip()
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "slurmgate"
-
-
-def etag_cache_for(scope: GitHubScope) -> FileEtagCache:
-    """One ETag cache file per API and scope, so 304s survive across flow runs and processes."""
-    key = hashlib.sha256(f"{scope.api_url}|{scope.repo}|{scope.org}".encode()).hexdigest()[:16]
-    return FileEtagCache(state_dir() / f"etags-{key}.json")
-
-
-def client_for_scope(block: GitHubScopeBlock, **overrides: Any) -> GitHubClient:
-    """A GitHubClient for a scope block, with its file ETag cache; overrides go to the client."""
-    scope = GitHubScope(
-        api_url=block.api_url, repo=block.repo, org=block.org, repos=tuple(block.repos)
-    )
-    options: dict[str, Any] = {
-        "etag_cache": etag_cache_for(scope),
-        "min_write_interval_s": block.min_write_interval_s,
-        "max_retries": block.request_retries,
-    }
-    options.update(overrides)
-    return GitHubClient(scope, block.token, **options)
 
 
 @asynccontextmanager
@@ -143,10 +112,6 @@ WRITE_INTERVAL_ENV = "SLURMGATE_MIN_WRITE_INTERVAL_S"
 RETRIES_ENV = "SLURMGATE_REQUEST_RETRIES"
 
 
-class ScopeError(ValueError):
-    """The flow was given no usable GitHub scope; the message names the parameter to fix."""
-
-
 async def resolve_scope(
     scope_block: str | None,
     api_url: str | None = None,
@@ -154,8 +119,6 @@ async def resolve_scope(
     org: str | None = None,
 ) -> GitHubScopeBlock:
     """The scope block named `scope_block`, or an inline scope with the token from GITHUB_TOKEN."""
-    from blocks import GitHubScopeBlock
-
     if api_url or repo or org:
         token = os.environ.get(GITHUB_TOKEN_ENV, "").strip()
         if not token:

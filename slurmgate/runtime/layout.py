@@ -2,11 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from slurmgate.runtime.spec import AllocationSpec, DeploymentSpec
+
+class DeploymentShape(Protocol):
+    """What the layout reads of one deployment (`spec.DeploymentSpec` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def command(self) -> Sequence[str]: ...
+    @property
+    def tensor_parallel(self) -> int: ...
+    @property
+    def pipeline_parallel(self) -> int: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def nodes_per_replica(self) -> int: ...
+    @property
+    def base_port(self) -> int: ...
+    @property
+    def rendezvous_base_port(self) -> int: ...
+    @property
+    def endpoint_port(self) -> int: ...
+    @property
+    def lead_boot_standoff_s(self) -> float: ...
+    @property
+    def rank_launch_stagger_s(self) -> float: ...
+    @property
+    def distributed_timeout_s(self) -> float: ...
+    def lanes_for(self, node_gpus: int) -> int: ...
+    def nodes_for(self, node_gpus: int) -> int: ...
+    def used_gpus_per_node(self, node_gpus: int) -> int: ...
+
+
+class ClientShape(Protocol):
+    @property
+    def dedicated_node(self) -> bool: ...
+
+
+class AllocationShape(Protocol):
+    """What the layout reads of an allocation (`spec.AllocationSpec` is one); the layout maths
+    depends on these fields only, so the spec can check its ports with it."""
+
+    @property
+    def gpus_per_node(self) -> int: ...
+    @property
+    def client(self) -> ClientShape: ...
+    @property
+    def deployments(self) -> Sequence[DeploymentShape]: ...
 
 
 @dataclass(frozen=True)
@@ -135,7 +182,7 @@ def launch_delay(replica: int, standoff_s: float, stagger_s: float) -> float:
     return 0.0 if replica == 0 else standoff_s + replica * stagger_s
 
 
-def plan(spec: AllocationSpec) -> AllocationPlan:
+def plan(spec: AllocationShape) -> AllocationPlan:
     """Place every deployment on whole nodes, in spec order, after an optional client node."""
     start = 1 if spec.client.dedicated_node else 0
     deployments: list[DeploymentPlan] = []
@@ -154,7 +201,7 @@ def plan(spec: AllocationSpec) -> AllocationPlan:
     return AllocationPlan(total_nodes=start, client_node=0, deployments=tuple(deployments))
 
 
-def _deployment_nodes(d: DeploymentSpec, node_gpus: int, start: int) -> tuple[NodePlan, ...]:
+def _deployment_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[NodePlan, ...]:
     lanes = d.lanes_for(node_gpus)
     npr = d.nodes_per_replica
     groups = -(-d.replicas // lanes)
@@ -189,7 +236,7 @@ def _deployment_nodes(d: DeploymentSpec, node_gpus: int, start: int) -> tuple[No
     return tuple(out)
 
 
-def port_problems(spec: AllocationSpec) -> list[tuple[str, str, str]]:
+def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
     """Every port claimed twice on one node, named by the spec fields that claim it."""
     claims: dict[tuple[int, int], str] = {}
     problems: list[tuple[str, str, str]] = []
@@ -226,7 +273,7 @@ def port_problems(spec: AllocationSpec) -> list[tuple[str, str, str]]:
 
 
 def lane_argv(
-    spec: DeploymentSpec, lane: LanePlan, master_addr: str, bind_host: str = "0.0.0.0"
+    spec: DeploymentShape, lane: LanePlan, master_addr: str, bind_host: str = "0.0.0.0"
 ) -> list[str]:
     """The server argv: the spec's command plus the flags the layout decides."""
     argv = list(spec.command)

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from slurmgate.runtime.layout import port_problems
+
 # Flags the launcher owns: a command that sets them itself would fight the layout.
 LAUNCHER_FLAGS = (
     "--host",
@@ -225,8 +227,6 @@ class AllocationSpec(_Strict):
                     "lower lanes_per_node or tensor_parallel, or raise gpus_per_node",
                 )
         # Port collisions are a layout question: the same plan the runtime uses decides them.
-        from slurmgate.runtime.layout import port_problems
-
         problems = port_problems(self)
         if problems:
             f, m, fix = problems[0]

@@ -18,25 +18,19 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from slurmgate.estimates import Estimate, Estimator, RuntimeHistory
-from slurmgate.labels import fold
-from slurmgate.model import Job, JobStatus, Runner, Snapshot
-from slurmgate.planner import (
-    FleetState,
-    JobRequest,
-    PoolState,
-    plan,
-    policy_for,
-    priority_key,
-)
-from slurmgate.settings import AdmissionSettings
+from slurmgate.admission.capacity import FleetState, JobRequest, PoolState
+from slurmgate.admission.estimates import Estimate, Estimator, RuntimeHistory
+from slurmgate.admission.labels import fold
+from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot
+from slurmgate.admission.planner import plan
+from slurmgate.admission.policies import SIMULATED_POLICY_NAMES, policy_for, priority_key
+from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.simulator.metrics import Run, summarize
 from slurmgate.simulator.traces import Trace, TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 EPOCH_S = EPOCH.timestamp()  # trace time 0 in the unix seconds the planner works in
 ESTIMATES = ("timeout", "learned", "perfect")
-POLICY_NAMES = ("fcfs", "greedy", "easy", "conservative")
 
 
 class SimulationError(ValueError):
@@ -177,8 +171,9 @@ def simulate(
 ) -> Result:
     """Replay `trace` on `pools` with the planner's `policy`; the fast driver."""
     settings = settings or sim_settings()
-    if policy not in POLICY_NAMES:
-        raise SimulationError(f"--policy {policy!r} is not one of {', '.join(POLICY_NAMES)}")
+    if policy not in SIMULATED_POLICY_NAMES:
+        choices = ", ".join(SIMULATED_POLICY_NAMES)
+        raise SimulationError(f"--policy {policy!r} is not one of {choices}")
     chosen = policy_for(settings, policy)
     known = _Estimates(estimates, settings)
     accepted, rejected = _prepare(trace, pools, bound)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slurmgate.nodecount import NodeCountError, gpus_per_node, node_count
+from slurmgate.ci.nodecount import NodeCountError, gpus_per_node, node_count
 
 RECIPES = Path(__file__).resolve().parent / "data" / "recipes"
 MIX = Path(__file__).resolve().parents[2] / "slurmgate" / "data" / "inferencex-job-mix.csv"

@@ -10,9 +10,9 @@ from admission_kit import NOW, ON, apply, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmgate.labels import fold, is_managed, unmanaged
-from slurmgate.model import Decisions, Job, JobStatus, Runner, Snapshot, leases_from_fleet
-from slurmgate.planner import plan
+from slurmgate.admission.labels import fold, is_managed, unmanaged
+from slurmgate.admission.model import Decisions, Job, JobStatus, Runner, Snapshot, leases_from_fleet
+from slurmgate.admission.planner import plan
 
 SCORES = ["0.000", "0.998", "1.000", "1.250", "3.000"]
 MALFORMED = ["nodes:", "nodes:0", "nodes:-2", "nodes:1.5", "nodes:x"]

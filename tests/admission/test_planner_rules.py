@@ -21,9 +21,11 @@ from admission_kit import (
     snapshot,
 )
 
-from slurmgate.model import BlockReason, JobStatus, ReleaseReason, Runner, Snapshot
-from slurmgate.planner import LEGACY, plan, policy_named, priority_order
-from slurmgate.settings import AdmissionSettings
+from slurmgate.admission.capacity import LEGACY
+from slurmgate.admission.model import BlockReason, JobStatus, ReleaseReason, Runner, Snapshot
+from slurmgate.admission.planner import plan
+from slurmgate.admission.policies import policy_named, priority_order
+from slurmgate.admission.settings import AdmissionSettings
 
 # ---- the seed's examples ------------------------------------------------------------------
 

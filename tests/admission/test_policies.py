@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from test_planner_properties import World, check_admissions, worlds
 
-from slurmgate.estimates import RuntimeHistory, job_key
-from slurmgate.model import BlockReason, Job, JobStatus
-from slurmgate.planner import plan, policy_for
-from slurmgate.settings import AdmissionSettings
+from slurmgate.admission.estimates import RuntimeHistory, job_key
+from slurmgate.admission.model import BlockReason, Job, JobStatus
+from slurmgate.admission.planner import plan
+from slurmgate.admission.policies import policy_for
+from slurmgate.admission.settings import AdmissionSettings
 
 
 def cfg(policy: str, **knobs: Any) -> AdmissionSettings:

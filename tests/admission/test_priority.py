@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmgate.labels import JobLabel
-from slurmgate.priority import (
+from slurmgate.admission.labels import JobLabel
+from slurmgate.ci.priority import (
     DEFAULT_POLICY,
     PriorityContext,
     criteria_from_classifier,

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from pydantic import ValidationError
 
-from slurmgate.settings import AdmissionSettings
+from slurmgate.admission.settings import AdmissionSettings
 
 ENV = (
     "PRIORITY_SCHEDULER_ENABLED",

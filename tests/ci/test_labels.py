@@ -12,7 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from slurmgate.ci import (
+from slurmgate.admission.labels import JobLabel, parse_nodes
+from slurmgate.ci.priority import (
+    PriorityContext,
+    job_label,
+    queue_namespace,
+    queue_token,
+    score,
+)
+from slurmgate.ci.runs_on import (
     OUTPUT_KEYS,
     CIError,
     LabelFlags,
@@ -22,15 +30,7 @@ from slurmgate.ci import (
     load_spec,
     spec_from_data,
 )
-from slurmgate.ci_cli import app
-from slurmgate.labels import JobLabel, parse_nodes
-from slurmgate.priority import (
-    PriorityContext,
-    job_label,
-    queue_namespace,
-    queue_token,
-    score,
-)
+from slurmgate.cli.app import app
 
 RUN = RunContext(run_id=4242, run_attempt=2)
 ROW: dict[str, Any] = {"runner": "cluster:h100-dgxc", "node-count": 3, "model-prefix": "dsr1"}

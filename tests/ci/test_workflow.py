@@ -52,22 +52,11 @@ def expressions(node: Any, where: str = "") -> list[tuple[str, str]]:
 
 
 def slurmgate_bin(tmp_path: Path) -> Path:
-    """A `slurmgate` on PATH: the installed console script once cli.py has `labels`, else the
-    same command functions through `python -m slurmgate.ci_cli`."""
-    from slurmgate import cli
-
-    names = {
-        c.name or (c.callback.__name__ if c.callback else "") for c in cli.app.registered_commands
-    }
+    """A `slurmgate` on PATH: the installed command line, run by this interpreter."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     script = bindir / "slurmgate"
-    if "labels" in names:
-        script.write_text(
-            f'#!/bin/sh\nexec {sys.executable} -c "from slurmgate.cli import main; main()" "$@"\n'
-        )
-    else:
-        script.write_text(f'#!/bin/sh\nexec {sys.executable} -m slurmgate.ci_cli "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m slurmgate.cli "$@"\n')
     script.chmod(0o755)
     return bindir
 

@@ -63,7 +63,7 @@ def test_bad_arguments_are_one_line_and_exit_2() -> None:
 
 
 def test_status_shows_the_board_of_a_live_scope() -> None:
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     with running_emulator({"h100": 4}, legacy=1) as emu:
         wide = ["self-hosted", "cluster:h100", "nodes:9", "ci-job-2.000-wide", "ci-attempt-1"]

@@ -11,20 +11,21 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flows.demo import (
+from flows.demo import run_admission, run_runtime
+from slurmgate.admission.labels import JobLabel
+from slurmgate.ci.priority import job_label
+from slurmgate.testbed.board import AdmissionTracker, parse_board_blocked, render_live
+from slurmgate.testbed.demo import (
+    DemoError,
     DemoJob,
     Printer,
     draw_jobs,
     endpoint_totals,
     processes_with_env,
-    run_admission,
-    run_runtime,
+    summary_lines,
 )
-from slurmgate.board import AdmissionTracker, parse_board_blocked, render_live
-from slurmgate.emulator import fleet_from_job_mix
-from slurmgate.emulator.testing import running_emulator
-from slurmgate.labels import JobLabel
-from slurmgate.priority import job_label
+from slurmgate.testbed.emulator import fleet_from_job_mix
+from slurmgate.testbed.emulator.testing import running_emulator
 
 MIX = Path(__file__).resolve().parents[2] / "slurmgate" / "data" / "inferencex-job-mix.csv"
 
@@ -175,8 +176,6 @@ def test_runtime_part_serves_throttles_and_cleans_up(
 
 
 async def test_a_failing_tick_makes_the_demo_fail_with_the_reason(prefect_harness: None) -> None:
-    from flows.demo import summary_lines
-
     jobs = [_job("small", 1, "3.000", "one")]
     with running_emulator({"small": 2}, token="t0k", tick_s=0.05) as emu:
         emu.admin.fault("status", status=401, count=None, path="/repos/*/actions/runners*")
@@ -231,7 +230,5 @@ async def test_admission_through_the_served_reconcile_deployment(
     ],
 )
 def test_bad_draw_arguments_name_the_flag(args: dict[str, float], field: str) -> None:
-    from flows.demo import DemoError
-
     with pytest.raises(DemoError, match=f"^{field} "):
         draw_jobs(**args)  # type: ignore[arg-type]

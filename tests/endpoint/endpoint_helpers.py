@@ -19,8 +19,9 @@ import httpx
 import pytest
 import uvicorn
 
-from slurmgate.localproc import free_port
-from slurmgate.runtime.endpoint import EndpointConfig, build_app
+from slurmgate.runtime.endpoint.app import build_app
+from slurmgate.runtime.endpoint.config import EndpointConfig
+from slurmgate.testbed.localproc import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 Scope = MutableMapping[str, Any]
@@ -211,7 +212,7 @@ def stub(spawn: Callable[..., Proc]) -> Callable[..., Proc]:
     def start(*args: str, env: dict[str, str] | None = None) -> Proc:
         port = free_port()
         return spawn(
-            "slurmgate.runtime.stub_server",
+            "slurmgate.testbed.stub_server",
             "--host",
             "127.0.0.1",
             "--port",

@@ -19,7 +19,7 @@ from endpoint_helpers import (
     waiting_metrics,
 )
 
-from slurmgate.runtime.backpressure import Lane, QueuePolicy, Sampler, queue_depth
+from slurmgate.runtime.endpoint.backpressure import Lane, QueuePolicy, Sampler, queue_depth
 
 BODY = {"model": "m", "prompt": "hi", "max_tokens": 2}
 
@@ -78,7 +78,7 @@ def test_a_learned_capacity_bounds_a_burst_between_samples() -> None:
 
 
 def test_queue_sample_reads_waiting_and_running_summed() -> None:
-    from slurmgate.runtime.backpressure import queue_sample
+    from slurmgate.runtime.endpoint.backpressure import queue_sample
 
     text = (
         'vllm:num_requests_waiting{engine="0"} 2\nvllm:num_requests_waiting{engine="1"} 1\n'

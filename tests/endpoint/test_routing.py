@@ -17,9 +17,9 @@ from endpoint_helpers import (
     until,
 )
 
-from slurmgate.runtime.backpressure import Lane, QueuePolicy
-from slurmgate.runtime.endpoint import EndpointConfig
-from slurmgate.runtime.routing import LeastActiveRouter
+from slurmgate.runtime.endpoint.backpressure import Lane, QueuePolicy
+from slurmgate.runtime.endpoint.config import EndpointConfig
+from slurmgate.runtime.endpoint.routing import LeastActiveRouter
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 4}
 

@@ -16,7 +16,7 @@ import pytest
 from endpoint_helpers import Proc, free_port, python_env, wait_status
 from prometheus_client.parser import text_string_to_metric_families
 
-STUB = "slurmgate.runtime.stub_server"
+STUB = "slurmgate.testbed.stub_server"
 
 
 def gauges(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -38,7 +38,7 @@ def emulator_factory() -> Iterator[Any]:
     """`emulator_factory(pools, legacy=0, token=None)` -> a running emulator until teardown."""
     from contextlib import ExitStack
 
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     with ExitStack() as stack:
 

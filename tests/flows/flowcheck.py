@@ -6,8 +6,14 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from slurmgate.labels import ATTEMPT_PREFIX, JOB_PREFIX, NODES_PREFIX, LabelError, LeaseLabel
-from slurmgate.model import Runner, leases_from_fleet
+from slurmgate.admission.labels import (
+    ATTEMPT_PREFIX,
+    JOB_PREFIX,
+    NODES_PREFIX,
+    LabelError,
+    LeaseLabel,
+)
+from slurmgate.admission.model import Runner, leases_from_fleet
 
 
 def job_labels(nodes: int | str | None, score: str = "1.000", token: str = "t", pool: str = "a"):

@@ -83,7 +83,7 @@ async def test_lease_costs_n_plus_1_writes_and_idle_ticks_are_free(
 
 
 def _lease_jobs(emu: Any) -> set[int]:
-    from slurmgate.model import leases_from_fleet
+    from slurmgate.admission.model import leases_from_fleet
 
     leases, _ = leases_from_fleet(fleet(emu.admin.dump()))
     return {lease.job_id for lease in leases}

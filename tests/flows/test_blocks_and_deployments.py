@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from blocks import AdmissionPolicyBlock, GitHubScopeBlock
 from flows.reconcile import reconcile
-from tasks.github import ScopeError
+from slurmgate.github.scope import ScopeError
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "ghp_blockSECRETvalue0123456789"

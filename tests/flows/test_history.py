@@ -9,7 +9,7 @@ from flowcheck import job_labels, jobs_by_id, wait_for
 
 from blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from flows.reconcile import HISTORY_BLOCK, reconcile
-from slurmgate.estimates import job_key
+from slurmgate.admission.estimates import job_key
 
 
 async def tick(emu: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -46,7 +46,7 @@ async def test_a_corrupt_history_is_ignored_not_fatal(emulator_factory, monkeypa
 
 
 def test_policy_block_mirrors_every_planner_knob() -> None:
-    from slurmgate.settings import AdmissionSettings
+    from slurmgate.admission.settings import AdmissionSettings
 
     block = AdmissionPolicyBlock(
         priority_scheduler_enabled=True,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from flowcheck import fleet, managed_on
 
-from slurmgate.github import GitHubClient, GitHubScope
-from slurmgate.leases import (
+from slurmgate.admission.leases import (
     CompensationStack,
     LeaseConflict,
     UnmanagedLabelError,
@@ -14,7 +13,8 @@ from slurmgate.leases import (
     remove_labels,
     verify_lease,
 )
-from slurmgate.model import Admit
+from slurmgate.admission.model import Admit
+from slurmgate.github.client import GitHubClient, GitHubScope
 
 
 def admit_for(runner_ids: tuple[int, ...]) -> Admit:

@@ -20,7 +20,7 @@ import yaml
 
 from flows.reconcile import reconcile
 from slurmgate.runtime import slurm
-from slurmgate.runtime.controller import load_records, process_start_ticks
+from slurmgate.runtime.records import RunRecord, load_records, process_start_ticks
 
 from ..runtime.conftest import assert_no_orphans, processes_with
 
@@ -98,21 +98,21 @@ def hanging_spec(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def controller(runs_root: Path, tmp_path: Path) -> Iterator[Any]:
-    """`controller()` starts `python -m slurmgate.runtime.controller run` and returns it with its
+    """`controller()` starts `python -m slurmgate.runtime.run run` and returns it with its
     record once its lanes are up in readiness; any run left is stopped at teardown."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start() -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    def start() -> tuple[subprocess.Popen[str], RunRecord]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
-        argv = [sys.executable, "-m", "slurmgate.runtime.controller", "run"]
+        argv = [sys.executable, "-m", "slurmgate.runtime.run", "run"]
         argv += [str(hanging_spec(tmp_path)), "--runs-dir", str(runs_root)]
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
         procs.append(proc)
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
             records = load_records(runs_root)
-            if records and records[0]["phase"] == "readiness":
-                run_id = records[0]["run_id"]
+            if records and records[0].phase == "readiness":
+                run_id = records[0].run_id
                 # every lane of both deployments is up (chat hangs, pipe answers)
                 while len(processes_with(f"{run_id}-serve-")) < 2:
                     assert time.monotonic() < deadline, "lanes never came up"
@@ -155,13 +155,13 @@ async def test_tick_reaps_a_sigkilled_allocation_run(
 ) -> None:
     caplog.set_level(logging.INFO)
     proc, record = controller()
-    run_id, job_id = record["run_id"], record["job_id"]
+    run_id, job_id = record.run_id, record.job_id
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     time.sleep(0.5)
     assert processes_with(run_id), "a SIGKILLed controller leaves its steps behind"
     assert job_state(job_id) == "RUNNING"
-    assert load_records(runs_root)[0]["status"] == "running"
+    assert load_records(runs_root)[0].status == "running"
     calls = len(slurm_calls.lines())  # the controller's own salloc and srun calls
 
     summary = await tick(emu)
@@ -193,7 +193,7 @@ async def test_tick_leaves_a_live_controllers_run_alone(
     slurm_calls: SlurmCalls,
 ) -> None:
     proc, record = controller()
-    run_id, job_id = record["run_id"], record["job_id"]
+    run_id, job_id = record.run_id, record.job_id
     lanes = processes_with(run_id)
     before = len(slurm_calls.lines())  # the controller's own salloc and srun calls
 
@@ -203,10 +203,10 @@ async def test_tick_leaves_a_live_controllers_run_alone(
     assert slurm_calls.lines()[before:] == []  # a live controller is known from /proc alone
     assert proc.poll() is None and job_state(job_id) == "RUNNING"
     assert processes_with(run_id) == lanes
-    assert load_records(runs_root)[0]["status"] == "running"
+    assert load_records(runs_root)[0].status == "running"
     proc.send_signal(signal.SIGTERM)  # the controller still owns its cleanup, and does it
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    assert load_records(runs_root)[0]["status"] == "failed"
+    assert load_records(runs_root)[0].status == "failed"
     assert job_gone(job_id)
     assert_no_orphans(run_id)
 

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from flowcheck import assert_invariants, fleet, job_labels, jobs_by_id, managed_on, wait_for
 
-from flows.reconcile import ReconcileError, reconcile
+from flows.reconcile import reconcile
+from slurmgate.admission.tick import TickFailed
 
 NODES = 10
 WRITES = NODES + 1  # one POST per runner, then one POST for the anchor
@@ -37,7 +38,7 @@ async def test_kth_write_rejected_leaves_no_label(k, emulator_factory, monkeypat
     emu.admin.fault("fail_nth_write", n=k, status=422)
     emu.admin.reset_stats()
 
-    with pytest.raises(ReconcileError, match="ValidationFailed"):
+    with pytest.raises(TickFailed, match="ValidationFailed"):
         await tick(emu, monkeypatch)
 
     dump = emu.admin.dump()
@@ -88,7 +89,7 @@ async def test_retried_write_is_compensated_when_a_later_step_fails(
     emu.admin.fault("fail_nth_write", n=3, status=502)
     emu.admin.fault("fail_nth_write", n=WRITES + 1, status=422)  # the anchor, after one retry
 
-    with pytest.raises(ReconcileError, match="ValidationFailed"):
+    with pytest.raises(TickFailed, match="ValidationFailed"):
         await tick(emu, monkeypatch)
     assert managed_on(fleet(emu.admin.dump())) == {}
     await admitted_normally(emu, job_id, monkeypatch)

@@ -13,10 +13,10 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFi
 from prefect.logging.handlers import APILogHandler
 
 from flows.reconcile import reconcile
-from slurmgate.github import GitHubClient, GitHubScope
-from slurmgate.labels import LeaseLabel
-from slurmgate.leases import admit_lease
-from slurmgate.model import Admit
+from slurmgate.admission.labels import LeaseLabel
+from slurmgate.admission.leases import admit_lease
+from slurmgate.admission.model import Admit
+from slurmgate.github.client import GitHubClient, GitHubScope
 
 TOKEN = "ghs_SLURMGATEsecretTOKEN0123456789"
 WRONG = "ghs_WRONGsecretTOKEN9876543210abc"
@@ -121,8 +121,8 @@ async def test_concurrent_protocols_on_shared_runners_one_wins(emulator_factory)
 
 @pytest.mark.parametrize("anchored_younger", [False, True])
 def test_conflict_rule_is_deterministic(anchored_younger: bool) -> None:
-    from slurmgate.leases import conflict_winner
-    from slurmgate.model import Runner
+    from slurmgate.admission.leases import conflict_winner
+    from slurmgate.admission.model import Runner
 
     old, young = "ci-lease-j1-a1-t100", "ci-lease-j2-a1-t200"
     shared = Runner(1, "r1", True, False, ("cluster:a", old, young))

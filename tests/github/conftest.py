@@ -12,8 +12,8 @@ import pytest
 from openapi_core import OpenAPI
 from openapi_core.testing import MockRequest, MockResponse
 
-from slurmgate.emulator.testing import RunningEmulator, running_emulator
-from slurmgate.github import EtagCache, GitHubClient, GitHubScope
+from slurmgate.github.client import EtagCache, GitHubClient, GitHubScope
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 SPEC_PATH = Path(__file__).resolve().parents[1] / "data" / "runners-subset.json"
 

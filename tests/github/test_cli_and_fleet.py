@@ -11,7 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from slurmgate.emulator import EmulatorInputError, build_state, fleet_from_job_mix, parse_pool
+from slurmgate.testbed.emulator import (
+    EmulatorInputError,
+    build_state,
+    fleet_from_job_mix,
+    parse_pool,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB_MIX = REPO_ROOT / "slurmgate" / "data" / "inferencex-job-mix.csv"

@@ -8,8 +8,8 @@ from datetime import UTC
 import pytest
 from pydantic import ValidationError
 
-from slurmgate.emulator.testing import RunningEmulator, running_emulator
-from slurmgate.github import (
+from slurmgate.admission.model import JobStatus
+from slurmgate.github.client import (
     FileEtagCache,
     GitHubClient,
     GitHubScope,
@@ -17,7 +17,7 @@ from slurmgate.github import (
     NotFound,
     ValidationFailed,
 )
-from slurmgate.model import JobStatus
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 from .conftest import MakeClient
 

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from slurmgate.emulator.testing import RunningEmulator, running_emulator
-from slurmgate.github import (
+from slurmgate.github.client import (
     AuthError,
     GitHubClient,
     GitHubScope,
@@ -16,6 +15,7 @@ from slurmgate.github import (
     TransientError,
     ValidationFailed,
 )
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 from .conftest import MakeClient
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from slurmgate.emulator.testing import RunningEmulator, running_emulator
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 Validate = Callable[[httpx.Response], None]
 REPO = "/repos/acme/gpu-ci/actions"

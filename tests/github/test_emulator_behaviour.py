@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from slurmgate.emulator.testing import RunningEmulator, running_emulator
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 REPO = "/repos/acme/gpu-ci/actions"
 
@@ -271,7 +271,7 @@ def test_webhooks_can_be_switched_on_at_run_time(
 
 def _scale_run() -> list[tuple[int, int | None]]:
     """1,000 runners and 500 queued jobs, then label writes that open runners up."""
-    from slurmgate.emulator import build_state
+    from slurmgate.testbed.emulator import build_state
 
     state = build_state("a/b", {"a": 400, "b": 300, "c": 200, "d": 100})
     jobs = [
@@ -303,7 +303,7 @@ def test_dispatch_at_scale_is_correct_and_deterministic() -> None:
 async def test_rerun_makes_a_new_attempt(
     emu: RunningEmulator, api: httpx.Client, validate: Callable[[httpx.Response], None]
 ) -> None:
-    from slurmgate.github import GitHubClient, GitHubScope
+    from slurmgate.github.client import GitHubClient, GitHubScope
 
     first = emu.admin.add_job(["nowhere", "ci-attempt-1"], 5)
     with httpx.Client(base_url=emu.url + "/_emulator") as admin:

@@ -9,8 +9,14 @@ import traceback
 import pytest
 from pydantic import SecretStr
 
-from slurmgate.emulator.testing import running_emulator
-from slurmgate.github import AuthError, GitHubClient, GitHubError, GitHubScope, TransientError
+from slurmgate.github.client import (
+    AuthError,
+    GitHubClient,
+    GitHubError,
+    GitHubScope,
+    TransientError,
+)
+from slurmgate.testbed.emulator.testing import running_emulator
 
 TOKEN = "ghp_sl4rmg4teTOPsecretTOKEN0123456789"
 OTHER = "ghp_wrongTOKENnotTHEoneZZZZ987654321"

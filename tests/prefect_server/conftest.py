@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from slurmgate.localproc import free_port, stop_group
+from slurmgate.testbed.localproc import free_port, stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "ghs_PREFECTserverSECRET0123456789"
@@ -229,7 +229,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
 @pytest.fixture(scope="session")
 def emulator() -> Iterator[Any]:
     """A GitHub emulator with one 4-runner pool; its token is the one the scope block holds."""
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     with running_emulator({"a": 4}, token=TOKEN) as emu:
         yield emu

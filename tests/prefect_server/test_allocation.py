@@ -5,12 +5,11 @@ from __future__ import annotations
 import importlib.util
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from slurmgate.runtime import slurm
-from slurmgate.runtime.controller import load_records
+from slurmgate.runtime.records import RunRecord, load_records
 
 from .conftest import FINAL, REPO, PrefectServer
 
@@ -37,13 +36,11 @@ def _cluster(slurm_cluster: dict[str, str]) -> None:
     """Skip with the reason when the bundled cluster is not up."""
 
 
-def wait_for_phase(
-    runs_root: Path, phase: str, server: PrefectServer, run_id: str
-) -> dict[str, Any]:
+def wait_for_phase(runs_root: Path, phase: str, server: PrefectServer, run_id: str) -> RunRecord:
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         for record in load_records(runs_root):
-            if record["phase"] == phase:
+            if record.phase == phase:
                 return record
         assert server.state(run_id) not in FINAL, server.logs(run_id)
         time.sleep(0.2)
@@ -67,10 +64,10 @@ def test_allocation_through_the_api_completes_with_its_artifacts(
     assert "chat" in str(by_key["allocation-layout"]["data"])
     assert float(by_key["allocation-readiness"]["data"]) == 100.0
     (record,) = load_records(runs_root)
-    assert record["status"] == "succeeded" and record["cleanup_complete"] is True
-    assert record["run_id"] in str(by_key["allocation-record"]["data"])
-    runtime_helpers.assert_no_orphans(record["run_id"])
-    info = slurm.show_job(str(record["job_id"]))
+    assert record.status == "succeeded" and record.cleanup_complete is True
+    assert record.run_id in str(by_key["allocation-record"]["data"])
+    runtime_helpers.assert_no_orphans(record.run_id)
+    info = slurm.show_job(str(record.job_id))
     assert info is None or not info.active
 
 
@@ -85,8 +82,8 @@ def test_cancel_through_the_api_mid_readiness_cleans_up(
     run = served.create_run("allocation/allocation", {"spec": data, "runs_dir": str(runs_root)})
     record = wait_for_phase(runs_root, "readiness", served, run["id"])
     time.sleep(1.0)
-    job_id = str(record["job_id"])
-    assert runtime_helpers.processes_with(record["run_id"]), "the lanes should be up"
+    job_id = str(record.job_id)
+    assert runtime_helpers.processes_with(record.run_id), "the lanes should be up"
     assert slurm.list_steps(job_id), "the run's Slurm steps should be running"
 
     cancel = served.api.post(
@@ -98,8 +95,8 @@ def test_cancel_through_the_api_mid_readiness_cleans_up(
     assert done["state"]["type"] == "CANCELLED", done["state"]
 
     final = load_records(runs_root)[0]
-    assert final["cleanup_complete"] is True, final
-    runtime_helpers.assert_no_orphans(record["run_id"])
+    assert final.cleanup_complete is True, final
+    runtime_helpers.assert_no_orphans(record.run_id)
     assert slurm.list_steps(job_id) == []
     info = slurm.show_job(job_id)
     assert info is None or not info.active

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slurmgate.labels import LeaseLabel
+from slurmgate.admission.labels import LeaseLabel
 
 from .conftest import REPO, TOKEN, PrefectServer
 

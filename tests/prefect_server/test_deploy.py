@@ -151,7 +151,7 @@ def test_a_sigkilled_worker_run_is_marked_crashed_by_the_shipped_automation(
 ) -> None:
     """Host loss: the worker and the flow run's process die by SIGKILL, so nobody reports a
     final state; the heartbeat automation (30 s heartbeats, 35 s window) marks it Crashed."""
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     window = run_script_venv(deploy_server, "--within", "35", "--heartbeat", "30")
     assert window.returncode == 0, window.stderr

@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from slurmgate.runtime import slurm
-from slurmgate.runtime.controller import load_records
+from slurmgate.runtime.records import load_records
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import assert_no_orphans, example_data, processes_with
 
 pytestmark = pytest.mark.slurm
 
-CLI = "import sys; from slurmgate.runtime.cli import allocation_app; allocation_app()"
+CLI = ["-m", "slurmgate.cli", "allocation"]
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +60,7 @@ def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> 
     env.pop("PREFECT_API_URL", None)
     log = (tmp_path / "flow.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", CLI, "run", str(spec), "--runs-dir", str(runs_root)],
+        [sys.executable, *CLI, "run", str(spec), "--runs-dir", str(runs_root)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -69,13 +69,13 @@ def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> 
     record = None
     while time.monotonic() < deadline:
         records = load_records(runs_root)
-        if records and records[0]["phase"] == "readiness":
+        if records and records[0].phase == "readiness":
             record = records[0]
             break
         time.sleep(0.2)
     assert record is not None, "the flow never reached readiness"
     time.sleep(1.0)
-    assert processes_with(record["run_id"])
+    assert processes_with(record.run_id)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
@@ -86,11 +86,11 @@ def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> 
     assert "run failed in phase readiness: TerminationSignal" in out
     assert elapsed < 20, out
     final = load_records(runs_root)[0]
-    assert final["cleanup_complete"] is True, out
-    assert final["status"] == "failed"
-    info = slurm.show_job(final["job_id"])
+    assert final.cleanup_complete is True, out
+    assert final.status == "failed"
+    info = slurm.show_job(final.job_id)
     assert info is None or not info.active
-    assert_no_orphans(record["run_id"])
+    assert_no_orphans(record.run_id)
 
 
 SERVE = (
@@ -141,12 +141,12 @@ def test_cancel_through_the_prefect_api_mid_readiness_cleans_up(
             record = None
             while time.monotonic() < deadline and record is None:
                 for rec in load_records(runs_root):
-                    if rec["phase"] == "readiness":
+                    if rec.phase == "readiness":
                         record = rec
                 time.sleep(0.2)
             assert record is not None, (tmp_path / "serve.log").read_text()
             time.sleep(1.0)
-            assert processes_with(record["run_id"])
+            assert processes_with(record.run_id)
             client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
             deadline = time.monotonic() + 60
             while True:
@@ -157,13 +157,13 @@ def test_cancel_through_the_prefect_api_mid_readiness_cleans_up(
                 time.sleep(0.3)
             assert state.is_cancelled(), state
         final = load_records(runs_root)[0]
-        assert final["cleanup_complete"] is True
+        assert final.cleanup_complete is True
         served = (tmp_path / "serve.log").read_text()
         assert "cleanup complete" in served
         assert "error was encountered while running hook" not in served, served
-        info = slurm.show_job(final["job_id"])
+        info = slurm.show_job(final.job_id)
         assert info is None or not info.active
-        assert_no_orphans(record["run_id"])
+        assert_no_orphans(record.run_id)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

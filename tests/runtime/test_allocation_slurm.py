@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from slurmgate.runtime import slurm
-from slurmgate.runtime.controller import AllocationRun, RunFailed, load_records, reap_leftovers
+from slurmgate.runtime.reaper import reap_stale_runs
+from slurmgate.runtime.records import load_records
+from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import EXAMPLE as EXAMPLE_PATH
@@ -208,7 +210,7 @@ def _controller_until(
         [
             sys.executable,
             "-m",
-            "slurmgate.runtime.controller",
+            "slurmgate.runtime.run",
             "run",
             str(spec),
             "--runs-dir",
@@ -221,7 +223,7 @@ def _controller_until(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         records = load_records(runs_root)
-        if records and records[0]["phase"] == phase:
+        if records and records[0].phase == phase:
             time.sleep(0.5)  # well inside the phase
             return proc, records[0]
         time.sleep(0.1)
@@ -231,17 +233,17 @@ def _controller_until(
 
 def test_sigterm_to_the_controller_mid_readiness_cleans_up(runs_root: Path, tmp_path: Path) -> None:
     proc, record = _controller_until("readiness", runs_root, _hanging_spec(tmp_path))
-    assert processes_with(record["run_id"])  # lanes are up and hanging
+    assert processes_with(record.run_id)  # lanes are up and hanging
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=30)
     assert rc == 128 + signal.SIGTERM, proc.stderr.read() if proc.stderr else ""
     assert time.monotonic() - t0 < 15
     final = load_records(runs_root)[0]
-    assert final["status"] == "failed" and final["cleanup_complete"] is True
-    assert "Terminated: SIGTERM" in final["error"]
-    assert _job_gone(final["job_id"])
-    assert_no_orphans(record["run_id"])
+    assert final.status == "failed" and final.cleanup_complete is True
+    assert "Terminated: SIGTERM" in final.error
+    assert _job_gone(final.job_id)
+    assert_no_orphans(record.run_id)
 
 
 def test_signals_during_cleanup_neither_cut_it_short_nor_repeat_it(
@@ -255,14 +257,14 @@ def test_signals_during_cleanup_neither_cut_it_short_nor_repeat_it(
     spec = tmp_path / "stubborn.yaml"
     spec.write_text(yaml.safe_dump(data))
     proc, record = _controller_until("readiness", runs_root, spec)
-    run_id = record["run_id"]
+    run_id = record.run_id
     deadline = time.monotonic() + 15
     while sum("sleep 600" in p for p in processes_with(run_id)) < 2:
         assert time.monotonic() < deadline, processes_with(run_id)
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while not load_records(runs_root)[0]["phase"].startswith("cleanup"):
+    while not load_records(runs_root)[0].phase.startswith("cleanup"):
         assert time.monotonic() < deadline, "cleanup never started"
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
@@ -274,8 +276,8 @@ def test_signals_during_cleanup_neither_cut_it_short_nor_repeat_it(
     assert rc == 128 + signal.SIGTERM, stderr  # the first signal decides the exit status
     assert stderr.count("cleanup complete in") == 1, stderr
     final = load_records(runs_root)[0]
-    assert final["status"] == "failed" and final["cleanup_complete"] is True, final
-    assert _job_gone(final["job_id"])
+    assert final.status == "failed" and final.cleanup_complete is True, final
+    assert _job_gone(final.job_id)
     assert_no_orphans(run_id, within=15)
 
 
@@ -284,14 +286,14 @@ def test_reap_leftovers_after_a_sigkilled_controller(runs_root: Path, tmp_path: 
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     time.sleep(0.5)
-    assert processes_with(record["run_id"]), "a SIGKILLed controller should leave its steps"
+    assert processes_with(record.run_id), "a SIGKILLed controller should leave its steps"
     records = load_records(runs_root)
-    assert records[0]["job_id"] and records[0]["status"] == "running"
-    actions = reap_leftovers(records)
-    assert any(a.startswith(f"scancel {records[0]['job_id']}") for a in actions), actions
-    assert _job_gone(records[0]["job_id"])
-    assert_no_orphans(record["run_id"], within=15)
-    assert reap_leftovers(load_records(runs_root)) == []  # a second pass finds nothing to do
+    assert records[0].job_id and records[0].status == "running"
+    actions = reap_stale_runs(records).actions
+    assert any(a.startswith(f"scancel {records[0].job_id}") for a in actions), actions
+    assert _job_gone(records[0].job_id)
+    assert_no_orphans(record.run_id, within=15)
+    assert reap_stale_runs(load_records(runs_root)).actions == []  # a second pass: nothing
 
 
 def test_cleanup_during_a_long_stagger_returns_within_2s(runs_root: Path) -> None:
@@ -378,7 +380,7 @@ def test_runs_inside_a_batch_job_by_attaching_to_its_allocation(tmp_path: Path) 
             f"--chdir={tmp_path}",
             "--time=00:05:00",
             "--wrap",
-            f"exec {sys.executable} -m slurmgate.runtime.controller run "
+            f"exec {sys.executable} -m slurmgate.runtime.run run "
             f"{EXAMPLE_PATH} --runs-dir {runs_root}",
         ]
     )
@@ -388,11 +390,11 @@ def test_runs_inside_a_batch_job_by_attaching_to_its_allocation(tmp_path: Path) 
         log = out.read_text()
         assert "ExitCode=0:0" in info, log
         (record,) = load_records(runs_root)
-        assert record["job_id"] == job and record["owned_allocation"] is False
-        assert record["status"] == "succeeded" and record["cleanup_complete"] is True
-        client_log = next((runs_root / record["run_id"]).glob("[0-9][0-9]-client.log"))
+        assert record.job_id == job and record.owned_allocation is False
+        assert record.status == "succeeded" and record.cleanup_complete is True
+        client_log = next((runs_root / record.run_id).glob("[0-9][0-9]-client.log"))
         assert "client ok: 8 completions" in client_log.read_text()
         assert "decision: attach to allocation" in log
-        assert_no_orphans(record["run_id"])
+        assert_no_orphans(record.run_id)
     finally:
         slurm.scancel(job)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmgate.runtime.controller import AllocationRun
+from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import assert_no_orphans
@@ -66,7 +66,7 @@ def overload_spec() -> AllocationSpec:
                 {
                     "name": "slow",
                     "command": [
-                        "python", "-m", "slurmgate.runtime.stub_server", "--model", "stub",
+                        "python", "-m", "slurmgate.testbed.stub_server", "--model", "stub",
                         "--max-concurrency", "1",
                     ],
                     "tensor_parallel": 1,

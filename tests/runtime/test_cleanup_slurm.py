@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmgate import cluster
 from slurmgate.runtime import slurm
-from slurmgate.runtime.controller import AllocationRun, RunFailed, load_records
+from slurmgate.runtime.records import load_records
+from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.testbed import cluster
 
 from .conftest import assert_no_orphans
 
@@ -143,7 +144,7 @@ def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
     spec = _spec_data(
         "frozen-ctld",
         ["python", "-c", FREEZING_CLIENT, str(slurmctld_pid)],
-        _deployment("serve", 1, ["python", "-m", "slurmgate.runtime.stub_server"]),
+        _deployment("serve", 1, ["python", "-m", "slurmgate.testbed.stub_server"]),
     )
     spec_path = tmp_path / "frozen-ctld.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
@@ -152,7 +153,7 @@ def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
         with err_path.open("w") as err:
             # With slurmctld stopped every Slurm call of the cleanup waits out its timeout.
             proc = subprocess.run(
-                [sys.executable, "-m", "slurmgate.runtime.controller", "run", str(spec_path),
+                [sys.executable, "-m", "slurmgate.runtime.run", "run", str(spec_path),
                  "--runs-dir", str(runs_root)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, timeout=150,
             )  # fmt: skip
@@ -160,13 +161,13 @@ def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
     finally:
         os.kill(slurmctld_pid, signal.SIGCONT)  # first: the cluster is shared
         records = load_records(runs_root)
-        job_id = records[0]["job_id"] if records else None
+        job_id = records[0].job_id if records else None
     try:
         stderr = err_path.read_text()
         (record,) = records
         assert ctld_state == "T", "slurmctld was not stopped during cleanup"
         assert proc.returncode == 1, stderr[-3000:]
-        run_dir = runs_root / record["run_id"]
+        run_dir = runs_root / record.run_id
         client_log = next(run_dir.glob("[0-9][0-9]-client.log")).read_text()
         assert "completion ok" in client_log and "slurmctld frozen" in client_log, client_log
         assert "client succeeded" in stderr
@@ -174,15 +175,15 @@ def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
         failed = re.search(r"run \S+ failed: cleanup left survivors: (.*)", stderr)
         assert failed and f"allocation {job_id}" in failed.group(1), stderr[-3000:]
         assert "timed out" in failed.group(1)
-        assert record["status"] == "cleanup-failed" and record["cleanup_complete"] is False
-        assert record["error"] is None  # no phase failed
-        assert record["owned_allocation"] is True and job_id
+        assert record.status == "cleanup-failed" and record.cleanup_complete is False
+        assert record.error is None  # no phase failed
+        assert record.owned_allocation is True and job_id
     finally:
         if job_id:
             slurm.scancel(job_id)
     # With slurmctld back (and the cancel it had queued, or ours), nothing of the run is left.
     assert _job_gone(job_id)
-    assert_no_orphans(record["run_id"], within=30)
+    assert_no_orphans(record.run_id, within=30)
 
 
 def test_partial_startup_through_srun_cleans_the_first_lane(
@@ -192,7 +193,7 @@ def test_partial_startup_through_srun_cleans_the_first_lane(
     # between two lane starts), so the second lane, 1.5 s later, cannot be spawned at all.
     launcher = tmp_path / "serve-model"
     launcher.write_text(
-        '#!/bin/sh\nrm -f "$0"\nexec python -m slurmgate.runtime.stub_server "$@"\n'
+        '#!/bin/sh\nrm -f "$0"\nexec python -m slurmgate.testbed.stub_server "$@"\n'
     )
     launcher.chmod(0o755)
     spec = AllocationSpec.from_data(

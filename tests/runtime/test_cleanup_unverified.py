@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime.controller import FINISHED_STATUSES, AllocationRun, stale_records
+from slurmgate.runtime.reaper import stale_records
+from slurmgate.runtime.records import RunRecord, RunStatus
+from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.spec import AllocationSpec
 from slurmgate.runtime.supervisor import CleanupFailed
 
@@ -26,8 +28,8 @@ def test_attached_run_whose_steps_cannot_be_listed_ends_cleanup_failed_and_reapa
         run.run()
     record = json.loads(run.record_path.read_text())
     assert record["status"] == "cleanup-failed"
-    assert record["status"] not in FINISHED_STATUSES
+    assert not RunStatus(record["status"]).finished
     assert record["error"] and "SlurmError" in record["error"]  # the first failure is kept
     # Once the controller is gone, a reaper must still find it.
     record["controller_pid"] = 0
-    assert [r["run_id"] for r in stale_records([record])] == [run.run_id]
+    assert [r.run_id for r in stale_records([RunRecord.model_validate(record)])] == [run.run_id]

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate import cluster
 from slurmgate.runtime import slurm
+from slurmgate.testbed import cluster
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 
-CLI = "from slurmgate.runtime.cli import cluster_app; cluster_app()"
+CLI = ["-m", "slurmgate.cli", "cluster"]
 
 
 def test_scripts_ship_as_package_data_and_are_the_repository_copy() -> None:
     found = cluster.scripts_dir()
-    assert found == Path(cluster.__file__).resolve().parent / "data" / "slurm-local"
+    assert found == Path(cluster.__file__).resolve().parent.parent / "data" / "slurm-local"
     assert found.resolve() == REPO / "scripts" / "slurm-local"  # one copy, no drift
     assert (found / "start.sh").is_file() and "shared" not in found.resolve().parts
 
@@ -33,7 +33,7 @@ def test_up_is_idempotent_and_prints_the_environment(slurm_cluster: dict[str, st
     job = slurm.salloc_no_shell(nodes=1, job_name="sg-test-up")
     try:
         out = subprocess.run(
-            [sys.executable, "-c", CLI, "up"], capture_output=True, text=True, timeout=120
+            [sys.executable, *CLI, "up"], capture_output=True, text=True, timeout=120
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"export SLURM_CONF={slurm_cluster['SLURM_CONF']}"

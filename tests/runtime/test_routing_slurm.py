@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime.controller import AllocationRun
+from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import assert_no_orphans
@@ -170,7 +170,7 @@ def per_lane(knobs: dict[int, str]) -> list[str]:
     )
     script = (
         f'case "$SLURMGATE_RUN_LANE" in\n{cases}esac\n'
-        'exec python -m slurmgate.runtime.stub_server "$@"\n'
+        'exec python -m slurmgate.testbed.stub_server "$@"\n'
     )
     return ["sh", "-c", script, "stub-lane", "--model", "stub"]
 

@@ -129,13 +129,13 @@ def test_cli_reports_a_bad_spec_without_a_traceback(tmp_path: Path) -> None:
     import yaml
     from typer.testing import CliRunner
 
-    from slurmgate.runtime.cli import allocation_app
+    from slurmgate.cli.app import app
 
     data = example_data()
     data["deployments"][0]["gpus_per_node"] = 16
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(data))
-    out = CliRunner().invoke(allocation_app, ["run", str(path)])
+    out = CliRunner().invoke(app, ["allocation", "run", str(path)])
     assert out.exit_code == 2
     assert "deployments[0].gpus_per_node: 16 GPUs per node but a node has 8" in out.output
     assert "Traceback" not in out.output

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.estimates import (
+from slurmgate.admission.estimates import (
     Estimate,
     Estimator,
     HistoryError,
@@ -16,7 +16,7 @@ from slurmgate.estimates import (
     high_quantile,
     job_key,
 )
-from slurmgate.simulator.cli import simulate_main
+from slurmgate.cli.app import run as cli
 
 SWF = Path(__file__).with_name("tiny.swf")
 
@@ -75,20 +75,20 @@ def test_history_json_round_trip_and_errors_name_the_field() -> None:
 
 
 def test_simulate_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
-    code = simulate_main([str(SWF), "--pools", "16", "--policy", "easy", "--json"])
+    code = cli(["simulate", str(SWF), "--pools", "16", "--policy", "easy", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["jobs"] == 3 and out["policy"] == "easy" and out["pools"] == {"cluster:p0": 16}
     # the anchor scenario: A (9) starts at 100 s, B (8, 1000 s) only after A
     assert out["max_wait_h"] == pytest.approx(598 / 3600)
-    greedy = simulate_main([str(SWF), "--pools", "16", "--policy", "greedy", "--json"])
+    greedy = cli(["simulate", str(SWF), "--pools", "16", "--policy", "greedy", "--json"])
     assert greedy == 0
     assert json.loads(capsys.readouterr().out)["max_wait_h"] == pytest.approx(1001 / 3600)
 
 
 def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "gantt.png"
-    code = simulate_main([str(SWF), "--pools", "16", "--json", "--plot", str(target)])
+    code = cli(["simulate", str(SWF), "--pools", "16", "--json", "--plot", str(target)])
     assert code == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(capsys.readouterr().out)["plot"] == str(target)
@@ -107,13 +107,13 @@ def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_bad_flags_are_one_line_errors(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert simulate_main([str(SWF), *args]) == 2
+    assert cli(["simulate", str(SWF), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
 
 def test_missing_trace_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert simulate_main([str(tmp_path / "nope.swf"), "--pools", "4"]) == 2
+    assert cli(["simulate", str(tmp_path / "nope.swf"), "--pools", "4"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -121,7 +121,7 @@ def test_history_learns_from_completed_jobs_of_a_snapshot() -> None:
     from dataclasses import replace
     from datetime import UTC, datetime, timedelta
 
-    from slurmgate.model import Job, JobStatus
+    from slurmgate.admission.model import Job, JobStatus
 
     t0 = datetime(2026, 11, 29, tzinfo=UTC)
     base = Job(

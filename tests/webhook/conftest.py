@@ -31,7 +31,7 @@ def relay_factory(prefect_api: str) -> Iterator[Callable[..., Any]]:
     """`relay_factory(**settings)` -> a running RelayServer posting to the test server."""
     from relaykit import SECRET
 
-    from slurmgate.webhook import RelayServer, RelaySettings
+    from slurmgate.github.webhook import RelayServer, RelaySettings
 
     started: list[Any] = []
 

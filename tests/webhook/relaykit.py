@@ -52,7 +52,7 @@ def deliver(
     signature: str | None = None,
 ) -> httpx.Response:
     """POST one delivery the way GitHub does (signed with `secret` unless None)."""
-    from slurmgate.webhook import signature as sign
+    from slurmgate.github.webhook import signature as sign
 
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     headers = {

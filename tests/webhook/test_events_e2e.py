@@ -121,7 +121,7 @@ def job_labels(token: str, nodes: int) -> list[str]:
 def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
     relay_factory, serve_reconcile
 ) -> None:
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     relay = relay_factory()
     with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
@@ -173,7 +173,7 @@ def test_a_job_queued_inside_the_window_is_admitted_by_the_trailing_run(
     relay_factory, serve_reconcile
 ) -> None:
     """The leading run has read the fleet already; the delayed run picks the late job up."""
-    from slurmgate.emulator.testing import running_emulator
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     def anchored(emu: Any, token: str) -> bool:
         with emu.state.lock:

@@ -10,8 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from relaykit import SECRET, deliver, find_events, job_payload, wait_for_events
 
-from slurmgate.localproc import free_port
-from slurmgate.webhook import (
+from slurmgate.github.webhook import (
     DeliveryCache,
     RelaySettings,
     check_fresh,
@@ -19,11 +18,12 @@ from slurmgate.webhook import (
     signature,
     verify_signature,
 )
+from slurmgate.testbed.localproc import free_port
 
 
 def event_id(delivery: str) -> str:
     """The id the relay gives the event of a delivery (asserted against the relay's answer)."""
-    from slurmgate.webhook import _NAMESPACE
+    from slurmgate.github.webhook import _NAMESPACE
 
     return str(uuid.uuid5(_NAMESPACE, delivery))
 

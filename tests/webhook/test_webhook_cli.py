@@ -22,8 +22,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-from slurmgate.webhook import RelayServer, RelaySettings
-from slurmgate.webhook_cli import app
+from slurmgate.cli.app import app
+from slurmgate.github.webhook import RelayServer, RelaySettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_bad_configuration_is_one_line_and_exit_2(
 ) -> None:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, ["webhook", *args])
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
@@ -67,9 +67,9 @@ def test_bad_configuration_is_one_line_and_exit_2(
 def test_the_command_serves_and_never_prints_the_secret(prefect_api: str, tmp_path: Path) -> None:
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n")
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
     env.pop("SLURMGATE_WEBHOOK_SECRET", None)
-    cmd = [sys.executable, "-m", "slurmgate.webhook_cli", "--port", "0"]
+    cmd = [sys.executable, "-m", "slurmgate.cli", "webhook", "--port", "0"]
     proc = subprocess.Popen(
         [*cmd, "--secret-file", str(secret_file)],
         env=env,

@@ -1,0 +1,420 @@
+"""The lease protocol: label N runners, re-read and verify, anchor in one write; undo on failure.
+
+Every step is a plain async function over a GitHub client, idempotent so that a retry after a
+write that did land is harmless. Each write registers its undo on a `CompensationStack` *before*
+it is sent (a write that timed out may still have landed), and a failed admission unwinds the
+stack in reverse: it removes exactly the labels this attempt added and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slurmgate.admission.labels import (
+    ATTEMPT_PREFIX,
+    JOB_PREFIX,
+    NODES_PREFIX,
+    LabelError,
+    LeaseLabel,
+    fold,
+    is_managed,
+)
+from slurmgate.admission.model import Admit, Runner
+from slurmgate.errors import ExternalError, InputError, NotFoundError, is_transient
+
+
+class LeaseClient(Protocol):
+    """The slice of the GitHub client the protocol uses; a runner that is gone is NotFoundError."""
+
+    async def list_runners(self, conditional: bool = True) -> list[Runner]: ...
+
+    async def get_runner(self, runner_id: int) -> Runner: ...
+
+    async def add_labels(self, runner_id: int, labels: list[str]) -> object: ...
+
+    async def remove_label(self, runner_id: int, label: str) -> bool: ...
+
+
+class LeaseError(ExternalError):
+    """An admission that must be rolled back; never retried (the fleet said no)."""
+
+
+class LeaseConflict(LeaseError):
+    """Another lease holds one of the chosen runners and wins the deterministic rule."""
+
+
+class LeaseLost(LeaseError):
+    """A chosen runner vanished, went offline or busy, or lost our label before the anchor."""
+
+
+class UnmanagedLabelError(InputError):
+    """A release or clean asked to remove a label slurmgate does not own."""
+
+
+# ---- compensation ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Undo:
+    """One registered compensation: what it undoes, and the call that undoes it."""
+
+    runner_id: int
+    label: str
+    action: Callable[[], Awaitable[object]]
+
+
+@dataclass(slots=True)
+class UnwindReport:
+    """What compensation removed, and what it could not (the next reconcile repairs those)."""
+
+    undone: list[tuple[int, str]] = field(default_factory=list)
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+class CompensationStack:
+    """Undo actions registered before each write, unwound in reverse when the attempt fails."""
+
+    def __init__(self, *, undo_attempts: int = 3, undo_backoff_s: float = 0.2) -> None:
+        self._undos: list[Undo] = []
+        self._landed: set[tuple[int, str]] = set()
+        self._undo_attempts = undo_attempts
+        self._undo_backoff_s = undo_backoff_s
+
+    def __len__(self) -> int:
+        return len(self._undos)
+
+    @property
+    def pending(self) -> list[tuple[int, str]]:
+        return [(undo.runner_id, undo.label) for undo in self._undos]
+
+    def push_label_removal(self, client: LeaseClient, runner_id: int, label: str) -> None:
+        """Register the removal of `label` from `runner_id`; only managed labels are allowed."""
+        if not is_managed(label):
+            raise UnmanagedLabelError(
+                f"refusing to register removal of {label!r}: only ci-lease-*, ci-job-*, "
+                "ci-attempt-* and nodes:* labels are ever removed"
+            )
+        if (runner_id, fold(label)) in {(u.runner_id, fold(u.label)) for u in self._undos}:
+            return  # a retried step registers once; the label is removed once
+
+        async def remove() -> bool:
+            return await client.remove_label(runner_id, label)
+
+        self._undos.append(Undo(runner_id, label, remove))
+
+    def mark_landed(self, runner_id: int, label: str) -> None:
+        """GitHub confirmed this write: a retried step need not send it again."""
+        self._landed.add((runner_id, fold(label)))
+
+    def landed(self, runner_id: int, label: str) -> bool:
+        return (runner_id, fold(label)) in self._landed
+
+    def commit(self) -> None:
+        """The attempt succeeded: forget the undos."""
+        self._undos.clear()
+        self._landed.clear()
+
+    async def unwind(self) -> UnwindReport:
+        """Run every undo in reverse order; never raises for a failed undo, it reports it."""
+        report = UnwindReport()
+        self._landed.clear()
+        while self._undos:
+            undo = self._undos.pop()
+            for attempt in range(1, self._undo_attempts + 1):
+                try:
+                    await undo.action()
+                except Exception as exc:
+                    if attempt < self._undo_attempts and is_transient(exc):
+                        await asyncio.sleep(self._undo_backoff_s * attempt)
+                        continue
+                    report.failed.append((undo.runner_id, undo.label, type(exc).__name__))
+                    break
+                report.undone.append((undo.runner_id, undo.label))
+                break
+        return report
+
+
+# ---- the protocol steps ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """The re-read fleet confirmed the lease; `anchor_present` are anchor labels it already had,
+    `competing` the other lease labels found on our runners (whose leases lose to ours)."""
+
+    anchor_present: frozenset[str]
+    competing: tuple[str, ...] = ()
+
+
+async def add_lease_label(
+    client: LeaseClient, admit: Admit, runner_id: int, stack: CompensationStack
+) -> None:
+    """Step 1, one runner: add the shared lease label (one POST; adding it twice is harmless)."""
+    if runner_id not in admit.runner_ids:
+        raise ValueError(f"runner {runner_id} is not one of lease {admit.lease_label}'s runners")
+    if stack.landed(runner_id, admit.lease_label):
+        return  # a retried step: this write was confirmed earlier in the same attempt
+    stack.push_label_removal(client, runner_id, admit.lease_label)
+    await client.add_labels(runner_id, [admit.lease_label])
+    stack.mark_landed(runner_id, admit.lease_label)
+
+
+async def add_lease_labels(client: LeaseClient, admit: Admit, stack: CompensationStack) -> None:
+    """Step 1: the lease label on every chosen runner, one write each, in runner order.
+
+    Retrying the step re-sends only the writes not yet confirmed in this attempt, so a
+    transient fault costs one extra write, not N.
+    """
+    for runner_id in admit.runner_ids:
+        await add_lease_label(client, admit, runner_id, stack)
+
+
+def _has_anchor(label: str, fleet: Sequence[Runner]) -> bool:
+    return any(label in r.lease_labels and r.managed_job_labels() for r in fleet)
+
+
+def _created(label: str) -> int:
+    try:
+        return LeaseLabel.parse(label).created_at
+    except LabelError:
+        return 0  # a malformed lease label is the oldest: it never beats a well-formed one
+
+
+def conflict_winner(labels: Sequence[str], fleet: Sequence[Runner]) -> str:
+    """The lease that keeps a shared runner: anchored first, then the older, then the smaller."""
+    return min(labels, key=lambda lb: (not _has_anchor(lb, fleet), _created(lb), lb))
+
+
+def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
+    """Step 2 on a fleet already read: raise LeaseLost/LeaseConflict, or confirm the lease."""
+    if admit.anchor_id not in admit.runner_ids:
+        raise ValueError(
+            f"Admit for job {admit.job_id}: anchor_id {admit.anchor_id} is not one of runner_ids"
+        )
+    ours = fold(admit.lease_label)
+    by_id = {r.id: r for r in fleet}
+    competing: set[str] = set()
+    for runner_id in admit.runner_ids:
+        runner = by_id.get(runner_id)
+        if runner is None:
+            raise LeaseLost(f"runner {runner_id} is no longer registered")
+        if ours not in runner.lease_labels:
+            raise LeaseLost(f"runner {runner.name} ({runner_id}) no longer carries {ours}")
+        if not runner.online:
+            raise LeaseLost(f"runner {runner.name} ({runner_id}) went offline")
+        if runner.busy:
+            raise LeaseLost(f"runner {runner.name} ({runner_id}) is busy with another job")
+        others = [label for label in runner.lease_labels if label != ours]
+        if others:
+            competing.update(others)
+            winner = conflict_winner([ours, *others], fleet)
+            if winner != ours:
+                raise LeaseConflict(
+                    f"runner {runner.name} ({runner_id}) is also leased by {winner}, which wins"
+                )
+    anchor = by_id[admit.anchor_id]
+    wanted = {fold(label) for label in admit.anchor_labels}
+    foreign = [label for label in anchor.managed_job_labels() if label not in wanted]
+    if foreign:
+        raise LeaseConflict(
+            f"anchor {anchor.name} ({anchor.id}) already carries job labels {', '.join(foreign)}"
+        )
+    present = frozenset(label for label in anchor.managed_job_labels() if label in wanted)
+    return Verification(present, tuple(sorted(competing)))
+
+
+RUNNERS_PER_PAGE = 100  # GitHub's largest page of the runner list
+
+
+async def verify_lease(
+    client: LeaseClient, admit: Admit, *, fleet_size: int | None = None
+) -> Verification:
+    """Step 2: re-read unconditionally (never a cached copy) and check the lease on it.
+
+    When the fleet spans more list pages than the lease has runners, only the chosen runners
+    are read (one fresh GET each): N reads instead of every page. Another lease label on one
+    of them sends it back to the whole fleet, because the winner rule needs every anchor.
+    """
+    pages = -(-fleet_size // RUNNERS_PER_PAGE) if fleet_size else 0
+    if len(admit.runner_ids) < pages:
+        chosen: list[Runner] = []
+        for runner_id in admit.runner_ids:
+            try:
+                chosen.append(await client.get_runner(runner_id))
+            except NotFoundError:
+                raise LeaseLost(f"runner {runner_id} is no longer registered") from None
+        if all(len(runner.lease_labels) <= 1 for runner in chosen):
+            return check_lease(admit, chosen)
+    fleet = await client.list_runners(conditional=False)
+    return check_lease(admit, fleet)
+
+
+async def add_anchor_labels(
+    client: LeaseClient, admit: Admit, stack: CompensationStack, verified: Verification
+) -> None:
+    """Step 3: give the anchor every per-job label in ONE request; this is what dispatches."""
+    _check_anchor_labels(admit)
+    for label in admit.anchor_labels:
+        if fold(label) not in verified.anchor_present:
+            stack.push_label_removal(client, admit.anchor_id, label)
+    await client.add_labels(admit.anchor_id, list(admit.anchor_labels))
+
+
+def _check_anchor_labels(admit: Admit) -> None:
+    bad = [
+        label
+        for label in admit.anchor_labels
+        if not fold(label).startswith((JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX))
+    ]
+    if bad or not admit.anchor_labels:
+        raise ValueError(
+            f"Admit.anchor_labels for job {admit.job_id} must be ci-job-*, ci-attempt-* and "
+            f"nodes:* labels only; got {list(admit.anchor_labels)}"
+        )
+
+
+# ---- the whole admission, and removal ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitOutcome:
+    """How one admission ended: admitted, or rolled back with the reason and what was undone."""
+
+    job_id: int
+    lease_label: str
+    admitted: bool
+    reason: str
+    undone: tuple[tuple[int, str], ...] = ()
+    left_behind: tuple[tuple[int, str, str], ...] = ()
+
+
+LabelStep = Callable[[Admit, CompensationStack], Awaitable[None]]
+VerifyStep = Callable[[Admit], Awaitable[Verification]]
+AnchorStep = Callable[[Admit, CompensationStack, Verification], Awaitable[None]]
+RollbackHook = Callable[[BaseException, UnwindReport], None]
+
+
+async def run_admission(
+    admit: Admit,
+    label: LabelStep,
+    verify: VerifyStep,
+    anchor: AnchorStep,
+    *,
+    on_rollback: RollbackHook | None = None,
+) -> AdmitOutcome:
+    """Run label, verify, anchor in order; on any failure unwind the stack.
+
+    The steps are injected so that the Prefect layer can run each one as a retried task while
+    the order and the compensation stay here, in one place. A LeaseError (conflict, lost
+    runner) becomes a rolled-back outcome; any other exception, BaseException included (a
+    cancelled or terminated run), is re-raised after compensation ran.
+    """
+    stack = CompensationStack()
+    try:
+        await label(admit, stack)
+        verified = await verify(admit)
+        await anchor(admit, stack, verified)
+    except BaseException as exc:
+        # shielded: a cancelled tick still removes what it wrote
+        report = await asyncio.shield(stack.unwind())
+        if on_rollback is not None:
+            on_rollback(exc, report)
+        if isinstance(exc, LeaseError):
+            return AdmitOutcome(
+                admit.job_id,
+                admit.lease_label,
+                False,
+                f"{type(exc).__name__}: {exc}",
+                tuple(report.undone),
+                tuple(report.failed),
+            )
+        raise
+    stack.commit()
+    return AdmitOutcome(admit.job_id, admit.lease_label, True, "admitted")
+
+
+async def admit_lease(
+    client: LeaseClient,
+    admit: Admit,
+    *,
+    fleet_size: int | None = None,
+    on_rollback: RollbackHook | None = None,
+) -> AdmitOutcome:
+    """The whole protocol straight over a client (no Prefect): N + 1 label writes, one read."""
+
+    async def label(a: Admit, stack: CompensationStack) -> None:
+        await add_lease_labels(client, a, stack)
+
+    async def verify(a: Admit) -> Verification:
+        return await verify_lease(client, a, fleet_size=fleet_size)
+
+    async def anchor(a: Admit, stack: CompensationStack, verified: Verification) -> None:
+        await add_anchor_labels(client, a, stack, verified)
+
+    return await run_admission(admit, label, verify, anchor, on_rollback=on_rollback)
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalOutcome:
+    """Labels removed, and labels that were already gone (GitHub answered 404)."""
+
+    removed: tuple[tuple[int, str], ...]
+    already_gone: tuple[tuple[int, str], ...]
+
+
+def _removal_pairs(pairs: Sequence[tuple[int, Sequence[str]]]) -> list[tuple[int, str]]:
+    flat: list[tuple[int, str]] = []
+    for runner_id, labels in pairs:
+        for label in labels:
+            if not is_managed(label):
+                raise UnmanagedLabelError(
+                    f"refusing to remove {label!r} from runner {runner_id}: only ci-lease-*, "
+                    "ci-job-*, ci-attempt-* and nodes:* labels are ever removed"
+                )
+            flat.append((runner_id, label))
+    return flat
+
+
+async def remove_labels(
+    client: LeaseClient, pairs: Sequence[tuple[int, Sequence[str]]]
+) -> RemovalOutcome:
+    """DELETE each managed label from its runner; a 404 means it is already gone (idempotent)."""
+    removed: list[tuple[int, str]] = []
+    gone: list[tuple[int, str]] = []
+    for runner_id, label in _removal_pairs(pairs):
+        if await client.remove_label(runner_id, label):
+            removed.append((runner_id, label))
+        else:
+            gone.append((runner_id, label))
+    return RemovalOutcome(tuple(removed), tuple(gone))
+
+
+def lease_labels_for_job(
+    fleet: Sequence[Runner], job_id: int, attempt: int | None = None
+) -> list[tuple[int, tuple[str, ...]]]:
+    """Every managed label of a job's leases: lease labels plus the anchor's job labels.
+
+    Used to release a job's lease at once when its CI job ends, without waiting for the planner.
+    """
+    labels: set[str] = set()
+    for runner in fleet:
+        for label in runner.lease_labels:
+            try:
+                parsed = LeaseLabel.parse(label)
+            except LabelError:
+                continue
+            if parsed.job_id == job_id and (attempt is None or parsed.attempt == attempt):
+                labels.add(label)
+    pairs: list[tuple[int, tuple[str, ...]]] = []
+    for runner in sorted(fleet, key=lambda r: r.id):
+        mine = [label for label in runner.lease_labels if label in labels]
+        if not mine:
+            continue
+        # Job labels belong to the runner's lease only when it holds no other lease.
+        sole = len(mine) == len(runner.lease_labels)
+        job_labels = runner.managed_job_labels() if sole else []
+        pairs.append((runner.id, tuple(job_labels + mine)))  # stop dispatch first
+    return pairs

@@ -1,0 +1,354 @@
+"""The admission policies: the order queued jobs are taken in, and how each one is fitted.
+
+`greedy` (the seed: admit whatever fits; a wide job can starve behind a stream of small ones),
+`easy` (EASY backfill: the top blocked job of each pool gets a reservation at its earliest
+start, and a job backfills only if it does not delay it), `conservative` (every blocked job up
+to `reservation_depth` per pool gets one), and the simulator-only `fcfs` baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Protocol
+
+from slurmgate.admission.capacity import LEGACY, FleetState, JobRequest, Placement, Profile
+from slurmgate.admission.model import Blocked, BlockReason
+from slurmgate.admission.settings import POLICY_NAMES, AdmissionSettings
+
+
+class AdmissionPolicy(Protocol):
+    """Orders the queued requests and fits each one to the fleet; mutates `fleet` as it admits.
+
+    `ordered=True` says `requests` is already in `priority_order` (the simulator keeps its queue
+    sorted); `explain=False` lets a policy skip building Blocked entries nobody will read.
+    """
+
+    name: str
+
+    def place(
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
+    ) -> tuple[list[Placement], list[Blocked]]: ...
+
+
+def priority_key(request: JobRequest) -> tuple[Decimal, int, datetime, int]:
+    return (-request.score, request.nodes, request.job.created_at, request.job.id)
+
+
+def priority_order(requests: Iterable[JobRequest]) -> list[JobRequest]:
+    """Score desc, then fewer nodes, then older, then lower job id: a total, deterministic order."""
+    return sorted(requests, key=priority_key)
+
+
+def _note_blocked(fleet: FleetState, outcome: Blocked) -> None:
+    if outcome.pool is not None and outcome.pool in fleet.pools:
+        fleet.pools[outcome.pool].blocked += 1
+
+
+class GreedyBackfill:
+    """Walk the priority order and admit every job that fits now; smaller jobs backfill."""
+
+    name = "greedy"
+
+    def place(
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
+    ) -> tuple[list[Placement], list[Blocked]]:
+        placements: list[Placement] = []
+        blocked: list[Blocked] = []
+        for request in requests if ordered else priority_order(requests):
+            outcome = fit_now(request, fleet)
+            if isinstance(outcome, Placement):
+                fleet.start(outcome)
+                placements.append(outcome)
+            elif explain:
+                _note_blocked(fleet, outcome)
+                blocked.append(outcome)
+        return placements, blocked
+
+
+class StrictOrder:
+    """FCFS baseline: admit in priority order and stop at the first job that must wait.
+
+    Not selectable in settings (it idles capacity and is unstable at real loads); the simulator
+    uses it as the reference point. Jobs that can never fit are rejected, not waited for.
+    """
+
+    name = "fcfs"
+
+    def place(
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
+    ) -> tuple[list[Placement], list[Blocked]]:
+        placements: list[Placement] = []
+        blocked: list[Blocked] = []
+        head: JobRequest | None = None
+        for request in requests if ordered else priority_order(requests):
+            if head is not None:
+                if not explain:
+                    break
+                blocked.append(
+                    Blocked(
+                        request.job.id,
+                        request.nodes,
+                        None,
+                        BlockReason.RESERVED,
+                        f"strict order: waits behind job {head.job.id}",
+                    )
+                )
+                continue
+            outcome = fit_now(request, fleet)
+            if isinstance(outcome, Placement):
+                fleet.start(outcome)
+                placements.append(outcome)
+                continue
+            if outcome.reason == BlockReason.NO_CAPACITY:
+                head = request
+            if explain:
+                _note_blocked(fleet, outcome)
+                blocked.append(outcome)
+        return placements, blocked
+
+
+class ReservationBackfill:
+    """Backfill that never delays a reservation: EASY (depth 1) or conservative (depth N).
+
+    In priority order, a job starts now if it fits now on a pool and, for the whole of its
+    predicted runtime, in that pool's profile of expected free runners minus the reservations
+    already made. A job that cannot start gets a reservation at its earliest start on the
+    compatible pool where that start comes first, while that pool holds fewer than `depth`
+    reservations. With depth 1 this is EASY: only the top blocked job of each pool is protected,
+    and a backfill job must end before its reservation or use only the runners it leaves over.
+    With `reserve_after_s` a blocked job gets a reservation only once it has waited that long
+    (Slurm's bf_min_age_reserve): younger jobs backfill greedily, old ones cannot starve.
+    """
+
+    def __init__(self, name: str, depth: int, reserve_after_s: float = 0.0) -> None:
+        self.name = name
+        self.depth = depth
+        self.reserve_after_s = reserve_after_s
+
+    def place(
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        *,
+        ordered: bool = False,
+        explain: bool = True,
+    ) -> tuple[list[Placement], list[Blocked]]:
+        placements: list[Placement] = []
+        blocked: list[Blocked] = []
+        profiles: dict[str, Profile] = {}
+        held: dict[str, int] = {}
+        # pools with `depth` reservations: nothing more can be reserved there
+        full: set[str] = set()
+        for request in requests if ordered else priority_order(requests):
+            nodes, duration = request.nodes, request.estimate.predicted_s
+            if profiles:
+
+                def allow(pool: str, nodes: int = nodes, duration: float = duration) -> bool:
+                    profile = profiles.get(pool)
+                    return profile is None or profile.fits_now(nodes, duration)
+
+                outcome = fit_now(request, fleet, allow)
+            else:
+                outcome = fit_now(request, fleet)
+            if isinstance(outcome, Placement):
+                fleet.start(outcome)
+                placements.append(outcome)
+                if outcome.pool in profiles:
+                    profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
+                continue
+            if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and (
+                not self.reserve_after_s
+                or fleet.now_s - request.job.created_at.timestamp() >= self.reserve_after_s
+            ):
+                reserved = self._reserve(request, fleet, profiles, held, full)
+                if reserved is not None and explain:
+                    pool, start = reserved
+                    outcome = Blocked(
+                        request.job.id,
+                        nodes,
+                        pool,
+                        outcome.reason,
+                        f"{outcome.detail}; reserved {pool} in {start - fleet.now_s:.0f}s",
+                    )
+            if explain:
+                _note_blocked(fleet, outcome)
+                blocked.append(outcome)
+        return placements, blocked
+
+    def _reserve(
+        self,
+        request: JobRequest,
+        fleet: FleetState,
+        profiles: dict[str, Profile],
+        held: dict[str, int],
+        full: set[str],
+    ) -> tuple[str, float] | None:
+        best: tuple[float, str] | None = None
+        for pool, allowed in fleet.candidates(request.requirement).items():
+            if pool is None or pool in full:
+                continue
+            if fleet.total_for(pool, allowed) < request.nodes:
+                continue
+            profile = profiles.get(pool)
+            if profile is None:
+                profile = profiles[pool] = fleet.profile(pool)
+            start = profile.earliest(request.nodes, request.estimate.predicted_s)
+            if start is not None and (best is None or (start, pool) < best):
+                best = (start, pool)
+        if best is None:
+            return None
+        start, pool = best
+        profiles[pool].reserve(start, request.estimate.predicted_s, request.nodes)
+        held[pool] = held.get(pool, 0) + 1
+        if held[pool] >= self.depth:
+            full.add(pool)
+        return pool, start
+
+
+POLICIES: dict[str, AdmissionPolicy] = {
+    policy.name: policy
+    for policy in (
+        GreedyBackfill(),
+        ReservationBackfill("easy", 1),
+        ReservationBackfill("conservative", 32),
+    )
+}
+assert tuple(POLICIES) == POLICY_NAMES, "settings.PolicyName and POLICIES must name the same"
+BASELINES: dict[str, AdmissionPolicy] = {"fcfs": StrictOrder()}
+SIMULATED_POLICY_NAMES: tuple[str, ...] = (*BASELINES, *POLICIES)
+"""Every policy the simulator can replay: the baselines, then the selectable ones."""
+
+
+def policy_named(name: str) -> AdmissionPolicy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown admission policy {name!r} (SLURMGATE_POLICY); choose one of "
+            f"{', '.join(sorted(POLICIES))}"
+        ) from None
+
+
+def policy_for(settings: AdmissionSettings, name: str | None = None) -> AdmissionPolicy:
+    """The policy `name` (default: the settings' policy) with the settings' knobs applied.
+
+    Also accepts the `fcfs` baseline, which only the simulator asks for.
+    """
+    chosen = name or settings.policy
+    if chosen == "conservative":
+        return ReservationBackfill(
+            "conservative", settings.reservation_depth, settings.reserve_after_s
+        )
+    if chosen == "easy" and settings.reserve_after_s:
+        return ReservationBackfill("easy", 1, settings.reserve_after_s)
+    if chosen in BASELINES:
+        return BASELINES[chosen]
+    return policy_named(chosen)
+
+
+def fit_now(
+    request: JobRequest, fleet: FleetState, allow: Callable[[str], bool] | None = None
+) -> Placement | Blocked:
+    """Place one request on the best-fitting compatible pool, or say why it cannot be placed.
+
+    `allow` (a reservation policy's check) can veto pools; a job that only vetoed pools could
+    take now is blocked as held for a reservation.
+    """
+    job, nodes = request.job, request.nodes
+    candidates = fleet.candidates(request.requirement)
+    if not candidates:
+        return Blocked(
+            job.id,
+            nodes,
+            None,
+            BlockReason.NO_POOL,
+            "no online-or-offline runner carries all of its labels "
+            f"({', '.join(sorted(request.requirement)) or 'none'})",
+        )
+    if nodes == 1 and None in candidates:
+        free = fleet.free_for(None, candidates[None])
+        if free:
+            return Placement(request, None, (free[0],))
+    possible = [
+        (pool, allowed)
+        for pool, allowed in candidates.items()
+        if pool is not None and fleet.total_for(pool, allowed) >= nodes
+    ]
+    if not possible:
+        return _never_fits(request, fleet, candidates)
+    fitting: list[tuple[int, str, frozenset[int] | None]] = []
+    vetoed: str | None = None
+    for pool, allowed in possible:
+        state = fleet.pools[pool]
+        if state.in_use + nodes > state.online:
+            continue
+        count = fleet.free_count(pool, allowed)
+        if count >= nodes:
+            if allow is not None and not allow(pool):
+                vetoed = vetoed or pool
+                continue
+            fitting.append((count, pool, allowed))
+    if fitting:
+        _, pool, allowed = min(fitting, key=lambda e: (e[0], e[1]))
+        return Placement(request, pool, tuple(fleet.free_for(pool, allowed)[:nodes]))
+    if vetoed is not None:
+        return Blocked(
+            job.id,
+            nodes,
+            vetoed,
+            BlockReason.RESERVED,
+            f"needs {nodes}: {vetoed} has them free, but starting now would delay a reservation",
+        )
+    pool, allowed = min(possible, key=lambda e: (-fleet.free_count(e[0], e[1]), e[0]))
+    state = fleet.pools[pool]
+    free_count = fleet.free_count(pool, allowed)
+    return Blocked(
+        job.id,
+        nodes,
+        pool,
+        BlockReason.NO_CAPACITY,
+        f"needs {nodes}, {pool} has {free_count} free of {state.online} online "
+        f"({state.in_use} in use)",
+    )
+
+
+def _never_fits(
+    request: JobRequest, fleet: FleetState, candidates: dict[str | None, frozenset[int] | None]
+) -> Blocked:
+    job, nodes = request.job, request.nodes
+    sized = [
+        (pool, fleet.total_for(pool, allowed))
+        for pool, allowed in candidates.items()
+        if pool is not None
+    ]
+    if nodes == 1:  # only legacy runners are compatible, and none is free
+        return Blocked(
+            job.id,
+            nodes,
+            None,
+            BlockReason.NO_CAPACITY,
+            f"needs 1, {LEGACY} has no free compatible runner",
+        )
+    if sized:
+        largest, size = max(sized, key=lambda e: (e[1], e[0] or ""))
+        detail = f"needs {nodes}, largest compatible pool {largest} has {size} runners"
+        return Blocked(job.id, nodes, largest, BlockReason.NEVER_FITS, detail)
+    detail = f"needs {nodes}, only legacy runners are compatible and they serve 1 node"
+    return Blocked(job.id, nodes, None, BlockReason.NEVER_FITS, detail)

@@ -1,0 +1,190 @@
+"""Admission settings: the two seed feature flags and the planner knobs, from the environment."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Literal, get_args
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PolicyName = Literal["greedy", "easy", "conservative"]
+"""The admission policies a deployment can choose (the simulator adds its `fcfs` baseline)."""
+POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
+EstimatesName = Literal["timeout", "learned"]
+
+
+class AdmissionSettings(BaseSettings):
+    """What the planner reads besides the snapshot.
+
+    Environment variables: the seed's two flags keep their bare names
+    (`PRIORITY_SCHEDULER_ENABLED`, `NODE_SLOT_SCHEDULER_ENABLED`); the policy knobs are
+    `SLURMGATE_POLICY`, `SLURMGATE_LEASE_MAX_QUEUED_AGE_S`, `SLURMGATE_ORPHAN_GRACE_S`,
+    `SLURMGATE_DEFAULT_PRIORITY`, and for the reservation policies `SLURMGATE_ESTIMATES`,
+    `SLURMGATE_TIMEOUT_MIN`, `SLURMGATE_TIMEOUT_OVERRIDES`, `SLURMGATE_ESTIMATE_QUANTILE`,
+    `SLURMGATE_ESTIMATE_MIN_SAMPLES`, `SLURMGATE_OVERRUN_EXTENSION_S` and
+    `SLURMGATE_RESERVATION_DEPTH`. Keyword arguments use the field names.
+
+    With `PRIORITY_SCHEDULER_ENABLED` false the planner is inert for admission: it admits and
+    cleans nothing, and only releases leases whose job finished or vanished, so switching the
+    feature off drains cleanly. With `NODE_SLOT_SCHEDULER_ENABLED` false every job counts as one
+    node: its `nodes:` label is ignored for sizing but is still a gate label on the anchor.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="", populate_by_name=True, extra="ignore")
+
+    PRIORITY_SCHEDULER_ENABLED: bool = Field(
+        default=False,
+        description="Admit queued jobs by weighted runner leases in priority order.",
+    )
+    NODE_SLOT_SCHEDULER_ENABLED: bool = Field(
+        default=False,
+        description=(
+            "Size each job by its nodes:N label (needs PRIORITY_SCHEDULER_ENABLED); "
+            "when false every job counts as 1 node."
+        ),
+    )
+    # EASY with learned estimates and reservations after 5 h met every target of
+    # benchmarks/bench_policies.py (wide-job max wait no worse than EASY, mean wait within 10%
+    # of greedy, utilization at the bound); young jobs still backfill as greedily as the seed.
+    policy: PolicyName = Field(
+        default="easy",
+        validation_alias=AliasChoices("policy", "SLURMGATE_POLICY"),
+        description=(
+            "Ordering and fit policy of the planner (env SLURMGATE_POLICY): greedy (the seed: "
+            "admit whatever fits, smaller jobs backfill at once; can starve wide jobs), easy "
+            "(reserve the earliest start of the top blocked "
+            "job of each pool, backfill only what does not delay it), conservative (a "
+            "reservation for every blocked job up to reservation_depth)."
+        ),
+    )
+    estimates: EstimatesName = Field(
+        default="learned",
+        validation_alias=AliasChoices("estimates", "SLURMGATE_ESTIMATES"),
+        description=(
+            "Runtime estimates of the reservation policies (env SLURMGATE_ESTIMATES): the job "
+            "timeout, or a high quantile of the job key's past runtimes (timeout until "
+            "estimate_min_samples runs are known)."
+        ),
+    )
+    timeout_min: float = Field(
+        default=480.0,
+        gt=0,
+        validation_alias=AliasChoices("timeout_min", "SLURMGATE_TIMEOUT_MIN"),
+        description=(
+            "Timeout of a managed job, the bound of its runtime estimate (env "
+            "SLURMGATE_TIMEOUT_MIN, minutes; the seed's multinode jobs use 480)."
+        ),
+    )
+    timeout_overrides: dict[str, float] = Field(
+        default_factory=lambda: {"agentic": 780.0},
+        validation_alias=AliasChoices("timeout_overrides", "SLURMGATE_TIMEOUT_OVERRIDES"),
+        description=(
+            "Timeouts (minutes) for jobs whose name contains a word, case-insensitive, first "
+            'match wins (env SLURMGATE_TIMEOUT_OVERRIDES as JSON, default {"agentic": 780}).'
+        ),
+    )
+    estimate_quantile: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        validation_alias=AliasChoices("estimate_quantile", "SLURMGATE_ESTIMATE_QUANTILE"),
+        description="Quantile of past runtimes used as a learned estimate (0 < q <= 1).",
+    )
+    estimate_min_samples: int = Field(
+        default=3,
+        ge=1,
+        validation_alias=AliasChoices("estimate_min_samples", "SLURMGATE_ESTIMATE_MIN_SAMPLES"),
+        description="Past runs of a job key needed before its learned estimate is used.",
+    )
+    overrun_extension_s: float = Field(
+        default=600.0,
+        gt=0,
+        validation_alias=AliasChoices("overrun_extension_s", "SLURMGATE_OVERRUN_EXTENSION_S"),
+        description=(
+            "A job running past its timeout is expected to end this many seconds from now, "
+            "re-evaluated on every plan."
+        ),
+    )
+    reserve_after_s: float = Field(
+        default=18000.0,
+        ge=0,
+        validation_alias=AliasChoices("reserve_after_s", "SLURMGATE_RESERVE_AFTER_S"),
+        description=(
+            "easy/conservative: a blocked job gets a reservation only after waiting this long "
+            "(env SLURMGATE_RESERVE_AFTER_S, seconds; default 5 h, the best measured in "
+            "benchmarks/bench_policies.py; 0 = at once, classic EASY). Like Slurm's "
+            "bf_min_age_reserve."
+        ),
+    )
+    reservation_depth: int = Field(
+        default=32,
+        ge=1,
+        validation_alias=AliasChoices("reservation_depth", "SLURMGATE_RESERVATION_DEPTH"),
+        description="Blocked jobs per pool that get a reservation under the conservative policy.",
+    )
+    lease_max_queued_age_s: float = Field(
+        default=3600.0,
+        gt=0,
+        validation_alias=AliasChoices("lease_max_queued_age_s", "SLURMGATE_LEASE_MAX_QUEUED_AGE_S"),
+        description=(
+            "A lease older than this while its job is still queued is released "
+            "(env SLURMGATE_LEASE_MAX_QUEUED_AGE_S, seconds)."
+        ),
+    )
+    orphan_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias=AliasChoices("orphan_grace_s", "SLURMGATE_ORPHAN_GRACE_S"),
+        description=(
+            "A lease without an anchor younger than this is left alone, because another "
+            "controller may be between its label and anchor steps "
+            "(env SLURMGATE_ORPHAN_GRACE_S, seconds)."
+        ),
+    )
+    default_priority: Decimal = Field(
+        default=Decimal("1.000"),
+        validation_alias=AliasChoices("default_priority", "SLURMGATE_DEFAULT_PRIORITY"),
+        description=(
+            "Score of a job without a ci-job-<score>-<token> label "
+            "(env SLURMGATE_DEFAULT_PRIORITY, decimal, 3 places)."
+        ),
+    )
+
+    @field_validator("timeout_overrides")
+    @classmethod
+    def _positive_timeouts(cls, value: dict[str, float]) -> dict[str, float]:
+        for word, minutes in value.items():
+            if not word.strip() or minutes <= 0:
+                raise ValueError(
+                    f"timeout_overrides entry {word!r}: {minutes} must map a non-empty word to "
+                    "a positive number of minutes"
+                )
+        return {word.casefold(): minutes for word, minutes in value.items()}
+
+    def timeout_s(self, job_name: str) -> float:
+        """The timeout of a job, in seconds: the first override whose word is in its name."""
+        name = job_name.casefold()
+        for word, minutes in self.timeout_overrides.items():
+            if word in name:
+                return minutes * 60.0
+        return self.timeout_min * 60.0
+
+    @field_validator("default_priority")
+    @classmethod
+    def _three_places(cls, value: Decimal) -> Decimal:
+        return value.quantize(Decimal("0.001"))
+
+    @model_validator(mode="after")
+    def _node_slot_needs_priority(self) -> AdmissionSettings:
+        if self.NODE_SLOT_SCHEDULER_ENABLED and not self.PRIORITY_SCHEDULER_ENABLED:
+            raise ValueError(
+                "NODE_SLOT_SCHEDULER_ENABLED=true requires PRIORITY_SCHEDULER_ENABLED=true; "
+                "set PRIORITY_SCHEDULER_ENABLED=true as well, or unset NODE_SLOT_SCHEDULER_ENABLED"
+            )
+        return self
+
+    @property
+    def node_slots(self) -> bool:
+        """True when jobs are sized by their nodes:N label (both flags on)."""
+        return self.PRIORITY_SCHEDULER_ENABLED and self.NODE_SLOT_SCHEDULER_ENABLED

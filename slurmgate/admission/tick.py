@@ -1,0 +1,216 @@
+"""The reconcile tick: read, plan, release, clean, re-plan on freed capacity, admit in order.
+
+`reconcile_tick` holds the algorithm; how each step talks to GitHub is injected, the way
+`leases.run_admission` takes its steps. The Prefect flow passes retried tasks and a lease
+subflow, `slurmgate status` passes only a read, and the benchmark passes the bare core
+protocol, so all three do the same work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from slurmgate.admission.estimates import RuntimeHistory
+from slurmgate.admission.leases import AdmitOutcome, RemovalOutcome
+from slurmgate.admission.model import Admit, Decisions, Snapshot
+from slurmgate.admission.planner import plan
+from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.errors import ExternalError, one_line
+
+ReadSnapshot = Callable[[], Awaitable[Snapshot]]
+RemoveLabels = Callable[[Sequence[tuple[int, Sequence[str]]]], Awaitable[RemovalOutcome]]
+AdmitJob = Callable[[Admit, int], Awaitable[AdmitOutcome]]  # the admit and the fleet size
+
+
+class TickLog(Protocol):
+    """The slice of a `logging.Logger` the tick writes to (Prefect's run logger is one)."""
+
+    def info(self, msg: str, *args: Any) -> None: ...
+
+    def warning(self, msg: str, *args: Any) -> None: ...
+
+
+class _Silent:
+    def info(self, msg: str, *args: Any) -> None:
+        return None
+
+    def warning(self, msg: str, *args: Any) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class TickSteps:
+    """How the tick reads and writes. Without `remove` and `admit` it only reads and plans."""
+
+    read_snapshot: ReadSnapshot
+    remove: RemoveLabels | None = None
+    admit: AdmitJob | None = None
+
+    @property
+    def read_only(self) -> bool:
+        return self.remove is None and self.admit is None
+
+
+class TickFailed(ExternalError):
+    """Some decisions of the tick failed after their retries; the rest were carried out."""
+
+
+@dataclass
+class TickReport:
+    """What one tick did. `decisions` is the plan the admissions came from (the board)."""
+
+    decisions: Decisions
+    fleet_size: int
+    admitted: int = 0
+    rolled_back: int = 0
+    released: int = 0
+    cleaned: int = 0
+    plan_s: float = 0.0
+    runtimes_learned: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def blocked(self) -> int:
+        return len(self.decisions.blocked)
+
+    def counts(self) -> dict[str, Any]:
+        """The tick's numbers, as the flow returns and logs them."""
+        return {
+            "admitted": self.admitted,
+            "rolled_back": self.rolled_back,
+            "released": self.released,
+            "cleaned": self.cleaned,
+            "blocked": self.blocked,
+            "errors": len(self.failures),
+            "plan_s": self.plan_s,
+        }
+
+    def raise_for_failures(self) -> None:
+        if self.failures:
+            raise TickFailed(
+                f"{len(self.failures)} decision(s) failed after retries (the next tick repairs "
+                "them): " + "; ".join(self.failures)
+            )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def reconcile_tick(
+    steps: TickSteps,
+    settings: AdmissionSettings,
+    *,
+    history: RuntimeHistory | None = None,
+    log: TickLog | None = None,
+    now: Callable[[], datetime] = _now,
+) -> TickReport:
+    """One tick. A failed release, clean or admission is collected, never raised: the others
+    still run, and the report's `failures` name what the next tick must repair.
+
+    With `history`, the finished lease jobs of the snapshot are learned into it first
+    (`runtimes_learned` counts the new runtimes: the caller saves them).
+    """
+    log = log or _Silent()
+    snapshot = await steps.read_snapshot()
+    learned = history.learn(snapshot.jobs, settings.node_slots) if history is not None else 0
+    decisions, plan_s = _timed_plan(snapshot, settings, history, now)
+    report = TickReport(decisions, len(snapshot.runners), plan_s=plan_s, runtimes_learned=learned)
+    log_removals(decisions, log)
+    if steps.remove is not None:
+        await _remove(steps.remove, decisions, report)
+    if report.released or report.cleaned:
+        # Freed runners still carried their labels in the first read; admit from a fresh read
+        # so released capacity is reused in this tick, never guessed at.
+        snapshot = await steps.read_snapshot()
+        decisions, plan_s = _timed_plan(snapshot, settings, history, now)
+        report.decisions, report.fleet_size = decisions, len(snapshot.runners)
+        report.plan_s += plan_s
+        for deferred in (*decisions.release, *decisions.clean):
+            log.info("deferred to the next tick: %s", deferred)
+    log_admissions(decisions, log)
+    if steps.admit is not None:
+        # one admission at a time: GitHub has no compare-and-swap, so we are the single writer
+        for admit in decisions.admit:
+            try:
+                outcome = await steps.admit(admit, report.fleet_size)
+            except Exception as exc:
+                report.failures.append(f"lease {admit.lease_label}: {one_line(exc)}")
+                continue
+            if outcome.admitted:
+                report.admitted += 1
+            else:
+                report.rolled_back += 1
+    return report
+
+
+def _timed_plan(
+    snapshot: Snapshot,
+    settings: AdmissionSettings,
+    history: RuntimeHistory | None,
+    now: Callable[[], datetime],
+) -> tuple[Decisions, float]:
+    started = time.perf_counter()
+    decisions = plan(snapshot, settings, now(), history=history)
+    return decisions, round(time.perf_counter() - started, 6)
+
+
+async def _remove(remove: RemoveLabels, decisions: Decisions, report: TickReport) -> None:
+    for release in decisions.release:
+        try:
+            await remove(release.labels)
+            report.released += 1
+        except Exception as exc:
+            report.failures.append(f"release {release.lease_label}: {one_line(exc)}")
+    for clean in decisions.clean:
+        try:
+            await remove(((clean.runner_id, clean.labels),))
+            report.cleaned += 1
+        except Exception as exc:
+            report.failures.append(f"clean runner {clean.runner_id}: {one_line(exc)}")
+
+
+def log_removals(decisions: Decisions, log: TickLog) -> None:
+    """One line per release and clean: job id, lease id, pool and the reason."""
+    for r in decisions.release:
+        log.info(
+            "release job=%s lease=%s pool=%s reason=%s %s",
+            r.job_id,
+            r.lease_label,
+            r.pool,
+            r.reason.value,
+            r.detail,
+        )
+    for c in decisions.clean:
+        log.info("clean runner=%s labels=%s reason=%s", c.runner_id, ",".join(c.labels), c.reason)
+
+
+def log_admissions(decisions: Decisions, log: TickLog) -> None:
+    """One line per admit and blocked job, misconfigured runner and planner note."""
+    for a in decisions.admit:
+        log.info(
+            "admit job=%s lease=%s pool=%s nodes=%d anchor=%s reason=%s",
+            a.job_id,
+            a.lease_label,
+            a.pool,
+            a.nodes,
+            a.anchor_id,
+            a.reason,
+        )
+    for b in decisions.blocked:
+        log.info(
+            "blocked job=%s lease=- pool=%s nodes=%s reason=%s %s",
+            b.job_id,
+            b.pool,
+            b.nodes,
+            b.reason.value,
+            b.detail,
+        )
+    for runner_id, why in decisions.misconfigured_runners:
+        log.warning("misconfigured runner=%s %s", runner_id, why)
+    for note in decisions.notes:
+        log.info("note %s", note)

@@ -1,0 +1,229 @@
+"""The seed's CI priority policy: score a matrix row, derive its queue token, render its job label.
+
+A CI workflow calls `score()` and `queue_token()` for every matrix row and puts
+`job_label(score, token)` into the job's runs-on; the planner reads the score back from that label.
+Higher scores run sooner. Every business term is a multiple of 0.25, while the node term is
+-0.001 per node beyond the first, so node count only breaks ties between otherwise equal rows
+(it would take 251 nodes to cross a 0.25 gap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slurmgate.admission.labels import JOB_PREFIX
+
+SCORE_QUANTUM = Decimal("0.001")
+PATCHWORK = "patchwork"
+FAIL_CLOSED: frozenset[str] = frozenset({PATCHWORK})
+"""Criteria used when the classifier's answer is missing or malformed: everything is patchwork."""
+
+_D = Decimal
+
+
+class PriorityPolicy(BaseModel):
+    """The weights of the seed formula (seed-origins A2); defaults are the seed's values."""
+
+    model_config = ConfigDict(frozen=True)
+
+    base_score: Decimal = _D("1.0")
+    event: dict[str, Decimal] = Field(default_factory=lambda: {"push": _D("2.0")})
+    additional_node: Decimal = _D("-0.001")
+    multi_node: Decimal = _D("1.25")
+    agentic: Decimal = _D("1.0")
+    eval_only: Decimal = _D("0.0")
+    precision: dict[str, Decimal] = Field(default_factory=lambda: {"fp4": _D("0.75")})
+    spec_decoding: dict[str, Decimal] = Field(
+        default_factory=lambda: {"mtp": _D("0.75"), "eagle": _D("0.75"), "eagle3": _D("0.75")}
+    )
+    framework_prefix: dict[str, Decimal] = Field(
+        default_factory=lambda: {
+            "sglang": _D("0.5"),
+            "vllm": _D("0.5"),
+            "dynamo-sglang": _D("0.5"),
+            "dynamo-vllm": _D("0.5"),
+        }
+    )
+    model_prefix: dict[str, Decimal] = Field(
+        default_factory=lambda: {
+            "kimik3": _D("1.5"),
+            **{
+                name: _D("0.75")
+                for name in ("glm5", "glm5.1", "kimik2.5", "dsv4", "minimaxm3", "qwen3.5", "dsr1")
+            },
+        }
+    )
+    checklist_labels: frozenset[str] = frozenset({"ci-checklist-complete"})
+    checklist: Decimal = _D("0.25")
+    patchwork_labels: frozenset[str] = frozenset({"ci-patchwork", "engine-patch"})
+    waiver_labels: frozenset[str] = frozenset({"ci-patchwork-waived"})
+    patchwork_score: Decimal = _D("0.000")
+
+    def criteria(self) -> frozenset[str]:
+        """Every classifier criterion this policy understands."""
+        return frozenset(
+            {"multi-node", "agentic", "eval-only", "checklist-complete", PATCHWORK}
+            | set(self.precision)
+            | set(self.spec_decoding)
+            | set(self.framework_prefix)
+            | set(self.model_prefix)
+        )
+
+
+DEFAULT_POLICY = PriorityPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityContext:
+    """What the run adds to the row: its event, its PR labels, and the classifier's criteria.
+
+    `criteria` None means no classifier ran (every fact of the row counts); a set means only the
+    facts the classifier confirmed count.
+    """
+
+    event: str = ""
+    labels: frozenset[str] = frozenset()
+    criteria: frozenset[str] | None = None
+
+
+def node_count_of(row: Mapping[str, Any]) -> int:
+    """The row's `node-count` (1 when absent); anything but a positive integer is rejected."""
+    value = row.get("node-count", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"node-count must be a positive integer, got {value!r}; "
+            "set node-count to the row's Slurm node count (1 or more) or leave it out"
+        )
+    return value
+
+
+def _prefix_match(value: str, prefixes: Collection[str]) -> str | None:
+    for prefix in prefixes:
+        if value == prefix or value.startswith(f"{prefix}-"):
+            return prefix
+    return None
+
+
+def _project(
+    row: Mapping[str, Any], criteria: frozenset[str], policy: PriorityPolicy
+) -> dict[str, Any]:
+    """Keep only the row facts the classifier confirmed; node-count passes through unchanged."""
+    unknown = criteria - policy.criteria()
+    if unknown:
+        raise ValueError(
+            f"unknown priority criteria {sorted(unknown)}; known criteria are "
+            f"{sorted(policy.criteria())}"
+        )
+    precision = str(row.get("precision", ""))
+    spec = str(row.get("spec-decoding", ""))
+    framework = str(row.get("framework", ""))
+    model = str(row.get("model-prefix", ""))
+    framework_hit = _prefix_match(framework, policy.framework_prefix)
+    projected: dict[str, Any] = {
+        "prefill": {} if "multi-node" in criteria and row.get("prefill") is not None else None,
+        "scenario-type": (
+            "agentic-coding"
+            if "agentic" in criteria and row.get("scenario-type") == "agentic-coding"
+            else ""
+        ),
+        "eval-only": "eval-only" in criteria and row.get("eval-only") is True,
+        "precision": precision if precision in criteria else "",
+        "spec-decoding": spec if spec in criteria else "",
+        "framework": framework if framework_hit is not None and framework_hit in criteria else "",
+        "model-prefix": model if model in criteria else "",
+    }
+    if "node-count" in row:
+        projected["node-count"] = row["node-count"]
+    return projected
+
+
+def score(
+    row: Mapping[str, Any],
+    context: PriorityContext = PriorityContext(),
+    policy: PriorityPolicy = DEFAULT_POLICY,
+) -> Decimal:
+    """The row's priority: higher runs sooner, quantized to 0.001 half-up."""
+    criteria = context.criteria
+    patchwork = (criteria is not None and PATCHWORK in criteria) or bool(
+        context.labels & policy.patchwork_labels
+    )
+    if patchwork and not context.labels & policy.waiver_labels:
+        # patchwork runs last whatever its size: the node term is not applied here
+        return policy.patchwork_score.quantize(SCORE_QUANTUM, ROUND_HALF_UP)
+    if criteria is not None:
+        row = _project(row, criteria, policy)
+    nodes = node_count_of(row)
+    total = policy.base_score + policy.event.get(context.event, _D(0))
+    total += policy.additional_node * (nodes - 1)
+    if row.get("prefill") is not None:
+        total += policy.multi_node
+    if row.get("scenario-type") == "agentic-coding":
+        total += policy.agentic
+    if row.get("eval-only") is True:
+        total += policy.eval_only
+    total += policy.precision.get(str(row.get("precision", "")), _D(0))
+    total += policy.spec_decoding.get(str(row.get("spec-decoding", "")), _D(0))
+    framework_hit = _prefix_match(str(row.get("framework", "")), policy.framework_prefix)
+    if framework_hit is not None:
+        total += policy.framework_prefix[framework_hit]
+    total += policy.model_prefix.get(str(row.get("model-prefix", "")), _D(0))
+    if (criteria is not None and "checklist-complete" in criteria) or (
+        context.labels & policy.checklist_labels
+    ):
+        total += policy.checklist
+    return total.quantize(SCORE_QUANTUM, ROUND_HALF_UP)
+
+
+def criteria_from_classifier(answer: object) -> frozenset[str]:
+    """The classifier's criteria, or the fail-closed `{"patchwork"}` when its answer is unusable.
+
+    Accepts the raw JSON text, or the decoded value: a list of strings, or an object with a
+    `criteria` list. Unknown criterion names are kept so that `score()` rejects them loudly.
+    """
+    value = answer
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return FAIL_CLOSED
+    if isinstance(value, Mapping):
+        value = value.get("criteria")
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        return FAIL_CLOSED
+    return frozenset(value)
+
+
+def queue_namespace(run_id: int, run_attempt: int, family: str | None = None) -> str:
+    """`run_id:run_attempt[:family]`: tokens differ between runs and reruns of one matrix."""
+    return f"{run_id}:{run_attempt}" + (f":{family}" if family else "")
+
+
+def canonical_json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def queue_token(row: Mapping[str, Any], namespace: str, path: Sequence[str] = ()) -> str:
+    """First 32 hex digits of sha256 over `namespace:json-path:canonical-json(row)`."""
+    material = f"{namespace}:{'/'.join(path)}:{canonical_json(row)}"
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def render_score(value: Decimal) -> str:
+    return f"{value.quantize(SCORE_QUANTUM, ROUND_HALF_UP):.3f}"
+
+
+def job_label(value: Decimal, token: str) -> str:
+    """`ci-job-<score>-<token>`: the job's dispatch gate, carrying its priority."""
+    if not token or not token.replace("-", "").isalnum() or token != token.lower():
+        raise ValueError(
+            f"queue token {token!r} must be lower-case letters, digits and dashes; "
+            "use queue_token() to make one"
+        )
+    return f"{JOB_PREFIX}{render_score(value)}-{token}"

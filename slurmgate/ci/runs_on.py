@@ -1,0 +1,322 @@
+"""The CI side of admission: a job's runs-on label set from its spec or matrix row (seed A3).
+
+A job is described by one of two documents, told apart by shape:
+
+- an **allocation spec** (`slurmgate.runtime.spec`): a mapping with a `deployments` key; its node
+  count is the allocation's `total_nodes`, and it names no runner, so the caller passes one;
+- a **matrix row** (the seed's generated config): any other mapping; its node count is its
+  `node-count` field when the field is present (an empty value means "unknown": the guard
+  applies), else it is derived by `slurmgate.ci.nodecount` (a single-node row counts 1).
+
+The label set follows the seed's table: with the priority flag off only `[<runner>]` (legacy);
+with it on `self-hosted, <runner>, [nodes:N,] ci-job-<score>-<token>, ci-attempt-<n>`, where
+`nodes:N` appears only when the node-slot flag is on and the node count is known.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from slurmgate.admission.labels import attempt_label, fold, nodes_label
+from slurmgate.ci.nodecount import NodeCountError, node_count
+from slurmgate.ci.priority import (
+    DEFAULT_POLICY,
+    PriorityContext,
+    PriorityPolicy,
+    job_label,
+    queue_namespace,
+    queue_token,
+    render_score,
+    score,
+)
+
+PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
+NODE_SLOT_FLAG = "NODE_SLOT_SCHEDULER_ENABLED"
+SELF_HOSTED = "self-hosted"
+
+SpecKind = Literal["allocation", "row"]
+Mode = Literal["legacy", "priority", "node-slots"]
+
+# The keys `LabelSet.outputs()` writes; the example workflow may reference only these.
+OUTPUT_KEYS = ("runs-on", "nodes", "score", "token", "job-label", "attempt-label", "mode")
+
+
+class CIError(ValueError):
+    """Bad CI input, worded as `field: problem; fix` on one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class LabelFlags:
+    """The seed's two feature flags as the workflow sees them."""
+
+    priority: bool = False
+    node_slots: bool = False
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return False
+    try:
+        return TypeAdapter(bool).validate_python(raw)
+    except ValidationError:
+        raise CIError(f"{name}={raw!r} is not a boolean; set it to true or false") from None
+
+
+def flags_from_env(env: Mapping[str, str]) -> LabelFlags:
+    """Read both flags; unset or empty is off. Unlike the planner's settings, node slots on with
+    priority off is not an error here: the seed's table makes that the legacy label set."""
+    return LabelFlags(priority=_flag(env, PRIORITY_FLAG), node_slots=_flag(env, NODE_SLOT_FLAG))
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """The workflow run a job belongs to: it namespaces the queue token and sets the attempt."""
+
+    run_id: int | None = None
+    run_attempt: int | None = None
+    event: str = ""
+    pr_labels: frozenset[str] = frozenset()
+    criteria: frozenset[str] | None = None
+    family: str | None = None
+    matrix_path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A loaded job description: its kind, its data, and its node count (None: unknown)."""
+
+    kind: SpecKind
+    data: Mapping[str, Any]
+    nodes: int | None
+    runner: str | None
+    source: str = "spec"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSet:
+    """The runs-on labels of one job and the parts they were made from."""
+
+    runs_on: tuple[str, ...]
+    mode: Mode
+    runner: str
+    nodes: int | None = None
+    score: str | None = None
+    token: str | None = None
+    job_label: str | None = None
+    attempt_label: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document `slurmgate labels` prints (keys as in OUTPUT_KEYS)."""
+        return {
+            "runs-on": list(self.runs_on),
+            "nodes": self.nodes,
+            "score": self.score,
+            "token": self.token,
+            "job-label": self.job_label,
+            "attempt-label": self.attempt_label,
+            "mode": self.mode,
+        }
+
+    def outputs(self) -> dict[str, str]:
+        """`$GITHUB_OUTPUT` lines: runs-on as compact JSON for fromJSON, the rest as text."""
+        out: dict[str, str] = {}
+        for key, value in self.as_dict().items():
+            if isinstance(value, list):
+                out[key] = json.dumps(value, separators=(",", ":"))
+            else:
+                out[key] = "" if value is None else str(value)
+        return out
+
+
+def _positive(value: object, where: str, fix: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CIError(f"{where} must be a positive integer, got {value!r}; {fix}")
+    return value
+
+
+def is_allocation_spec(data: Mapping[str, Any]) -> bool:
+    """An allocation spec has `deployments`; everything else is a matrix row."""
+    return "deployments" in data
+
+
+def row_node_count(
+    row: Mapping[str, Any],
+    hardware: Mapping[str, int] | None = None,
+    recipe_root: Path | None = None,
+) -> int | None:
+    """A matrix row's node count: its `node-count` field (empty: None), else derived (A4)."""
+    if "node-count" in row:
+        raw = row["node-count"]
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        return _positive(raw, "node-count", "write the row's Slurm node count, or leave it empty")
+    try:
+        return node_count(row, hardware or {}, recipe_root)
+    except NodeCountError as exc:
+        raise CIError(f"{exc}") from None
+
+
+def spec_from_data(
+    data: object,
+    source: str = "spec",
+    hardware: Mapping[str, int] | None = None,
+    recipe_root: Path | None = None,
+) -> JobSpec:
+    """Classify and validate a decoded document; the node count is resolved here."""
+    if not isinstance(data, Mapping):
+        raise CIError(
+            f"{source}: expected a mapping (an allocation spec or one matrix row), "
+            f"got {type(data).__name__}; pass a single row, not the whole matrix"
+        )
+    if is_allocation_spec(data):
+        from slurmgate.runtime.spec import AllocationSpec, SpecError
+
+        try:
+            spec = AllocationSpec.from_data(dict(data), source=source)
+        except SpecError as exc:
+            raise CIError(f"{source}: " + "; ".join(str(exc).splitlines())) from None
+        return JobSpec("allocation", data, spec.total_nodes, None, source)
+    runner = data.get("runner")
+    if runner is not None and (not isinstance(runner, str) or not runner.strip()):
+        raise CIError(f"{source}: runner must be a runner label like cluster:h100, got {runner!r}")
+    nodes = row_node_count(data, hardware, recipe_root)
+    return JobSpec("row", data, nodes, runner.strip() if runner else None, source)
+
+
+def load_spec(
+    path: str | Path,
+    text: str | None = None,
+    hardware: Mapping[str, int] | None = None,
+    recipe_root: Path | None = None,
+) -> JobSpec:
+    """Read a YAML or JSON document (JSON is YAML) from `path`, or from `text` when given."""
+    source = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise CIError(f"{source}: cannot read ({exc.strerror}); check the path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(exc).split())
+        raise CIError(f"{source}: not valid YAML or JSON ({problem}); fix the syntax") from None
+    return spec_from_data(data, source, hardware, recipe_root)
+
+
+def load_hardware(path: str | Path) -> dict[str, int]:
+    """A GPUs-per-node table: `{label: gpus}`, or a runners.yaml with a `hardware:` section."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise CIError(f"--hardware {path}: cannot read ({exc.strerror}); check the path") from None
+    except yaml.YAMLError:
+        raise CIError(f"--hardware {path}: not valid YAML; fix the syntax") from None
+    if isinstance(data, Mapping) and isinstance(data.get("hardware"), Mapping):
+        data = data["hardware"]
+    if not isinstance(data, Mapping):
+        raise CIError(f"--hardware {path}: expected a mapping of runner label to GPUs per node")
+    table: dict[str, int] = {}
+    for label, value in data.items():
+        if isinstance(value, Mapping):
+            value = value.get("gpus-per-node", value.get("gpus_per_node"))
+        table[str(label)] = _positive(value, f"hardware[{label!r}]", "give GPUs per node")
+    return table
+
+
+def _score_row(spec: JobSpec) -> dict[str, Any]:
+    """The row the priority formula sees: the matrix row (or nothing, for an allocation spec)
+    with its resolved node count, so an empty `node-count` does not fail the formula."""
+    row = dict(spec.data) if spec.kind == "row" else {}
+    row.pop("node-count", None)
+    if spec.nodes is not None:
+        row["node-count"] = spec.nodes
+    return row
+
+
+def compute_labels(
+    spec: JobSpec,
+    flags: LabelFlags,
+    context: RunContext,
+    runner: str | None = None,
+    policy: PriorityPolicy = DEFAULT_POLICY,
+) -> LabelSet:
+    """The job's runs-on label set under the seed's table (A3), with its guard on `nodes:`."""
+    label = (runner or spec.runner or "").strip()
+    if not label:
+        where = "--runner" if spec.kind == "allocation" else f"{spec.source}: runner"
+        raise CIError(
+            f"{where} is missing; an allocation spec names no runner, pass --runner cluster:NAME"
+            if spec.kind == "allocation"
+            else f"{where} is missing; add runner: cluster:NAME to the row or pass --runner"
+        )
+    if not flags.priority:
+        return LabelSet(runs_on=(label,), mode="legacy", runner=label, nodes=spec.nodes)
+    if context.run_id is None or context.run_attempt is None:
+        missing = "--run-id" if context.run_id is None else "--run-attempt"
+        raise CIError(
+            f"{missing} is missing; pass it or run inside GitHub Actions "
+            "(GITHUB_RUN_ID / GITHUB_RUN_ATTEMPT)"
+        )
+    run_id = _positive(context.run_id, "--run-id", "pass the workflow run id")
+    attempt = _positive(context.run_attempt, "--run-attempt", "pass the run attempt (1 or more)")
+    try:
+        value = score(
+            _score_row(spec),
+            PriorityContext(context.event, context.pr_labels, context.criteria),
+            policy,
+        )
+    except ValueError as exc:
+        raise CIError(f"{spec.source}: {exc}") from None
+    namespace = queue_namespace(run_id, attempt, context.family)
+    token = queue_token(spec.data, namespace, context.matrix_path)
+    gate = job_label(value, token)
+    attempt_tag = attempt_label(attempt)
+    notes: list[str] = []
+    nodes_tag: list[str] = []
+    mode: Mode = "priority"
+    if flags.node_slots:
+        mode = "node-slots"
+        if spec.nodes is None:
+            notes.append("no node count: nodes: label left out (the seed's guard)")
+        else:
+            nodes_tag.append(nodes_label(spec.nodes))
+    labels = _unique([SELF_HOSTED, label, *nodes_tag, gate, attempt_tag])
+    return LabelSet(
+        runs_on=labels,
+        mode=mode,
+        runner=label,
+        nodes=spec.nodes,
+        score=render_score(value),
+        token=token,
+        job_label=gate,
+        attempt_label=attempt_tag,
+        notes=tuple(notes),
+    )
+
+
+def _unique(labels: Sequence[str]) -> tuple[str, ...]:
+    """Keep the first of labels that GitHub would treat as equal (case-insensitive)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for label in labels:
+        if fold(label) not in seen:
+            seen.add(fold(label))
+            out.append(label)
+    return tuple(out)
+
+
+def github_output_lines(outputs: Mapping[str, str]) -> str:
+    """`key=value` lines for `$GITHUB_OUTPUT` (values here never contain newlines)."""
+    return "".join(f"{key}={value}\n" for key, value in outputs.items())

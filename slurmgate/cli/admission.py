@@ -1,0 +1,124 @@
+"""`slurmgate reconcile` and `slurmgate status`: one admission tick, or the board it would show."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from slurmgate.cli.common import fail
+
+app = typer.Typer()
+
+ApiUrl = Annotated[str, typer.Option(help="GitHub REST API base URL, or the emulator's URL.")]
+Repo = Annotated[str | None, typer.Option(help="Repository scope, OWNER/NAME.")]
+Org = Annotated[str | None, typer.Option(help="Organization scope, NAME.")]
+
+
+def _token(purpose: str) -> str:
+    token = os.environ.get("GITHUB_TOKEN", "").strip()
+    if not token:
+        raise fail(f"GITHUB_TOKEN is empty; export a token that can {purpose}")
+    return token
+
+
+@app.command(
+    "reconcile",
+    epilog=(
+        "Example: GITHUB_TOKEN=... PRIORITY_SCHEDULER_ENABLED=true slurmgate reconcile --once "
+        "--api-url http://127.0.0.1:8787 --repo acme/gpu-ci"
+    ),
+)
+def reconcile(
+    once: Annotated[
+        bool, typer.Option("--once", help="Run one tick and exit (the only mode here).")
+    ] = False,
+    api_url: ApiUrl = "https://api.github.com",
+    repo: Repo = None,
+    org: Org = None,
+) -> None:
+    """One reconcile tick through the Prefect flow (token from GITHUB_TOKEN, flags from env)."""
+    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.cli import prefect_layer
+    from slurmgate.github.scope import ScopeError
+
+    if not once:
+        raise fail(
+            "pass --once; for a tick every 30 s run the reconcile deployment "
+            "(python deployments/serve.py, or prefect deploy with deployments/prefect.yaml)"
+        )
+    if (repo is None) == (org is None):
+        raise fail("pass exactly one of --repo OWNER/NAME or --org NAME")
+    _token("manage the runners (admin rights; any non-empty value for the emulator)")
+    try:
+        AdmissionSettings()
+    except ValidationError as exc:
+        raise fail(f"bad admission settings in the environment: {exc}") from None
+    try:
+        summary = prefect_layer.run_reconcile_tick(api_url, repo, org)
+    except ScopeError as exc:
+        raise fail(str(exc)) from None
+    except Exception as exc:
+        typer.echo(f"error: tick failed: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(json.dumps(summary, sort_keys=True))
+
+
+@app.command(
+    "status",
+    epilog=(
+        "Example: GITHUB_TOKEN=... slurmgate status --api-url http://127.0.0.1:8787 "
+        "--repo acme/gpu-ci"
+    ),
+)
+def status(
+    api_url: ApiUrl = "https://api.github.com",
+    repo: Repo = None,
+    org: Org = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the board rows as JSON.")] = False,
+) -> None:
+    """The pool and lease board of a live GitHub scope (reads only; token from GITHUB_TOKEN)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.admission.tick import TickSteps, reconcile_tick
+    from slurmgate.github.client import GitHubClient, GitHubError
+    from slurmgate.github.scope import GitHubScope
+    from slurmgate.github.snapshot import take_snapshot
+
+    token = _token("read the runners")
+    try:
+        scope = GitHubScope(api_url=api_url, repo=repo, org=org)
+        settings = AdmissionSettings()
+    except (ValidationError, ValueError) as exc:
+        raise fail(str(exc)) from None
+
+    async def read() -> list[dict[str, Any]]:
+        async with GitHubClient(scope, token) as client:
+            report = await reconcile_tick(TickSteps(lambda: take_snapshot(client)), settings)
+        decisions = report.decisions
+        rows = decisions.board_rows()
+        for runner_id, reason in decisions.misconfigured_runners:
+            rows.append({"pool": f"runner {runner_id}", "blocked": f"misconfigured: {reason}"})
+        return rows
+
+    try:
+        rows = asyncio.run(read())
+    except GitHubError as exc:
+        typer.echo(f"error: reading {scope.api_url} failed: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="slurmgate pools")
+    columns = ["pool", "runners", "online", "leased", "busy_unleased", "free", "admitted_nodes"]
+    for name in [*columns, "blocked"]:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*(str(row.get(name, "")) for name in [*columns, "blocked"]))
+    Console().print(table)

@@ -1,0 +1,68 @@
+"""`slurmgate allocation run|reap`: run a spec through Prefect, or reap what a killed run left."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from slurmgate.cli.common import fail
+
+app = typer.Typer(
+    help="Run an allocation spec through Prefect, or reap what a killed run left behind.",
+    no_args_is_help=True,
+)
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@app.command("run", epilog="Example: slurmgate allocation run examples/specs/local-stub.yaml")
+def allocation_run(
+    spec: Annotated[Path, typer.Argument(help="The allocation spec (YAML).")],
+    runs_dir: Annotated[
+        Path | None, typer.Option(help="Run directories (logs, record.json).")
+    ] = None,
+) -> None:
+    """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
+    from slurmgate.cli import prefect_layer
+    from slurmgate.runtime.spec import AllocationSpec, SpecError
+
+    try:
+        parsed = AllocationSpec.from_yaml(spec)
+    except SpecError as exc:
+        typer.echo(f"error: invalid spec {spec}:\n{exc}", err=True)
+        raise typer.Exit(code=2) from None
+    # Prefect turns SIGTERM into its own exception during the run and re-delivers the signal
+    # afterwards; exiting through SystemExit (not the default action) lets atexit stop the
+    # ephemeral Prefect server instead of orphaning it.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        summary = prefect_layer.run_allocation(parsed, str(runs_dir) if runs_dir else None)
+    except Exception as exc:
+        raise fail(f"allocation run failed: {exc}", code=1) from None
+    typer.echo(f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}")
+
+
+@app.command("reap", epilog="Example: slurmgate allocation reap")
+def allocation_reap(
+    runs_dir: Annotated[
+        Path | None, typer.Option(help="Run directories to scan (default: the runs root).")
+    ] = None,
+) -> None:
+    """Cancel the Slurm jobs and steps of runs whose controller was killed."""
+    from slurmgate.runtime.reaper import reap_stale_runs
+    from slurmgate.runtime.records import load_records
+
+    tally = reap_stale_runs(load_records(runs_dir), wait_out_backoff=False, info=typer.echo)
+    if tally.slurm_error is not None:
+        raise fail(
+            f"reap stopped, Slurm did not answer ({tally.slurm_error}); the run records are "
+            "kept: check SLURM_CONF and that slurmctld is up, then run it again",
+            code=1,
+        )
+    typer.echo(f"{tally.reaped} run(s) reaped, {len(tally.actions)} leftover(s) cancelled")

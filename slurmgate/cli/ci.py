@@ -1,0 +1,164 @@
+"""`slurmgate labels` and `node-count`: what a GitHub workflow runs to ask for capacity."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slurmgate.ci.priority import criteria_from_classifier
+from slurmgate.ci.runs_on import (
+    CIError,
+    JobSpec,
+    RunContext,
+    compute_labels,
+    flags_from_env,
+    github_output_lines,
+    load_hardware,
+    load_spec,
+)
+from slurmgate.cli.common import fail
+
+LABELS_EPILOG = (
+    "Example: PRIORITY_SCHEDULER_ENABLED=true NODE_SLOT_SCHEDULER_ENABLED=true "
+    "slurmgate labels row.json --run-id 42 --run-attempt 1 --github-output  "
+    "(prints {'runs-on': [...], 'nodes': 3, ...}; a workflow reads runs-on with fromJSON)"
+)
+NODE_COUNT_EPILOG = (
+    "Example: slurmgate node-count examples/specs/local-stub.yaml  "
+    "(an allocation spec: a mapping with `deployments`; anything else is one matrix row)"
+)
+
+app = typer.Typer()
+
+
+def _read(spec: str, hardware: Path | None, recipes: Path | None) -> JobSpec:
+    table = load_hardware(hardware) if hardware is not None else None
+    if spec == "-":
+        return load_spec("<stdin>", sys.stdin.read(), table, recipes)
+    return load_spec(spec, None, table, recipes)
+
+
+SpecArg = Annotated[
+    str,
+    typer.Argument(
+        help="An allocation spec or one matrix row, as YAML or JSON; - reads standard input.",
+        show_default=False,
+    ),
+]
+HardwareOpt = Annotated[
+    Path | None,
+    typer.Option(help="GPUs per node by runner label (YAML mapping, or runners.yaml)."),
+]
+RecipesOpt = Annotated[
+    Path | None,
+    typer.Option(help="Folder that CONFIG_FILE=recipes/... paths are relative to."),
+]
+
+
+@app.command("labels", epilog=LABELS_EPILOG)
+def labels(
+    spec: SpecArg,
+    runner: Annotated[
+        str | None,
+        typer.Option(help="Pool or runner label (default: the row's `runner`)."),
+    ] = None,
+    run_id: Annotated[
+        int | None, typer.Option(envvar="GITHUB_RUN_ID", help="Workflow run id.")
+    ] = None,
+    run_attempt: Annotated[
+        int | None, typer.Option(envvar="GITHUB_RUN_ATTEMPT", help="Workflow run attempt.")
+    ] = None,
+    event: Annotated[
+        str, typer.Option(envvar="GITHUB_EVENT_NAME", help="Triggering event (push scores +2).")
+    ] = "",
+    pr_label: Annotated[
+        list[str] | None, typer.Option(help="A pull-request label; repeat for more.")
+    ] = None,
+    criteria: Annotated[
+        str | None,
+        typer.Option(help="The classifier's answer as JSON; unusable answers fail closed."),
+    ] = None,
+    family: Annotated[str | None, typer.Option(help="Queue-token namespace suffix.")] = None,
+    matrix_path: Annotated[
+        str, typer.Option(help="The row's path in the matrix, e.g. config/3 (token input).")
+    ] = "",
+    priority: Annotated[
+        bool | None,
+        typer.Option(
+            "--priority/--no-priority",
+            help="Override PRIORITY_SCHEDULER_ENABLED.",
+            show_default=False,
+        ),
+    ] = None,
+    node_slots: Annotated[
+        bool | None,
+        typer.Option(
+            "--node-slots/--no-node-slots",
+            help="Override NODE_SLOT_SCHEDULER_ENABLED.",
+            show_default=False,
+        ),
+    ] = None,
+    github_output: Annotated[
+        bool,
+        typer.Option(help="Also append the outputs to the file named by $GITHUB_OUTPUT."),
+    ] = False,
+    hardware: HardwareOpt = None,
+    recipes: RecipesOpt = None,
+) -> None:
+    """Print a job's runs-on labels as JSON (self-hosted, pool, nodes:N, ci-job-*, ci-attempt-*)."""
+    try:
+        job = _read(spec, hardware, recipes)
+        flags = flags_from_env(os.environ)
+        if priority is not None or node_slots is not None:
+            flags = type(flags)(
+                priority=flags.priority if priority is None else priority,
+                node_slots=flags.node_slots if node_slots is None else node_slots,
+            )
+        context = RunContext(
+            run_id=run_id,
+            run_attempt=run_attempt,
+            event=event,
+            pr_labels=frozenset(pr_label or ()),
+            criteria=criteria_from_classifier(criteria) if criteria is not None else None,
+            family=family or None,
+            matrix_path=tuple(part for part in matrix_path.split("/") if part),
+        )
+        result = compute_labels(job, flags, context, runner)
+    except CIError as exc:
+        raise fail(str(exc)) from None
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+    if github_output:
+        target = os.environ.get("GITHUB_OUTPUT", "").strip()
+        if not target:
+            raise fail("--github-output needs $GITHUB_OUTPUT; it is set inside GitHub Actions")
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(github_output_lines(result.outputs()))
+    typer.echo(json.dumps(result.as_dict(), separators=(",", ":")))
+
+
+@app.command("node-count", epilog=NODE_COUNT_EPILOG)
+def node_count(
+    spec: SpecArg,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print {kind, node-count} as JSON instead.")
+    ] = False,
+    hardware: HardwareOpt = None,
+    recipes: RecipesOpt = None,
+) -> None:
+    """Print the Slurm node count of an allocation spec or a matrix row (empty when unknown)."""
+    try:
+        job = _read(spec, hardware, recipes)
+    except CIError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps({"kind": job.kind, "node-count": job.nodes}))
+        return
+    if job.nodes is None:
+        typer.echo("note: the row's node-count is empty (no nodes: label will be asked)", err=True)
+    typer.echo("" if job.nodes is None else str(job.nodes))

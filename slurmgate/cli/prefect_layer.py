@@ -1,0 +1,26 @@
+"""The one door from the command line into the Prefect layer (`flows/`), imported on demand.
+
+The core never imports prefect, so that node workers and endpoints start fast; only the commands
+that run a flow come through here, and only when they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from slurmgate.runtime.spec import AllocationSpec
+
+
+def run_reconcile_tick(api_url: str, repo: str | None, org: str | None) -> dict[str, Any]:
+    """One tick of the `reconcile` flow on an inline scope (token from $GITHUB_TOKEN)."""
+    from flows.reconcile import reconcile
+
+    return asyncio.run(reconcile(scope_block=None, api_url=api_url, repo=repo, org=org))
+
+
+def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]:
+    """The `allocation` flow, in this process; raises when the run or its cleanup fails."""
+    from flows.allocation import allocation
+
+    return allocation(spec=spec, runs_dir=runs_dir)

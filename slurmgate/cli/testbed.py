@@ -1,0 +1,164 @@
+"""`slurmgate emulator` and `slurmgate loadgen`: the local stand-ins, as commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slurmgate.cli.common import fail
+from slurmgate.testbed.emulator.state import EmulatorInputError, fleet_from_job_mix, parse_pool
+
+app = typer.Typer()
+
+
+@app.command(
+    "emulator",
+    epilog=(
+        "Example: slurmgate emulator --port 8787 --repo acme/gpu-ci "
+        "--pool cluster:h100=8 --pool cluster:b200=18 --legacy 2"
+    ),
+)
+def emulator(
+    port: Annotated[int, typer.Option(help="TCP port to listen on (0 picks a free one).")] = 8787,
+    repo: Annotated[
+        str, typer.Option(help="The repository it serves, OWNER/NAME.")
+    ] = "acme/gpu-ci",
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(help="A runner pool, cluster:NAME=COUNT; repeat for more pools."),
+    ] = None,
+    legacy: Annotated[int, typer.Option(help="Runners without a cluster: label.")] = 0,
+    token: Annotated[
+        str | None,
+        typer.Option(help="Accept only this bearer token (default: any non-empty token)."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    job_mix: Annotated[
+        Path | None,
+        typer.Option(help="Add pools shaped like a job-mix CSV (cluster_pool, runner counts)."),
+    ] = None,
+    quota: Annotated[int, typer.Option(help="Primary rate-limit quota per window.")] = 5000,
+    webhook_url: Annotated[
+        list[str] | None,
+        typer.Option(help="POST signed workflow_job webhooks here on every job change."),
+    ] = None,
+    webhook_secret: Annotated[
+        str | None,
+        typer.Option(
+            help="Secret for X-Hub-Signature-256.",
+            envvar="SLURMGATE_WEBHOOK_SECRET",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Serve a GitHub API emulator holding a runner fleet (a real HTTP server)."""
+    from slurmgate.testbed.emulator.server import run_emulator
+
+    if not 0 <= port <= 65535:
+        raise fail(f"--port {port} is not a TCP port; use 0..65535")
+    if legacy < 0:
+        raise fail(f"--legacy {legacy} is negative; use 0 or more")
+    if quota < 0:
+        raise fail(f"--quota {quota} is negative; use 0 or more")
+    for url in webhook_url or []:
+        if not url.startswith(("http://", "https://")):
+            raise fail(f"--webhook-url {url!r} is not an http(s) URL")
+    if token is not None and not token.strip():
+        raise fail("--token is empty; give a token or leave the option out")
+    try:
+        pools: dict[str, int] = {}
+        if job_mix is not None:
+            pools.update(fleet_from_job_mix(job_mix))
+        for spec in pool or []:
+            name, count = parse_pool(spec)
+            pools[name] = count
+        if not pools and not legacy:
+            raise EmulatorInputError(
+                "the fleet is empty; add --pool cluster:NAME=COUNT, --legacy COUNT or --job-mix CSV"
+            )
+        from slurmgate.testbed.emulator.state import build_state
+
+        build_state(repo, pools, legacy, token)  # validate everything before binding the port
+    except (EmulatorInputError, OSError) as exc:
+        raise fail(str(exc)) from None
+    fleet = ", ".join(f"cluster:{n}={c}" for n, c in pools.items())
+    if legacy:
+        fleet += f"{', ' if fleet else ''}legacy={legacy}"
+
+    def announce(url: str) -> None:
+        typer.echo(f"GitHub emulator for {repo} on {url} ({fleet}); Ctrl-C stops it", err=True)
+
+    try:
+        run_emulator(
+            port,
+            repo,
+            pools,
+            legacy,
+            token,
+            host=host,
+            quota_limit=quota,
+            webhook_urls=list(webhook_url or []),
+            webhook_secret=webhook_secret,
+            announce=announce,
+        )
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise fail(f"cannot listen on {host}:{port} ({reason}); pick another --port") from None
+
+
+@app.command(
+    "loadgen",
+    epilog=(
+        "Example: slurmgate loadgen http://127.0.0.1:17000 --concurrency 32 --duration 10 --json"
+    ),
+)
+def loadgen(
+    url: Annotated[str, typer.Argument(help="Base URL of an endpoint, e.g. http://HOST:PORT.")],
+    path: Annotated[str, typer.Option(help="Request path.")] = "/v1/completions",
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
+    duration: Annotated[float | None, typer.Option(help="Seconds to run (default 10).")] = None,
+    requests: Annotated[int | None, typer.Option(help="Stop after this many requests.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="max_tokens of each completion.")] = 16,
+    model: Annotated[str, typer.Option(help="Model name sent in each request.")] = "stub-model",
+    stream: Annotated[bool, typer.Option(help="Ask for SSE streaming.")] = False,
+    honour_retry_after: Annotated[
+        bool, typer.Option(help="Wait a 429's Retry-After before the next request.")
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Drive an endpoint at a set concurrency; report throughput, latency percentiles and 429s."""
+    import asyncio
+    import json
+
+    from slurmgate.testbed.loadgen import LoadSpec, run_load
+
+    if not url.startswith(("http://", "https://")):
+        raise fail(f"URL {url!r} is not an http(s) URL; e.g. http://127.0.0.1:17000")
+    spec = LoadSpec(
+        url=url,
+        path=path,
+        concurrency=concurrency,
+        duration=duration if duration is not None or requests is not None else 10.0,
+        requests=requests,
+        body={"model": model, "prompt": "hello", "max_tokens": max_tokens}
+        | ({"stream": True} if stream else {}),
+        honour_retry_after=honour_retry_after,
+    )
+    try:
+        spec.check()
+    except ValueError as exc:
+        raise fail(f"{exc}") from None
+    report = asyncio.run(run_load(spec))
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo(
+            f"{report.ok} ok, {report.throttled} throttled (429), "
+            f"errors {report.errors or 'none'} in {report.elapsed:.2f}s: "
+            f"{report.throughput:.0f} req/s, p50 {report.latency_p50 * 1e3:.2f} ms, "
+            f"p99 {report.latency_p99 * 1e3:.2f} ms"
+        )
+    if not report.ok:
+        raise typer.Exit(code=1)

@@ -1,0 +1,90 @@
+"""`slurmgate webhook`: serve the relay that turns GitHub webhooks into Prefect events."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from slurmgate.cli.common import fail
+
+SECRET_ENV = "SLURMGATE_WEBHOOK_SECRET"
+WEBHOOK_EPILOG = (
+    "Example: SLURMGATE_WEBHOOK_SECRET=... PREFECT_API_URL=http://127.0.0.1:4200/api "
+    "slurmgate webhook --port 8788  (GitHub: payload URL http://HOST:8788/webhook, "
+    "content type application/json, event 'Workflow jobs')"
+)
+
+
+app = typer.Typer()
+
+
+@app.command("webhook", epilog=WEBHOOK_EPILOG)
+def webhook(
+    port: Annotated[int, typer.Option(help="TCP port to listen on (0 picks a free one).")] = 8788,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    prefect_api_url: Annotated[
+        str | None,
+        typer.Option(envvar="PREFECT_API_URL", help="Prefect API, e.g. http://127.0.0.1:4200/api."),
+    ] = None,
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(help=f"Read the webhook secret from this file (else ${SECRET_ENV})."),
+    ] = None,
+    max_age: Annotated[
+        float, typer.Option(help="Reject deliveries whose job timestamp is older (seconds).")
+    ] = 600.0,
+) -> None:
+    """Relay signed GitHub workflow_job webhooks into Prefect events (github.workflow_job.*)."""
+    from slurmgate.github.webhook import RelaySettings, create_app
+
+    if not 0 <= port <= 65535:
+        raise fail(f"--port {port} is not a TCP port; use 0..65535")
+    if secret_file is not None:
+        try:
+            secret = secret_file.read_text().strip()
+        except OSError as exc:
+            raise fail(f"--secret-file {secret_file}: cannot read ({exc.strerror})") from None
+    else:
+        secret = os.environ.get(SECRET_ENV, "").strip()
+    if not secret:
+        raise fail(f"no webhook secret: export {SECRET_ENV} or pass --secret-file")
+    if not prefect_api_url:
+        raise fail("no Prefect API: export PREFECT_API_URL or pass --prefect-api-url")
+    auth = os.environ.get("PREFECT_API_AUTH_STRING", "").strip() or None
+    try:
+        settings = RelaySettings(
+            secret=secret,  # type: ignore[arg-type]
+            prefect_api_url=prefect_api_url,
+            prefect_auth_string=auth,  # type: ignore[arg-type]
+            max_age_s=max_age,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first.get("loc", ())) or "settings"
+        raise fail(f"{field}: {first.get('msg')}") from None
+    import socket
+
+    import uvicorn
+
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)  # accept into the backlog at once; uvicorn serves them when it is up
+    except OSError as exc:
+        raise fail(
+            f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
+        ) from None
+    bound = sock.getsockname()[1]
+    # bind first, then announce the real URL: `--port 0` is usable by scripts and tests
+    typer.echo(
+        f"webhook relay on http://{host}:{bound}/webhook -> {settings.prefect_api_url}", err=True
+    )
+    config = uvicorn.Config(
+        create_app(settings), log_level="warning", access_log=False, timeout_graceful_shutdown=2
+    )
+    uvicorn.Server(config).run(sockets=[sock])

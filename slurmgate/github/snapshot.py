@@ -1,0 +1,51 @@
+"""Build the planner's `Snapshot` from GitHub: the fleet, active jobs, and every lease's job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Protocol
+
+from slurmgate.admission.model import Job, Runner, Snapshot, leases_from_fleet
+
+
+class SnapshotClient(Protocol):
+    """The reads `take_snapshot` needs (all of them `GitHubClient` methods)."""
+
+    async def list_runners(self, conditional: bool = True) -> list[Runner]: ...
+
+    async def list_active_jobs(self) -> list[Job]: ...
+
+    async def get_job(self, job_id: int) -> Job | None: ...
+
+
+async def take_snapshot(
+    client: SnapshotClient, *, clock: Callable[[], datetime] | None = None
+) -> Snapshot:
+    """One read of the fleet and the jobs, conditional (ETag) wherever GitHub allows it.
+
+    Jobs are the queued and in-progress jobs of queued and in-progress runs, plus a fresh
+    `get_job` for each job a lease points at that the listing did not show: a completed job is
+    then told apart from a vanished one (404, recorded in `missing_job_ids`).
+    """
+    runners = await client.list_runners(conditional=True)
+    jobs = {job.id: job for job in await client.list_active_jobs()}
+    leases, _ = leases_from_fleet(runners)
+    missing: set[int] = set()
+    for job_id in sorted({lease.job_id for lease in leases} - set(jobs)):
+        job = await client.get_job(job_id)
+        if job is None:
+            missing.add(job_id)
+        else:
+            jobs[job.id] = job
+    taken_at = (clock or _utcnow)()
+    return Snapshot(
+        runners=tuple(sorted(runners, key=lambda r: r.id)),
+        jobs=tuple(sorted(jobs.values(), key=lambda j: j.id)),
+        taken_at=taken_at,
+        missing_job_ids=frozenset(missing),
+    )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)

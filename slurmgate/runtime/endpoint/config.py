@@ -1,0 +1,138 @@
+"""The logical endpoint's settings and flags: parsed and rendered in one place."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_PROG = "python -m slurmgate.runtime.endpoint"
+# Every setting past name, listen and backends: its flag is --NAME-WITH-DASHES.
+TUNING_FLAGS: dict[str, type] = {
+    "max_waiting": int,
+    "retry_after": float,
+    "sample_interval": float,
+    "stale_after": float,
+    "metrics_timeout": float,
+    "max_attempts": int,
+    "max_body_bytes": int,
+    "connect_timeout": float,
+    "read_timeout": float,
+    "health_timeout": float,
+    "pool_size": int,
+    "keepalive_timeout": float,
+    "backend_health_path": str,
+    "backend_metrics_path": str,
+}
+
+
+class EndpointConfig(BaseModel):
+    """Settings of one logical endpoint; every field maps to a command-line flag."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="deployment name, used in logs and metrics")
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="listen port; 0 picks a free one")
+    backends: list[str] = Field(min_length=1, description="lane heads as http://HOST:PORT")
+    max_waiting: int = Field(default=128, ge=0, description="per-lane queue limit")
+    retry_after: float = Field(default=1.0, ge=0, description="Retry-After seconds; 0 omits it")
+    sample_interval: float = Field(default=0.1, gt=0)
+    stale_after: float = Field(default=1.0, gt=0)
+    metrics_timeout: float = Field(default=0.2, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    max_body_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
+    connect_timeout: float = Field(default=5.0, gt=0)
+    read_timeout: float = Field(default=3600.0, gt=0)
+    health_timeout: float = Field(default=2.0, gt=0)
+    backend_health_path: str = "/health"
+    backend_metrics_path: str = "/metrics"
+    pool_size: int = Field(default=256, ge=1, description="pooled upstream connections in all")
+    keepalive_timeout: float = Field(
+        default=4.0,
+        gt=0,
+        description="idle upstream connections close after this; keep it under the backends' "
+        "own keep-alive (uvicorn and vLLM default to 5 s) so a pooled connection is never "
+        "reused just as the backend closes it",
+    )
+
+    @field_validator("backends")
+    @classmethod
+    def _backends_are_base_urls(cls, value: list[str]) -> list[str]:
+        cleaned: list[str] = []
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname or parts.port is None:
+                raise ValueError(f"{url!r} is not a backend base URL: use http://HOST:PORT")
+            if parts.path not in ("", "/") or parts.query or parts.fragment:
+                raise ValueError(f"{url!r} has a path or query: give only http://HOST:PORT")
+            cleaned.append(f"http://{parts.netloc}")
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("the same backend is listed twice: list each lane head once")
+        return cleaned
+
+    @field_validator("backend_health_path", "backend_metrics_path")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if not value.startswith("/") or any(c in value for c in " ?#"):
+            raise ValueError(f"{value!r} must be an absolute path like /health, without a query")
+        return value
+
+    @property
+    def retry_after_header(self) -> bytes | None:
+        if self.retry_after <= 0:
+            return None
+        seconds = self.retry_after
+        return (str(int(seconds)) if seconds == int(seconds) else f"{seconds:g}").encode()
+
+    def argv(self) -> list[str]:
+        """The flags that make `parse_config` build this config again; defaults are left out."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        args = ["--name", self.name, "--listen", f"{host}:{self.port}"]
+        for url in self.backends:
+            args += ["--backend", url]
+        for name in TUNING_FLAGS:
+            value = getattr(self, name)
+            if value != type(self).model_fields[name].default:
+                args += [_flag(name), str(value)]
+        return args
+
+
+def _parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (for example 127.0.0.1:9000)")
+    return host.strip("[]"), int(port)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_config(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> EndpointConfig:
+    """Build the config from the command line; bad values exit 2 naming the flag and the fix."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Logical endpoint: routes, retries and streams to a deployment's lane heads.",
+    )
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--listen", required=True, type=_parse_listen, metavar="HOST:PORT")
+    parser.add_argument("--backend", action="append", required=True, metavar="http://HOST:PORT")
+    for name, kind in TUNING_FLAGS.items():
+        parser.add_argument(_flag(name), dest=name, type=kind, default=None)
+    ns = parser.parse_args(argv)
+    host, port = ns.listen
+    values: dict[str, Any] = {"name": ns.name, "host": host, "port": port, "backends": ns.backend}
+    values.update({k: getattr(ns, k) for k in TUNING_FLAGS if getattr(ns, k) is not None})
+    try:
+        return EndpointConfig(**values)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = str(err["loc"][0]) if err["loc"] else "?"
+            flag = {"backends": "backend", "host": "listen", "port": "listen"}.get(loc, loc)
+            lines.append(f"--{flag.replace('_', '-')}: {err['msg']}")
+        parser.error("; ".join(lines))
+    raise AssertionError("unreachable")

@@ -1,0 +1,46 @@
+"""Backend selection: least active requests among the lanes the queue policy admits.
+
+Ties are broken by a rotating cursor: the scan starts one past the lane picked last, and the
+first lane with the lowest in-flight count wins. That is deterministic for a given sequence of
+requests and, unlike "lowest index first", spreads sequential traffic evenly over idle lanes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from slurmgate.runtime.endpoint.backpressure import Lane, QueuePolicy
+
+
+class LeastActiveRouter:
+    """Picks a lane for each attempt; the caller owns incrementing and releasing ``lane.active``."""
+
+    def __init__(self, lanes: Sequence[Lane], policy: QueuePolicy) -> None:
+        if not lanes:
+            raise ValueError("backends: at least one backend is required")
+        self.lanes = list(lanes)
+        self.policy = policy
+        self._cursor = 0
+
+    def pick(self, now: float, exclude: Collection[Lane] = ()) -> Lane | None:
+        """The admitted, not yet tried lane with the fewest in-flight requests, or None."""
+        lanes = self.lanes
+        count = len(lanes)
+        start = self._cursor
+        best: Lane | None = None
+        admits = self.policy.admits
+        for offset in range(count):
+            lane = lanes[(start + offset) % count]
+            if best is not None and lane.active >= best.active:
+                continue
+            if lane in exclude or not admits(lane, now):
+                continue
+            best = lane
+            if best.active == 0:
+                break
+        if best is not None:
+            self._cursor = (best.index + 1) % count
+        return best
+
+    def all_over_limit(self, now: float) -> bool:
+        return not any(self.policy.admits(lane, now) for lane in self.lanes)

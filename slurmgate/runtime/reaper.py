@@ -1,0 +1,181 @@
+"""The reaper: cancel what allocation runs whose controller died left in Slurm, and say so."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmgate.errors import one_line
+from slurmgate.runtime import slurm
+from slurmgate.runtime.records import ProcessIdentity, RunRecord, RunStatus, cmdline_contains
+
+REAP_BACKOFF_S = 30.0
+REAP_BACKOFF_MAX_S = 300.0
+
+
+def stale_records(records: Iterable[RunRecord]) -> list[RunRecord]:
+    """Unfinished runs of this host whose controller is dead: what a reaper must clean.
+
+    Reads /proc only, never Slurm, so a pass with nothing stale costs no Slurm command. Runs of
+    other hosts (a shared home directory) are left to a reaper on their own host.
+    """
+    return [
+        rec
+        for rec in records
+        if not rec.status.finished and rec.on_this_host() and not rec.controller_alive()
+    ]
+
+
+def reap_due(rec: RunRecord, now: float) -> bool:
+    """False while a stale run waits out the backoff of its last failed reap (defer_reap)."""
+    return (rec.reap_retry_at or 0.0) <= now
+
+
+def reap_run(rec: RunRecord, *, timeout: float = 10.0) -> list[str]:
+    """Cancel what one dead controller's run left: its owned job, else its steps; srun groups.
+
+    Raises SlurmError when Slurm cannot answer: the run stays unreaped for a later pass.
+    """
+    run_id, job = rec.run_id, rec.job_id
+    actions: list[str] = []
+    info = slurm.show_job(job, timeout=timeout) if job else None
+    if job and (info is None or not info.active):
+        pass  # the allocation is already over: Slurm has ended its steps
+    elif not job:
+        if rec.owned_allocation:
+            # killed while salloc waited: the request may still be pending, or granted since
+            slurm.scancel_by_name(run_id, timeout=timeout)
+            actions.append(f"scancel --name={run_id} (salloc had granted no job id)")
+    elif rec.owned_allocation:
+        if slurm.scancel(job, timeout=timeout):
+            actions.append(f"scancel {job} (owned allocation)")
+    else:
+        for step in slurm.list_steps(job, timeout=timeout):
+            if step.name.startswith(run_id) and slurm.scancel(step.step_id, timeout=timeout):
+                actions.append(f"scancel {step.step_id} ({step.name})")
+    for step_record in rec.steps:
+        pgid = step_record.pgid
+        if pgid is not None and cmdline_contains(pgid, run_id):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                actions.append(f"SIGKILL group {pgid} ({step_record.name})")
+    return actions
+
+
+def _update_record(rec: RunRecord, **changes: Any) -> None:
+    """Apply `changes` to `rec` and to the file it was read from, re-read first, so fields
+    the controller wrote since are kept."""
+    for key, value in changes.items():
+        setattr(rec, key, value)
+    if rec.path is None:
+        return
+    stored = RunRecord.read(rec.path)
+    for key, value in changes.items():
+        setattr(stored, key, value)
+    stored.write()
+
+
+def mark_reaped(rec: RunRecord, actions: list[str]) -> None:
+    """Write `status: reaped` (with what was done, and by whom) into the run's record file."""
+    _update_record(
+        rec,
+        status=RunStatus.REAPED,
+        status_before_reap=rec.status,
+        reaped_at=round(time.time(), 3),
+        reaped_by=ProcessIdentity.current(),
+        reap_actions=list(actions),
+    )
+
+
+def defer_reap(rec: RunRecord, reason: str, *, now: float | None = None) -> float:
+    """Record a failed reap; the next try waits 30 s, doubling up to 5 min. Returns the wait.
+
+    A Slurm that cannot answer costs a command timeout; without a wait, every 30 s tick would.
+    """
+    failures = (rec.reap_failures or 0) + 1
+    wait = min(REAP_BACKOFF_S * 2.0 ** min(failures - 1, 16), REAP_BACKOFF_MAX_S)
+    _update_record(
+        rec,
+        reap_failures=failures,
+        reap_retry_at=round((time.time() if now is None else now) + wait, 3),
+        reap_error=reason,
+    )
+    return wait
+
+
+def _defer_quietly(rec: RunRecord, reason: str) -> float:
+    try:
+        return defer_reap(rec, reason)
+    except Exception:  # an unwritable record is retried on the next pass instead
+        return 0.0
+
+
+@dataclass
+class ReapTally:
+    """One reap pass: runs reaped, what was done to each, and stale runs left for a later pass
+    (Slurm did not answer now or at the last try, whose backoff has not run out).
+    `slurm_error` says why Slurm stopped the pass, when it did."""
+
+    reaped: int = 0
+    deferred: int = 0
+    actions: list[str] = field(default_factory=list)
+    slurm_error: str | None = None
+
+
+def _ignore(message: str) -> None:
+    return None
+
+
+def reap_stale_runs(
+    records: Iterable[RunRecord],
+    *,
+    timeout: float = 10.0,
+    wait_out_backoff: bool = True,
+    info: Callable[[str], Any] = _ignore,
+    warn: Callable[[str], Any] = _ignore,
+) -> ReapTally:
+    """Reap every stale run that is due, one `info` line per action; the one reap pass.
+
+    A pass with nothing stale runs no Slurm command. When Slurm cannot answer, one `warn` line
+    gives the reason and every due run waits (30 s, doubling to 5 min) for a later pass; the
+    scheduled pass honours that wait, a pass by hand (`wait_out_backoff=False`) does not.
+    """
+    stale = stale_records(records)
+    now = time.time()
+    due = [rec for rec in stale if not wait_out_backoff or reap_due(rec, now)]
+    tally = ReapTally()
+    for index, rec in enumerate(due):
+        run_id, job_id = rec.run_id, rec.job_id or "-"
+        try:
+            actions = reap_run(rec, timeout=timeout)
+        except slurm.SlurmError as exc:
+            # Slurm is down or absent: one line for the pass, and every due run waits
+            left = due[index:]
+            tally.slurm_error = one_line(exc)
+            waits = [_defer_quietly(r, tally.slurm_error) for r in left]
+            warn(
+                f"reap deferred run={run_id} job={job_id}: {len(left)} stale run(s) wait "
+                f"{min(waits):.0f} s for Slurm: {tally.slurm_error}"
+            )
+            break
+        except Exception as exc:
+            reason = one_line(exc)
+            wait = _defer_quietly(rec, reason)
+            warn(f"reap failed run={run_id} job={job_id} (retry in {wait:.0f} s): {reason}")
+            continue
+        for action in actions or ["nothing left (allocation over, no live srun group)"]:
+            info(f"reap run={run_id} job={job_id} {action}")
+        try:
+            mark_reaped(rec, actions)
+        except Exception as exc:
+            warn(f"reap run={run_id} job={job_id} done, but its record could not be marked: "
+                 f"{one_line(exc)}")  # fmt: skip
+        tally.reaped += 1
+        tally.actions += actions
+    tally.deferred = len(stale) - tally.reaped
+    return tally

@@ -1,0 +1,206 @@
+"""Run records: what one allocation run owns in Slurm, as a typed file written atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RECORD_NAME = "record.json"
+# A record is a few kilobytes; anything far larger was not written by a controller.
+MAX_RECORD_BYTES = 1 << 20
+
+
+def default_runs_root() -> Path:
+    """Where run directories (logs, record.json) live: $SLURMGATE_RUNS_DIR or ~/.cache."""
+    env = os.environ.get("SLURMGATE_RUNS_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "slurmgate" / "runs"
+
+
+class RunStatus(StrEnum):
+    """Where a run stands; only `running` and `cleanup-failed` may still hold Slurm resources."""
+
+    RUNNING = "running"
+    CLEAN = "clean"  # cleanup verified; the run's own outcome is settled next
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CLEANUP_FAILED = "cleanup-failed"
+    REAPED = "reaped"
+
+    @property
+    def finished(self) -> bool:
+        """The run owns nothing in Slurm any more."""
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({RunStatus.CLEAN, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.REAPED})
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None once it exited.
+
+    With the pid it names one process for good: a reused pid has a later start time. A zombie
+    (exited, not yet waited for) counts as exited.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if not fields or fields[0] in {b"Z", b"X"}:
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def cmdline_contains(pid: int, token: str) -> bool:
+    """The live process `pid` has `token` in its command line."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return token.encode() in cmdline
+
+
+class ProcessIdentity(BaseModel):
+    """One process for good: its host, its pid and when it started."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pid: int
+    started: int | None = None
+    host: str = ""
+
+    @classmethod
+    def current(cls) -> ProcessIdentity:
+        pid = os.getpid()
+        return cls(pid=pid, started=process_start_ticks(pid), host=socket.gethostname())
+
+
+class StepRecord(BaseModel):
+    """One launched srun of the run: its process group and Slurm step, for a later reaper."""
+
+    model_config = ConfigDict(extra="allow", coerce_numbers_to_str=True)
+
+    name: str = ""
+    pid: int | None = None
+    pgid: int | None = None
+    step_name: str | None = None
+    step_id: str | None = None
+    log: str | None = None
+    returncode: int | None = None
+
+
+class RunRecord(BaseModel):
+    """The record.json of one run. Unknown keys are kept, so older and newer files round-trip.
+
+    The controller rewrites it at every phase; a reaper adds the `reap_*` fields. `path` is
+    where it was read from (never stored in the file).
+    """
+
+    model_config = ConfigDict(extra="allow", coerce_numbers_to_str=True)
+
+    run_id: str
+    name: str = ""
+    job_id: str | None = None
+    owned_allocation: bool = False
+    hosts: list[str] = Field(default_factory=list)
+    phase: str = "new"
+    status: RunStatus = RunStatus.RUNNING
+    error: str | None = None
+    controller_pid: int | None = None
+    controller_started: int | None = None
+    controller_host: str | None = None  # absent in the oldest records: taken as this host
+    cleanup_complete: bool | None = None
+    steps: list[StepRecord] = Field(default_factory=list)
+    # written by a reaper
+    status_before_reap: RunStatus | None = None
+    reaped_at: float | None = None
+    reaped_by: ProcessIdentity | None = None
+    reap_actions: list[str] | None = None
+    reap_failures: int | None = None
+    reap_retry_at: float | None = None
+    reap_error: str | None = None
+
+    path: Path | None = Field(default=None, exclude=True)
+
+    def controller_alive(self) -> bool:
+        """The run's controller process still exists (same pid and start time), so it owns
+        cleanup. Records written before the start time was kept fall back to a python process
+        holding the pid (not this one, which cannot be a dead controller)."""
+        if self.controller_pid is None:
+            return False
+        if self.controller_started is not None:
+            return process_start_ticks(self.controller_pid) == self.controller_started
+        return self.controller_pid != os.getpid() and cmdline_contains(
+            self.controller_pid, "python"
+        )
+
+    def on_this_host(self) -> bool:
+        return self.controller_host in (None, socket.gethostname())
+
+    def to_json(self) -> str:
+        data = self.model_dump(mode="json")
+        for key in _REAPER_FIELDS:  # a run never reaped keeps the layout it always had
+            if data.get(key) is None:
+                data.pop(key, None)
+        return json.dumps(data, indent=1)
+
+    def write(self, path: Path | None = None) -> None:
+        """Replace the file atomically (0600: it names processes and Slurm jobs)."""
+        target = path or self.path
+        if target is None:
+            raise ValueError(f"run {self.run_id}: no record file to write to")
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.to_json())
+        os.replace(tmp, target)
+
+    @classmethod
+    def read(cls, path: Path) -> RunRecord:
+        """One record file; raises OSError or ValueError (pydantic's included) when unusable."""
+        with path.open("rb") as fh:
+            data = fh.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES} bytes")
+        record = cls.model_validate(json.loads(data))
+        record.path = path
+        return record
+
+
+_REAPER_FIELDS = (
+    "status_before_reap",
+    "reaped_at",
+    "reaped_by",
+    "reap_actions",
+    "reap_failures",
+    "reap_retry_at",
+    "reap_error",
+)
+
+
+def controller_identity() -> dict[str, Any]:
+    """The record fields that name the current process as a run's controller."""
+    me = ProcessIdentity.current()
+    return {"controller_pid": me.pid, "controller_started": me.started, "controller_host": me.host}
+
+
+def load_records(runs_root: Path | None = None) -> list[RunRecord]:
+    """Every readable run record under the runs root; unreadable ones are skipped."""
+    root = runs_root or default_runs_root()
+    out = []
+    for path in sorted(root.glob(f"*/{RECORD_NAME}")):
+        with contextlib.suppress(OSError, ValueError):
+            out.append(RunRecord.read(path))
+    return out

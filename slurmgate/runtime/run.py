@@ -1,0 +1,695 @@
+"""One allocation run: allocate, preflight, launch, readiness, endpoints, client, cleanup."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from slurmgate.runtime import layout as layout_mod
+from slurmgate.runtime import readiness, slurm
+from slurmgate.runtime.endpoint.config import EndpointConfig
+from slurmgate.runtime.node_worker import NodeSpec, WorkerSpec
+from slurmgate.runtime.records import (
+    RECORD_NAME,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    controller_identity,
+    default_runs_root,
+)
+from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.supervisor import (
+    DEFER,
+    CleanupFailed,
+    CleanupReport,
+    StepFailed,
+    Supervisor,
+)
+
+PREFLIGHT_TIMEOUT_S = 120.0
+ENDPOINT_STARTUP_S = 60.0
+_PREFLIGHT_LINE = re.compile(
+    r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
+)
+
+
+class RunFailed(RuntimeError):
+    """A phase of the run failed; `phase` names it."""
+
+    def __init__(self, phase: str, message: str) -> None:
+        self.phase = phase
+        super().__init__(f"{phase}: {message}")
+
+
+def new_run_id(name: str) -> str:
+    return f"sg-{name[:20]}-{secrets.token_hex(4)}"
+
+
+def env_name(deployment: str) -> str:
+    """SLURMGATE_ENDPOINT_<NAME>: the client's variable for a deployment's endpoint URL."""
+    return "SLURMGATE_ENDPOINT_" + re.sub(r"[^A-Z0-9]", "_", deployment.upper())
+
+
+@dataclass
+class RunResult:
+    """What a finished run reports."""
+
+    run_id: str
+    ok: bool
+    error: str | None
+    job_id: str | None
+    hosts: list[str]
+    timings: dict[str, float]
+    endpoint_metrics: dict[str, str]
+    cleanup: list[str]
+    record_path: str
+
+
+@dataclass
+class _Timings:
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str, t0: float) -> None:
+        self.marks[name] = round(time.monotonic() - t0, 4)
+
+
+class AllocationRun:
+    """One run of an allocation spec; every phase is a method, cleanup has exactly one owner."""
+
+    def __init__(
+        self,
+        spec: AllocationSpec,
+        *,
+        runs_root: Path | None = None,
+        run_id: str | None = None,
+        grace_s: float = 10.0,
+        poll_s: float = 0.1,
+        python: str | None = None,
+        allocate_timeout_s: float = 300.0,
+        log: Callable[[str], None] | None = None,
+        on_progress: Callable[[str, int, int], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.run_id = run_id or new_run_id(spec.name)
+        self.run_dir = (runs_root or default_runs_root()) / self.run_id
+        self.python = python or sys.executable
+        self.allocate_timeout_s = allocate_timeout_s
+        self.poll_s = poll_s
+        self.grace_s = grace_s
+        self._log = log or (lambda m: print(f"[slurmgate] {m}", file=sys.stderr, flush=True))
+        self._on_progress = on_progress
+        self.plan = layout_mod.plan(spec)
+        self.job_id: str | None = None
+        self.owned_allocation = False
+        self.layout: layout_mod.Layout | None = None
+        self.phase = "new"
+        self.status = RunStatus.RUNNING
+        self.error: str | None = None
+        self.endpoint_metrics: dict[str, str] = {}
+        self.t0 = time.monotonic()
+        self.timings = _Timings()
+        self.supervisor = Supervisor(
+            self.run_dir, grace_s=grace_s, poll_s=0.1, on_change=lambda _s: self.save()
+        )
+        self._cleanup_lock = threading.RLock()
+        self._cleanup_state = "open"
+        self._cleanup_report: CleanupReport | None = None
+        self.save()
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        self._log(message)
+
+    @property
+    def record_path(self) -> Path:
+        return self.run_dir / RECORD_NAME
+
+    def record(self) -> RunRecord:
+        report = getattr(self, "_cleanup_report", None)
+        return RunRecord(
+            run_id=self.run_id,
+            name=self.spec.name,
+            job_id=self.job_id,
+            owned_allocation=self.owned_allocation,
+            hosts=list(self.layout.hosts) if self.layout else [],
+            phase=self.phase,
+            status=self.status,
+            error=self.error,
+            **controller_identity(),
+            cleanup_complete=report.complete if report else None,
+            steps=(
+                [StepRecord(**step) for step in self.supervisor.records()]
+                if hasattr(self, "supervisor")
+                else []
+            ),
+        )
+
+    def save(self) -> None:
+        if self.run_dir.exists():
+            self.record().write(self.record_path)
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self.save()
+        self.log(f"phase {phase}")
+
+    def _base_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        # Steps must not inherit the controller's own step/GPU shape; SLURM_CONF stays.
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"
+        }
+        bindir = str(Path(self.python).parent)
+        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+        env["SLURMGATE_RUN_ID"] = self.run_id
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if extra:
+            env.update(extra)
+        return env
+
+    def _step_name(self, role: str) -> str:
+        return f"{self.run_id}-{role}"
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def allocate(self) -> str:
+        """Attach to SLURM_JOB_ID, or salloc one that this run owns and always cancels."""
+        self._enter("allocate")
+        t0 = time.monotonic()
+        attached = slurm.current_job_id()
+        if attached:
+            self.job_id = attached
+            self.log(f"decision: attach to allocation {attached} (SLURM_JOB_ID is set)")
+        else:
+            self.log(
+                f"decision: no SLURM_JOB_ID, salloc {self.plan.total_nodes} node(s) "
+                f"with gpu:{self.spec.gpus_per_node}"
+            )
+            self.owned_allocation = True  # before the call: a late grant is still ours to cancel
+            self.save()
+            self.job_id = slurm.salloc_no_shell(
+                nodes=self.plan.total_nodes,
+                job_name=self.run_id,
+                gpus_per_node=self.spec.gpus_per_node,
+                time_limit=self.spec.time_limit,
+                timeout=self.allocate_timeout_s,
+            )
+        self.supervisor.job_id = self.job_id
+        self.timings.mark("allocated", t0)
+        self.save()
+        return self.job_id
+
+    def resolve(self) -> layout_mod.Layout:
+        """Hosts in allocation order → a bound layout; the node count must match the plan."""
+        self._enter("resolve")
+        assert self.job_id
+        info = slurm.show_job(self.job_id)
+        if info is None or not info.nodelist:
+            raise RunFailed("resolve", f"allocation {self.job_id} is not running")
+        hosts = slurm.show_hostnames(info.nodelist)
+        addresses = slurm.node_addresses(hosts)
+        try:
+            self.layout = layout_mod.bind(self.plan, hosts, addresses)
+        except layout_mod.LayoutError as exc:
+            raise RunFailed("resolve", str(exc)) from None
+        for row in layout_mod.describe(self.layout):
+            self.log(
+                "decision: lane {deployment} replica {replica} rank {rank} on {node} "
+                "gpus {gpus} port {port} rendezvous {rendezvous} delay {delay_s}s".format(**row)
+            )
+        self.log(f"decision: client and endpoints on {self.layout.client_host}")
+        self.save()
+        return self.layout
+
+    def _worker_spec(self, d: layout_mod.DeploymentPlan) -> WorkerSpec:
+        assert self.layout
+        dspec = self.spec.deployments[d.index]
+        nodes = []
+        for n in d.nodes:
+            lanes = []
+            for lane in n.lanes:
+                master = self.layout.address(lane.rendezvous_node)
+                lanes.append(
+                    # The deployment's env travels in the step's environment, never in argv
+                    # (argv is world-readable in /proc and may hold tokens).
+                    layout_lane(lane, layout_mod.lane_argv(dspec, lane, master), {})
+                )
+            nodes.append(NodeSpec(host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes))
+        return WorkerSpec(
+            run_id=self.run_id,
+            name=d.name,
+            gpus_per_node=self.spec.gpus_per_node,
+            model_path=self.spec.model_path,
+            grace_s=min(self.grace_s, 10.0),
+            nodes=nodes,
+        )
+
+    def _client_worker_spec(self) -> WorkerSpec:
+        assert self.layout
+        ports = sorted(d.endpoint_port for d in self.plan.deployments)
+        return WorkerSpec(
+            run_id=self.run_id,
+            name="client",
+            gpus_per_node=0,
+            model_path=None,
+            grace_s=1.0,
+            nodes=[NodeSpec(host=self.layout.client_host, ports=ports, lanes=[])],
+        )
+
+    def _worker_argv(self, mode: str, ws: WorkerSpec) -> list[str]:
+        return [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", ws.encode()]
+
+    def preflight(self) -> None:
+        """Client (zero GPU) first, then every node of every deployment; nothing heavy starts."""
+        self._enter("preflight")
+        assert self.layout and self.job_id
+        t0 = time.monotonic()
+        client = self.supervisor.start(
+            "preflight-client",
+            slurm.srun_argv(
+                self._worker_argv("preflight", self._client_worker_spec()),
+                job_id=self.job_id,
+                nodelist=[self.layout.client_host],
+                step_name=self._step_name("preflight-client"),
+                gres="none",
+            ),
+            env=self._base_env(),
+            step_name=self._step_name("preflight-client"),
+            required=False,
+        )
+        self._expect_ok(client)
+        steps = []
+        for d in self.plan.deployments:
+            steps.append(
+                self.supervisor.start(
+                    f"preflight-{d.name}",
+                    slurm.srun_argv(
+                        self._worker_argv("preflight", self._worker_spec(d)),
+                        job_id=self.job_id,
+                        nodelist=self.layout.nodelist(d),
+                        step_name=self._step_name(f"preflight-{d.name}"),
+                        gres=None,
+                    ),
+                    env=self._base_env(self.spec.deployments[d.index].env),
+                    step_name=self._step_name(f"preflight-{d.name}"),
+                    required=False,
+                )
+            )
+        for step in steps:
+            self._expect_ok(step)
+        self.timings.mark("preflight_done", t0)
+        self.log(f"preflight passed on {len(self.layout.hosts)} node(s)")
+
+    def _expect_ok(self, step: Any) -> None:
+        rc = self.supervisor.wait(step, timeout=PREFLIGHT_TIMEOUT_S)
+        if rc == 0:
+            return
+        tail = step.log_tail(4000)
+        found = _PREFLIGHT_LINE.findall(tail)
+        if found:
+            host, check, message = found[0]
+            raise RunFailed("preflight", f"node {host}: check {check}: {message}")
+        raise RunFailed("preflight", f"{step.name} exited {rc}: {tail.strip()[-600:]}")
+
+    def launch(self) -> None:
+        """One coordinated srun per deployment, one node worker per node, fail-fast."""
+        self._enter("launch")
+        assert self.layout and self.job_id
+        self.launched_at = time.monotonic()
+        for d in self.plan.deployments:
+            nodelist = self.layout.nodelist(d)
+            self.log(f"decision: launch {d.name} as one srun on {','.join(nodelist)}")
+            self.supervisor.start(
+                f"serve-{d.name}",
+                slurm.srun_argv(
+                    self._worker_argv("serve", self._worker_spec(d)),
+                    job_id=self.job_id,
+                    nodelist=nodelist,
+                    step_name=self._step_name(f"serve-{d.name}"),
+                    gres=None,
+                ),
+                env=self._base_env(self.spec.deployments[d.index].env),
+                step_name=self._step_name(f"serve-{d.name}"),
+                required=True,
+            )
+        self.supervisor.resolve_step_ids(timeout=3.0)
+        self.save()
+
+    def wait_ready(self) -> float:
+        """Poll every lane head until ready; a dead step fails at once, a deadline fails late."""
+        self._enter("readiness")
+        assert self.layout
+        targets: list[readiness.Target] = []
+        for d in self.plan.deployments:
+            dspec = self.spec.deployments[d.index]
+            for lane, url in zip(d.heads, self.layout.head_urls(d), strict=True):
+                targets.append(
+                    readiness.Target(
+                        name=lane.process_id,
+                        base_url=url,
+                        path=dspec.readiness_path,
+                        deadline=self.launched_at + lane.delay_s + dspec.startup_timeout_s,
+                        needed=dspec.ready_probes,
+                    )
+                )
+        probe_timeout = min(d.probe_timeout_s for d in self.spec.deployments)
+
+        def progress(ready: int, total: int) -> None:
+            self.log(f"readiness: {ready}/{total} lane heads ready")
+            if self._on_progress:
+                self._on_progress("lanes", ready, total)
+
+        try:
+            seconds = readiness.wait_ready(
+                targets,
+                probe_timeout=probe_timeout,
+                poll_s=self.poll_s,
+                check_alive=self.supervisor.check_required,
+                on_progress=progress,
+            )
+        except readiness.ReadinessTimeout as exc:
+            raise RunFailed("readiness", str(exc)) from None
+        except StepFailed as exc:
+            raise RunFailed("readiness", str(exc)) from None
+        self.timings.mark("lanes_ready", self.launched_at)
+        self.timings.mark("lanes_ready_since_start", self.t0)
+        self.timings.marks["lanes_ready_at_epoch"] = time.time()
+        return seconds
+
+    def start_endpoints(self) -> None:
+        """One logical endpoint step per deployment on the client host; wait for /health 200."""
+        self._enter("endpoints")
+        assert self.layout and self.job_id
+        targets = []
+        for d in self.plan.deployments:
+            dspec = self.spec.deployments[d.index]
+            config = EndpointConfig(
+                name=d.name,
+                host="0.0.0.0",
+                port=d.endpoint_port,
+                backends=self.layout.head_urls(d),
+                max_waiting=dspec.backpressure.max_waiting_requests,
+                retry_after=dspec.backpressure.retry_after_s,
+                backend_health_path=dspec.readiness_path,
+            )
+            argv = [self.python, "-m", "slurmgate.runtime.endpoint", *config.argv()]
+            self.supervisor.start(
+                f"endpoint-{d.name}",
+                slurm.srun_argv(
+                    argv,
+                    job_id=self.job_id,
+                    nodelist=[self.layout.client_host],
+                    step_name=self._step_name(f"endpoint-{d.name}"),
+                    gres="none",
+                ),
+                env=self._base_env(),
+                step_name=self._step_name(f"endpoint-{d.name}"),
+                required=True,
+            )
+            targets.append(
+                readiness.Target(
+                    name=f"endpoint {d.name}",
+                    base_url=self.layout.endpoint_url(d),
+                    deadline=time.monotonic() + ENDPOINT_STARTUP_S,
+                    models=False,
+                )
+            )
+        self.supervisor.resolve_step_ids(timeout=3.0)
+        try:
+            readiness.wait_ready(
+                targets, probe_timeout=1.0, poll_s=0.1, check_alive=self.supervisor.check_required
+            )
+        except (readiness.ReadinessTimeout, StepFailed) as exc:
+            raise RunFailed("endpoints", str(exc)) from None
+        for d in self.plan.deployments:
+            self.log(f"endpoint {d.name} ready at {self.layout.endpoint_url(d)}")
+
+    def client_env(self) -> dict[str, str]:
+        assert self.layout
+        urls = {d.name: self.layout.endpoint_url(d) for d in self.plan.deployments}
+        env = {env_name(name): url for name, url in urls.items()}
+        env["SLURMGATE_ENDPOINTS"] = json.dumps(urls, sort_keys=True)
+        env["OPENAI_BASE_URL"] = next(iter(urls.values())) + "/v1"
+        env.update(self.spec.client.env)
+        return env
+
+    def run_client(self) -> int:
+        """The client step on the client host; the run fails if it fails or a server dies."""
+        self._enter("client")
+        assert self.layout and self.job_id
+        step = self.supervisor.start(
+            "client",
+            slurm.srun_argv(
+                list(self.spec.client.command),
+                job_id=self.job_id,
+                nodelist=[self.layout.client_host],
+                step_name=self._step_name("client"),
+                gres="none",
+                cpus_per_task=self.spec.client.cpus,
+            ),
+            env=self._base_env(self.client_env()),
+            step_name=self._step_name("client"),
+            required=False,
+        )
+        try:
+            rc = self.supervisor.wait(step)
+        except StepFailed as exc:
+            raise RunFailed("client", str(exc)) from None
+        if rc != 0:
+            raise RunFailed("client", f"client exited {rc}; log tail:\n{step.log_tail()}")
+        self.log("client succeeded")
+        return rc
+
+    def collect_endpoint_metrics(self) -> dict[str, str]:
+        """The endpoints' Prometheus text, fetched before they stop."""
+        if not self.layout:
+            return {}
+        for d in self.plan.deployments:
+            text = readiness.fetch_text(self.layout.endpoint_url(d) + "/metrics")
+            if text is not None:
+                self.endpoint_metrics[d.name] = text
+        return self.endpoint_metrics
+
+    # -- cleanup ---------------------------------------------------------------------------
+
+    @property
+    def cleaned(self) -> bool:
+        return self._cleanup_state == "closed"
+
+    def cleanup(self) -> CleanupReport:
+        """Stop every step (reverse order), release an owned allocation, verify. Exactly once."""
+        if self._cleanup_state == "cleaning":
+            return self._cleanup_report or CleanupReport()
+        # Signals wait until the allocation is released too; the first is re-raised after.
+        with DEFER.hold(), self._cleanup_lock:
+            if self._cleanup_state == "closed" and self._cleanup_report is not None:
+                return self._cleanup_report
+            self._cleanup_state = "cleaning"
+            prev_phase = self.phase
+            self.phase = f"cleanup (after {prev_phase})"
+            self.save()
+            t0 = time.monotonic()
+            report = self.supervisor.cleanup()
+            self._cleanup_report = report
+            try:
+                if self.owned_allocation and not self.job_id:
+                    # salloc failed or timed out: a request may still be pending under our name.
+                    slurm.scancel_by_name(self.run_id)
+                    report.actions.append(f"scancel --name={self.run_id} (no job id granted)")
+                if self.job_id and self.owned_allocation:
+                    self._release(report)
+                elif self.job_id:
+                    self._verify_steps_gone(report)
+            except slurm.SlurmError as exc:
+                # Unverified is not clean: the record must stay reapable and the run must fail.
+                where = f"allocation {self.job_id}" if self.job_id else f"job name {self.run_id}"
+                report.survivors.append(f"{where}: cleanup not verified: {exc}")
+            finally:
+                self.timings.mark("cleanup", t0)
+                self._cleanup_state = "closed"
+                self.status = RunStatus.CLEAN if report.complete else RunStatus.CLEANUP_FAILED
+                self.save()
+            for action in report.actions:
+                self.log(f"cleanup: {action}")
+            self.log(
+                f"cleanup {'complete' if report.complete else 'FAILED'} in {report.seconds:.2f} s"
+            )
+            return report
+
+    def _release(self, report: CleanupReport) -> None:
+        assert self.job_id
+        try:
+            slurm.scancel(self.job_id)
+            report.actions.append(f"scancel {self.job_id} (owned allocation)")
+        except slurm.SlurmError as exc:
+            report.survivors.append(f"allocation {self.job_id}: {exc}")
+            return
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            info = slurm.show_job(self.job_id)
+            if info is None or info.state not in {"RUNNING", "PENDING", "CONFIGURING"}:
+                report.actions.append(
+                    f"allocation {self.job_id} {info.state if info else 'gone'} "
+                    f"after {time.monotonic() - deadline + 20:.2f} s"
+                )
+                return
+            time.sleep(0.1)
+        report.survivors.append(f"allocation {self.job_id} still running 20 s after scancel")
+
+    def _verify_steps_gone(self, report: CleanupReport) -> None:
+        assert self.job_id
+        deadline = time.monotonic() + 10
+        while True:
+            mine = [s for s in slurm.list_steps(self.job_id) if s.name.startswith(self.run_id)]
+            if not mine:
+                return
+            if time.monotonic() >= deadline:
+                report.survivors += [f"step {s.step_id} ({s.name})" for s in mine]
+                return
+            for s in mine:
+                with contextlib.suppress(slurm.SlurmError):
+                    slurm.scancel(s.step_id)
+            time.sleep(0.2)
+
+    # -- the whole run ---------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Every phase in order; cleanup on every path; a failed cleanup fails the run."""
+        failure: BaseException | None = None
+        try:
+            self.allocate()
+            self.resolve()
+            self.preflight()
+            self.launch()
+            self.wait_ready()
+            self.start_endpoints()
+            self.run_client()
+            self.collect_endpoint_metrics()
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.finish(failure)
+        return self.result()
+
+    def note_failure(self, failure: BaseException) -> None:
+        """Record the first failure and the phase it hit (before cleanup moves the phase)."""
+        if self.error is None:
+            self.error = f"{type(failure).__name__}: {failure}"
+            self.log(f"run failed in phase {self.phase}: {self.error}")
+            self.save()
+
+    def finish(self, failure: BaseException | None) -> None:
+        """Cleanup, then settle the status; raises CleanupFailed if cleanup was incomplete."""
+        with DEFER.hold():
+            if failure is not None:
+                self.note_failure(failure)
+            report = self.cleanup()
+            if not report.complete:
+                self.status = RunStatus.CLEANUP_FAILED
+            else:
+                self.status = RunStatus.FAILED if self.error else RunStatus.SUCCEEDED
+            self.save()
+        if not report.complete:
+            raise CleanupFailed("cleanup left survivors: " + "; ".join(report.survivors))
+
+    def result(self) -> RunResult:
+        return RunResult(
+            run_id=self.run_id,
+            ok=self.status == RunStatus.SUCCEEDED,
+            error=self.error,
+            job_id=self.job_id,
+            hosts=list(self.layout.hosts) if self.layout else [],
+            timings=dict(self.timings.marks),
+            endpoint_metrics=dict(self.endpoint_metrics),
+            cleanup=list(self._cleanup_report.actions if self._cleanup_report else []),
+            record_path=str(self.record_path),
+        )
+
+
+def layout_lane(lane: layout_mod.LanePlan, argv: list[str], env: dict[str, str]) -> Any:
+    from slurmgate.runtime.node_worker import LaneSpec
+
+    return LaneSpec(
+        id=lane.process_id, argv=argv, gpus=list(lane.gpus), delay_s=lane.delay_s, env=dict(env)
+    )
+
+
+# -- a prefect-free entry point ---------------------------------------------------------------
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGINT reached the controller."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signum)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmgate.runtime.run",
+        description="Run an allocation spec without Prefect, or reap what killed runs left.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run SPEC: every phase, then cleanup")
+    run.add_argument("spec", type=Path, help="the allocation spec (YAML)")
+    reap = commands.add_parser("reap", help="cancel the leftovers of runs whose controller died")
+    for sub in (run, reap):
+        sub.add_argument("--runs-dir", type=Path, default=None, help="run directories")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m slurmgate.runtime.run run SPEC [--runs-dir D]`: the run without Prefect."""
+    from slurmgate.runtime.reaper import reap_stale_runs
+    from slurmgate.runtime.records import load_records
+    from slurmgate.runtime.spec import SpecError
+
+    args = _parser().parse_args(argv)
+    if args.command == "reap":
+        tally = reap_stale_runs(load_records(args.runs_dir), wait_out_backoff=False, info=print)
+        if tally.slurm_error:
+            print(f"reap stopped, Slurm did not answer: {tally.slurm_error}", file=sys.stderr)
+            return 1
+        return 0
+    try:
+        spec = AllocationSpec.from_yaml(args.spec)
+    except SpecError as exc:
+        print(f"invalid spec:\n{exc}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGINT, _raise_terminated)
+    run = AllocationRun(spec, runs_root=args.runs_dir)
+    print(f"run {run.run_id}: record {run.record_path}", file=sys.stderr, flush=True)
+    try:
+        run.run()
+    except Terminated as exc:
+        print(f"run {run.run_id} terminated by {exc}; cleanup done", file=sys.stderr)
+        return 128 + exc.signum
+    except (RunFailed, StepFailed, CleanupFailed, slurm.SlurmError) as exc:
+        print(f"run {run.run_id} failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"run {run.run_id} succeeded", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

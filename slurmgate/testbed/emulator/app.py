@@ -1,0 +1,642 @@
+"""The emulator's HTTP face: GitHub's runner, label, run and job endpoints, and `/_emulator/`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from slurmgate.testbed.emulator.state import (
+    API_DOCS,
+    EmuJob,
+    EmulatorInputError,
+    EmulatorState,
+    EmuRunner,
+)
+
+log = logging.getLogger(__name__)
+
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+REPO_RUNNERS = "/repos/{owner}/{repo}/actions/runners"
+ORG_RUNNERS = "/orgs/{org}/actions/runners"
+REPO_ACTIONS = "/repos/{owner}/{repo}/actions"
+
+
+class ApiError(Exception):
+    """An error answer in GitHub's shape."""
+
+    def __init__(self, status: int, message: str, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.errors = errors
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"message": self.message, "documentation_url": API_DOCS}
+        if self.status == 422:
+            body["errors"] = self.errors or [self.message]
+        else:
+            body["status"] = str(self.status)
+        return body
+
+
+def _etag(payload: bytes) -> str:
+    return '"' + hashlib.sha256(payload).hexdigest()[:40] + '"'
+
+
+def _etag_matches(header: str | None, etag: str) -> bool:
+    if not header:
+        return False
+    wanted = etag.removeprefix("W/")
+    return any(
+        tag.strip() == "*" or tag.strip().removeprefix("W/") == wanted for tag in header.split(",")
+    )
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+# ---- scope and lookups --------------------------------------------------------------------------
+
+
+def _check_scope(request: Request, state: EmulatorState) -> None:
+    params = request.path_params
+    if "org" in params:
+        if params["org"].casefold() != state.owner.casefold():
+            raise ApiError(404, "Not Found")
+    elif "owner" in params and (
+        params["owner"].casefold() != state.owner.casefold()
+        or params["repo"].casefold() != state.repo_name.casefold()
+    ):
+        raise ApiError(404, "Not Found")
+
+
+def _int_param(request: Request, name: str) -> int:
+    try:
+        return int(request.path_params[name])
+    except ValueError:
+        raise ApiError(404, "Not Found") from None
+
+
+def _runner(request: Request, state: EmulatorState) -> EmuRunner:
+    runner = state.runners.get(_int_param(request, "runner_id"))
+    if runner is None:
+        raise ApiError(404, "Not Found")
+    return runner
+
+
+def _paginate(request: Request, items: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """GitHub pagination: per_page (default 30, max 100) and page, plus a Link header."""
+    query = request.query_params
+    try:
+        per_page = int(query.get("per_page", "30"))
+        page = int(query.get("page", "1"))
+    except ValueError:
+        raise ApiError(422, "Validation Failed", ["per_page and page must be integers"]) from None
+    per_page = min(100, max(1, per_page))
+    page = max(1, page)
+    last = max(1, math.ceil(len(items) / per_page))
+    chunk = items[(page - 1) * per_page : page * per_page]
+    links: list[str] = []
+
+    def url(p: int) -> str:
+        return str(request.url.include_query_params(per_page=per_page, page=p))
+
+    if page > 1:
+        links.append(f'<{url(min(page - 1, last))}>; rel="prev"')
+    if page < last:
+        links.append(f'<{url(page + 1)}>; rel="next"')
+        links.append(f'<{url(last)}>; rel="last"')
+    if page > 1:
+        links.append(f'<{url(1)}>; rel="first"')
+    return chunk, ({"link": ", ".join(links)} if links else {})
+
+
+async def _labels_body(request: Request, minimum: int) -> list[str]:
+    try:
+        body = json.loads(await request.body() or b"null")
+    except ValueError:
+        raise ApiError(400, "Problems parsing JSON") from None
+    labels = body.get("labels") if isinstance(body, dict) else None
+    if not isinstance(labels, list):
+        raise ApiError(422, "Invalid request.", ['"labels" is a required array of label names'])
+    if not minimum <= len(labels) <= 100:
+        raise ApiError(
+            422, "Invalid request.", [f"labels must have {minimum} to 100 items, got {len(labels)}"]
+        )
+    if not all(isinstance(x, str) and x.strip() for x in labels):
+        raise ApiError(422, "Invalid request.", ["every label must be a non-empty string"])
+    return [x.strip() for x in labels]
+
+
+# ---- GitHub endpoints ---------------------------------------------------------------------------
+# Each handler returns (status, body) or raises ApiError; `_api` wraps auth, faults, quota, ETag.
+
+
+async def list_runners(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    name = request.query_params.get("name")
+    with state.lock:
+        runners = sorted(state.runners.values(), key=lambda r: r.id)
+        if name is not None:
+            runners = [r for r in runners if r.name == name]
+        chunk, headers = _paginate(request, runners)
+        body = {"total_count": len(runners), "runners": [state.runner_json(r) for r in chunk]}
+    return 200, body, headers
+
+
+async def get_runner(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    with state.lock:
+        return 200, state.runner_json(_runner(request, state)), {}
+
+
+async def delete_runner(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    with state.lock:
+        runner = _runner(request, state)
+        if runner.busy:
+            raise ApiError(422, "Bad request", [f'Runner "{runner.name}" is still running a job'])
+        del state.runners[runner.id]
+    return 204, None, {}
+
+
+async def list_labels(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    with state.lock:
+        return 200, state.labels_json(_runner(request, state)), {}
+
+
+async def add_labels(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    labels = await _labels_body(request, 1)
+    with state.lock:
+        runner = _runner(request, state)
+        state.add_labels(runner, labels)
+        return 200, state.labels_json(runner), {}
+
+
+async def set_labels(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    labels = await _labels_body(request, 0)
+    with state.lock:
+        runner = _runner(request, state)
+        state.set_labels(runner, labels)
+        return 200, state.labels_json(runner), {}
+
+
+async def remove_all_labels(
+    request: Request, state: EmulatorState
+) -> tuple[int, Any, dict[str, str]]:
+    with state.lock:
+        runner = _runner(request, state)
+        state.remove_all_labels(runner)
+        return 200, state.labels_json(runner, only_read_only=True), {}
+
+
+async def remove_label(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    name = request.path_params["name"]
+    with state.lock:
+        runner = _runner(request, state)
+        outcome = state.remove_label(runner, name)
+        if outcome == "absent":
+            raise ApiError(404, "Not Found")
+        if outcome == "read-only":
+            # GitHub's answer here is unverified; the spec declares 422 for this operation and
+            # a read-only label is never removable, so the emulator refuses it with 422.
+            raise ApiError(
+                422, "Validation Failed", [f"label {name!r} is read-only and cannot be removed"]
+            )
+        return 200, state.labels_json(runner), {}
+
+
+async def list_runs(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    wanted = request.query_params.get("status")
+    with state.lock:
+        runs = sorted(state.runs.values(), key=lambda r: r.id, reverse=True)
+        if wanted:
+            runs = [r for r in runs if wanted in state.run_status(r)]
+        chunk, headers = _paginate(request, runs)
+        body = {"total_count": len(runs), "workflow_runs": [state.run_json(r) for r in chunk]}
+    return 200, body, headers
+
+
+async def get_run(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    with state.lock:
+        run = state.runs.get(_int_param(request, "run_id"))
+        if run is None:
+            raise ApiError(404, "Not Found")
+        return 200, state.run_json(run), {}
+
+
+async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    flt = request.query_params.get("filter", "latest")
+    if flt not in ("latest", "all"):
+        raise ApiError(422, "Validation Failed", [f"filter {flt!r} is not latest or all"])
+    with state.lock:
+        run = state.runs.get(_int_param(request, "run_id"))
+        if run is None:
+            raise ApiError(404, "Not Found")
+        attempt = request.path_params.get("attempt_number")
+        jobs = sorted((j for j in state.jobs.values() if j.run_id == run.id), key=lambda j: j.id)
+        if attempt is not None:
+            number = _int_param(request, "attempt_number")
+            if not 1 <= number <= run.run_attempt:
+                raise ApiError(404, "Not Found")
+            jobs = [j for j in jobs if j.run_attempt == number]
+        elif flt == "latest":
+            jobs = [j for j in jobs if j.run_attempt == run.run_attempt]
+        chunk, headers = _paginate(request, jobs)
+        body = {"total_count": len(jobs), "jobs": [state.job_json(j) for j in chunk]}
+    return 200, body, headers
+
+
+async def get_job(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    with state.lock:
+        job = state.jobs.get(_int_param(request, "job_id"))
+        if job is None:
+            raise ApiError(404, "Not Found")
+        return 200, state.job_json(job), {}
+
+
+async def rate_limit(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    headers = state.quota_headers()
+    core = {
+        "limit": int(headers["x-ratelimit-limit"]),
+        "remaining": int(headers["x-ratelimit-remaining"]),
+        "reset": int(headers["x-ratelimit-reset"]),
+        "used": int(headers["x-ratelimit-used"]),
+    }
+    search = {"limit": 30, "remaining": 30, "reset": core["reset"], "used": 0}
+    return 200, {"resources": {"core": core, "search": search}, "rate": core}, {}
+
+
+Endpoint = Callable[[Request, EmulatorState], Any]
+
+
+def _error_response(
+    state: EmulatorState, error: ApiError, headers: dict[str, str] | None = None
+) -> Response:
+    with state.lock:
+        state.statuses[error.status] += 1
+    merged = {**state.quota_headers(), **(headers or {})}
+    return JSONResponse(error.body(), status_code=error.status, headers=merged)
+
+
+async def _stall(seconds: float) -> bool:
+    """Sleep for an injected delay; False when server shutdown cut it short (not an app error)."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        return False
+    return True
+
+
+def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[str]) -> Route:
+    """Wrap one GitHub endpoint: auth, counters, faults, quota, ETag/304, rate-limit headers."""
+    free_of_quota = template == "/rate_limit"
+
+    async def endpoint(request: Request) -> Response:
+        method = request.method
+        path = request.url.path
+        with state.lock:
+            state.requests[f"{method} {template}"] += 1
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() not in ("bearer", "token") or not token.strip():
+            return _error_response(state, ApiError(401, "Requires authentication"))
+        if state.token is not None and not hmac.compare_digest(token.strip(), state.token):
+            return _error_response(state, ApiError(401, "Bad credentials"))
+        latency = state.take_fault("latency", method, path)
+        if latency is not None and not await _stall(latency.latency_ms / 1000):
+            return Response(status_code=503)
+        fault = state.take_fault("status", method, path)
+        if fault is not None:
+            return _error_response(state, ApiError(fault.status, "Injected fault"))
+        fault = state.take_fault("rate_limit", method, path)
+        if fault is not None:
+            retry = fault.retry_after_s
+            return _error_response(
+                state,
+                ApiError(fault.status, "You have exceeded a secondary rate limit."),
+                {} if retry is None else {"retry-after": str(math.ceil(retry))},
+            )
+        if not free_of_quota and state.quota_exhausted():
+            return _error_response(
+                state,
+                ApiError(403, f"API rate limit exceeded for installation on {state.repo}."),
+            )
+        hang_after = 0.0
+        if method in _WRITES:
+            _, write_fault = state.next_write()
+            if write_fault is not None and write_fault.kind == "fail_nth_write":
+                if not free_of_quota:
+                    state.consume_quota()
+                return _error_response(state, ApiError(write_fault.status, "Injected write fault"))
+            if write_fault is not None and write_fault.kind == "hang_nth_write":
+                if not write_fault.applied:
+                    await _stall(write_fault.hang_s)
+                    return _error_response(state, ApiError(write_fault.status, "Injected hang"))
+                hang_after = write_fault.hang_s
+        try:
+            _check_scope(request, state)
+            status, body, headers = await handler(request, state)
+        except ApiError as error:
+            if not free_of_quota:
+                state.consume_quota()
+            return _error_response(state, error)
+        if hang_after and not await _stall(hang_after):
+            return Response(status_code=503)
+        payload = b"" if body is None else _dumps(body)
+        etag = _etag(payload)
+        if method == "GET" and _etag_matches(request.headers.get("if-none-match"), etag):
+            with state.lock:
+                state.not_modified[f"{method} {template}"] += 1
+                state.statuses[304] += 1
+            return Response(status_code=304, headers={**state.quota_headers(), "etag": etag})
+        if not free_of_quota:
+            state.consume_quota()
+        with state.lock:
+            state.statuses[status] += 1
+        out_headers = {**state.quota_headers(), **headers}
+        if body is None:
+            return Response(status_code=status, headers=out_headers)
+        out_headers["etag"] = etag
+        out_headers["cache-control"] = "private, max-age=60, s-maxage=60"
+        return Response(
+            payload, status_code=status, headers=out_headers, media_type="application/json"
+        )
+
+    return Route(template, endpoint, methods=methods, name=template)
+
+
+def github_routes(state: EmulatorState) -> list[BaseRoute]:
+    routes: list[BaseRoute] = []
+    for base in (REPO_RUNNERS, ORG_RUNNERS):
+        routes += [
+            _api(state, base, list_runners, ["GET"]),
+            _api(state, base + "/{runner_id}", get_runner, ["GET"]),
+            _api(state, base + "/{runner_id}", delete_runner, ["DELETE"]),
+            _api(state, base + "/{runner_id}/labels", list_labels, ["GET"]),
+            _api(state, base + "/{runner_id}/labels", add_labels, ["POST"]),
+            _api(state, base + "/{runner_id}/labels", set_labels, ["PUT"]),
+            _api(state, base + "/{runner_id}/labels", remove_all_labels, ["DELETE"]),
+            _api(state, base + "/{runner_id}/labels/{name}", remove_label, ["DELETE"]),
+        ]
+    routes += [
+        _api(state, REPO_ACTIONS + "/runs", list_runs, ["GET"]),
+        _api(state, REPO_ACTIONS + "/runs/{run_id}", get_run, ["GET"]),
+        _api(state, REPO_ACTIONS + "/runs/{run_id}/jobs", list_run_jobs, ["GET"]),
+        _api(
+            state,
+            REPO_ACTIONS + "/runs/{run_id}/attempts/{attempt_number}/jobs",
+            list_run_jobs,
+            ["GET"],
+        ),
+        _api(state, REPO_ACTIONS + "/jobs/{job_id}", get_job, ["GET"]),
+        _api(state, "/rate_limit", rate_limit, ["GET"]),
+    ]
+    return routes
+
+
+# ---- admin API (no auth; GitHub never uses this prefix) ----------------------------------------
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise EmulatorInputError("request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise EmulatorInputError("request body must be a JSON object")
+    return body
+
+
+def admin_routes(state: EmulatorState) -> list[BaseRoute]:
+    def admin(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                status, body = await handler(request)
+            except EmulatorInputError as exc:
+                return JSONResponse({"message": str(exc)}, status_code=400)
+            except KeyError as exc:
+                return JSONResponse({"message": f"no such id {exc}"}, status_code=404)
+            return JSONResponse(body, status_code=status)
+
+        return endpoint
+
+    async def add_job(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        try:
+            duration = float(body.get("duration_s", 5.0))
+            run_id = body.get("run_id")
+            run_id = None if run_id is None else int(run_id)
+        except (TypeError, ValueError):
+            raise EmulatorInputError("duration_s must be a number and run_id an integer") from None
+        job = state.add_job(
+            body.get("labels"),  # type: ignore[arg-type]  # validated by add_job
+            duration,
+            name=body.get("name"),
+            run_id=run_id,
+        )
+        return 201, {"id": job.id, "run_id": job.run_id}
+
+    async def add_runner(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        labels = body.get("labels", [])
+        if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
+            raise EmulatorInputError("labels must be a list of non-empty strings")
+        read_only = body.get("read_only", ["self-hosted", "Linux", "X64"])
+        if not isinstance(read_only, list) or not all(isinstance(x, str) for x in read_only):
+            raise EmulatorInputError("read_only must be a list of strings")
+        runner = state.add_runner(
+            str(body.get("name") or ""),
+            labels,
+            status=str(body.get("status", "online")),
+            read_only=tuple(read_only),
+        )
+        return 201, state.runner_json(runner)
+
+    async def runner_status(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        runner = state.set_runner_status(
+            _admin_id(request, "runner_id"), str(body.get("status", ""))
+        )
+        return 200, state.runner_json(runner)
+
+    async def complete_job(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        conclusion = str(body.get("conclusion", "success"))
+        job = state.finish_job(_admin_id(request, "job_id"), conclusion)
+        return 200, state.job_json(job)
+
+    async def cancel_job(request: Request) -> tuple[int, Any]:
+        job = state.finish_job(_admin_id(request, "job_id"), "cancelled")
+        return 200, state.job_json(job)
+
+    async def rerun(request: Request) -> tuple[int, Any]:
+        run_id = _admin_id(request, "run_id")
+        jobs = state.rerun(run_id)
+        attempt = state.runs[run_id].run_attempt
+        return 201, {"run_id": run_id, "run_attempt": attempt, "job_ids": [j.id for j in jobs]}
+
+    async def add_fault(request: Request) -> tuple[int, Any]:
+        fault = state.add_fault(await _json(request))
+        return 201, {"id": fault.id, "kind": fault.kind}
+
+    async def clear_faults(request: Request) -> tuple[int, Any]:
+        state.clear_faults()
+        return 200, {"faults": 0}
+
+    async def stats(request: Request) -> tuple[int, Any]:
+        return 200, state.stats()
+
+    async def reset_stats(request: Request) -> tuple[int, Any]:
+        state.reset_stats()
+        return 200, state.stats()
+
+    async def dump(request: Request) -> tuple[int, Any]:
+        return 200, state.dump()
+
+    async def quota(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        try:
+            limit = body.get("limit")
+            window = body.get("window_s")
+            state.set_quota(
+                None if limit is None else int(limit), None if window is None else float(window)
+            )
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, EmulatorInputError):
+                raise
+            raise EmulatorInputError("limit must be an integer and window_s a number") from None
+        return 200, state.quota_headers()
+
+    async def webhooks(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        urls = body.get("urls", [])
+        if not isinstance(urls, list) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls
+        ):
+            raise EmulatorInputError("urls must be a list of http(s) URLs")
+        secret = body.get("secret")
+        if secret is not None and not isinstance(secret, str):
+            raise EmulatorInputError("secret must be a string")
+        with state.lock:
+            state.webhook_urls = list(urls)
+            state.webhook_secret = secret
+        return 200, {"urls": urls, "signed": bool(secret)}
+
+    async def tick(request: Request) -> tuple[int, Any]:
+        state.tick()
+        return 200, {"ok": True}
+
+    p = "/_emulator"
+    return [
+        Route(f"{p}/jobs", admin(add_job), methods=["POST"]),
+        Route(f"{p}/jobs/{{job_id}}/complete", admin(complete_job), methods=["POST"]),
+        Route(f"{p}/jobs/{{job_id}}/cancel", admin(cancel_job), methods=["POST"]),
+        Route(f"{p}/runs/{{run_id}}/rerun", admin(rerun), methods=["POST"]),
+        Route(f"{p}/runners", admin(add_runner), methods=["POST"]),
+        Route(f"{p}/runners/{{runner_id}}/status", admin(runner_status), methods=["POST"]),
+        Route(f"{p}/faults", admin(add_fault), methods=["POST"]),
+        Route(f"{p}/faults", admin(clear_faults), methods=["DELETE"]),
+        Route(f"{p}/stats", admin(stats), methods=["GET"]),
+        Route(f"{p}/stats/reset", admin(reset_stats), methods=["POST"]),
+        Route(f"{p}/state", admin(dump), methods=["GET"]),
+        Route(f"{p}/quota", admin(quota), methods=["POST"]),
+        Route(f"{p}/tick", admin(tick), methods=["POST"]),
+        Route(f"{p}/webhooks", admin(webhooks), methods=["POST"]),
+    ]
+
+
+def _admin_id(request: Request, name: str) -> int:
+    try:
+        return int(request.path_params[name])
+    except ValueError:
+        raise EmulatorInputError(
+            f"{name} {request.path_params[name]!r} is not an integer"
+        ) from None
+
+
+# ---- webhooks (issue 4 seam) --------------------------------------------------------------------
+
+
+def sign(secret: str, payload: bytes) -> str:
+    """GitHub's X-Hub-Signature-256 value for a payload."""
+    return "sha256=" + hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest()
+
+
+async def _send_webhooks(state: EmulatorState, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while True:
+            payload = await queue.get()
+            data = _dumps(payload)
+            headers = {
+                "content-type": "application/json",
+                "x-github-event": "workflow_job",
+                "x-github-delivery": str(uuid.uuid4()),
+                "user-agent": "GitHub-Hookshot/slurmgate-emulator",
+            }
+            if state.webhook_secret:
+                headers["x-hub-signature-256"] = sign(state.webhook_secret, data)
+            for url in list(state.webhook_urls):
+                try:
+                    await client.post(url, content=data, headers=headers)
+                except httpx.HTTPError as exc:
+                    log.warning("webhook to %s failed: %s", url, type(exc).__name__)
+
+
+# ---- app ----------------------------------------------------------------------------------------
+
+
+def create_app(state: EmulatorState, *, tick_s: float = 0.1) -> Starlette:
+    """The emulator as an ASGI app; a background loop completes and dispatches jobs every tick_s."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def enqueue(action: str, job: EmuJob) -> None:
+            if state.webhook_urls:  # the payload is a snapshot taken now, under the state lock
+                loop.call_soon_threadsafe(queue.put_nowait, state.webhook_payload(action, job))
+
+        state.listeners.append(enqueue)
+        tasks = [
+            asyncio.create_task(_tick_loop(state, tick_s)),
+            asyncio.create_task(_send_webhooks(state, queue)),
+        ]
+        try:
+            yield
+        finally:
+            if enqueue in state.listeners:
+                state.listeners.remove(enqueue)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = Starlette(routes=[*github_routes(state), *admin_routes(state)], lifespan=lifespan)
+    app.state.emulator = state
+    return app
+
+
+async def _tick_loop(state: EmulatorState, tick_s: float) -> None:
+    while True:
+        try:
+            state.tick()
+        except Exception:  # a bug in one tick must not stop dispatch for good
+            log.exception("emulator tick failed")
+        await asyncio.sleep(tick_s)

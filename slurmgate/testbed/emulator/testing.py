@@ -1,0 +1,145 @@
+"""A running emulator for tests and benchmarks: `with running_emulator(pools={...}) as emu:`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from slurmgate.testbed.emulator.server import BackgroundServer
+from slurmgate.testbed.emulator.state import EmulatorState, build_state
+
+
+class EmulatorAdmin:
+    """A small synchronous client for the `/_emulator/` admin API."""
+
+    def __init__(self, url: str) -> None:
+        self._http = httpx.Client(base_url=url + "/_emulator", timeout=10.0)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = self._http.request(method, path, json=body)
+        if response.status_code >= 400:
+            raise RuntimeError(
+                f"emulator admin {method} {path} -> {response.status_code}: {response.text}"
+            )
+        return response.json()
+
+    def add_job(
+        self,
+        labels: list[str],
+        duration_s: float = 5.0,
+        *,
+        name: str | None = None,
+        run_id: int | None = None,
+    ) -> dict[str, int]:
+        """Queue a job; returns {"id", "run_id"}."""
+        body: dict[str, Any] = {"labels": labels, "duration_s": duration_s}
+        if name is not None:
+            body["name"] = name
+        if run_id is not None:
+            body["run_id"] = run_id
+        result: dict[str, int] = self._call("POST", "/jobs", body)
+        return result
+
+    def add_runner(self, name: str, labels: list[str], status: str = "online") -> dict[str, Any]:
+        result: dict[str, Any] = self._call(
+            "POST", "/runners", {"name": name, "labels": labels, "status": status}
+        )
+        return result
+
+    def set_runner_status(self, runner_id: int, status: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(
+            "POST", f"/runners/{runner_id}/status", {"status": status}
+        )
+        return result
+
+    def complete_job(self, job_id: int, conclusion: str = "success") -> dict[str, Any]:
+        result: dict[str, Any] = self._call(
+            "POST", f"/jobs/{job_id}/complete", {"conclusion": conclusion}
+        )
+        return result
+
+    def cancel_job(self, job_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/jobs/{job_id}/cancel")
+        return result
+
+    def rerun(self, run_id: int) -> dict[str, Any]:
+        """Re-run a completed run; returns {"run_id", "run_attempt", "job_ids"}."""
+        result: dict[str, Any] = self._call("POST", f"/runs/{run_id}/rerun")
+        return result
+
+    def fault(self, kind: str, **spec: Any) -> dict[str, Any]:
+        """Inject a fault: status, rate_limit, latency, fail_nth_write or hang_nth_write."""
+        result: dict[str, Any] = self._call("POST", "/faults", {"kind": kind, **spec})
+        return result
+
+    def clear_faults(self) -> None:
+        self._call("DELETE", "/faults")
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/stats")
+        return result
+
+    def reset_stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/stats/reset")
+        return result
+
+    def dump(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/state")
+        return result
+
+    def set_quota(self, limit: int | None = None, window_s: float | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(
+            "POST", "/quota", {"limit": limit, "window_s": window_s}
+        )
+        return result
+
+    def set_webhooks(self, urls: list[str], secret: str | None = None) -> dict[str, Any]:
+        """Send signed workflow_job webhooks to `urls` from now on ([] stops them)."""
+        result: dict[str, Any] = self._call("POST", "/webhooks", {"urls": urls, "secret": secret})
+        return result
+
+    def tick(self) -> None:
+        self._call("POST", "/tick")
+
+
+@dataclass
+class RunningEmulator:
+    """What `running_emulator` yields: the base URL, the live state and an admin client."""
+
+    url: str
+    state: EmulatorState
+    admin: EmulatorAdmin
+    repo: str
+    token: str
+
+    @property
+    def owner(self) -> str:
+        return self.state.owner
+
+
+@contextmanager
+def running_emulator(
+    pools: dict[str, int] | None = None,
+    legacy: int = 0,
+    token: str | None = None,
+    *,
+    repo: str = "acme/gpu-ci",
+    tick_s: float = 0.05,
+    **state_kwargs: Any,
+) -> Iterator[RunningEmulator]:
+    """Serve an emulator on a free loopback port for the `with` block; `emu.token` works with it."""
+    state = build_state(repo, pools or {}, legacy, token, **state_kwargs)
+    server = BackgroundServer(state, tick_s=tick_s).start()
+    admin = EmulatorAdmin(server.url)
+    try:
+        yield RunningEmulator(server.url, state, admin, repo, token or "emulator-token")
+    finally:
+        admin.close()
+        server.stop()

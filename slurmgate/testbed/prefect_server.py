@@ -1,0 +1,115 @@
+"""A throw-away `prefect server start` on a free loopback port, for the demo, tests and benches.
+
+It starts Prefect as a child process and talks to it over HTTP only, so the core never imports
+prefect. SQLite lives in `home` unless a database URL is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from slurmgate.errors import ExternalError
+from slurmgate.testbed.localproc import free_port, stop_group
+
+
+class PrefectServerError(ExternalError):
+    """The server did not come up; the message names its log."""
+
+
+@dataclass(frozen=True)
+class PrefectServerProcess:
+    """A running server: its root URL, its log, and how long it took to answer /health."""
+
+    url: str
+    home: Path
+    log: Path
+    startup_s: float
+    auth: str | None = None
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/api"
+
+
+def server_env(
+    prefect_home: Path, port: int, *, auth: str | None, database_url: str | None
+) -> dict[str, str]:
+    """The server's environment: this one without any Prefect setting, then its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(prefect_home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",  # one log line per 503 the server sends
+        DO_NOT_TRACK="1",
+        PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",
+    )
+    if auth:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
+    if database_url:
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
+    return env
+
+
+@contextlib.contextmanager
+def running_prefect_server(
+    home: Path,
+    *,
+    log: Path | None = None,
+    prefect_home: Path | None = None,
+    auth: str | None = None,
+    database_url: str | None = None,
+    startup_timeout_s: float = 120.0,
+) -> Iterator[PrefectServerProcess]:
+    """Start the server with its state (`home/server`) and `server.log` in `home`, unless `log`
+    and `prefect_home` say otherwise; stop its process group after.
+
+    `auth` ("user:pass") turns on basic auth. Raises PrefectServerError naming the log when the
+    server exits or does not answer /api/health within `startup_timeout_s`.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = log or home / "server.log"
+    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
+    env = server_env(prefect_home or home / "server", port, auth=auth, database_url=database_url)
+    started = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    basic = tuple(auth.split(":", 1)) if auth else None
+    try:
+        with httpx.Client(timeout=2.0, auth=basic) as http:  # type: ignore[arg-type]
+            deadline = time.monotonic() + startup_timeout_s
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if http.get(url + "/api/health").status_code == 200:
+                        break
+                if proc.poll() is not None:
+                    raise PrefectServerError(
+                        f"prefect server exited with {proc.returncode}; see {log}:\n"
+                        + log.read_text(errors="replace")[-3000:]
+                    )
+                if time.monotonic() > deadline:
+                    raise PrefectServerError(
+                        f"prefect server did not answer /api/health within "
+                        f"{startup_timeout_s:.0f} s; see {log}"
+                    )
+                time.sleep(0.3)
+        yield PrefectServerProcess(url, home, log, time.perf_counter() - started, auth)
+    finally:
+        stop_group(proc, timeout=20.0)
