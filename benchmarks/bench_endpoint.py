@@ -31,16 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from options import SMOKE_NOTE, add_output_flags, results_dir
+
+from slurmgate.testbed.loadgen import LoadReport, LoadSpec, run_load
+from slurmgate.testbed.localproc import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
-
-from slurmgate.testbed.loadgen import LoadReport, LoadSpec, run_load  # noqa: E402
-from slurmgate.testbed.localproc import free_port  # noqa: E402
-
-PEER_CPU_US = 235.0  # DataDesigner's aiohttp proxy, per small JSON request (issue 3)
+PEER_CPU_US = 235.0  # the peer proxy, per small JSON request: benchmarks/reference/endpoint-peer.md
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = {"model": "stub-model", "prompt": "hello", "max_tokens": 16}
 

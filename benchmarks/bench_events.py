@@ -40,58 +40,12 @@ from typing import Any
 
 from options import SMOKE_NOTE, add_output_flags, results_dir
 
+from slurmgate.testbed.prefect_server import running_prefect_server
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SECRET = "bench-webhook-secret"
 POOL = {"a": 8}
-
-
-def serve(name: str, api_url: str, repo: str, within_s: float, interval_s: float) -> None:
-    """The subprocess side: serve reconcile with the trigger (within_s >= 0) and/or schedule."""
-    sys.path[:0] = [str(REPO), str(REPO / "deployments")]
-    from prefect import serve as prefect_serve
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-    from triggers import reconcile_triggers
-
-    from flows.reconcile import reconcile
-
-    deployment = reconcile.to_deployment(
-        name=name,
-        parameters={"scope_block": None, "policy_block": None, "api_url": api_url, "repo": repo},
-        triggers=reconcile_triggers(within_s) if within_s >= 0 else None,
-        interval=interval_s or None,
-        concurrency_limit=ConcurrencyLimitConfig(
-            limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
-        ),
-    )
-    prefect_serve(deployment, print_starting_message=False)
-
-
-def start_prefect_server(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`prefect server start` on a free loopback port; returns the process and its API URL."""
-    import socket
-
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-    with open(log_dir / "prefect-server.log", "wb") as log:
-        proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=log, stderr=log)
-    api_url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited; see {log_dir / 'prefect-server.log'}")
-        try:
-            if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
-                return proc, api_url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError("prefect server did not answer /api/health within 120 s")
 
 
 def deployment_ready(name: str, triggers: int) -> bool:
@@ -175,11 +129,11 @@ def run_mode(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) -
                 "NODE_SLOT_SCHEDULER_ENABLED": "true",
                 "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
                 "SLURMGATE_STATE_DIR": str(log_dir / f"state-{mode}"),
-                "PYTHONPATH": str(REPO),
             }
             within = args.within if mode == "events" else -1
-            cmd = [sys.executable, __file__, "--serve", name, emu.url, emu.repo]
-            cmd += [str(within), str(args.interval)]
+            cmd = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--name", name]
+            cmd += ["--interval", str(args.interval), "--api-url", emu.url, "--repo", emu.repo]
+            cmd += ["--triggers", str(within)] if within >= 0 else []
             with open(log_dir / f"{name}.log", "wb") as log:
                 proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
             try:
@@ -241,7 +195,6 @@ def main() -> None:
     parser.add_argument("--gap-max", type=float, default=16.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default="events", help="results file stem under results/")
-    parser.add_argument("--serve", nargs=5, metavar=("NAME", "URL", "REPO", "WITHIN", "INTERVAL"))
     add_output_flags(
         parser, "schedule 12 s, debounce 2 s, runner poll 1 s, 3 jobs per mode at 0.5-2 s gaps"
     )
@@ -252,10 +205,6 @@ def main() -> None:
         args.runner_poll, args.jobs = min(args.runner_poll, 1.0), min(args.jobs, 3)
         args.gap_min, args.gap_max = min(args.gap_min, 0.5), min(args.gap_max, 2.0)
         args.settle = 2.0
-    if args.serve:
-        name, url, repo, within, interval = args.serve
-        serve(name, url, repo, float(within), float(interval))
-        return
 
     import tempfile
 
@@ -266,17 +215,11 @@ def main() -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     started = time.monotonic()
-    server, api_url = start_prefect_server(log_dir)
-    try:
-        with temporary_settings({PREFECT_API_URL: api_url}):
-            results = [run_mode(mode, api_url, args, log_dir) for mode in ("events", "polling")]
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    with (
+        running_prefect_server(log_dir, log=log_dir / "prefect-server.log") as server,
+        temporary_settings({PREFECT_API_URL: server.api_url}),
+    ):
+        results = [run_mode(mode, server.api_url, args, log_dir) for mode in ("events", "polling")]
     events, polling = results
     ratio = (
         round(polling["median_s"] / events["median_s"], 2)
@@ -307,7 +250,8 @@ def main() -> None:
     lines = [
         "# Admission latency: queued -> anchor label written",
         "",
-        "One run, one `prefect server start` (SQLite); reconcile served with `serve()`, "
+        "One run, one `prefect server start` (SQLite); reconcile served by "
+        "`deployments/serve.py`, "
         f"runner poll {args.runner_poll:g} s; schedule interval {args.interval:g} s in both modes; "
         f"trigger debounce {args.within:g} s; {args.jobs} one-node jobs per mode at random gaps "
         f"of {args.gap_min:g}-{args.gap_max:g} s (seed {args.seed}).",

@@ -12,33 +12,31 @@ the fast replay driver against replaying through `plan()` on label-encoded runne
 `--smoke` replays the first SMOKE_JOBS jobs of every scenario (and a shorter prefix for the
 driver ratio) and writes the same files, marked as a smoke run, to `--results-dir`.
 
-The reference numbers are `../shared/traces/sim-results.md` (an independent simulator); they are
-copied below so this script needs nothing outside the repository.
+The reference numbers are `benchmarks/reference/sim-results.md` (an independent simulator);
+they are copied below.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from options import SMOKE_NOTE, add_output_flags
 
-from options import SMOKE_NOTE, add_output_flags  # noqa: E402
-
-from slurmgate.simulator.engine import (  # noqa: E402
+from slurmgate.simulator.engine import (
     Result,
     sim_settings,
     simulate,
     simulate_via_plan,
 )
-from slurmgate.simulator.plots import gantt, wait_cdf, wide_waits  # noqa: E402
-from slurmgate.simulator.traces import JOB_MIX, TRACES, Trace, read_trace  # noqa: E402
+from slurmgate.simulator.plots import gantt, wait_cdf, wide_waits
+from slurmgate.simulator.traces import JOB_MIX, TRACES, Trace, read_trace
+
+REPO = Path(__file__).resolve().parent.parent
 
 SMOKE_JOBS = 400  # jobs per scenario in a smoke run
 SMOKE_DRIVER_JOBS = 200  # jobs of the driver-ratio prefix in a smoke run
@@ -109,7 +107,7 @@ SCENARIOS = (
     Scenario("inferencex", "InferenceX mix on its pools", JOB_MIX, {}, 0.5, bound=True),
 )
 
-# ../shared/traces/sim-results.md: mean wait h, p95 wait h, wide max wait h, mean bsld
+# benchmarks/reference/sim-results.md: mean wait h, p95 wait h, wide max wait h, mean bsld
 REFERENCE: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("kth100", "fcfs"): (108.36, 239.59, 281.7, 7514.4),
     ("kth100", "greedy (seed)"): (1.60, 7.06, 478.7, 71.4),
@@ -224,7 +222,7 @@ def markdown(
         *([SMOKE_NOTE, ""] if smoke else []),
         "Written by `benchmarks/bench_policies.py` (one run, every scenario x every policy). "
         "Waits in hours; `ref` = the independent reference simulator "
-        "(`../shared/traces/sim-results.md`): mean / p95 / wide max / bsld.",
+        "(`benchmarks/reference/sim-results.md`): mean / p95 / wide max / bsld.",
         "",
         "| scenario | policy | jobs | util (bound) | makespan/LB | mean wait | median | p95 | max "
         "| mean bsld | wide mean | wide max | ref | replay s |",
@@ -244,7 +242,7 @@ def markdown(
         )
     lines += [
         "",
-        "## The default against the issue's targets",
+        "## The default against its targets",
         "",
         "Targets: wide max wait <= easy/timeout's; mean wait <= 1.10 x greedy's; utilization "
         "within 1% of the bound wherever greedy reaches it.",

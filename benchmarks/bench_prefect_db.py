@@ -1,7 +1,7 @@
 """One busy reconcile tick through a real Prefect server on SQLite, then on PostgreSQL.
 
 Why: Prefect's default SQLite server answers 503 ("database is busy") under light load and its
-client backs off 2^n s (../shared/reference/prefect.md §5); the reconcile benchmark blamed ~2 s
+client (`prefect.client.base`) retries it after 2^n s; the reconcile benchmark blamed ~2 s
 per lease subflow on it. This runs the same burst against both databases, side by side:
 
 - `prefect server start` on a free loopback port, each in its own temporary PREFECT_HOME: once
@@ -46,11 +46,10 @@ from typing import Any
 
 from options import SMOKE_NOTE, add_output_flags, results_dir
 
-from slurmgate.testbed.localproc import free_port, stop_group
+from slurmgate.testbed.prefect_server import running_prefect_server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path[:0] = [str(REPO), str(HERE)]
 PG_SCRIPT = REPO / "scripts" / "postgres-local.sh"
 BACKENDS = ("sqlite", "postgres")
 SERVER_RETRYABLE = "Encountered retryable exception in request"
@@ -113,49 +112,6 @@ def postgres(workdir: Path) -> Iterator[Callable[[str], str]]:
         yield database
     finally:
         subprocess.run(["bash", str(PG_SCRIPT), "stop"], env=env, check=False)
-
-
-@contextlib.contextmanager
-def prefect_server(home: Path, database_url: str | None) -> Iterator[tuple[str, Path, float]]:
-    """`prefect server start` on a free loopback port; SQLite in `home` unless `database_url`.
-    Yields the API URL, the server log and the seconds it took to answer /health."""
-    import httpx
-
-    home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = home / "server.log"
-    env = clean_env()
-    env.update(
-        PREFECT_HOME=str(home / "server"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",  # one log line per 503 the server sends
-        DO_NOT_TRACK="1",
-    )
-    if database_url:
-        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
-    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-    started = time.perf_counter()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    api = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(api + "/health", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise BenchError(f"prefect server did not start; see {log}")
-            time.sleep(0.3)
-        yield api, log, time.perf_counter() - started
-    finally:
-        stop_group(proc, timeout=20.0)
 
 
 class LoadClient:
@@ -338,7 +294,6 @@ def run_tick(api: str, emu: Any, workdir: Path) -> dict[str, Any]:
         PREFECT_HOME=str(workdir / "client"),
         GITHUB_TOKEN=emu.token,
         SLURMGATE_STATE_DIR=str(workdir / "state"),
-        PYTHONPATH=str(REPO),
     )
     argv = [sys.executable, __file__, "--tick-child", api, emu.url, emu.repo]
     log = workdir / "tick.log"
@@ -363,9 +318,10 @@ def measure_backend(
     pools = fleet_sizes(mix, args.runners)
     load_before = os.getloadavg()
     with (
-        prefect_server(workdir, database_url) as (api, server_log, startup_s),
+        running_prefect_server(workdir, database_url=database_url) as server,
         running_emulator(pools) as emu,
     ):
+        api, server_log, startup_s = server.api_url, server.log, server.startup_s
         queue_jobs(emu, mix, args.jobs, args.seed)
         emu.admin.reset_stats()
         print(

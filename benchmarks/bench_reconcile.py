@@ -22,7 +22,6 @@ import os
 import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -34,7 +33,6 @@ from options import SMOKE_NOTE, add_output_flags, results_dir
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
 SCORES = ["1.000", "1.250", "2.250", "3.000", "4.500"]
 JOBS_PER_RUN = 10

@@ -21,17 +21,15 @@ from typing import Any
 
 import httpx
 import yaml
+from options import SMOKE_NOTE, add_output_flags, results_dir
+
+from slurmgate.runtime import slurm
+from slurmgate.runtime.records import RunRecord, load_records
+from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.testbed.localproc import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from options import SMOKE_NOTE, add_output_flags, results_dir  # noqa: E402
-
-from slurmgate.runtime import slurm  # noqa: E402
-from slurmgate.runtime.records import RunRecord, load_records  # noqa: E402
-from slurmgate.runtime.run import AllocationRun  # noqa: E402
-from slurmgate.runtime.spec import AllocationSpec  # noqa: E402
-from slurmgate.testbed.localproc import free_port  # noqa: E402
 
 
 def four_node_spec(hang: bool = False) -> dict[str, Any]:

@@ -1,60 +1,95 @@
 """Serve the reconcile, release-lease and allocation deployments from one process (no work pool).
 
 Run from the repository root: `python deployments/serve.py [--interval 30] [--scope default]`.
+`--only reconcile` serves one of them; `--triggers 10` adds the GitHub event triggers
+(debounced over 10 s, see triggers.py); `--interval 0` serves without a schedule. With
+`--api-url URL --repo OWNER/NAME` (or `--org`) reconcile reads that scope directly, with the
+token from $GITHUB_TOKEN, instead of the saved scope and policy blocks.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-# the flows live in the repository's top-level packages; make them importable from a checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from triggers import reconcile_triggers
 
 RECONCILE_INTERVAL_S = 30
+NAMES = ("reconcile", "release-lease", "allocation")
+
+
+class InlineScope(NamedTuple):
+    """A scope given on the command line; the flow reads the token from $GITHUB_TOKEN."""
+
+    api_url: str
+    repo: str | None = None
+    org: str | None = None
 
 
 def build_deployments(
     interval_s: float = RECONCILE_INTERVAL_S,
     scope_block: str = "default",
     policy_block: str | None = "default",
+    *,
+    only: str | None = None,
+    reconcile_name: str = "reconcile",
+    triggers_within_s: float | None = None,
+    inline: InlineScope | None = None,
 ) -> list[Any]:
-    """The three served deployments; reconcile runs at most once at a time (CANCEL_NEW)."""
+    """The served deployments; reconcile runs at most once at a time (CANCEL_NEW)."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+    from flows.allocation import allocation
     from flows.reconcile import reconcile
     from flows.release import release_lease
 
     single = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
-    deployments = [
-        reconcile.to_deployment(
-            name="reconcile",
-            interval=interval_s,
-            parameters={"scope_block": scope_block, "policy_block": policy_block},
+    parameters: dict[str, Any] = {"scope_block": scope_block, "policy_block": policy_block}
+    if inline is not None:
+        parameters = {"scope_block": None, "policy_block": None, **inline._asdict()}
+    deployments = {
+        "reconcile": reconcile.to_deployment(
+            name=reconcile_name,
+            interval=interval_s or None,
+            parameters=parameters,
+            triggers=reconcile_triggers(triggers_within_s) if triggers_within_s else None,
             concurrency_limit=single,
         ),
-        release_lease.to_deployment(name="release-lease", parameters={"scope_block": scope_block}),
-    ]
-    try:
-        from flows.allocation import allocation  # built by the allocation runtime
-    except ImportError as exc:
-        print(f"serve: allocation flow not available ({exc}); serving the others", file=sys.stderr)
-    else:
-        deployments.append(allocation.to_deployment(name="allocation"))
-    return deployments
+        "release-lease": release_lease.to_deployment(
+            name="release-lease", parameters={"scope_block": scope_block}
+        ),
+        "allocation": allocation.to_deployment(name="allocation"),
+    }
+    return [deployments[only]] if only else list(deployments.values())
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--interval", type=float, default=RECONCILE_INTERVAL_S)
     parser.add_argument("--scope", default="default", help="name of the GitHub scope block")
-    parser.add_argument("--policy", default="default", help="name of the admission policy block")
+    parser.add_argument(
+        "--policy", default="default", help="name of the admission policy block ('' = env)"
+    )
+    parser.add_argument("--only", choices=NAMES, help="serve this deployment alone")
+    parser.add_argument("--name", default="reconcile", help="name of the reconcile deployment")
+    parser.add_argument("--triggers", type=float, metavar="SECONDS", help="event debounce window")
+    parser.add_argument("--api-url", help="an inline scope instead of the blocks")
+    parser.add_argument("--repo")
+    parser.add_argument("--org")
     args = parser.parse_args(argv)
+    inline = InlineScope(args.api_url, args.repo, args.org) if args.api_url else None
     from prefect import serve
 
-    serve(*build_deployments(args.interval, args.scope, args.policy))
+    deployments = build_deployments(
+        args.interval,
+        args.scope,
+        args.policy or None,
+        only=args.only,
+        reconcile_name=args.name,
+        triggers_within_s=args.triggers,
+        inline=inline,
+    )
+    serve(*deployments)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Prefect flows: reconcile, release-lease, allocation, and the demo driver."""

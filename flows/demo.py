@@ -1,15 +1,12 @@
 """The demo driver: admission on the emulator tick by tick, the runtime on Slurm, then a summary.
 
-`make demo` runs it through scripts/demo.sh.
-
-Usage: python flows/demo.py [--mode deployment|direct] [--jobs 40] [--seed 7] [--skip-runtime]
-`deployment` (the default) triggers the served `reconcile` deployment of a local Prefect server on
-every tick, as the schedule would; `direct` calls the flow in this process (faster, for tests).
+`make demo` runs it through scripts/demo.sh as `slurmgate demo`. Mode `deployment` (the default)
+triggers the served `reconcile` deployment of a local Prefect server on every tick, as the
+schedule would; `direct` calls the flow in this process (faster, for tests).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -30,6 +27,7 @@ from slurmgate.testbed.demo import (
     AdmissionResult,
     DemoError,
     DemoJob,
+    DemoOptions,
     Printer,
     RuntimeResult,
     api_calls,
@@ -71,8 +69,9 @@ def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
         PREFECT_RUNNER_POLL_FREQUENCY="1",
         PREFECT_RESULTS_PERSIST_BY_DEFAULT="true",
     )
+    serve = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--interval", "0"]
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--serve-reconcile"],
+        [*serve, "--scope", SCOPE_BLOCK, "--policy", ""],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -93,29 +92,6 @@ def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
     finally:
         stop_group(proc)
         log.close()
-
-
-def serve_reconcile() -> None:
-    """The subprocess side of `served_reconcile`: the shipped definition, schedule removed."""
-    import importlib.util
-
-    from prefect import serve
-
-    spec = importlib.util.spec_from_file_location("slurmgate_serve", REPO / "deployments/serve.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    deployments = [
-        d
-        for d in module.build_deployments(scope_block=SCOPE_BLOCK, policy_block=None)
-        if d.name == "reconcile"
-    ]
-    for deployment in deployments:
-        deployment.schedules = []
-    serve(*deployments, print_starting_message=False)
-
-
-# ---- admission -----------------------------------------------------------------------------
 
 
 async def _board_rows() -> list[dict[str, Any]]:
@@ -325,27 +301,10 @@ def run_runtime(workdir: Path, printer: Printer, spec_path: Path = DEMO_SPEC) ->
 # ---- summary -------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog="example: bash scripts/demo.sh --mode direct --skip-runtime --live no",
-    )
-    parser.add_argument("--mode", choices=("deployment", "direct"), default="deployment")
-    parser.add_argument("--load", type=float, default=1.75, help="queued nodes per pool runner")
-    parser.add_argument("--never-fits", type=int, default=2, help="too-wide jobs per pool")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--duration", type=float, default=4.0, help="mean job seconds")
-    parser.add_argument("--skip-runtime", action="store_true", help="admission only")
-    parser.add_argument("--skip-admission", action="store_true", help="runtime only")
-    parser.add_argument("--live", choices=("auto", "yes", "no"), default="auto")
-    parser.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
-    parser.add_argument("--serve-reconcile", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.serve_reconcile:
-        serve_reconcile()
-        return 0
+def run_demo(options: DemoOptions) -> int:
+    """Admission on the emulator, then the runtime on Slurm, then the summary; 0 when it held."""
     os.environ.update(FLAGS)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="slurmgate-demo-"))
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix="slurmgate-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("SLURMGATE_STATE_DIR", str(workdir / "state"))
     # Prefect in local mode, isolated: never the user's own ~/.prefect database
@@ -354,26 +313,28 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         jobs = draw_jobs(
-            load=args.load, never_fits=args.never_fits, seed=args.seed, duration_s=args.duration
+            load=options.load,
+            never_fits=options.never_fits,
+            seed=options.seed,
+            duration_s=options.duration_s,
         )
     except DemoError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    live = {"auto": None, "yes": True, "no": False}[args.live]
     adm = rt = None
     try:
-        with contextmanager_chain(args.mode, workdir) as deployment:
-            with Printer(live) as printer:
-                if not args.skip_admission:
-                    adm = asyncio.run(admission_part(jobs, printer, args.mode, deployment))
-            if not args.skip_runtime:
+        with contextmanager_chain(options.mode, workdir) as deployment:
+            with Printer(options.live) as printer:
+                if not options.skip_admission:
+                    adm = asyncio.run(admission_part(jobs, printer, options.mode, deployment))
+            if not options.skip_runtime:
                 rt = run_runtime(workdir, Printer(False))
     except DemoError as exc:
         print(f"demo: {exc} (logs in {workdir})", file=sys.stderr)
         return 1
     lines = summary_lines(adm, rt, time.monotonic() - started)
-    if args.workdir is None:
+    if options.workdir is None:
         lines.insert(-1, f"run files (logs, records, summary.json): {workdir}")
     print("\n".join(lines), flush=True)
     (workdir / "summary.json").write_text(
@@ -421,7 +382,3 @@ def contextmanager_chain(mode: str, workdir: Path) -> Iterator[str | None]:
                 yield name
     except PrefectServerError as exc:
         raise DemoError(str(exc)) from None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

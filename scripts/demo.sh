@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: set up, bring up what is missing (local Slurm, a private Prefect home), run the demo
-# driver (flows/demo.py), and leave nothing running. Extra arguments go to the driver.
+# driver (`slurmgate demo`, flows/demo.py), and leave nothing running. Extra arguments go to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the demo needs no browser (only the UI test of `make test` does)
@@ -77,7 +77,7 @@ export PREFECT_HOME="$work/prefect"
 unset PREFECT_API_URL
 
 set +e
-python flows/demo.py --workdir "$work" "$@"
+python -m slurmgate.cli demo --workdir "$work" "$@"
 driver_rc=$?
 set -e
 echo "[demo] summary: .slurmgate/demo-summary.json" >&2

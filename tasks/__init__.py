@@ -1,0 +1,1 @@
+"""Prefect tasks: the retryable units of the flows (GitHub steps, allocation artifacts)."""

@@ -1,0 +1,1 @@
+"""Admission by weighted runner leases: model, planner, policies, lease protocol, the tick."""

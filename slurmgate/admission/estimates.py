@@ -23,12 +23,13 @@ from typing import Any
 
 from slurmgate.admission.labels import LabelError, parse_nodes
 from slurmgate.admission.model import Job, JobStatus
+from slurmgate.errors import InputError
 
 HISTORY_FORMAT = 1
 _SPACES = re.compile(r"\s+")
 
 
-class HistoryError(ValueError):
+class HistoryError(InputError):
     """A serialised runtime history that does not follow the format."""
 
 

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from slurmgate.errors import InputError
+
 CLUSTER_PREFIX = "cluster:"
 LEASE_PREFIX = "ci-lease-"
 JOB_PREFIX = "ci-job-"
@@ -19,7 +21,7 @@ _LEASE_RE = re.compile(r"^ci-lease-j(?P<job>\d+)-a(?P<attempt>\d+)-t(?P<created>
 _JOB_RE = re.compile(r"^ci-job-(?P<score>-?\d+(?:\.\d+)?)-(?P<token>[0-9a-z][0-9a-z-]*)$")
 
 
-class LabelError(ValueError):
+class LabelError(InputError):
     """A label that claims a managed family but does not follow its format."""
 
 

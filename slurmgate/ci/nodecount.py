@@ -1,6 +1,6 @@
 """How many Slurm nodes one deployment matrix row needs (the `nodes:N` a CI job requests).
 
-Precedence (seed-origins A4): an explicit aggregate `num-nodes`, else a checked-in recipe's
+Precedence (docs/seed.md, node count): an explicit aggregate `num-nodes`, else a checked-in recipe's
 `resources`, else per-role `PREFILL_NODES`/`DECODE_NODES` overrides, else per-role GPU topology
 `ceil(num-worker x tp x pp x pcp-size / gpus-per-node)`. Pure apart from reading recipe YAML.
 """
@@ -14,12 +14,14 @@ from typing import Any
 
 import yaml
 
+from slurmgate.errors import InputError
+
 ROLES = ("prefill", "decode")
 _OVERRIDE_KEYS = {"prefill": "PREFILL_NODES", "decode": "DECODE_NODES"}
 _CONFIG_FILE = "CONFIG_FILE"
 
 
-class NodeCountError(ValueError):
+class NodeCountError(InputError):
     """A row whose node count cannot be derived; the message names the field and the fix."""
 
 

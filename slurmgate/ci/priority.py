@@ -29,7 +29,7 @@ _D = Decimal
 
 
 class PriorityPolicy(BaseModel):
-    """The weights of the seed formula (seed-origins A2); defaults are the seed's values."""
+    """The weights of the seed formula (docs/seed.md, priority); defaults are the seed's values."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -1,4 +1,4 @@
-"""The CI side of admission: a job's runs-on label set from its spec or matrix row (seed A3).
+"""The CI side of admission: a job's runs-on label set from its spec or matrix row.
 
 A job is described by one of two documents, told apart by shape:
 
@@ -8,9 +8,10 @@ A job is described by one of two documents, told apart by shape:
   `node-count` field when the field is present (an empty value means "unknown": the guard
   applies), else it is derived by `slurmgate.ci.nodecount` (a single-node row counts 1).
 
-The label set follows the seed's table: with the priority flag off only `[<runner>]` (legacy);
-with it on `self-hosted, <runner>, [nodes:N,] ci-job-<score>-<token>, ci-attempt-<n>`, where
-`nodes:N` appears only when the node-slot flag is on and the node count is known.
+The label set follows the seed's table (docs/seed.md): with the priority flag off only
+`[<runner>]` (legacy); with it on `self-hosted, <runner>, [nodes:N,] ci-job-<score>-<token>,
+ci-attempt-<n>`, where `nodes:N` appears only when the node-slot flag is on and the node count
+is known.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from slurmgate.ci.priority import (
     render_score,
     score,
 )
+from slurmgate.errors import InputError
 
 PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
 NODE_SLOT_FLAG = "NODE_SLOT_SCHEDULER_ENABLED"
@@ -48,7 +50,7 @@ Mode = Literal["legacy", "priority", "node-slots"]
 OUTPUT_KEYS = ("runs-on", "nodes", "score", "token", "job-label", "attempt-label", "mode")
 
 
-class CIError(ValueError):
+class CIError(InputError):
     """Bad CI input, worded as `field: problem; fix` on one line."""
 
 
@@ -155,7 +157,7 @@ def row_node_count(
     hardware: Mapping[str, int] | None = None,
     recipe_root: Path | None = None,
 ) -> int | None:
-    """A matrix row's node count: its `node-count` field (empty: None), else derived (A4)."""
+    """A matrix row's node count: its `node-count` field (empty: None), else derived."""
     if "node-count" in row:
         raw = row["node-count"]
         if raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -252,7 +254,7 @@ def compute_labels(
     runner: str | None = None,
     policy: PriorityPolicy = DEFAULT_POLICY,
 ) -> LabelSet:
-    """The job's runs-on label set under the seed's table (A3), with its guard on `nodes:`."""
+    """The job's runs-on label set under the seed's table, with its guard on `nodes:`."""
     label = (runner or spec.runner or "").strip()
     if not label:
         where = "--runner" if spec.kind == "allocation" else f"{spec.source}: runner"

@@ -1,0 +1,1 @@
+"""The `slurmgate` command line: one typer app (`app.py`), one module per command group."""

@@ -12,6 +12,7 @@ from slurmgate.cli import (
     allocation,
     ci,
     cluster,
+    demo,
     endpoint,
     simulate,
     testbed,
@@ -34,7 +35,7 @@ def _root() -> None:
 
 # Each module holds one command group as a typer app: flat groups merge into the root, the
 # others keep their name as a sub-command.
-for _flat in (admission, ci, webhook, testbed, simulate, endpoint):
+for _flat in (admission, ci, webhook, testbed, simulate, endpoint, demo):
     app.add_typer(_flat.app)
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(allocation.app, name="allocation")

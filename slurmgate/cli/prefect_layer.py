@@ -7,9 +7,11 @@ that run a flow come through here, and only when they run.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slurmgate.runtime.spec import AllocationSpec
+if TYPE_CHECKING:
+    from slurmgate.runtime.spec import AllocationSpec
+    from slurmgate.testbed.demo import DemoOptions
 
 
 def run_reconcile_tick(api_url: str, repo: str | None, org: str | None) -> dict[str, Any]:
@@ -24,3 +26,10 @@ def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]
     from flows.allocation import allocation
 
     return allocation(spec=spec, runs_dir=runs_dir)
+
+
+def run_demo(options: DemoOptions) -> int:
+    """The demo driver; its exit code."""
+    from flows.demo import run_demo as demo
+
+    return demo(options)

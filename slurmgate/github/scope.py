@@ -1,5 +1,4 @@
-"""Where slurmgate reads and writes on GitHub: one repository or one organization, by GitHub's
-own name rules."""
+"""Where slurmgate reads and writes on GitHub: one repository or one organization, by name."""
 
 from __future__ import annotations
 

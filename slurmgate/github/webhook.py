@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from slurmgate.errors import InputError
 from slurmgate.threaded_server import ThreadedServer
 
 log = logging.getLogger("slurmgate.github.webhook")
@@ -141,11 +142,11 @@ class DeliveryCache:
         self._seen.pop(delivery, None)
 
 
-class StaleDelivery(ValueError):
+class StaleDelivery(InputError):
     """A delivery dated outside the accepted window."""
 
 
-class BadDelivery(ValueError):
+class BadDelivery(InputError):
     """A signed delivery whose body is not a usable workflow_job payload."""
 
 

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from slurmgate.errors import InputError
+
 
 class DeploymentShape(Protocol):
     """What the layout reads of one deployment (`spec.DeploymentSpec` is one)."""
@@ -161,7 +163,7 @@ class Layout:
         return f"http://{self.address(self.plan.client_node)}:{deployment.endpoint_port}"
 
 
-class LayoutError(ValueError):
+class LayoutError(InputError):
     """The allocation's hosts do not fit the plan."""
 
 

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from slurmgate.errors import ExternalError, InputError
+
 MAX_SPEC_BYTES = 64 * 1024
 EXIT_PREFLIGHT = 70
 EXIT_SPAWN = 71
 POLL_S = 0.1
 
 
-class WorkerSpecError(ValueError):
+class WorkerSpecError(InputError):
     """The --spec payload is malformed."""
 
 
@@ -155,7 +157,7 @@ def _typed(value: Any, kind: type, what: str) -> Any:
     return value
 
 
-class PreflightFailed(Exception):
+class PreflightFailed(ExternalError):
     """A node check failed; `check` names it."""
 
     def __init__(self, host: str, check: str, message: str) -> None:

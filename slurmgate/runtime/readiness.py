@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from slurmgate.errors import ExternalError
 
-class ReadinessTimeout(RuntimeError):
+
+class ReadinessTimeout(ExternalError):
     """Some targets were not ready by their deadline."""
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slurmgate.errors import ExternalError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.endpoint.config import EndpointConfig
@@ -46,7 +47,7 @@ _PREFLIGHT_LINE = re.compile(
 )
 
 
-class RunFailed(RuntimeError):
+class RunFailed(ExternalError):
     """A phase of the run failed; `phase` names it."""
 
     def __init__(self, phase: str, message: str) -> None:

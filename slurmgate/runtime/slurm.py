@@ -9,10 +9,12 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurmgate.errors import ExternalError
+
 DEFAULT_TIMEOUT_S = 30.0
 
 
-class SlurmError(RuntimeError):
+class SlurmError(ExternalError):
     """A Slurm command failed or timed out; carries the argv and its stderr."""
 
     def __init__(

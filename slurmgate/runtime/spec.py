@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from slurmgate.errors import InputError
 from slurmgate.runtime.layout import port_problems
 
 # Flags the launcher owns: a command that sets them itself would fight the layout.
@@ -31,7 +32,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 _TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A spec problem, worded as `field: message — fix`."""
 
     def __init__(self, problems: list[tuple[str, str, str]]) -> None:

@@ -14,12 +14,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slurmgate.errors import ExternalError
 from slurmgate.runtime import slurm
 
 TERMINATION_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
-class StepFailed(RuntimeError):
+class StepFailed(ExternalError):
     """A required step exited, or a step could not be started."""
 
     def __init__(self, message: str, step: Step | None = None) -> None:
@@ -27,7 +28,7 @@ class StepFailed(RuntimeError):
         super().__init__(message)
 
 
-class CleanupFailed(RuntimeError):
+class CleanupFailed(ExternalError):
     """Something of the run was still alive after cleanup."""
 
 

@@ -25,6 +25,7 @@ from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot
 from slurmgate.admission.planner import plan
 from slurmgate.admission.policies import SIMULATED_POLICY_NAMES, policy_for, priority_key
 from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.errors import InputError
 from slurmgate.simulator.metrics import Run, summarize
 from slurmgate.simulator.traces import Trace, TraceJob
 
@@ -33,7 +34,7 @@ EPOCH_S = EPOCH.timestamp()  # trace time 0 in the unix seconds the planner work
 ESTIMATES = ("timeout", "learned", "perfect")
 
 
-class SimulationError(ValueError):
+class SimulationError(InputError):
     """Bad simulator input; the message names the option and the fix."""
 
 

@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurmgate.errors import ExternalError
 from slurmgate.simulator.metrics import Run
 
 
-class PlotError(RuntimeError):
+class PlotError(ExternalError):
     """Plotting needs matplotlib."""
 
 

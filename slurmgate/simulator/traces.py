@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
+from slurmgate.errors import InputError
+
 DATA = Path(__file__).resolve().parent.parent / "data"
 TRACES = DATA / "traces"
 JOB_MIX = DATA / "inferencex-job-mix.csv"
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace file the simulator cannot read; the message names the file, line and fix."""
 
 
@@ -164,7 +166,7 @@ class MixModel:
 
 
 def _mix_score(row: dict[str, str], nodes: int, pull_request: bool) -> Decimal:
-    """The seed's priority formula (A2) on the facts the CSV carries."""
+    """The seed's priority formula (docs/seed.md) on the facts the CSV carries."""
     score = Decimal("1.0")
     if row.get("disagg") == "True":
         score += Decimal("1.25")

@@ -26,6 +26,21 @@ class DemoError(ExternalError):
     """A part of the demo failed; the message says which and why."""
 
 
+@dataclass(frozen=True)
+class DemoOptions:
+    """What `slurmgate demo` was asked to do."""
+
+    mode: str = "deployment"  # or "direct": the reconcile flow in this process
+    load: float = 1.75  # queued nodes per pool runner
+    never_fits: int = 2  # too-wide jobs per pool
+    seed: int = 7
+    duration_s: float = 4.0  # mean job seconds
+    skip_runtime: bool = False
+    skip_admission: bool = False
+    live: bool | None = None  # None: a live view when stdout is a terminal
+    workdir: Path | None = None  # None: a fresh temporary directory
+
+
 # ---- the job mix ---------------------------------------------------------------------------
 
 

@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from slurmgate.errors import InputError
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -64,7 +66,7 @@ class StubSettings:
     fail_retry_after: str
 
 
-class KnobError(ValueError):
+class KnobError(InputError):
     """A knob value from the environment that cannot be used."""
 
 

@@ -1,4 +1,4 @@
-"""Node count from a deployment matrix row: the seed fixtures (A4) and the real job mix."""
+"""Node count of a deployment matrix row: the seed's fixtures (docs/seed.md), the real job mix."""
 
 from __future__ import annotations
 

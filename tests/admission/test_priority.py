@@ -1,4 +1,4 @@
-"""The seed's priority formula (seed-origins A2): worked values, fail-closed, token and label."""
+"""The seed's priority formula (docs/seed.md): worked values, fail-closed, token and label."""
 
 from __future__ import annotations
 

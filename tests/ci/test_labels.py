@@ -1,4 +1,4 @@
-"""`slurmgate labels` and `node-count`: the seed's runs-on table (A3), JSON shape, errors."""
+"""`slurmgate labels` and `node-count`: the seed's runs-on table (docs/seed.md), JSON, errors."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def expected_gate(row: dict[str, Any]) -> str:
     return job_label(value, queue_token(row, queue_namespace(4242, 2)))
 
 
-# ---- the A3 table, row by row ------------------------------------------------------------------
+# ---- the seed's table, row by row -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("node_slots", [False, True])

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-# the tests import their helpers (flowcheck.py) by name; pytest runs with --import-mode=importlib
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)

@@ -209,7 +209,7 @@ def test_admin_api_rejects_bad_input_naming_the_field(emu: RunningEmulator) -> N
     assert [lb["type"] for lb in created["labels"]] == ["read-only"] * 3 + ["custom"]
 
 
-# ---- webhooks (the issue-4 seam) ----------------------------------------------------------------
+# ---- webhooks (the job-change seam) ------------------------------------------------------------
 
 
 @pytest.fixture

@@ -20,7 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from slurmgate.testbed.localproc import free_port, stop_group
+from slurmgate.testbed.localproc import stop_group
+from slurmgate.testbed.prefect_server import PrefectServerError
+from slurmgate.testbed.prefect_server import running_prefect_server as server_process
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "ghs_PREFECTserverSECRET0123456789"
@@ -180,43 +182,19 @@ class PrefectServer:
 def running_prefect_server(home: Path, auth: str | None = None) -> Iterator[PrefectServer]:
     """`prefect server start` on a free loopback port with SQLite in `home` (its PREFECT_HOME,
     logs and the served process's state); `auth` ("user:pass") turns on basic auth."""
-    port = free_port()
-    log = home / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        PREFECT_HOME=str(home / "server"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        DO_NOT_TRACK="1",
-        PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",
-    )
-    if auth:
-        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
-    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    basic = tuple(auth.split(":", 1)) if auth else None
-    api = RetryingClient(base_url=url + "/api", timeout=30.0, auth=basic)  # type: ignore[arg-type]
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if api.get("/health").status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"prefect server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield PrefectServer(url, api, home, log, auth)
-    finally:
-        print(f"\nprefect server: {RetryingClient.retried_503} REST call(s) retried after 503")
-        api.close()
-        stop_group(proc)
+        with server_process(home, auth=auth, startup_timeout_s=90) as proc:
+            basic = tuple(auth.split(":", 1)) if auth else None
+            api = RetryingClient(base_url=proc.api_url, timeout=30.0, auth=basic)  # type: ignore[arg-type]
+            try:
+                yield PrefectServer(proc.url, api, home, proc.log, auth)
+            finally:
+                print(
+                    f"\nprefect server: {RetryingClient.retried_503} REST call(s) retried after 503"
+                )
+                api.close()
+    except PrefectServerError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")

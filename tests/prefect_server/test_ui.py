@@ -84,8 +84,8 @@ def test_quick_run_of_reconcile_from_its_deployment_page_completes_with_the_boar
         with page.expect_response(lambda r: "create_flow_run" in r.url) as answer:
             page.get_by_text("Quick run", exact=True).click()
         status = answer.value.status
-        # the UI does not retry SQLite's "database busy" 503s (../shared/reference/prefect.md
-        # §5); a person clicks again
+        # the UI does not retry SQLite's "database busy" 503s (the Python client does); a
+        # person clicks again
         if status != 503:
             break
         print(f"Quick run answered 503 (attempt {attempt + 1}); clicking again")

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 # Events reach the database in the persister's batches (every 5 s by default); the relay tests
 # read events back, so a test server started after this line flushes twice a second.
 os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "0.5")

@@ -81,18 +81,12 @@ def serve_reconcile(prefect_api: str, tmp_path: Path) -> Iterator[Callable[..., 
             "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
             "SLURMGATE_ORPHAN_GRACE_S": "0",
             "SLURMGATE_STATE_DIR": str(tmp_path / "state"),
-            "PYTHONPATH": str(REPO_ROOT),
         }
         log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        serve = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--name", name]
+        serve += ["--interval", "0", "--api-url", emu.url, "--repo", emu.repo]
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "serve_reconcile.py"),
-                name,
-                emu.url,
-                emu.repo,
-                str(within_s),
-            ],
+            [*serve, *(["--triggers", str(within_s)] if within_s >= 0 else [])],
             cwd=REPO_ROOT,
             env=env,
             stdout=log,
@@ -150,7 +144,6 @@ def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
 
 
 def test_prefect_yaml_carries_the_same_trigger() -> None:
-    sys.path.insert(0, str(REPO_ROOT / "deployments"))
     from triggers import reconcile_trigger_specs, reconcile_triggers
 
     config = yaml.safe_load((REPO_ROOT / "deployments" / "prefect.yaml").read_text())

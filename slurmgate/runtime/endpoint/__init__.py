@@ -1,0 +1,1 @@
+"""The logical endpoint: one proxy per deployment on the client host (routing, backpressure)."""

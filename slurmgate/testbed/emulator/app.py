@@ -569,7 +569,7 @@ def _admin_id(request: Request, name: str) -> int:
         ) from None
 
 
-# ---- webhooks (issue 4 seam) --------------------------------------------------------------------
+# ---- webhooks (the job-change seam) --------------------------------------------------------------
 
 
 def sign(secret: str, payload: bytes) -> str:

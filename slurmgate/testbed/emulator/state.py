@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from slurmgate.errors import InputError
+
 READ_ONLY = "read-only"
 CUSTOM = "custom"
 DEFAULT_READ_ONLY = ("self-hosted", "Linux", "X64")
@@ -24,7 +26,7 @@ API_DOCS = "https://docs.github.com/rest"
 JobListener = Callable[[str, "EmuJob"], None]
 
 
-class EmulatorInputError(ValueError):
+class EmulatorInputError(InputError):
     """Bad input to the admin API or the fleet builder; the message names the field."""
 
 
@@ -145,7 +147,7 @@ class EmulatorState:
         self.statuses: Counter[int] = Counter()
         self.writes = 0
         self.quota_used_total = 0
-        # webhook seam (issue 4): every job change calls `job_changed`, which calls listeners
+        # webhook seam: every job change calls `job_changed`, which calls listeners
         self.webhook_urls: list[str] = list(webhook_urls or [])
         self.webhook_secret = webhook_secret
         self.listeners: list[JobListener] = []

@@ -1,0 +1,209 @@
+"""The tree keeps its shape: the core never reaches the Prefect layer, and nothing imports in a
+circle. Read from the source with `ast`, so a lazy import inside a function counts too."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CORE = "slurmgate"
+PREFECT_LAYER = ("blocks", "tasks", "flows")
+# The one door from the core into the Prefect layer: the CLI commands that run a flow.
+DOOR = "slurmgate.cli.prefect_layer"
+PARTS = ("admission", "ci", "github", "runtime", "simulator", "testbed", "cli")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(*packages: str) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((REPO / package).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def imports_of(name: str, path: Path) -> Iterator[str]:
+    """Every module name an import statement in the file names, at any depth of the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            yield module
+            yield from (f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            yield "importlib.import_module"
+
+
+def top(module: str) -> str:
+    return module.partition(".")[0]
+
+
+def test_the_core_never_imports_prefect_or_the_prefect_layer() -> None:
+    offenders = []
+    for name, path in modules(CORE).items():
+        for imported in imports_of(name, path):
+            if imported == "importlib.import_module":
+                offenders.append(f"{name}: importlib.import_module hides an import from mypy")
+            elif top(imported) == "prefect" or (top(imported) in PREFECT_LAYER and name != DOOR):
+                offenders.append(f"{name} imports {imported}")
+    assert offenders == []
+
+
+def test_the_door_reaches_only_flows() -> None:
+    path = modules(CORE)[DOOR]
+    reached = {top(m) for m in imports_of(DOOR, path)} & {"prefect", *PREFECT_LAYER}
+    assert reached == {"flows"}
+
+
+def test_the_core_has_one_folder_per_part() -> None:
+    folders = {p.name for p in (REPO / CORE).iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(PARTS)
+    loose = sorted(p.name for p in (REPO / CORE).glob("*.py") if p.name != "__init__.py")
+    assert loose == ["errors.py", "threaded_server.py"], loose
+
+
+def import_graph(*packages: str) -> dict[str, set[str]]:
+    found = modules(*packages)
+    graph: dict[str, set[str]] = {name: set() for name in found}
+    for name, path in found.items():
+        for imported in imports_of(name, path):
+            while imported and imported not in found:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                graph[name].add(imported)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_in_a_circle() -> None:
+    assert cycles(import_graph(CORE, *PREFECT_LAYER)) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_admission_core_does_not_depend_on_its_adapters() -> None:
+    """Policy apart from mechanism: admission reads GitHub through the protocols it declares."""
+    graph = import_graph(CORE)
+    leaks = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.startswith("slurmgate.admission.")
+        for target in targets
+        if target.startswith(("slurmgate.github", "slurmgate.runtime", "slurmgate.cli"))
+    )
+    assert leaks == []
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        # runs once per node inside the allocation: the standard library only, so it starts fast
+        ("slurmgate.runtime.node_worker", ("pydantic", "httpx", "prefect", "typer", "yaml")),
+        # the logical endpoint runs on the client host for the whole allocation
+        ("slurmgate.runtime.endpoint.app", ("prefect", "typer", "httpx")),
+        ("slurmgate.cli.app", ("prefect",)),
+    ],
+)
+def test_compute_node_entry_points_load_no_heavy_packages(
+    module: str, forbidden: tuple[str, ...]
+) -> None:
+    code = f"import sys, {module}; print(' '.join(sorted(sys.modules)))"
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    assert {top(m) for m in loaded} & set(forbidden) == set()
+
+
+# Exceptions that are signals or answers, not errors of slurmgate's.
+NOT_ERRORS = {
+    "slurmgate.runtime.run.Terminated",  # SIGTERM/SIGINT as a BaseException, like KeyboardInterrupt
+    "slurmgate.testbed.emulator.app.ApiError",  # the emulator's way to answer GitHub's error JSON
+}
+
+
+def test_every_error_slurmgate_raises_is_in_the_family() -> None:
+    import importlib
+
+    from slurmgate.errors import ExternalError, InputError
+
+    outside = []
+    for name in modules(CORE):
+        if name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == name
+                and f"{name}.{value.__qualname__}" not in NOT_ERRORS
+                and value.__module__ != "slurmgate.errors"
+                and not issubclass(value, InputError | ExternalError)
+            ):
+                outside.append(f"{name}.{value.__qualname__}")
+    assert outside == []
+
+
+def test_every_module_says_its_job_in_its_first_docstring_line() -> None:
+    missing = []
+    for name, path in modules(CORE, *PREFECT_LAYER).items():
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        if not doc or not doc.splitlines()[0].strip():
+            missing.append(name)
+    assert missing == []
