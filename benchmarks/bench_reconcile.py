@@ -86,23 +86,23 @@ def median_plan_s(snapshot: Any, settings: Any, repeat: int) -> float:
 
 
 async def core_tick(emu: Any, settings: Any) -> tuple[int, float]:
-    """The same tick without Prefect: snapshot, plan, then each admission via the core protocol."""
-    from slurmgate.admission.leases import admit_lease
-    from slurmgate.admission.planner import plan
-    from slurmgate.github.client import GitHubClient, GitHubScope
-    from slurmgate.github.snapshot import take_snapshot
+    """The same tick without Prefect: the core's reconcile_tick, whose steps are the bare lease
+    protocol over one client instead of retried tasks and lease subflows."""
+    from slurmgate.admission.estimates import RuntimeHistory
+    from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.github.client import GitHubClient
+    from slurmgate.github.scope import GitHubScope
+    from slurmgate.github.steps import direct_steps
 
     started = time.perf_counter()
-    admitted = 0
     async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), emu.token) as client:
-        decisions = plan(await take_snapshot(client), settings, datetime.now(UTC))
-        for admit in decisions.admit:
-            admitted += (await admit_lease(client, admit)).admitted
-    return admitted, time.perf_counter() - started
+        report = await reconcile_tick(direct_steps(client), settings, history=RuntimeHistory())
+    return report.admitted, time.perf_counter() - started
 
 
 async def snapshot_of(emu: Any) -> Any:
-    from slurmgate.github.client import GitHubClient, GitHubScope
+    from slurmgate.github.client import GitHubClient
+    from slurmgate.github.scope import GitHubScope
     from slurmgate.github.snapshot import take_snapshot
 
     async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), emu.token) as client:
@@ -220,7 +220,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"whichever is fewer: {ratios['verify_reads_per_admitted_job']} read requests per "
         "admitted job here.",
         f"Planner alone on the same snapshot: median {result['plan_alone_median_s']} s.",
-        f"The same busy tick without Prefect (core protocol, twin emulator): "
+        f"The same busy tick without Prefect (`reconcile_tick` over the bare lease protocol, "
+        f"twin emulator): "
         f"{result['core_tick_without_prefect']['wall_s']} s for "
         f"{result['core_tick_without_prefect']['admitted']} admissions; the flow takes "
         f"{ratios['prefect_tick_over_core_tick']}x that (one lease subflow per admission).",

@@ -22,8 +22,10 @@ class GitHubScopeBlock(Block):
     Examples:
         ```python
         from blocks import GitHubScopeBlock
-        GitHubScopeBlock(repo="acme/bench", token="ghp_...").save("acme-bench")
-        scope = GitHubScopeBlock.load("acme-bench")
+        GitHubScopeBlock(repo="acme/bench", token="ghp_...").save("BLOCK_NAME")
+        scope = GitHubScopeBlock.load("BLOCK_NAME")
+        async with scope.get_client() as github:
+            runners = await github.list_runners()
         ```
     """
 
@@ -122,7 +124,9 @@ class AdmissionPolicyBlock(Block):
         ```python
         from blocks import AdmissionPolicyBlock
         AdmissionPolicyBlock(priority_scheduler_enabled=True,
-                             node_slot_scheduler_enabled=True, policy="easy").save("default")
+                             node_slot_scheduler_enabled=True, policy="easy").save("BLOCK_NAME")
+        policy = AdmissionPolicyBlock.load("BLOCK_NAME")
+        settings = policy.to_settings()
         ```
     """
 
@@ -182,7 +186,8 @@ class RuntimeHistoryBlock(Block):
     Examples:
         ```python
         from blocks import RuntimeHistoryBlock
-        history = RuntimeHistoryBlock.load("default").runtime_history()
+        block = RuntimeHistoryBlock.load("BLOCK_NAME")
+        history = block.runtime_history()
         ```
     """
 

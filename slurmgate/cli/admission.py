@@ -86,10 +86,10 @@ def status(
     from rich.table import Table
 
     from slurmgate.admission.settings import AdmissionSettings
-    from slurmgate.admission.tick import TickSteps, reconcile_tick
+    from slurmgate.admission.tick import reconcile_tick
     from slurmgate.github.client import GitHubClient, GitHubError
     from slurmgate.github.scope import GitHubScope
-    from slurmgate.github.snapshot import take_snapshot
+    from slurmgate.github.steps import direct_steps
 
     token = _token("read the runners")
     try:
@@ -100,7 +100,7 @@ def status(
 
     async def read() -> list[dict[str, Any]]:
         async with GitHubClient(scope, token) as client:
-            report = await reconcile_tick(TickSteps(lambda: take_snapshot(client)), settings)
+            report = await reconcile_tick(direct_steps(client, read_only=True), settings)
         decisions = report.decisions
         rows = decisions.board_rows()
         for runner_id, reason in decisions.misconfigured_runners:

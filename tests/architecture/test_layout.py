@@ -207,3 +207,24 @@ def test_every_module_says_its_job_in_its_first_docstring_line() -> None:
         if not doc or not doc.splitlines()[0].strip():
             missing.append(name)
     assert missing == []
+
+
+# A distribution's import name, where the two differ.
+IMPORT_NAMES = {"pydantic-settings": "pydantic_settings", "prometheus-client": "prometheus_client"}
+IMPORT_NAMES |= {"pyyaml": "yaml", "uvicorn[standard]": "uvicorn"}
+
+
+def test_every_runtime_dependency_is_imported() -> None:
+    """A pinned dependency that nothing imports is weight every install carries for nothing."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=!~ ]", spec, maxsplit=1)[0] for spec in project["dependencies"]}
+    imported = {
+        top(module)
+        for name, path in modules(CORE, *PREFECT_LAYER).items()
+        for module in imports_of(name, path)
+    }
+    unused = sorted(d for d in declared if IMPORT_NAMES.get(d, d) not in imported)
+    assert unused == []

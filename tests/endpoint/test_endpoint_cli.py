@@ -10,19 +10,30 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 from endpoint_helpers import Proc, free_port, python_env, wait_status
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurmgate.runtime.endpoint.config import EndpointConfig, parse_config
+
 ENDPOINT = "slurmgate.runtime.endpoint"
+# The same endpoint, with the same flags, as the allocation runtime starts it and as a command.
+ENTRY_POINTS = pytest.mark.parametrize(
+    "entry", [(ENDPOINT,), ("slurmgate.cli", "endpoint")], ids=["python-m", "slurmgate-endpoint"]
+)
 
 
+@ENTRY_POINTS
 async def test_endpoint_process_routes_to_stubs_and_stops_on_sigterm(
-    client: httpx.AsyncClient, stub: Callable[..., Proc], spawn: Callable[..., Proc]
+    client: httpx.AsyncClient,
+    stub: Callable[..., Proc],
+    spawn: Callable[..., Proc],
+    entry: tuple[str, ...],
 ) -> None:
     lanes = [stub("--tokens-per-second", "0"), stub("--tokens-per-second", "0")]
     port = free_port()
     endpoint = spawn(
-        ENDPOINT, "--name", "chat", "--listen", f"127.0.0.1:{port}",
+        *entry, "--name", "chat", "--listen", f"127.0.0.1:{port}",
         "--backend", lanes[0].url, "--backend", lanes[1].url,
         "--max-waiting", "4", "--retry-after", "2", "--sample-interval", "0.05",
         port=port,
@@ -49,10 +60,11 @@ async def test_endpoint_process_routes_to_stubs_and_stops_on_sigterm(
     assert time.monotonic() - started < 2.5
 
 
-def test_bad_arguments_name_the_flag() -> None:
+@ENTRY_POINTS
+def test_bad_arguments_name_the_flag(entry: tuple[str, ...]) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
-            [sys.executable, "-m", ENDPOINT, *args],
+            [sys.executable, "-m", *entry, *args],
             env=python_env(),
             capture_output=True,
             timeout=20,
@@ -96,3 +108,20 @@ async def test_sigterm_during_a_stream_still_exits_0_promptly(
     assert time.monotonic() - started < 3.0
     await asyncio.gather(streaming, return_exceptions=True)
     assert lane.popen.poll() is None  # the backend lane is not the endpoint's to stop
+
+
+def test_the_flags_the_runtime_renders_parse_back_to_the_same_config() -> None:
+    config = EndpointConfig(
+        name="chat",
+        host="0.0.0.0",
+        port=17001,
+        backends=["http://10.0.0.2:8000", "http://10.0.0.3:8000"],
+        max_waiting=0,
+        retry_after=2.5,
+        backend_health_path="/v1/models",
+        pool_size=8,
+    )
+    argv = config.argv()
+    assert parse_config(argv) == config
+    assert "--sample-interval" not in argv  # defaults are left to the endpoint
+    assert parse_config(EndpointConfig(name="d", backends=["http://a:1"]).argv()).port == 0

@@ -14,7 +14,8 @@ from slurmgate.admission.leases import (
     verify_lease,
 )
 from slurmgate.admission.model import Admit
-from slurmgate.github.client import GitHubClient, GitHubScope
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.scope import GitHubScope
 
 
 def admit_for(runner_ids: tuple[int, ...]) -> Admit:

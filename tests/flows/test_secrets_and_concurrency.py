@@ -16,7 +16,8 @@ from flows.reconcile import reconcile
 from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import admit_lease
 from slurmgate.admission.model import Admit
-from slurmgate.github.client import GitHubClient, GitHubScope
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.scope import GitHubScope
 
 TOKEN = "ghs_SLURMGATEsecretTOKEN0123456789"
 WRONG = "ghs_WRONGsecretTOKEN9876543210abc"

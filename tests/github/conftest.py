@@ -12,7 +12,9 @@ import pytest
 from openapi_core import OpenAPI
 from openapi_core.testing import MockRequest, MockResponse
 
-from slurmgate.github.client import EtagCache, GitHubClient, GitHubScope
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.etags import EtagCache
+from slurmgate.github.scope import GitHubScope
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 SPEC_PATH = Path(__file__).resolve().parents[1] / "data" / "runners-subset.json"

@@ -10,13 +10,12 @@ from pydantic import ValidationError
 
 from slurmgate.admission.model import JobStatus
 from slurmgate.github.client import (
-    FileEtagCache,
     GitHubClient,
-    GitHubScope,
-    MemoryEtagCache,
     NotFound,
     ValidationFailed,
 )
+from slurmgate.github.etags import FileEtagCache, MemoryEtagCache
+from slurmgate.github.scope import GitHubScope
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 from .conftest import MakeClient

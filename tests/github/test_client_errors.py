@@ -10,11 +10,11 @@ import pytest
 from slurmgate.github.client import (
     AuthError,
     GitHubClient,
-    GitHubScope,
     RateLimited,
     TransientError,
     ValidationFailed,
 )
+from slurmgate.github.scope import GitHubScope
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 from .conftest import MakeClient

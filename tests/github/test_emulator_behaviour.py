@@ -303,7 +303,8 @@ def test_dispatch_at_scale_is_correct_and_deterministic() -> None:
 async def test_rerun_makes_a_new_attempt(
     emu: RunningEmulator, api: httpx.Client, validate: Callable[[httpx.Response], None]
 ) -> None:
-    from slurmgate.github.client import GitHubClient, GitHubScope
+    from slurmgate.github.client import GitHubClient
+    from slurmgate.github.scope import GitHubScope
 
     first = emu.admin.add_job(["nowhere", "ci-attempt-1"], 5)
     with httpx.Client(base_url=emu.url + "/_emulator") as admin:

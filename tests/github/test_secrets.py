@@ -13,9 +13,9 @@ from slurmgate.github.client import (
     AuthError,
     GitHubClient,
     GitHubError,
-    GitHubScope,
     TransientError,
 )
+from slurmgate.github.scope import GitHubScope
 from slurmgate.testbed.emulator.testing import running_emulator
 
 TOKEN = "ghp_sl4rmg4teTOPsecretTOKEN0123456789"
