@@ -40,40 +40,16 @@ from typing import Any
 
 from options import SMOKE_NOTE, add_output_flags, results_dir
 
-from slurmgate.testbed.prefect_server import running_prefect_server
+from slurmgate.testbed.prefect_server import (
+    deployment_ready,
+    deployment_runs,
+    running_prefect_server,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SECRET = "bench-webhook-secret"
 POOL = {"a": 8}
-
-
-def deployment_ready(name: str, triggers: int) -> bool:
-    """The deployment exists with its trigger automations (serve() adds them just after)."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            deployment = client.read_deployment_by_name(f"reconcile/{name}")
-        except ObjectNotFound:
-            return False
-        owned = client._client.get(f"/automations/related-to/prefect.deployment.{deployment.id}")
-        owned.raise_for_status()
-        return len(owned.json()) >= triggers
-
-
-def flow_runs(name: str) -> list[Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name(f"reconcile/{name}")
-        return list(
-            client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
-            )
-        )
 
 
 class AnchorWatch:
@@ -138,7 +114,9 @@ def run_mode(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) -
                 proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
             try:
                 deadline = time.monotonic() + 90
-                while not deployment_ready(name, 2 if mode == "events" else 0):
+                while not deployment_ready(
+                    api_url, f"reconcile/{name}", 2 if mode == "events" else 0
+                ):
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"serve did not start; see {log_dir / name}.log")
                     time.sleep(0.5)
@@ -159,7 +137,7 @@ def run_mode(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) -
                         if token in watch.anchored:
                             latencies.append(watch.anchored[token] - at)
                     missing = len(watch.queued) - len(latencies)
-                runs = flow_runs(name)
+                runs = deployment_runs(api_url, f"reconcile/{name}")
             finally:
                 proc.terminate()
                 try:
@@ -178,9 +156,7 @@ def run_mode(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) -
         "mean_s": round(statistics.fmean(latencies), 3) if latencies else None,
         "max_s": round(max(latencies), 3) if latencies else None,
         "flow_runs_started": sum(1 for r in runs if r.start_time is not None),
-        "flow_runs_cancelled": sum(
-            1 for r in runs if r.state is not None and r.state.is_cancelled()
-        ),
+        "flow_runs_cancelled": sum(1 for r in runs if r.state_type == "CANCELLED"),
         "relay": dict(relay.stats) if relay is not None else None,
     }
 

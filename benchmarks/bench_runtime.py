@@ -82,11 +82,7 @@ def start_to_ready_s(runs_root: Path) -> dict[str, float]:
     )
     t0 = time.perf_counter()
     try:
-        run.allocate()
-        run.resolve()
-        run.preflight()
-        run.launch()
-        run.wait_ready()
+        run.until_ready()
         ready = time.perf_counter() - t0
     finally:
         t1 = time.perf_counter()

@@ -95,14 +95,7 @@ async def lease(admit: Admit, fleet_size: int | None = None) -> AdmitOutcome:
         on_rollback=log_rollback,
     )
     if outcome.admitted:
-        logger.info(
-            "admitted job=%s lease=%s pool=%s nodes=%d anchor=%s",
-            admit.job_id,
-            admit.lease_label,
-            admit.pool,
-            admit.nodes,
-            admit.anchor_id,
-        )
+        logger.info("%s", admit.line("admitted"))
     return outcome
 
 

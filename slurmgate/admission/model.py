@@ -237,6 +237,14 @@ class Admit:
     priority: str
     reason: str
 
+    def line(self, verb: str = "admit") -> str:
+        """One log line: job id, lease id, pool, size and anchor (and why, for a decision)."""
+        why = f" reason={self.reason}" if verb == "admit" else ""
+        return (
+            f"{verb} job={self.job_id} lease={self.lease_label} pool={self.pool} "
+            f"nodes={self.nodes} anchor={self.anchor_id}{why}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Release:
@@ -249,6 +257,12 @@ class Release:
     reason: ReleaseReason
     detail: str = ""
 
+    def line(self) -> str:
+        return (
+            f"release job={self.job_id} lease={self.lease_label} pool={self.pool} "
+            f"reason={self.reason.value} {self.detail}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Clean:
@@ -258,14 +272,25 @@ class Clean:
     labels: tuple[str, ...]
     reason: str
 
+    def line(self) -> str:
+        return f"clean runner={self.runner_id} labels={','.join(self.labels)} reason={self.reason}"
+
 
 @dataclass(frozen=True, slots=True)
 class Blocked:
+    """A queued job that waits, and why."""
+
     job_id: int
     nodes: int | None
     pool: str | None
     reason: BlockReason
     detail: str
+
+    def line(self) -> str:
+        return (
+            f"blocked job={self.job_id} lease=- pool={self.pool} nodes={self.nodes} "
+            f"reason={self.reason.value} {self.detail}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,16 +11,52 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
 
 from slurmgate.admission.capacity import LEGACY, FleetState, JobRequest, Placement, Profile
 from slurmgate.admission.model import Blocked, BlockReason
 from slurmgate.admission.settings import POLICY_NAMES, AdmissionSettings
 
 
-class AdmissionPolicy(Protocol):
+def priority_key(request: JobRequest) -> tuple[Decimal, int, datetime, int]:
+    return (-request.score, request.nodes, request.job.created_at, request.job.id)
+
+
+def priority_order(requests: Iterable[JobRequest]) -> list[JobRequest]:
+    """Score desc, then fewer nodes, then older, then lower job id: a total, deterministic order."""
+    return sorted(requests, key=priority_key)
+
+
+class Walk:
+    """One pass of a policy over the queue: what it admitted, and why the rest wait."""
+
+    def __init__(self, fleet: FleetState, explain: bool) -> None:
+        self.fleet = fleet
+        self.explain = explain
+        self.placements: list[Placement] = []
+        self.blocked: list[Blocked] = []
+
+    def settle(self, outcome: Placement | Blocked) -> bool:
+        """Start a placement (True), or note why the job waits."""
+        if isinstance(outcome, Placement):
+            self.fleet.start(outcome)
+            self.placements.append(outcome)
+            return True
+        self.note(outcome)
+        return False
+
+    def note(self, outcome: Blocked) -> None:
+        """Count a blocked job against its pool (only when someone reads the reasons)."""
+        if not self.explain:
+            return
+        if outcome.pool is not None and outcome.pool in self.fleet.pools:
+            self.fleet.pools[outcome.pool].blocked += 1
+        self.blocked.append(outcome)
+
+
+class AdmissionPolicy:
     """Orders the queued requests and fits each one to the fleet; mutates `fleet` as it admits.
 
+    Subclasses say what each request gets in `walk`, which sees them in priority order.
     `ordered=True` says `requests` is already in `priority_order` (the simulator keeps its queue
     sorted); `explain=False` lets a policy skip building Blocked entries nobody will read.
     """
@@ -34,50 +70,26 @@ class AdmissionPolicy(Protocol):
         *,
         ordered: bool = False,
         explain: bool = True,
-    ) -> tuple[list[Placement], list[Blocked]]: ...
+    ) -> tuple[list[Placement], list[Blocked]]:
+        walk = Walk(fleet, explain)
+        self.walk(requests if ordered else priority_order(requests), walk)
+        return walk.placements, walk.blocked
+
+    def walk(self, requests: Sequence[JobRequest], walk: Walk) -> None:
+        raise NotImplementedError
 
 
-def priority_key(request: JobRequest) -> tuple[Decimal, int, datetime, int]:
-    return (-request.score, request.nodes, request.job.created_at, request.job.id)
-
-
-def priority_order(requests: Iterable[JobRequest]) -> list[JobRequest]:
-    """Score desc, then fewer nodes, then older, then lower job id: a total, deterministic order."""
-    return sorted(requests, key=priority_key)
-
-
-def _note_blocked(fleet: FleetState, outcome: Blocked) -> None:
-    if outcome.pool is not None and outcome.pool in fleet.pools:
-        fleet.pools[outcome.pool].blocked += 1
-
-
-class GreedyBackfill:
+class GreedyBackfill(AdmissionPolicy):
     """Walk the priority order and admit every job that fits now; smaller jobs backfill."""
 
     name = "greedy"
 
-    def place(
-        self,
-        requests: Sequence[JobRequest],
-        fleet: FleetState,
-        *,
-        ordered: bool = False,
-        explain: bool = True,
-    ) -> tuple[list[Placement], list[Blocked]]:
-        placements: list[Placement] = []
-        blocked: list[Blocked] = []
-        for request in requests if ordered else priority_order(requests):
-            outcome = fit_now(request, fleet)
-            if isinstance(outcome, Placement):
-                fleet.start(outcome)
-                placements.append(outcome)
-            elif explain:
-                _note_blocked(fleet, outcome)
-                blocked.append(outcome)
-        return placements, blocked
+    def walk(self, requests: Sequence[JobRequest], walk: Walk) -> None:
+        for request in requests:
+            walk.settle(fit_now(request, walk.fleet))
 
 
-class StrictOrder:
+class StrictOrder(AdmissionPolicy):
     """FCFS baseline: admit in priority order and stop at the first job that must wait.
 
     Not selectable in settings (it idles capacity and is unstable at real loads); the simulator
@@ -86,45 +98,24 @@ class StrictOrder:
 
     name = "fcfs"
 
-    def place(
-        self,
-        requests: Sequence[JobRequest],
-        fleet: FleetState,
-        *,
-        ordered: bool = False,
-        explain: bool = True,
-    ) -> tuple[list[Placement], list[Blocked]]:
-        placements: list[Placement] = []
-        blocked: list[Blocked] = []
+    def walk(self, requests: Sequence[JobRequest], walk: Walk) -> None:
         head: JobRequest | None = None
-        for request in requests if ordered else priority_order(requests):
+        for request in requests:
             if head is not None:
-                if not explain:
+                if not walk.explain:
                     break
-                blocked.append(
-                    Blocked(
-                        request.job.id,
-                        request.nodes,
-                        None,
-                        BlockReason.RESERVED,
-                        f"strict order: waits behind job {head.job.id}",
-                    )
+                reason = f"strict order: waits behind job {head.job.id}"
+                walk.note(
+                    Blocked(request.job.id, request.nodes, None, BlockReason.RESERVED, reason)
                 )
                 continue
-            outcome = fit_now(request, fleet)
-            if isinstance(outcome, Placement):
-                fleet.start(outcome)
-                placements.append(outcome)
-                continue
-            if outcome.reason == BlockReason.NO_CAPACITY:
+            outcome = fit_now(request, walk.fleet)
+            if isinstance(outcome, Blocked) and outcome.reason == BlockReason.NO_CAPACITY:
                 head = request
-            if explain:
-                _note_blocked(fleet, outcome)
-                blocked.append(outcome)
-        return placements, blocked
+            walk.settle(outcome)
 
 
-class ReservationBackfill:
+class ReservationBackfill(AdmissionPolicy):
     """Backfill that never delays a reservation: EASY (depth 1) or conservative (depth N).
 
     In priority order, a job starts now if it fits now on a pool and, for the whole of its
@@ -142,21 +133,13 @@ class ReservationBackfill:
         self.depth = depth
         self.reserve_after_s = reserve_after_s
 
-    def place(
-        self,
-        requests: Sequence[JobRequest],
-        fleet: FleetState,
-        *,
-        ordered: bool = False,
-        explain: bool = True,
-    ) -> tuple[list[Placement], list[Blocked]]:
-        placements: list[Placement] = []
-        blocked: list[Blocked] = []
+    def walk(self, requests: Sequence[JobRequest], walk: Walk) -> None:
+        fleet = walk.fleet
         profiles: dict[str, Profile] = {}
         held: dict[str, int] = {}
         # pools with `depth` reservations: nothing more can be reserved there
         full: set[str] = set()
-        for request in requests if ordered else priority_order(requests):
+        for request in requests:
             nodes, duration = request.nodes, request.estimate.predicted_s
             if profiles:
 
@@ -168,8 +151,7 @@ class ReservationBackfill:
             else:
                 outcome = fit_now(request, fleet)
             if isinstance(outcome, Placement):
-                fleet.start(outcome)
-                placements.append(outcome)
+                walk.settle(outcome)
                 if outcome.pool in profiles:
                     profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
                 continue
@@ -178,7 +160,7 @@ class ReservationBackfill:
                 or fleet.now_s - request.job.created_at.timestamp() >= self.reserve_after_s
             ):
                 reserved = self._reserve(request, fleet, profiles, held, full)
-                if reserved is not None and explain:
+                if reserved is not None and walk.explain:
                     pool, start = reserved
                     outcome = Blocked(
                         request.job.id,
@@ -187,10 +169,7 @@ class ReservationBackfill:
                         outcome.reason,
                         f"{outcome.detail}; reserved {pool} in {start - fleet.now_s:.0f}s",
                     )
-            if explain:
-                _note_blocked(fleet, outcome)
-                blocked.append(outcome)
-        return placements, blocked
+            walk.note(outcome)
 
     def _reserve(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -12,6 +12,17 @@ PolicyName = Literal["greedy", "easy", "conservative"]
 """The admission policies a deployment can choose (the simulator adds its `fcfs` baseline)."""
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 EstimatesName = Literal["timeout", "learned"]
+
+
+def _knob(name: str, default: Any, description: str, **bounds: Any) -> Any:
+    """A planner knob: keyword `name`, environment variable SLURMGATE_<NAME>, a default and the
+    bounds pydantic checks (gt, ge, le). A mutable default is copied for every instance."""
+    alias = AliasChoices(name, f"SLURMGATE_{name.upper()}")
+    if isinstance(default, dict):
+        return Field(
+            default_factory=lambda: dict(default), validation_alias=alias, description=description
+        )
+    return Field(default=default, validation_alias=alias, description=description, **bounds)
 
 
 class AdmissionSettings(BaseSettings):
@@ -47,108 +58,90 @@ class AdmissionSettings(BaseSettings):
     # EASY with learned estimates and reservations after 5 h met every target of
     # benchmarks/bench_policies.py (wide-job max wait no worse than EASY, mean wait within 10%
     # of greedy, utilization at the bound); young jobs still backfill as greedily as the seed.
-    policy: PolicyName = Field(
-        default="easy",
-        validation_alias=AliasChoices("policy", "SLURMGATE_POLICY"),
-        description=(
-            "Ordering and fit policy of the planner (env SLURMGATE_POLICY): greedy (the seed: "
-            "admit whatever fits, smaller jobs backfill at once; can starve wide jobs), easy "
-            "(reserve the earliest start of the top blocked "
-            "job of each pool, backfill only what does not delay it), conservative (a "
-            "reservation for every blocked job up to reservation_depth)."
-        ),
+    policy: PolicyName = _knob(
+        "policy",
+        "easy",
+        "Ordering and fit policy of the planner (env SLURMGATE_POLICY): greedy (the seed: "
+        "admit whatever fits, smaller jobs backfill at once; can starve wide jobs), easy "
+        "(reserve the earliest start of the top blocked job of each pool, backfill only what "
+        "does not delay it), conservative (a reservation for every blocked job up to "
+        "reservation_depth).",
     )
-    estimates: EstimatesName = Field(
-        default="learned",
-        validation_alias=AliasChoices("estimates", "SLURMGATE_ESTIMATES"),
-        description=(
-            "Runtime estimates of the reservation policies (env SLURMGATE_ESTIMATES): the job "
-            "timeout, or a high quantile of the job key's past runtimes (timeout until "
-            "estimate_min_samples runs are known)."
-        ),
+    estimates: EstimatesName = _knob(
+        "estimates",
+        "learned",
+        "Runtime estimates of the reservation policies (env SLURMGATE_ESTIMATES): the job "
+        "timeout, or a high quantile of the job key's past runtimes (timeout until "
+        "estimate_min_samples runs are known).",
     )
-    timeout_min: float = Field(
-        default=480.0,
+    timeout_min: float = _knob(
+        "timeout_min",
+        480.0,
+        "Timeout of a managed job, the bound of its runtime estimate (env "
+        "SLURMGATE_TIMEOUT_MIN, minutes; the seed's multinode jobs use 480).",
         gt=0,
-        validation_alias=AliasChoices("timeout_min", "SLURMGATE_TIMEOUT_MIN"),
-        description=(
-            "Timeout of a managed job, the bound of its runtime estimate (env "
-            "SLURMGATE_TIMEOUT_MIN, minutes; the seed's multinode jobs use 480)."
-        ),
     )
-    timeout_overrides: dict[str, float] = Field(
-        default_factory=lambda: {"agentic": 780.0},
-        validation_alias=AliasChoices("timeout_overrides", "SLURMGATE_TIMEOUT_OVERRIDES"),
-        description=(
-            "Timeouts (minutes) for jobs whose name contains a word, case-insensitive, first "
-            'match wins (env SLURMGATE_TIMEOUT_OVERRIDES as JSON, default {"agentic": 780}).'
-        ),
+    timeout_overrides: dict[str, float] = _knob(
+        "timeout_overrides",
+        {"agentic": 780.0},
+        "Timeouts (minutes) for jobs whose name contains a word, case-insensitive, first "
+        'match wins (env SLURMGATE_TIMEOUT_OVERRIDES as JSON, default {"agentic": 780}).',
     )
-    estimate_quantile: float = Field(
-        default=0.8,
+    estimate_quantile: float = _knob(
+        "estimate_quantile",
+        0.8,
+        "Quantile of past runtimes used as a learned estimate (0 < q <= 1).",
         gt=0,
         le=1,
-        validation_alias=AliasChoices("estimate_quantile", "SLURMGATE_ESTIMATE_QUANTILE"),
-        description="Quantile of past runtimes used as a learned estimate (0 < q <= 1).",
     )
-    estimate_min_samples: int = Field(
-        default=3,
+    estimate_min_samples: int = _knob(
+        "estimate_min_samples",
+        3,
+        "Past runs of a job key needed before its learned estimate is used.",
         ge=1,
-        validation_alias=AliasChoices("estimate_min_samples", "SLURMGATE_ESTIMATE_MIN_SAMPLES"),
-        description="Past runs of a job key needed before its learned estimate is used.",
     )
-    overrun_extension_s: float = Field(
-        default=600.0,
+    overrun_extension_s: float = _knob(
+        "overrun_extension_s",
+        600.0,
+        "A job running past its timeout is expected to end this many seconds from now, "
+        "re-evaluated on every plan.",
         gt=0,
-        validation_alias=AliasChoices("overrun_extension_s", "SLURMGATE_OVERRUN_EXTENSION_S"),
-        description=(
-            "A job running past its timeout is expected to end this many seconds from now, "
-            "re-evaluated on every plan."
-        ),
     )
-    reserve_after_s: float = Field(
-        default=18000.0,
+    reserve_after_s: float = _knob(
+        "reserve_after_s",
+        18000.0,
+        "easy/conservative: a blocked job gets a reservation only after waiting this long "
+        "(env SLURMGATE_RESERVE_AFTER_S, seconds; default 5 h, the best measured in "
+        "benchmarks/bench_policies.py; 0 = at once, classic EASY). Like Slurm's "
+        "bf_min_age_reserve.",
         ge=0,
-        validation_alias=AliasChoices("reserve_after_s", "SLURMGATE_RESERVE_AFTER_S"),
-        description=(
-            "easy/conservative: a blocked job gets a reservation only after waiting this long "
-            "(env SLURMGATE_RESERVE_AFTER_S, seconds; default 5 h, the best measured in "
-            "benchmarks/bench_policies.py; 0 = at once, classic EASY). Like Slurm's "
-            "bf_min_age_reserve."
-        ),
     )
-    reservation_depth: int = Field(
-        default=32,
+    reservation_depth: int = _knob(
+        "reservation_depth",
+        32,
+        "Blocked jobs per pool that get a reservation under the conservative policy.",
         ge=1,
-        validation_alias=AliasChoices("reservation_depth", "SLURMGATE_RESERVATION_DEPTH"),
-        description="Blocked jobs per pool that get a reservation under the conservative policy.",
     )
-    lease_max_queued_age_s: float = Field(
-        default=3600.0,
+    lease_max_queued_age_s: float = _knob(
+        "lease_max_queued_age_s",
+        3600.0,
+        "A lease older than this while its job is still queued is released "
+        "(env SLURMGATE_LEASE_MAX_QUEUED_AGE_S, seconds).",
         gt=0,
-        validation_alias=AliasChoices("lease_max_queued_age_s", "SLURMGATE_LEASE_MAX_QUEUED_AGE_S"),
-        description=(
-            "A lease older than this while its job is still queued is released "
-            "(env SLURMGATE_LEASE_MAX_QUEUED_AGE_S, seconds)."
-        ),
     )
-    orphan_grace_s: float = Field(
-        default=30.0,
+    orphan_grace_s: float = _knob(
+        "orphan_grace_s",
+        30.0,
+        "A lease without an anchor younger than this is left alone, because another "
+        "controller may be between its label and anchor steps "
+        "(env SLURMGATE_ORPHAN_GRACE_S, seconds).",
         ge=0,
-        validation_alias=AliasChoices("orphan_grace_s", "SLURMGATE_ORPHAN_GRACE_S"),
-        description=(
-            "A lease without an anchor younger than this is left alone, because another "
-            "controller may be between its label and anchor steps "
-            "(env SLURMGATE_ORPHAN_GRACE_S, seconds)."
-        ),
     )
-    default_priority: Decimal = Field(
-        default=Decimal("1.000"),
-        validation_alias=AliasChoices("default_priority", "SLURMGATE_DEFAULT_PRIORITY"),
-        description=(
-            "Score of a job without a ci-job-<score>-<token> label "
-            "(env SLURMGATE_DEFAULT_PRIORITY, decimal, 3 places)."
-        ),
+    default_priority: Decimal = _knob(
+        "default_priority",
+        Decimal("1.000"),
+        "Score of a job without a ci-job-<score>-<token> label "
+        "(env SLURMGATE_DEFAULT_PRIORITY, decimal, 3 places).",
     )
 
     @field_validator("timeout_overrides")

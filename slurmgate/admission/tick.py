@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.leases import AdmitOutcome, RemovalOutcome
-from slurmgate.admission.model import Admit, Decisions, Snapshot
+from slurmgate.admission.model import Admit, Blocked, Clean, Decisions, Release, Snapshot
 from slurmgate.admission.planner import plan
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import ExternalError, one_line
@@ -176,40 +176,16 @@ async def _remove(remove: RemoveLabels, decisions: Decisions, report: TickReport
 
 def log_removals(decisions: Decisions, log: TickLog) -> None:
     """One line per release and clean: job id, lease id, pool and the reason."""
-    for r in decisions.release:
-        log.info(
-            "release job=%s lease=%s pool=%s reason=%s %s",
-            r.job_id,
-            r.lease_label,
-            r.pool,
-            r.reason.value,
-            r.detail,
-        )
-    for c in decisions.clean:
-        log.info("clean runner=%s labels=%s reason=%s", c.runner_id, ",".join(c.labels), c.reason)
+    removals: list[Release | Clean] = [*decisions.release, *decisions.clean]
+    for removal in removals:
+        log.info("%s", removal.line())
 
 
 def log_admissions(decisions: Decisions, log: TickLog) -> None:
     """One line per admit and blocked job, misconfigured runner and planner note."""
-    for a in decisions.admit:
-        log.info(
-            "admit job=%s lease=%s pool=%s nodes=%d anchor=%s reason=%s",
-            a.job_id,
-            a.lease_label,
-            a.pool,
-            a.nodes,
-            a.anchor_id,
-            a.reason,
-        )
-    for b in decisions.blocked:
-        log.info(
-            "blocked job=%s lease=- pool=%s nodes=%s reason=%s %s",
-            b.job_id,
-            b.pool,
-            b.nodes,
-            b.reason.value,
-            b.detail,
-        )
+    decided: list[Admit | Blocked] = [*decisions.admit, *decisions.blocked]
+    for decision in decided:
+        log.info("%s", decision.line())
     for runner_id, why in decisions.misconfigured_runners:
         log.warning("misconfigured runner=%s %s", runner_id, why)
     for note in decisions.notes:

@@ -37,10 +37,14 @@ app = typer.Typer()
 
 
 def _read(spec: str, hardware: Path | None, recipes: Path | None) -> JobSpec:
-    table = load_hardware(hardware) if hardware is not None else None
-    if spec == "-":
-        return load_spec("<stdin>", sys.stdin.read(), table, recipes)
-    return load_spec(spec, None, table, recipes)
+    """The spec or row (`-`: standard input); bad input is a one-line error, exit code 2."""
+    try:
+        table = load_hardware(hardware) if hardware is not None else None
+        if spec == "-":
+            return load_spec("<stdin>", sys.stdin.read(), table, recipes)
+        return load_spec(spec, None, table, recipes)
+    except CIError as exc:
+        raise fail(str(exc)) from None
 
 
 SpecArg = Annotated[
@@ -111,8 +115,8 @@ def labels(
     recipes: RecipesOpt = None,
 ) -> None:
     """Print a job's runs-on labels as JSON (self-hosted, pool, nodes:N, ci-job-*, ci-attempt-*)."""
+    job = _read(spec, hardware, recipes)
     try:
-        job = _read(spec, hardware, recipes)
         flags = flags_from_env(os.environ)
         if priority is not None or node_slots is not None:
             flags = type(flags)(
@@ -145,17 +149,14 @@ def labels(
 @app.command("node-count", epilog=NODE_COUNT_EPILOG)
 def node_count(
     spec: SpecArg,
+    hardware: HardwareOpt = None,
+    recipes: RecipesOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print {kind, node-count} as JSON instead.")
     ] = False,
-    hardware: HardwareOpt = None,
-    recipes: RecipesOpt = None,
 ) -> None:
     """Print the Slurm node count of an allocation spec or a matrix row (empty when unknown)."""
-    try:
-        job = _read(spec, hardware, recipes)
-    except CIError as exc:
-        raise fail(str(exc)) from None
+    job = _read(spec, hardware, recipes)
     if as_json:
         typer.echo(json.dumps({"kind": job.kind, "node-count": job.nodes}))
         return

@@ -268,22 +268,18 @@ class GitHubClient:
 
     async def add_labels(self, runner_id: int, labels: list[str] | tuple[str, ...]) -> list[str]:
         """POST custom labels (1..100); returns the runner's full label list afterwards."""
-        reply = await self._call(
-            "POST",
-            self._tpl("/{runner_id}/labels"),
-            f"{self._runner_path(runner_id)}/labels",
-            json_body={"labels": list(labels)},
-        )
-        return _label_names(reply.body)
+        return await self._write_labels("POST", runner_id, labels)
 
     async def set_labels(self, runner_id: int, labels: list[str] | tuple[str, ...]) -> list[str]:
         """PUT: replace every custom label (0..100); returns the full label list afterwards."""
-        reply = await self._call(
-            "PUT",
-            self._tpl("/{runner_id}/labels"),
-            f"{self._runner_path(runner_id)}/labels",
-            json_body={"labels": list(labels)},
-        )
+        return await self._write_labels("PUT", runner_id, labels)
+
+    async def _write_labels(
+        self, method: str, runner_id: int, labels: list[str] | tuple[str, ...]
+    ) -> list[str]:
+        path = f"{self._runner_path(runner_id)}/labels"
+        body = {"labels": list(labels)}
+        reply = await self._call(method, self._tpl("/{runner_id}/labels"), path, json_body=body)
         return _label_names(reply.body)
 
     async def remove_label(self, runner_id: int, label: str) -> bool:
@@ -430,14 +426,8 @@ class GitHubClient:
             if isinstance(failure, str):
                 # Raised here, outside any `except`, so no httpx exception (which holds the
                 # request and its Authorization header) is chained to what the caller sees.
-                if attempt >= self.max_retries:
-                    raise TransientError(
-                        method, template, None, f"{failure} after {attempt + 1} attempts"
-                    )
-                delay = self._backoff(attempt)
-                log.info("%s %s: %s; retry in %.2f s", method, template, failure, delay)
+                await self._back_off(method, template, None, failure, attempt)
                 attempt += 1
-                await asyncio.sleep(delay)
                 continue
             response = failure
             self._note_rate_limit(response.headers)
@@ -476,14 +466,8 @@ class GitHubClient:
                     continue
                 raise AuthError(method, template, status, message)
             if status >= 500:
-                if attempt >= self.max_retries:
-                    raise TransientError(
-                        method, template, status, f"{message} after {attempt + 1} attempts"
-                    )
-                delay = self._backoff(attempt)
-                log.info("%s %s -> %d; retry in %.2f s", method, template, status, delay)
+                await self._back_off(method, template, status, message, attempt)
                 attempt += 1
-                await asyncio.sleep(delay)
                 continue
             if status == 404:
                 raise NotFound(method, template, status, message)
@@ -526,6 +510,19 @@ class GitHubClient:
         if response.status_code == 429 or "rate limit" in _error_message(response).lower():
             return float(min(self.secondary_wait_s * (2**secondary_hits), self.max_wait_s + 1.0))
         return None
+
+    async def _back_off(
+        self, method: str, template: str, status: int | None, failure: str, attempt: int
+    ) -> None:
+        """Wait before retrying a transient failure, or raise once the retries are spent."""
+        if attempt >= self.max_retries:
+            raise TransientError(
+                method, template, status, f"{failure} after {attempt + 1} attempts"
+            )
+        delay = self._backoff(attempt)
+        answer = f" -> {status}" if status is not None else f": {failure}"
+        log.info("%s %s%s; retry in %.2f s", method, template, answer, delay)
+        await asyncio.sleep(delay)
 
     def _backoff(self, attempt: int) -> float:
         ceiling = min(self.backoff_cap_s, self.backoff_base_s * (2**attempt))

@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from slurmgate.errors import InputError
-from slurmgate.threaded_server import ThreadedServer
+from slurmgate.serving import ThreadedServer
 
 log = logging.getLogger("slurmgate.github.webhook")
 

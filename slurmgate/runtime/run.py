@@ -567,15 +567,19 @@ class AllocationRun:
 
     # -- the whole run ---------------------------------------------------------------------
 
+    def until_ready(self) -> float:
+        """Allocate, resolve, preflight and launch, then wait for every lane; its seconds."""
+        self.allocate()
+        self.resolve()
+        self.preflight()
+        self.launch()
+        return self.wait_ready()
+
     def run(self) -> RunResult:
         """Every phase in order; cleanup on every path; a failed cleanup fails the run."""
         failure: BaseException | None = None
         try:
-            self.allocate()
-            self.resolve()
-            self.preflight()
-            self.launch()
-            self.wait_ready()
+            self.until_ready()
             self.start_endpoints()
             self.run_client()
             self.collect_endpoint_metrics()

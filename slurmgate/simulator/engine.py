@@ -16,7 +16,7 @@ import heapq
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from slurmgate.admission.capacity import FleetState, JobRequest, PoolState
 from slurmgate.admission.estimates import Estimate, Estimator, RuntimeHistory
@@ -246,20 +246,26 @@ def simulate(
     return Result(tuple(runs), tuple(rejected), dict(pools), policy, estimates, plans)
 
 
+class ReplayOptions(TypedDict, total=False):
+    """The options both replay drivers take besides the trace, the pools and the policy."""
+
+    estimates: str
+    bound: bool
+    settings: AdmissionSettings | None
+
+
 def simulate_via_plan(
-    trace: Trace,
-    pools: dict[str, int],
-    policy: str,
-    *,
-    estimates: str = "timeout",
-    bound: bool = False,
-    settings: AdmissionSettings | None = None,
+    trace: Trace, pools: dict[str, int], policy: str, **options: Unpack[ReplayOptions]
 ) -> Result:
-    """Replay through `plan()` itself: runners carry lease labels, jobs carry gate labels."""
+    """Replay through `plan()` itself: runners carry lease labels, jobs carry gate labels.
+
+    Slow (a whole plan per event); it checks that `simulate`, which drives the same policies on
+    a long-lived fleet, replays what the planner would do.
+    """
     if policy == "fcfs":
         raise SimulationError("fcfs is a simulator baseline, not a planner policy: use simulate()")
-    settings = settings or sim_settings()
-    settings = settings.model_copy(update={"policy": policy})
+    estimates, bound = options.get("estimates", "timeout"), options.get("bound", False)
+    settings = (options.get("settings") or sim_settings()).model_copy(update={"policy": policy})
     known = _Estimates(estimates, settings)
     accepted, rejected = _prepare(trace, pools, bound)
     runners: dict[int, Runner] = {}

@@ -1,7 +1,8 @@
 """A throw-away `prefect server start` on a free loopback port, for the demo, tests and benches.
 
-It starts Prefect as a child process and talks to it over HTTP only, so the core never imports
-prefect. SQLite lives in `home` unless a database URL is given.
+It starts Prefect as a child process and talks to it over its REST API only, so the core never
+imports prefect. SQLite lives in `home` unless a database URL is given. The deployment helpers
+at the end read any server's API.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import httpx
+from pydantic import BaseModel, ConfigDict
 
 from slurmgate.errors import ExternalError
 from slurmgate.testbed.localproc import free_port, stop_group
@@ -113,3 +116,54 @@ def running_prefect_server(
         yield PrefectServerProcess(url, home, log, time.perf_counter() - started, auth)
     finally:
         stop_group(proc, timeout=20.0)
+
+
+class FlowRunSummary(BaseModel):
+    """A flow run as the REST API lists it, reduced to what a test or a benchmark reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    state_type: str | None = None
+    state_name: str | None = None
+    start_time: datetime | None = None
+    expected_start_time: datetime | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.state_type in FINAL_STATES
+
+
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
+
+
+def _deployment_id(http: httpx.Client, full_name: str) -> str | None:
+    response = http.get(f"/deployments/name/{full_name}")
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    return str(response.json()["id"])
+
+
+def deployment_ready(api_url: str, full_name: str, automations: int = 0) -> bool:
+    """The deployment `flow/name` exists and owns `automations` automations (its event triggers,
+    which `serve()` creates just after the deployment: events in between would be missed)."""
+    with httpx.Client(base_url=api_url, timeout=10.0) as http:
+        deployment_id = _deployment_id(http, full_name)
+        if deployment_id is None:
+            return False
+        owned = http.get(f"/automations/related-to/prefect.deployment.{deployment_id}")
+        owned.raise_for_status()
+        return len(owned.json()) >= automations
+
+
+def deployment_runs(api_url: str, full_name: str) -> list[FlowRunSummary]:
+    """Every flow run of the deployment `flow/name` (none when it does not exist)."""
+    with httpx.Client(base_url=api_url, timeout=10.0) as http:
+        deployment_id = _deployment_id(http, full_name)
+        if deployment_id is None:
+            return []
+        body = {"deployments": {"id": {"any_": [deployment_id]}}, "limit": 200}
+        response = http.post("/flow_runs/filter", json=body)
+        response.raise_for_status()
+        return [FlowRunSummary.model_validate(run) for run in response.json()]

@@ -576,24 +576,10 @@ async def run(settings: StubSettings) -> int:
         _install_stop(stop, lambda: None)
         return await _run_follower(settings, stop)
 
-    import uvicorn  # deferred: followers never pay for it
-
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:  # we own the signals
-            yield
+    from slurmgate.serving import quiet_server  # deferred: followers never pay for uvicorn
 
     rendezvous = await _serve_rendezvous(state) if settings.nnodes > 1 else None
-    config = uvicorn.Config(
-        StubApp(state),
-        host=settings.host,
-        port=settings.port,
-        lifespan="off",
-        access_log=False,
-        log_level="warning",
-        timeout_graceful_shutdown=1,
-    )
-    server = _Server(config)
+    server = quiet_server(StubApp(state), host=settings.host, port=settings.port, lifespan="off")
 
     def on_stop() -> None:
         server.should_exit = True

@@ -341,11 +341,7 @@ def test_deployment_env_reaches_lanes_but_never_a_command_line(runs_root: Path) 
     data["deployments"][1]["env"] = {"HF_TOKEN": secret}
     run = AllocationRun(AllocationSpec.from_data(data), runs_root=runs_root, grace_s=5)
     try:
-        run.allocate()
-        run.resolve()
-        run.preflight()
-        run.launch()
-        run.wait_ready()
+        run.until_ready()
         in_env, in_argv = [], []
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():

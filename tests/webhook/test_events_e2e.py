@@ -21,6 +21,8 @@ import pytest
 import yaml
 from relaykit import SECRET
 
+from slurmgate.testbed.prefect_server import FlowRunSummary, deployment_ready, deployment_runs
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 
@@ -35,33 +37,8 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def runs_of(deployment_name: str) -> list[Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name(f"reconcile/{deployment_name}")
-        return list(
-            client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
-            )
-        )
-
-
-def deployment_ready(name: str, triggers: int) -> bool:
-    """The served deployment exists and owns its trigger automations (serve() creates the
-    deployment first and its automations just after: events in between would be missed)."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            deployment = client.read_deployment_by_name(f"reconcile/{name}")
-        except ObjectNotFound:
-            return False
-        owned = client._client.get(f"/automations/related-to/prefect.deployment.{deployment.id}")
-        owned.raise_for_status()
-        return len(owned.json()) >= triggers
+def runs_of(api_url: str, name: str) -> list[FlowRunSummary]:
+    return deployment_runs(api_url, f"reconcile/{name}")
 
 
 @pytest.fixture
@@ -94,7 +71,8 @@ def serve_reconcile(prefect_api: str, tmp_path: Path) -> Iterator[Callable[..., 
         )
         procs.append(proc)
         triggers = 2 if within_s >= 0 else 0
-        wait_until(lambda: deployment_ready(name, triggers) or proc.poll() is not None, 60, "serve")
+        ready = lambda: deployment_ready(prefect_api, f"reconcile/{name}", triggers)  # noqa: E731
+        wait_until(lambda: ready() or proc.poll() is not None, 60, "serve")
         assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
         return name
 
@@ -113,14 +91,14 @@ def job_labels(token: str, nodes: int) -> list[str]:
 
 
 def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
-    relay_factory, serve_reconcile
+    relay_factory, serve_reconcile, prefect_api
 ) -> None:
     from slurmgate.testbed.emulator.testing import running_emulator
 
     relay = relay_factory()
     with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
         name = serve_reconcile(emu)
-        assert runs_of(name) == []
+        assert runs_of(prefect_api, name) == []
         started = time.monotonic()
         ids = [emu.admin.add_job(job_labels(f"b{i}", 2), duration_s=600)["id"] for i in range(50)]
         burst_s = time.monotonic() - started
@@ -135,11 +113,11 @@ def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
         assert running == ids[:2], "admission order is queue order among equal jobs"
         # let the trailing run's delay pass; no further run may appear
         time.sleep(max(0.0, 20.0 - (time.monotonic() - started)))
-        wait_until(lambda: all(r.state.is_final() for r in runs_of(name)), 60, "runs to finish")
-        runs = runs_of(name)
-        completed = [r for r in runs if r.state.is_completed()]
+        wait_until(lambda: all(r.final for r in runs_of(prefect_api, name)), 60, "runs to finish")
+        runs = runs_of(prefect_api, name)
+        completed = [r for r in runs if r.state_type == "COMPLETED"]
         assert 1 <= len(runs) <= 2, f"{len(runs)} runs for a burst of 50 (in {burst_s:.1f} s)"
-        assert completed, [r.state for r in runs]
+        assert completed, [r.state_name for r in runs]
         assert relay.stats["duplicates"] == 0 and relay.stats["unauthorized"] == 0
 
 
@@ -163,7 +141,7 @@ def test_prefect_yaml_carries_the_same_trigger() -> None:
 
 
 def test_a_job_queued_inside_the_window_is_admitted_by_the_trailing_run(
-    relay_factory, serve_reconcile
+    relay_factory, serve_reconcile, prefect_api
 ) -> None:
     """The leading run has read the fleet already; the delayed run picks the late job up."""
     from slurmgate.testbed.emulator.testing import running_emulator
@@ -190,9 +168,12 @@ def test_a_job_queued_inside_the_window_is_admitted_by_the_trailing_run(
             wait_until(lambda: anchored(emu, "late"), trailing + 20, "the trailing run to admit")
         except AssertionError:
             runs = [
-                (r.name, r.state_name, r.expected_start_time, r.start_time) for r in runs_of(name)
+                (r.name, r.state_name, r.expected_start_time, r.start_time)
+                for r in runs_of(prefect_api, name)
             ]
             raise AssertionError(f"runs: {runs}; relay: {relay.stats}") from None
         assert time.monotonic() - first_at >= within  # the delayed run, not a new one
-        starts = sorted(r.start_time for r in runs_of(name) if r.start_time is not None)
+        starts = sorted(
+            r.start_time for r in runs_of(prefect_api, name) if r.start_time is not None
+        )
         assert len(starts) == 2, starts

@@ -554,26 +554,17 @@ def build_app(config: EndpointConfig) -> Callable[[Scope, Receive, Send], Awaita
 
 async def serve(config: EndpointConfig, sock: socket.socket | None = None) -> None:
     """Serve the endpoint until SIGTERM/SIGINT (or cancellation); returns after a clean stop."""
-    import uvicorn
+    from slurmgate.serving import quiet_server
 
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:  # the endpoint owns its signals
-            yield
-
-    uv_config = uvicorn.Config(
+    server = quiet_server(
         build_app(config),
         host=config.host,
         port=config.port,
         lifespan="on",
-        access_log=False,
-        log_level="warning",
         server_header=False,
         date_header=False,
-        timeout_graceful_shutdown=1,
         backlog=4096,
     )
-    server = _Server(uv_config)
     loop = asyncio.get_running_loop()
     if sock is not None:
         # Accepted sockets inherit it on Linux; asyncio sets it only when proto says TCP.

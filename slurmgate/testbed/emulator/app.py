@@ -10,8 +10,8 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar
 
 import httpx
 from starlette.applications import Starlette
@@ -92,11 +92,19 @@ def _int_param(request: Request, name: str) -> int:
         raise ApiError(404, "Not Found") from None
 
 
-def _runner(request: Request, state: EmulatorState) -> EmuRunner:
-    runner = state.runners.get(_int_param(request, "runner_id"))
-    if runner is None:
+T = TypeVar("T")
+
+
+def _found(table: Mapping[int, T], request: Request, param: str) -> T:
+    """The object the path parameter `param` names, or GitHub's 404."""
+    found = table.get(_int_param(request, param))
+    if found is None:
         raise ApiError(404, "Not Found")
-    return runner
+    return found
+
+
+def _runner(request: Request, state: EmulatorState) -> EmuRunner:
+    return _found(state.runners, request, "runner_id")
 
 
 def _paginate(request: Request, items: list[Any]) -> tuple[list[Any], dict[str, str]]:
@@ -231,10 +239,7 @@ async def list_runs(request: Request, state: EmulatorState) -> tuple[int, Any, d
 
 async def get_run(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
     with state.lock:
-        run = state.runs.get(_int_param(request, "run_id"))
-        if run is None:
-            raise ApiError(404, "Not Found")
-        return 200, state.run_json(run), {}
+        return 200, state.run_json(_found(state.runs, request, "run_id")), {}
 
 
 async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
@@ -242,9 +247,7 @@ async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, An
     if flt not in ("latest", "all"):
         raise ApiError(422, "Validation Failed", [f"filter {flt!r} is not latest or all"])
     with state.lock:
-        run = state.runs.get(_int_param(request, "run_id"))
-        if run is None:
-            raise ApiError(404, "Not Found")
+        run = _found(state.runs, request, "run_id")
         attempt = request.path_params.get("attempt_number")
         jobs = sorted((j for j in state.jobs.values() if j.run_id == run.id), key=lambda j: j.id)
         if attempt is not None:
@@ -261,10 +264,7 @@ async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, An
 
 async def get_job(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
     with state.lock:
-        job = state.jobs.get(_int_param(request, "job_id"))
-        if job is None:
-            raise ApiError(404, "Not Found")
-        return 200, state.job_json(job), {}
+        return 200, state.job_json(_found(state.jobs, request, "job_id")), {}
 
 
 async def rate_limit(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:

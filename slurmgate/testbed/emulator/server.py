@@ -8,9 +8,9 @@ from typing import Any
 
 import uvicorn
 
+from slurmgate.serving import ThreadedServer
 from slurmgate.testbed.emulator.app import create_app
 from slurmgate.testbed.emulator.state import EmulatorState, build_state
-from slurmgate.threaded_server import ThreadedServer
 
 
 def run_emulator(

@@ -5,12 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import httpx
 
 from slurmgate.testbed.emulator.server import BackgroundServer
 from slurmgate.testbed.emulator.state import EmulatorState, build_state
+
+
+class JobExtras(TypedDict, total=False):
+    """What a queued job may carry besides its labels and duration."""
+
+    name: str | None
+    run_id: int | None
 
 
 class EmulatorAdmin:
@@ -31,19 +38,11 @@ class EmulatorAdmin:
         return response.json()
 
     def add_job(
-        self,
-        labels: list[str],
-        duration_s: float = 5.0,
-        *,
-        name: str | None = None,
-        run_id: int | None = None,
+        self, labels: list[str], duration_s: float = 5.0, **job: Unpack[JobExtras]
     ) -> dict[str, int]:
-        """Queue a job; returns {"id", "run_id"}."""
+        """Queue a job (`EmulatorState.add_job` over HTTP); returns {"id", "run_id"}."""
         body: dict[str, Any] = {"labels": labels, "duration_s": duration_s}
-        if name is not None:
-            body["name"] = name
-        if run_id is not None:
-            body["run_id"] = run_id
+        body.update({key: value for key, value in job.items() if value is not None})
         result: dict[str, int] = self._call("POST", "/jobs", body)
         return result
 

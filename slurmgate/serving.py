@@ -1,13 +1,38 @@
-"""An ASGI app under uvicorn on a pre-bound loopback socket, in a daemon thread."""
+"""ASGI apps under uvicorn: in a daemon thread, or in the foreground with the caller's signals."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Self
 
 import uvicorn
+
+
+class _OwnSignals(uvicorn.Server):
+    """A uvicorn server that leaves SIGTERM and SIGINT to the process that runs it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def quiet_server(app: Any, **options: Any) -> uvicorn.Server:
+    """A uvicorn server without access logs, stopped by `should_exit`, never by its own signal
+    handlers; it gives hung requests one second at shutdown. `options` go to uvicorn.Config."""
+    config = uvicorn.Config(
+        app,
+        **{
+            "access_log": False,
+            "log_level": "warning",
+            "timeout_graceful_shutdown": 1,  # a hung request must not hold up a stop
+            **options,
+        },
+    )
+    return _OwnSignals(config)
 
 
 class ThreadedServer:
@@ -21,15 +46,7 @@ class ThreadedServer:
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
         self.base_url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(
-            app,
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=1,  # a hung request must not hold up teardown
-        )
-        self._server = uvicorn.Server(config)
+        self._server = quiet_server(app, log_config=None, lifespan="on")
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
