@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from options import SMOKE_NOTE, add_output_flags, results_dir
+from options import add_output_flags, write_results
 
 from slurmgate.testbed.loadgen import LoadReport, LoadSpec, run_load
 from slurmgate.testbed.localproc import free_port
@@ -460,11 +460,7 @@ def main() -> None:
     results["upstream_clients"] = compare_clients(ns.requests, ns.concurrency)
     results["bench_seconds"] = time.monotonic() - started
     results["smoke"] = ns.smoke
-    out = results_dir(ns)
-    (out / "endpoint.json").write_text(json.dumps(results, indent=2) + "\n")
-    report = markdown(results) + ("\n" + SMOKE_NOTE + "\n" if ns.smoke else "")
-    (out / "endpoint.md").write_text(report)
-    print(report)
+    out = write_results(ns, "endpoint", results, markdown(results))
     print(f"({results['bench_seconds']:.0f} s; wrote {out / 'endpoint.json'} and .md)")
 
 

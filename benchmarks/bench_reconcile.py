@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import json
 import os
 import platform
 import random
@@ -29,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from options import SMOKE_NOTE, add_output_flags, results_dir
+from options import add_output_flags, write_results
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -248,11 +247,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     result = run(args.runners, args.jobs, args.seed)
     result["smoke"] = args.smoke
-    out = results_dir(args)
-    (out / "reconcile.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result) + ("\n" + SMOKE_NOTE + "\n" if args.smoke else "")
-    (out / "reconcile.md").write_text(text)
-    print(text)
+    write_results(args, "reconcile", result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ PNGs) somewhere other than the committed `benchmarks/results/`, so a test never 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -36,4 +37,17 @@ def results_dir(args: argparse.Namespace) -> Path:
     """The results directory from the parsed flags, created if missing."""
     out: Path = args.results_dir
     out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_results(
+    args: argparse.Namespace, stem: str, result: dict[str, object], text: str
+) -> Path:
+    """Write STEM.json and STEM.md (marked on a smoke run) to the results directory, and print
+    the markdown; returns the directory."""
+    out = results_dir(args)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    text += "\n" + SMOKE_NOTE + "\n" if args.smoke else ""
+    (out / f"{stem}.md").write_text(text)
+    print(text)
     return out

@@ -14,7 +14,13 @@ from slurmgate.github.client import GitHubClient, client_for_scope
 from slurmgate.github.scope import GitHubScope
 
 
-class GitHubScopeBlock(Block):
+class _SlurmgateBlock(Block):
+    """What every slurmgate block shares: where its documentation lives."""
+
+    _documentation_url = "https://github.com/slurmgate/slurmgate#blocks"  # type: ignore[assignment]
+
+
+class GitHubScopeBlock(_SlurmgateBlock):
     """Where slurmgate reads runners and jobs: a GitHub API, a repository or org, a token.
 
     The token is a secret: it is masked in the UI and API, and never logged.
@@ -31,7 +37,6 @@ class GitHubScopeBlock(Block):
 
     _block_type_name = "slurmgate GitHub Scope"
     _block_type_slug = "slurmgate-github-scope"
-    _documentation_url = "https://github.com/slurmgate/slurmgate#blocks"  # type: ignore[assignment]
 
     api_url: str = Field(
         default="https://api.github.com",
@@ -117,7 +122,7 @@ _FLAG_FIELDS = {
 }
 
 
-class AdmissionPolicyBlock(Block):
+class AdmissionPolicyBlock(_SlurmgateBlock):
     """The admission policy: the two feature flags and the planner knobs (as AdmissionSettings).
 
     Examples:
@@ -132,7 +137,6 @@ class AdmissionPolicyBlock(Block):
 
     _block_type_name = "slurmgate Admission Policy"
     _block_type_slug = "slurmgate-admission-policy"
-    _documentation_url = "https://github.com/slurmgate/slurmgate#blocks"  # type: ignore[assignment]
 
     priority_scheduler_enabled: bool = _knob("PRIORITY_SCHEDULER_ENABLED")
     node_slot_scheduler_enabled: bool = _knob("NODE_SLOT_SCHEDULER_ENABLED")
@@ -175,7 +179,7 @@ class AdmissionPolicyBlock(Block):
         )
 
 
-class RuntimeHistoryBlock(Block):
+class RuntimeHistoryBlock(_SlurmgateBlock):
     """Past runtimes per job key (job name with its matrix values, and its node count).
 
     The reconcile flow learns them from GitHub's `started_at`/`completed_at` of finished lease
@@ -193,7 +197,6 @@ class RuntimeHistoryBlock(Block):
 
     _block_type_name = "slurmgate Runtime History"
     _block_type_slug = "slurmgate-runtime-history"
-    _documentation_url = "https://github.com/slurmgate/slurmgate#blocks"  # type: ignore[assignment]
 
     history: dict[str, Any] = Field(
         default_factory=dict,

@@ -14,8 +14,10 @@ JOB_PREFIX = "ci-job-"
 ATTEMPT_PREFIX = "ci-attempt-"
 NODES_PREFIX = "nodes:"
 
+# The job's own labels, which only the lease's anchor carries (what GitHub dispatches on).
+ANCHOR_PREFIXES = (JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX)
 # Only these families are ever removed from a runner; every other label is left alone.
-MANAGED_PREFIXES = (LEASE_PREFIX, JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX)
+MANAGED_PREFIXES = (LEASE_PREFIX, *ANCHOR_PREFIXES)
 
 _LEASE_RE = re.compile(r"^ci-lease-j(?P<job>\d+)-a(?P<attempt>\d+)-t(?P<created>\d+)$")
 _JOB_RE = re.compile(r"^ci-job-(?P<score>-?\d+(?:\.\d+)?)-(?P<token>[0-9a-z][0-9a-z-]*)$")
@@ -33,6 +35,11 @@ def fold(label: str) -> str:
 def is_managed(label: str) -> bool:
     """True for the label families slurmgate owns and may remove."""
     return fold(label).startswith(MANAGED_PREFIXES)
+
+
+def is_anchor_label(label: str) -> bool:
+    """True for a job's own labels (ci-job-*, ci-attempt-*, nodes:*)."""
+    return fold(label).startswith(ANCHOR_PREFIXES)
 
 
 def is_cluster(label: str) -> bool:

@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgate.admission.labels import (
-    ATTEMPT_PREFIX,
-    JOB_PREFIX,
-    NODES_PREFIX,
     LabelError,
     LeaseLabel,
     fold,
+    is_anchor_label,
     is_managed,
 )
 from slurmgate.admission.model import Admit, Runner
@@ -264,11 +262,7 @@ async def add_anchor_labels(
 
 
 def _check_anchor_labels(admit: Admit) -> None:
-    bad = [
-        label
-        for label in admit.anchor_labels
-        if not fold(label).startswith((JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX))
-    ]
+    bad = [label for label in admit.anchor_labels if not is_anchor_label(label)]
     if bad or not admit.anchor_labels:
         raise ValueError(
             f"Admit.anchor_labels for job {admit.job_id} must be ci-job-*, ci-attempt-* and "

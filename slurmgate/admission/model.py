@@ -8,12 +8,11 @@ from datetime import datetime
 from enum import StrEnum
 
 from slurmgate.admission.labels import (
-    ATTEMPT_PREFIX,
-    JOB_PREFIX,
     NODES_PREFIX,
     LabelError,
     LeaseLabel,
     fold,
+    is_anchor_label,
     is_lease,
     pool_of,
 )
@@ -58,11 +57,7 @@ class Runner:
 
     def managed_job_labels(self) -> list[str]:
         """The per-job labels an anchor carries (`ci-job-*`, `ci-attempt-*`, `nodes:*`)."""
-        return sorted(
-            fold(label)
-            for label in self.labels
-            if fold(label).startswith((JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX))
-        )
+        return sorted(fold(label) for label in self.labels if is_anchor_label(label))
 
 
 class JobStatus(StrEnum):
@@ -98,11 +93,7 @@ class Job:
 
     def gate_labels(self) -> list[str]:
         """The managed labels of the job's runs-on: what its anchor must receive to dispatch it."""
-        return sorted(
-            fold(label)
-            for label in self.labels
-            if fold(label).startswith((JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX))
-        )
+        return sorted(fold(label) for label in self.labels if is_anchor_label(label))
 
 
 @dataclass(frozen=True, slots=True)

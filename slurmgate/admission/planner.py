@@ -39,11 +39,10 @@ from slurmgate.admission.capacity import (
 )
 from slurmgate.admission.estimates import Estimate, Estimator, RuntimeHistory, job_key
 from slurmgate.admission.labels import (
-    ATTEMPT_PREFIX,
+    ANCHOR_PREFIXES,
     CLUSTER_PREFIX,
     JOB_PREFIX,
     LEASE_PREFIX,
-    NODES_PREFIX,
     JobLabel,
     LabelError,
     LeaseLabel,
@@ -70,7 +69,6 @@ from slurmgate.admission.model import (
 from slurmgate.admission.policies import policy_for
 from slurmgate.admission.settings import AdmissionSettings
 
-_JOB_FAMILIES = (JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX)
 _NOT_STARTED = frozenset(
     {JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING}
 )
@@ -103,7 +101,7 @@ class _Facts:
             pools=tuple(sorted(x for x in folded if x.startswith(CLUSTER_PREFIX))),
             folded=folded,
             lease_labels=tuple(sorted(x for x in folded if x.startswith(LEASE_PREFIX))),
-            job_labels=tuple(sorted(x for x in folded if x.startswith(_JOB_FAMILIES))),
+            job_labels=tuple(sorted(x for x in folded if x.startswith(ANCHOR_PREFIXES))),
         )
 
 

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from slurmgate.errors import InputError
 from slurmgate.runtime.layout import port_problems
@@ -61,6 +69,14 @@ def _checked_name(v: str, what: str) -> str:
     return v
 
 
+def _named(what: str) -> AfterValidator:
+    return AfterValidator(lambda v: _checked_name(v, what))
+
+
+DeploymentName = Annotated[str, _named("deployment")]
+AllocationName = Annotated[str, _named("allocation")]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -87,7 +103,7 @@ class ClientSpec(_Strict):
 class DeploymentSpec(_Strict):
     """One model deployment: replicas of TP×PP lanes, placed on whole nodes."""
 
-    name: str
+    name: DeploymentName
     command: list[str] = Field(min_length=1, description="server argv base; the launcher appends")
     tensor_parallel: int = Field(default=1, ge=1)
     pipeline_parallel: int = Field(default=1, ge=1)
@@ -113,11 +129,6 @@ class DeploymentSpec(_Strict):
     rank_launch_stagger_s: float = Field(default=5.0, ge=0)
     backpressure: BackpressureSpec = Field(default_factory=BackpressureSpec)
     env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _checked_name(v, "deployment")
 
     @field_validator("readiness_path")
     @classmethod
@@ -184,17 +195,12 @@ class AllocationSpec(_Strict):
     """The whole allocation: one client and one or more deployments."""
 
     schema_version: Literal[1] = 1
-    name: str
+    name: AllocationName
     client: ClientSpec
     deployments: list[DeploymentSpec] = Field(min_length=1)
     gpus_per_node: int = Field(default=8, ge=0, description="GPUs each node has")
     model_path: str | None = Field(default=None, description="checked readable on every node")
     time_limit: str = Field(default="03:55:00", description="[D-]HH:MM:SS for an owned allocation")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _checked_name(v, "allocation")
 
     @field_validator("time_limit")
     @classmethod

@@ -107,7 +107,15 @@ def _runner(request: Request, state: EmulatorState) -> EmuRunner:
     return _found(state.runners, request, "runner_id")
 
 
-def _paginate(request: Request, items: list[Any]) -> tuple[list[Any], dict[str, str]]:
+def _page(
+    request: Request, items: list[T], key: str, render: Callable[[T], Any]
+) -> tuple[int, Any, dict[str, str]]:
+    """A 200 answer listing one page of `items` under `key`, with GitHub's total_count."""
+    chunk, headers = _paginate(request, items)
+    return 200, {"total_count": len(items), key: [render(item) for item in chunk]}, headers
+
+
+def _paginate(request: Request, items: list[T]) -> tuple[list[T], dict[str, str]]:
     """GitHub pagination: per_page (default 30, max 100) and page, plus a Link header."""
     query = request.query_params
     try:
@@ -161,9 +169,7 @@ async def list_runners(request: Request, state: EmulatorState) -> tuple[int, Any
         runners = sorted(state.runners.values(), key=lambda r: r.id)
         if name is not None:
             runners = [r for r in runners if r.name == name]
-        chunk, headers = _paginate(request, runners)
-        body = {"total_count": len(runners), "runners": [state.runner_json(r) for r in chunk]}
-    return 200, body, headers
+        return _page(request, runners, "runners", state.runner_json)
 
 
 async def get_runner(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
@@ -186,18 +192,24 @@ async def list_labels(request: Request, state: EmulatorState) -> tuple[int, Any,
 
 
 async def add_labels(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
-    labels = await _labels_body(request, 1)
-    with state.lock:
-        runner = _runner(request, state)
-        state.add_labels(runner, labels)
-        return 200, state.labels_json(runner), {}
+    return await _write_labels(request, state, 1, state.add_labels)
 
 
 async def set_labels(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
-    labels = await _labels_body(request, 0)
+    return await _write_labels(request, state, 0, state.set_labels)
+
+
+async def _write_labels(
+    request: Request,
+    state: EmulatorState,
+    at_least: int,
+    write: Callable[[EmuRunner, list[str]], object],
+) -> tuple[int, Any, dict[str, str]]:
+    """POST (add, at least one label) or PUT (replace, possibly none); answers the full list."""
+    labels = await _labels_body(request, at_least)
     with state.lock:
         runner = _runner(request, state)
-        state.set_labels(runner, labels)
+        write(runner, labels)
         return 200, state.labels_json(runner), {}
 
 
@@ -232,9 +244,7 @@ async def list_runs(request: Request, state: EmulatorState) -> tuple[int, Any, d
         runs = sorted(state.runs.values(), key=lambda r: r.id, reverse=True)
         if wanted:
             runs = [r for r in runs if wanted in state.run_status(r)]
-        chunk, headers = _paginate(request, runs)
-        body = {"total_count": len(runs), "workflow_runs": [state.run_json(r) for r in chunk]}
-    return 200, body, headers
+        return _page(request, runs, "workflow_runs", state.run_json)
 
 
 async def get_run(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
@@ -257,9 +267,7 @@ async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, An
             jobs = [j for j in jobs if j.run_attempt == number]
         elif flt == "latest":
             jobs = [j for j in jobs if j.run_attempt == run.run_attempt]
-        chunk, headers = _paginate(request, jobs)
-        body = {"total_count": len(jobs), "jobs": [state.job_json(j) for j in chunk]}
-    return 200, body, headers
+        return _page(request, jobs, "jobs", state.job_json)
 
 
 async def get_job(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
