@@ -44,6 +44,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from slurmgate.errors import InputError
+from slurmgate.github.scope import is_repo
 from slurmgate.serving import ThreadedServer
 
 log = logging.getLogger("slurmgate.github.webhook")
@@ -208,6 +209,8 @@ def event_for(payload: Mapping[str, Any], delivery: str, received: datetime) -> 
         raise BadDelivery("workflow_job.id is missing")
     if not isinstance(repo, Mapping) or not isinstance(repo.get("full_name"), str):
         raise BadDelivery("repository.full_name is missing")
+    if not is_repo(repo["full_name"]):
+        raise BadDelivery("repository.full_name is not OWNER/NAME")
     full_name: str = repo["full_name"]
     job_id: int = job["id"]
     labels = job.get("labels") or []

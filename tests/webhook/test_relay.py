@@ -135,6 +135,10 @@ def test_bad_payloads_get_400_naming_the_field(relay_factory) -> None:
     del payload["repository"]
     no_repo = deliver(relay.url, payload)
     assert no_repo.status_code == 400 and "repository.full_name" in no_repo.json()["detail"]
+    payload = job_payload(94002)
+    payload["repository"]["full_name"] = "acme/gpu-ci/../x"  # would shape the resource id
+    odd_repo = deliver(relay.url, payload)
+    assert odd_repo.status_code == 400 and "is not OWNER/NAME" in odd_repo.json()["detail"]
     assert deliver(relay.url, b"not json").status_code == 400
     assert relay.stats["posted"] == 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmgate.errors import InputError
+from slurmgate.github.scope import is_repo
 
 READ_ONLY = "read-only"
 CUSTOM = "custom"
@@ -120,7 +121,7 @@ class EmulatorState:
         webhook_urls: list[str] | None = None,
         webhook_secret: str | None = None,
     ) -> None:
-        if "/" not in repo or repo.count("/") != 1 or not all(repo.split("/")):
+        if not is_repo(repo):
             raise EmulatorInputError(f"repo {repo!r} is not OWNER/NAME; write it like acme/gpu-ci")
         self.owner, self.repo_name = repo.split("/")
         self.token = token
