@@ -1,10 +1,13 @@
-.PHONY: demo test setup bench lint
+.PHONY: demo test test-fast setup bench lint
 
 demo:
 	bash scripts/demo.sh
 
 test:
 	bash scripts/test.sh
+
+test-fast:
+	bash scripts/test.sh --fast
 
 setup:
 	bash scripts/setup.sh

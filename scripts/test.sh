@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: setup, lint, type-check, then pytest with the bundled Slurm cluster up.
+# `--fast` (make test-fast): the same setup and checks, then only the tests that need neither
+# Slurm nor a Prefect server (a few minutes). Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
 scripts/setup.sh
 VENV="${SLURMGATE_VENV:-.venv}"
 export PATH="$PWD/$VENV/bin:$PATH"
@@ -10,6 +14,14 @@ export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
 echo "== ruff check"; ruff check .
 echo "== ruff format --check"; ruff format --check .
 echo "== mypy (core)"; mypy
+
+if [ "$fast" = 1 ]; then
+    echo "== pytest (fast subset: no Slurm, no Prefect server)"
+    exec python -m pytest -q -p no:cacheprovider tests/architecture tests/admission tests/ci \
+        tests/github tests/simulator tests/endpoint tests/blocks tests/runtime/test_records.py \
+        tests/runtime/test_spec.py tests/runtime/test_layout.py tests/runtime/test_readiness.py \
+        tests/runtime/test_supervisor.py tests/runtime/test_node_worker.py "$@"
+fi
 
 started_slurm=0
 if [ -z "${SLURMGATE_NO_SLURM:-}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

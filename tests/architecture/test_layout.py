@@ -228,3 +228,15 @@ def test_every_runtime_dependency_is_imported() -> None:
     }
     unused = sorted(d for d in declared if IMPORT_NAMES.get(d, d) not in imported)
     assert unused == []
+
+
+def test_the_architecture_doc_lists_every_module_as_it_is() -> None:
+    tree = subprocess.run(
+        [sys.executable, "scripts/architecture-tree.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    assert f"```\n{tree}```" in doc, "regenerate the tree: python scripts/architecture-tree.py"
