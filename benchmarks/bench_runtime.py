@@ -164,6 +164,7 @@ def main() -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     flow_start_to_ready_s(tmp / "warmup")  # starts the ephemeral Prefect server once
 
     stub, srun, ready, cleanup, cancel, via_flow = [], [], [], [], [], []

@@ -19,6 +19,9 @@ os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+# Prefect's temporary server takes ~20 s to start on 2 busy cores, its default limit; the
+# commands under test raise it the same way (slurmgate/cli/prefect_layer.py).
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 # Allocation run records, which every reconcile tick scans for crashed runs to reap: the suite
 # keeps its own, so a record left in the user's ~/.cache never reaches a test tick (or v.v.).
 os.environ.setdefault("SLURMGATE_RUNS_DIR", tempfile.mkdtemp(prefix="slurmgate-runs-"))

@@ -11,10 +11,6 @@ app = typer.Typer()
     "endpoint",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     add_help_option=False,
-    epilog=(
-        "Example: slurmgate endpoint --name chat --listen 127.0.0.1:9000 "
-        "--backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 --max-waiting 4"
-    ),
 )
 def endpoint(ctx: typer.Context) -> None:
     """Route, retry and stream to a deployment's lane heads (--help lists every flag)."""

@@ -7,7 +7,19 @@ that run a flow come through here, and only when they run.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING, Any
+
+# Prefect's temporary server needs ~20 s to start on a 2-core login node (its imports alone take
+# 7 s), which is exactly Prefect's default limit; set before Prefect reads its settings.
+EPHEMERAL_STARTUP_TIMEOUT_S = "90"
+
+
+def _prefect_settings() -> None:
+    os.environ.setdefault(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_TIMEOUT_S
+    )
+
 
 if TYPE_CHECKING:
     from slurmgate.runtime.spec import AllocationSpec
@@ -16,6 +28,7 @@ if TYPE_CHECKING:
 
 def run_reconcile_tick(api_url: str, repo: str | None, org: str | None) -> dict[str, Any]:
     """One tick of the `reconcile` flow on an inline scope (token from $GITHUB_TOKEN)."""
+    _prefect_settings()
     from flows.reconcile import reconcile
 
     return asyncio.run(reconcile(scope_block=None, api_url=api_url, repo=repo, org=org))
@@ -23,6 +36,7 @@ def run_reconcile_tick(api_url: str, repo: str | None, org: str | None) -> dict[
 
 def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]:
     """The `allocation` flow, in this process; raises when the run or its cleanup fails."""
+    _prefect_settings()
     from flows.allocation import allocation
 
     return allocation(spec=spec, runs_dir=runs_dir)
@@ -30,6 +44,7 @@ def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]
 
 def run_demo(options: DemoOptions) -> int:
     """The demo driver; its exit code."""
+    _prefect_settings()
     from flows.demo import run_demo as demo
 
     return demo(options)

@@ -116,6 +116,10 @@ def parse_config(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> End
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Logical endpoint: routes, retries and streams to a deployment's lane heads.",
+        epilog=(
+            "Example: slurmgate endpoint --name chat --listen 127.0.0.1:9000 "
+            "--backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 --max-waiting 4"
+        ),
     )
     parser.add_argument("--name", required=True)
     parser.add_argument("--listen", required=True, type=_parse_listen, metavar="HOST:PORT")
