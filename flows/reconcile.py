@@ -100,6 +100,7 @@ async def lease(admit: Admit, fleet_size: int | None = None) -> AdmitOutcome:
 
 
 async def lease_subflow(admit: Admit, fleet_size: int) -> AdmitOutcome:
+    """The tick's admit step: one `lease` subflow run per admission."""
     return await lease(admit, fleet_size=fleet_size)
 
 

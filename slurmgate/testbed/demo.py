@@ -84,11 +84,11 @@ def draw_jobs(
     the mix has any. Durations are `duration_s` times 0.75-1.5, so a pool turns over in seconds.
     """
     if load <= 0:
-        raise DemoError(f"--load {load} must be above 0 (pool load factor, e.g. 2)")
+        raise DemoError(f"--load {load:g} must be above 0 (pool load factor, e.g. 2)")
     if never_fits < 0:
         raise DemoError(f"--never-fits {never_fits} must be 0 or more (too-wide jobs per pool)")
     if duration_s <= 0:
-        raise DemoError(f"--duration {duration_s} must be above 0 (mean job seconds, e.g. 4)")
+        raise DemoError(f"--duration {duration_s:g} must be above 0 (mean job seconds, e.g. 4)")
     pools = fleet_from_job_mix(csv_path)
     with open(csv_path, newline="") as fh:
         rows = [

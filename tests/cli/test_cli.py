@@ -51,7 +51,7 @@ def test_every_readme_command_exists_with_an_example(command: str) -> None:
         assert "Example" in out.stdout, out.stdout
 
 
-def test_bad_arguments_are_one_line_and_exit_2() -> None:
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path: Path) -> None:
     out = run("loadgen", "http://127.0.0.1:9", "--concurrency", "0")
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "concurrency" in out.stderr
@@ -60,6 +60,10 @@ def test_bad_arguments_are_one_line_and_exit_2() -> None:
     assert out.returncode == 2 and "GITHUB_TOKEN" in out.stderr
     out = run("status", "--repo", "not a repo", env={"GITHUB_TOKEN": "x"})
     assert out.returncode == 2 and "repo" in out.stderr and "Traceback" not in out.stderr
+    # through the one door into the Prefect layer, refused before any Prefect server starts
+    out = run("demo", "--load", "0", "--workdir", str(tmp_path))
+    assert out.returncode == 2 and "--load 0 must be above 0" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "temporary server" not in out.stderr
 
 
 def test_status_shows_the_board_of_a_live_scope() -> None:
