@@ -96,6 +96,13 @@ def hanging_spec(tmp_path: Path) -> Path:
     return path
 
 
+LANES = 4  # the example spec: chat 2 replicas x 1 node, pipe 1 replica x 2 nodes
+
+
+def stub_lanes(run_id: str) -> list[str]:
+    return [p for p in processes_with(run_id) if "slurmgate.testbed.stub_server" in p]
+
+
 @pytest.fixture
 def controller(runs_root: Path, tmp_path: Path) -> Iterator[Any]:
     """`controller()` starts `python -m slurmgate.runtime.run run` and returns it with its
@@ -113,9 +120,10 @@ def controller(runs_root: Path, tmp_path: Path) -> Iterator[Any]:
             records = load_records(runs_root)
             if records and records[0].phase == "readiness":
                 run_id = records[0].run_id
-                # every lane of both deployments is up (chat hangs, pipe answers)
-                while len(processes_with(f"{run_id}-serve-")) < 2:
-                    assert time.monotonic() < deadline, "lanes never came up"
+                # every lane of both deployments is up (chat's two replicas hang, pipe's two
+                # ranks answer); chat's second replica starts after a stagger, so count them
+                while len(stub_lanes(run_id)) < LANES:
+                    assert time.monotonic() < deadline, f"lanes never came up: {stub_lanes(run_id)}"
                     time.sleep(0.1)
                 time.sleep(0.5)
                 return proc, load_records(runs_root)[0]
