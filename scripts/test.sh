@@ -39,5 +39,16 @@ fi
 cleanup() { if [ "$started_slurm" = 1 ]; then scripts/slurm-local/stop.sh >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT
 
-echo "== pytest"
-python -m pytest -q -p no:cacheprovider "$@"
+# Two passes: the tests that share the one cluster or time a wall-clock window run alone,
+# the rest on two xdist workers (most of them wait on servers and subprocesses, not the CPU).
+rc=0
+pass_() {  # pytest exits 5 when a pass selects nothing (arguments that name one file)
+    local r=0
+    python -m pytest -q -p no:cacheprovider "$@" || r=$?
+    if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi
+}
+echo "== pytest: Slurm and timing tests, one at a time"
+pass_ -m "slurm or serial" "$@"
+echo "== pytest: the rest, on two workers"
+pass_ -m "not slurm and not serial" -n 2 "$@"
+exit "$rc"

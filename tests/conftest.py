@@ -13,9 +13,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Each pytest-xdist worker inherits the main process's environment: it takes homes of its own.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def _own_dir(name: str, prefix: str) -> None:
+    if _WORKER or name not in os.environ:
+        os.environ[name] = tempfile.mkdtemp(prefix=prefix)
+
+
 # Prefect reads its settings at import time: isolate it before any test module imports it.
-_PREFECT_HOME = tempfile.mkdtemp(prefix="slurmgate-prefect-")
-os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+_own_dir("PREFECT_HOME", "slurmgate-prefect-")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
@@ -24,7 +32,7 @@ os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 # Allocation run records, which every reconcile tick scans for crashed runs to reap: the suite
 # keeps its own, so a record left in the user's ~/.cache never reaches a test tick (or v.v.).
-os.environ.setdefault("SLURMGATE_RUNS_DIR", tempfile.mkdtemp(prefix="slurmgate-runs-"))
+_own_dir("SLURMGATE_RUNS_DIR", "slurmgate-runs-")
 
 
 def slurm_unavailable_reason() -> str | None:
@@ -66,3 +74,12 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=60):
         yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the bundled cluster is marked `slurm`, so `-m` selects it. The test
+    command runs `slurm` and `serial` tests one at a time (they share the cluster's four nodes
+    and fixed ports, or assert on a wall-clock window) and the rest on two xdist workers."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)

@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import REPO, PrefectServer, load_deployments_module
 
-pytestmark = pytest.mark.prefect_server
+pytestmark = [pytest.mark.prefect_server, pytest.mark.serial]
 
 SCRIPT = "deployments/automations.py"
 

@@ -26,6 +26,8 @@ from slurmgate.testbed.prefect_server import FlowRunSummary, deployment_ready, d
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 
+pytestmark = pytest.mark.serial  # each test asserts on the debounce window's timing
+
 
 def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
