@@ -153,8 +153,10 @@ def test_a_job_queued_inside_the_window_is_admitted_by_the_trailing_run(
             return any(f"ci-job-1.000-{token}" in r.folded() for r in emu.state.runners.values())
 
     relay = relay_factory()
-    within = 15.0
-    trailing = 30.0  # scheduled; the runner's 10 s prefetch starts it ~20 s after the event
+    # A 30 s window: the leading run is a fresh flow process (Prefect's imports alone take ~7 s
+    # on 2 busy cores) and must admit the early job while the window is still open.
+    within = 30.0
+    trailing = within + 15  # scheduled; the runner's 10 s prefetch starts it ~5 s after that
     with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
         name = serve_reconcile(emu, within_s=within)
         first_at = time.monotonic()
