@@ -22,7 +22,6 @@ fi
 
 scripts/setup.sh
 export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
-export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="${PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS:-90}"
 
 slurm_answers() { command -v sinfo >/dev/null 2>&1 && timeout 10 sinfo -h >/dev/null 2>&1; }
 
