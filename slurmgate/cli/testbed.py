@@ -52,6 +52,11 @@ def emulator(
             show_default=False,
         ),
     ] = None,
+    fault_rate: Annotated[
+        float,
+        typer.Option(help="Share of GitHub requests answered with a random fault (0..1)."),
+    ] = 0.0,
+    fault_seed: Annotated[int, typer.Option(help="Seed of the random faults.")] = 0,
 ) -> None:
     """Serve a GitHub API emulator holding a runner fleet (a real HTTP server)."""
     from slurmgate.testbed.emulator.server import run_emulator
@@ -78,8 +83,9 @@ def emulator(
             raise EmulatorInputError(
                 "the fleet is empty; add --pool cluster:NAME=COUNT, --legacy COUNT or --job-mix CSV"
             )
-        from slurmgate.testbed.emulator.state import build_state
+        from slurmgate.testbed.emulator.state import FaultPlan, build_state
 
+        faults = FaultPlan(rate=fault_rate, seed=fault_seed)
         build_state(repo, pools, legacy, token)  # validate everything before binding the port
     except (EmulatorInputError, OSError) as exc:
         raise fail(str(exc)) from None
@@ -101,6 +107,7 @@ def emulator(
             quota_limit=quota,
             webhook_urls=list(webhook_url or []),
             webhook_secret=webhook_secret,
+            fault_plan=faults,
             announce=announce,
         )
     except OSError as exc:

@@ -25,6 +25,7 @@ from slurmgate.testbed.emulator.state import (
     EmulatorInputError,
     EmulatorState,
     EmuRunner,
+    FaultPlan,
 )
 
 log = logging.getLogger(__name__)
@@ -308,6 +309,30 @@ async def _stall(seconds: float) -> bool:
     return True
 
 
+def _retry_after(seconds: float) -> str:
+    """Retry-After as GitHub writes it (whole seconds), or a fraction when the plan compresses."""
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
+
+
+def _planned_refusal(state: EmulatorState, kind: str, method: str) -> Response | None:
+    """The answer of a fault-plan fault that refuses the request before it is applied."""
+    retry = {"retry-after": _retry_after(state.fault_plan.retry_after_s)}
+    if kind == "server-error":
+        status = state.server_error_status()
+        return _error_response(state, ApiError(status, "Server Error (injected)"))
+    if kind == "rate-limit":
+        return _error_response(state, ApiError(429, "Too Many Requests (injected)"), retry)
+    if kind == "secondary-limit":
+        message = (
+            "You have exceeded a secondary rate limit. Please wait a few minutes before you "
+            "try again. (injected)"
+        )
+        return _error_response(state, ApiError(403, message), retry)
+    if kind == "lost-answer" and method not in _WRITES:
+        return _error_response(state, ApiError(502, "Bad Gateway (injected)"))
+    return None
+
+
 def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[str]) -> Route:
     """Wrap one GitHub endpoint: auth, counters, faults, quota, ETag/304, rate-limit headers."""
     free_of_quota = template == "/rate_limit"
@@ -342,6 +367,13 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
                 ApiError(403, f"API rate limit exceeded for installation on {state.repo}."),
             )
         hang_after = 0.0
+        planned = None if free_of_quota else state.draw_fault()
+        if planned is not None:
+            refused = _planned_refusal(state, planned, method)
+            if refused is not None:
+                return refused
+            if planned == "timeout":
+                hang_after = state.fault_plan.delay_s
         if method in _WRITES:
             _, write_fault = state.next_write()
             if write_fault is not None and write_fault.kind == "fail_nth_write":
@@ -362,6 +394,9 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
             return _error_response(state, error)
         if hang_after and not await _stall(hang_after):
             return Response(status_code=503)
+        if planned == "lost-answer":
+            # the write above was applied; only its answer is lost, as a gateway would lose it
+            return _error_response(state, ApiError(502, "Bad Gateway (injected: answer lost)"))
         payload = b"" if body is None else _dumps(body)
         etag = _etag(payload)
         if method == "GET" and _etag_matches(request.headers.get("if-none-match"), etag):
@@ -506,6 +541,15 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
         state.clear_faults()
         return 200, {"faults": 0}
 
+    async def set_fault_plan(request: Request) -> tuple[int, Any]:
+        state.set_fault_plan(FaultPlan.from_spec(await _json(request)))
+        return 200, state.fault_plan.describe()
+
+    async def fault_plan(request: Request) -> tuple[int, Any]:
+        with state.lock:
+            injected = dict(sorted(state.faults_injected.items()))
+        return 200, {**state.fault_plan.describe(), "injected": injected}
+
     async def stats(request: Request) -> tuple[int, Any]:
         return 200, state.stats()
 
@@ -559,6 +603,8 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
         Route(f"{p}/runners/{{runner_id}}/status", admin(runner_status), methods=["POST"]),
         Route(f"{p}/faults", admin(add_fault), methods=["POST"]),
         Route(f"{p}/faults", admin(clear_faults), methods=["DELETE"]),
+        Route(f"{p}/fault-plan", admin(set_fault_plan), methods=["PUT"]),
+        Route(f"{p}/fault-plan", admin(fault_plan), methods=["GET"]),
         Route(f"{p}/stats", admin(stats), methods=["GET"]),
         Route(f"{p}/stats/reset", admin(reset_stats), methods=["POST"]),
         Route(f"{p}/state", admin(dump), methods=["GET"]),

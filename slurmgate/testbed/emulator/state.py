@@ -6,6 +6,7 @@ import csv
 import fnmatch
 import hashlib
 import math
+import random
 import threading
 import time
 from collections import Counter
@@ -106,6 +107,76 @@ class Fault:
 
 FAULT_KINDS = ("status", "rate_limit", "latency", "fail_nth_write", "hang_nth_write")
 
+# The random faults a fault plan draws from, and what each answers:
+#   server-error      500, 502 or 503 (nothing applied);
+#   rate-limit        429 with Retry-After (nothing applied);
+#   secondary-limit   403 "secondary rate limit" with Retry-After (nothing applied);
+#   timeout           the request is applied, then the answer waits past the client's timeout;
+#   lost-answer       a write is applied, then answered 502 (a read gets a plain 502).
+PLAN_FAULT_KINDS = ("server-error", "rate-limit", "secondary-limit", "timeout", "lost-answer")
+
+
+@dataclass
+class FaultPlan:
+    """Random faults on a `rate` share of GitHub requests, drawn from a seeded generator.
+
+    `kinds` weighs the kinds of PLAN_FAULT_KINDS (missing ones are never drawn); `retry_after_s`
+    is the Retry-After of the rate limits (compressed: GitHub says 60) and `delay_s` how long a
+    `timeout` answer waits (set it beyond the client's timeout). The admin API is never faulted.
+    """
+
+    rate: float = 0.0
+    seed: int = 0
+    kinds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PLAN_FAULT_KINDS, 1.0))
+    retry_after_s: float = 1.0
+    delay_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise EmulatorInputError(f"fault rate {self.rate} is not between 0 and 1")
+        unknown = sorted(set(self.kinds) - set(PLAN_FAULT_KINDS))
+        if unknown:
+            raise EmulatorInputError(
+                f"fault kinds {', '.join(unknown)} unknown; use {', '.join(PLAN_FAULT_KINDS)}"
+            )
+        if any(weight < 0 for weight in self.kinds.values()):
+            raise EmulatorInputError("fault kind weights must be 0 or more")
+        if self.retry_after_s < 0 or self.delay_s < 0:
+            raise EmulatorInputError("retry_after_s and delay_s must be 0 or more")
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> FaultPlan:
+        """A plan from the admin API's JSON; the error names the field."""
+        try:
+            kinds = spec.get("kinds")
+            return cls(
+                rate=float(spec.get("rate", 0.0)),
+                seed=int(spec.get("seed", 0)),
+                kinds=(
+                    dict.fromkeys(PLAN_FAULT_KINDS, 1.0)
+                    if kinds is None
+                    else {str(k): float(v) for k, v in dict(kinds).items()}
+                ),
+                retry_after_s=float(spec.get("retry_after_s", 1.0)),
+                delay_s=float(spec.get("delay_s", 2.0)),
+            )
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, EmulatorInputError):
+                raise
+            raise EmulatorInputError(
+                "fault plan: rate, retry_after_s and delay_s must be numbers, seed an integer "
+                "and kinds an object of kind -> weight"
+            ) from None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "seed": self.seed,
+            "kinds": dict(self.kinds),
+            "retry_after_s": self.retry_after_s,
+            "delay_s": self.delay_s,
+        }
+
 
 class EmulatorState:
     """All emulator state behind one lock, so the server thread and test threads can share it."""
@@ -120,6 +191,7 @@ class EmulatorState:
         clock: Callable[[], float] = time.time,
         webhook_urls: list[str] | None = None,
         webhook_secret: str | None = None,
+        fault_plan: FaultPlan | None = None,
     ) -> None:
         if not is_repo(repo):
             raise EmulatorInputError(f"repo {repo!r} is not OWNER/NAME; write it like acme/gpu-ci")
@@ -137,6 +209,11 @@ class EmulatorState:
         self._next_fault = 1
         self.faults: list[Fault] = []
         self.write_seq = 0
+        self.fault_plan = FaultPlan()
+        self._fault_rng = random.Random(0)
+        self.faults_injected: Counter[str] = Counter()
+        if fault_plan is not None:
+            self.set_fault_plan(fault_plan)
         # quota
         self.quota_limit = quota_limit
         self.quota_window_s = quota_window_s
@@ -531,6 +608,30 @@ class EmulatorState:
                     return fault
             return None
 
+    def set_fault_plan(self, plan: FaultPlan) -> None:
+        """Draw random faults by `plan` from now on (rate 0 stops them); counts start at zero."""
+        with self.lock:
+            self.fault_plan = plan
+            self._fault_rng = random.Random(plan.seed)
+            self.faults_injected.clear()
+
+    def draw_fault(self) -> str | None:
+        """The fault plan's kind for the next GitHub request, or None (most requests)."""
+        with self.lock:
+            plan = self.fault_plan
+            if plan.rate <= 0 or self._fault_rng.random() >= plan.rate:
+                return None
+            kinds = [kind for kind in PLAN_FAULT_KINDS if plan.kinds.get(kind, 0.0) > 0]
+            if not kinds:
+                return None
+            kind = self._fault_rng.choices(kinds, [plan.kinds[k] for k in kinds])[0]
+            self.faults_injected[kind] += 1
+            return kind
+
+    def server_error_status(self) -> int:
+        with self.lock:
+            return self._fault_rng.choice((500, 502, 503))
+
     def next_write(self) -> tuple[int, Fault | None]:
         """Number this mutating request; return the nth-write fault that fires on it, if any."""
         with self.lock:
@@ -559,6 +660,7 @@ class EmulatorState:
                 "writes": self.writes,
                 "quota_used": self.quota_used_total,
                 "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+                "faults_injected": dict(sorted(self.faults_injected.items())),
             }
 
     def reset_stats(self) -> None:
@@ -568,6 +670,7 @@ class EmulatorState:
             self.statuses.clear()
             self.writes = 0
             self.quota_used_total = 0
+            self.faults_injected.clear()
 
     # ---- JSON shapes (GitHub's) ----
 
@@ -779,6 +882,10 @@ class EmulatorState:
                     "reset": int(self.quota_reset_at),
                 },
                 "faults": [f.__dict__ for f in self.faults],
+                "fault_plan": {
+                    **self.fault_plan.describe(),
+                    "injected": dict(sorted(self.faults_injected.items())),
+                },
             }
 
 

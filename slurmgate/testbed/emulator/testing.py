@@ -78,6 +78,18 @@ class EmulatorAdmin:
         result: dict[str, Any] = self._call("POST", "/faults", {"kind": kind, **spec})
         return result
 
+    def set_fault_plan(self, rate: float, seed: int = 0, **plan: Any) -> dict[str, Any]:
+        """Random faults on `rate` of GitHub requests (kinds, retry_after_s, delay_s: FaultPlan)."""
+        result: dict[str, Any] = self._call(
+            "PUT", "/fault-plan", {"rate": rate, "seed": seed, **plan}
+        )
+        return result
+
+    def fault_plan(self) -> dict[str, Any]:
+        """The fault plan and how many faults of each kind it injected."""
+        result: dict[str, Any] = self._call("GET", "/fault-plan")
+        return result
+
     def clear_faults(self) -> None:
         self._call("DELETE", "/faults")
 
