@@ -275,7 +275,7 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
 
 
 def lane_argv(
-    spec: DeploymentShape, lane: LanePlan, master_addr: str, bind_host: str = "0.0.0.0"
+    spec: DeploymentShape, lane: LanePlan, master_addr: str, *, bind_host: str
 ) -> list[str]:
     """The server argv: the spec's command plus the flags the layout decides."""
     argv = list(spec.command)

@@ -42,6 +42,8 @@ class NodeSpec:
     host: str
     ports: list[int]
     lanes: list[LaneSpec]
+    # The node's cluster address: lanes bind it, never every interface.
+    address: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class WorkerSpec:
             "nodes": [
                 {
                     "host": n.host,
+                    "address": n.address,
                     "ports": n.ports,
                     "lanes": [
                         {
@@ -107,7 +110,7 @@ class WorkerSpec:
             raise WorkerSpecError(f"spec version {data['v']!r} is not supported")
         nodes = []
         for n in _typed(data["nodes"], list, "nodes"):
-            _keys(n, {"host", "ports", "lanes"})
+            _keys(n, {"host", "address", "ports", "lanes"})
             lanes = []
             seen_gpus: set[int] = set()
             for lane in _typed(n["lanes"], list, "lanes"):
@@ -132,7 +135,14 @@ class WorkerSpec:
                     )
                 )
             ports = sorted({_typed(p, int, "ports[]") for p in _typed(n["ports"], list, "ports")})
-            nodes.append(NodeSpec(host=_typed(n["host"], str, "host"), ports=ports, lanes=lanes))
+            nodes.append(
+                NodeSpec(
+                    host=_typed(n["host"], str, "host"),
+                    ports=ports,
+                    lanes=lanes,
+                    address=_typed(n["address"], str, "address"),
+                )
+            )
         if len({n.host for n in nodes}) != len(nodes):
             raise WorkerSpecError("hosts in the spec are not unique")
         return cls(
@@ -222,7 +232,9 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
         # As servers bind: TIME_WAIT leftovers of a previous run are fine, a listener is not.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", port))
+            # The address the lanes will bind: a listener there (or on every interface) is a
+            # conflict, one on another interface is not.
+            sock.bind((node.address or node.host, port))
         except OSError as exc:
             raise PreflightFailed(
                 node.host, "port", f"port {port} is not bindable: {exc.strerror}"
@@ -331,16 +343,23 @@ def _group_alive(pgid: int) -> bool:
     return group_alive(pgid)
 
 
+def _read_spec_text(arg: str) -> str:
+    """`-` reads the spec from stdin (how the runtime sends it: argv is public in /proc)."""
+    if arg != "-":
+        return arg
+    return sys.stdin.read(MAX_SPEC_BYTES + 1).strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 3 or args[0] not in {"preflight", "serve"} or args[1] != "--spec":
         print(
-            "usage: python -m slurmgate.runtime.node_worker {preflight|serve} --spec B64",
+            "usage: python -m slurmgate.runtime.node_worker {preflight|serve} --spec {-|B64}",
             file=sys.stderr,
         )
         return 64
     try:
-        spec = WorkerSpec.decode(args[2])
+        spec = WorkerSpec.decode(_read_spec_text(args[2]))
     except WorkerSpecError as exc:
         print(f"node-worker: bad --spec: {exc}", file=sys.stderr)
         return 64

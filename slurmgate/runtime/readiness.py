@@ -89,10 +89,10 @@ def wait_ready(
             time.sleep(poll_s)
 
 
-def fetch_text(url: str, timeout: float = 2.0) -> str | None:
+def fetch_text(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> str | None:
     """GET a small text document (e.g. /metrics); None when unreachable."""
     try:
-        r = httpx.get(url, timeout=timeout, trust_env=False)
+        r = httpx.get(url, timeout=timeout, trust_env=False, headers=headers)
     except httpx.HTTPError:
         return None
     return r.text if r.status_code == 200 else None

@@ -21,6 +21,7 @@ from typing import Any
 from slurmgate.errors import ExternalError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime import readiness, slurm
+from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.endpoint.config import EndpointConfig
 from slurmgate.runtime.node_worker import NodeSpec, WorkerSpec
 from slurmgate.runtime.records import (
@@ -32,6 +33,7 @@ from slurmgate.runtime.records import (
     default_runs_root,
 )
 from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.stepenv import step_env
 from slurmgate.runtime.supervisor import (
     DEFER,
     CleanupFailed,
@@ -42,6 +44,8 @@ from slurmgate.runtime.supervisor import (
 
 PREFLIGHT_TIMEOUT_S = 120.0
 ENDPOINT_STARTUP_S = 60.0
+# The logical endpoints and the client read the endpoints' bearer token from this variable.
+ENDPOINT_TOKEN_ENV = "SLURMGATE_ENDPOINT_TOKEN"
 _PREFLIGHT_LINE = re.compile(
     r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
 )
@@ -102,8 +106,13 @@ class AllocationRun:
         allocate_timeout_s: float = 300.0,
         log: Callable[[str], None] | None = None,
         on_progress: Callable[[str, int, int], None] | None = None,
+        resolve_secret: SecretResolver | None = None,
     ) -> None:
         self.spec = spec
+        # Resolved here, on the client host, before anything starts: an unknown reference
+        # fails the run with nothing to clean up. The values live only in this process.
+        self.credentials = RunCredentials.resolve(spec, resolve_secret)
+        self.redact = self.credentials.redactor()
         self.run_id = run_id or new_run_id(spec.name)
         self.run_dir = (runs_root or default_runs_root()) / self.run_id
         self.python = python or sys.executable
@@ -123,7 +132,11 @@ class AllocationRun:
         self.t0 = time.monotonic()
         self.timings = _Timings()
         self.supervisor = Supervisor(
-            self.run_dir, grace_s=grace_s, poll_s=0.1, on_change=lambda _s: self.save()
+            self.run_dir,
+            grace_s=grace_s,
+            poll_s=0.1,
+            on_change=lambda _s: self.save(),
+            redact=self.redact,
         )
         self._cleanup_lock = threading.RLock()
         self._cleanup_state = "open"
@@ -133,7 +146,7 @@ class AllocationRun:
     # -- bookkeeping -----------------------------------------------------------------------
 
     def log(self, message: str) -> None:
-        self._log(message)
+        self._log(self.redact(message))
 
     @property
     def record_path(self) -> Path:
@@ -149,7 +162,7 @@ class AllocationRun:
             hosts=list(self.layout.hosts) if self.layout else [],
             phase=self.phase,
             status=self.status,
-            error=self.error,
+            error=self.redact(self.error) if self.error else None,
             **controller_identity(),
             cleanup_complete=report.complete if report else None,
             steps=(
@@ -169,17 +182,15 @@ class AllocationRun:
         self.log(f"phase {phase}")
 
     def _base_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        # Steps must not inherit the controller's own step/GPU shape; SLURM_CONF stays.
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"
-        }
+        """An allow-list of the controller's environment (no credentials, no Slurm step
+        shape), then what the runtime and the spec set for this step."""
         bindir = str(Path(self.python).parent)
-        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-        env["SLURMGATE_RUN_ID"] = self.run_id
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        if extra:
-            env.update(extra)
-        return env
+        named = {
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            "SLURMGATE_RUN_ID": self.run_id,
+            "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+        }
+        return step_env(os.environ, {**named, **(extra or {})})
 
     def _step_name(self, role: str) -> str:
         return f"{self.run_id}-{role}"
@@ -241,14 +252,18 @@ class AllocationRun:
         nodes = []
         for n in d.nodes:
             lanes = []
+            address = self.layout.address(n.node)
             for lane in n.lanes:
                 master = self.layout.address(lane.rendezvous_node)
-                lanes.append(
-                    # The deployment's env travels in the step's environment, never in argv
-                    # (argv is world-readable in /proc and may hold tokens).
-                    layout_lane(lane, layout_mod.lane_argv(dspec, lane, master), {})
+                argv = layout_mod.lane_argv(dspec, lane, master, bind_host=address)
+                # The deployment's env travels in the step's environment, never in argv
+                # (argv is world-readable in /proc and may hold tokens).
+                lanes.append(layout_lane(lane, argv, {}))
+            nodes.append(
+                NodeSpec(
+                    host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes, address=address
                 )
-            nodes.append(NodeSpec(host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes))
+            )
         return WorkerSpec(
             run_id=self.run_id,
             name=d.name,
@@ -267,45 +282,63 @@ class AllocationRun:
             gpus_per_node=0,
             model_path=None,
             grace_s=1.0,
-            nodes=[NodeSpec(host=self.layout.client_host, ports=ports, lanes=[])],
+            nodes=[
+                NodeSpec(
+                    host=self.layout.client_host,
+                    ports=ports,
+                    lanes=[],
+                    address=self.layout.address(self.plan.client_node),
+                )
+            ],
         )
 
-    def _worker_argv(self, mode: str, ws: WorkerSpec) -> list[str]:
-        return [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", ws.encode()]
+    def _start_workers(
+        self, name: str, mode: str, ws: WorkerSpec, nodelist: list[str], **step: Any
+    ) -> Any:
+        """One node-worker srun; its spec goes through stdin (to every task), never argv: the
+        lanes' commands are the user's and argv is public in /proc."""
+        argv = [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"]
+        gres = step.pop("gres")
+        return self.supervisor.start(
+            name,
+            slurm.srun_argv(
+                argv,
+                job_id=self.job_id or "",
+                nodelist=nodelist,
+                step_name=self._step_name(name),
+                gres=gres,
+                extra=["--input=all"],
+            ),
+            step_name=self._step_name(name),
+            stdin_data=ws.encode().encode(),
+            **step,
+        )
 
     def preflight(self) -> None:
         """Client (zero GPU) first, then every node of every deployment; nothing heavy starts."""
         self._enter("preflight")
         assert self.layout and self.job_id
         t0 = time.monotonic()
-        client = self.supervisor.start(
+        client = self._start_workers(
             "preflight-client",
-            slurm.srun_argv(
-                self._worker_argv("preflight", self._client_worker_spec()),
-                job_id=self.job_id,
-                nodelist=[self.layout.client_host],
-                step_name=self._step_name("preflight-client"),
-                gres="none",
-            ),
+            "preflight",
+            self._client_worker_spec(),
+            [self.layout.client_host],
+            gres="none",
             env=self._base_env(),
-            step_name=self._step_name("preflight-client"),
             required=False,
         )
         self._expect_ok(client)
         steps = []
         for d in self.plan.deployments:
             steps.append(
-                self.supervisor.start(
+                self._start_workers(
                     f"preflight-{d.name}",
-                    slurm.srun_argv(
-                        self._worker_argv("preflight", self._worker_spec(d)),
-                        job_id=self.job_id,
-                        nodelist=self.layout.nodelist(d),
-                        step_name=self._step_name(f"preflight-{d.name}"),
-                        gres=None,
-                    ),
-                    env=self._base_env(self.spec.deployments[d.index].env),
-                    step_name=self._step_name(f"preflight-{d.name}"),
+                    "preflight",
+                    self._worker_spec(d),
+                    self.layout.nodelist(d),
+                    gres=None,
+                    env=self._base_env(self.credentials.deployment_env[d.index]),
                     required=False,
                 )
             )
@@ -333,17 +366,13 @@ class AllocationRun:
         for d in self.plan.deployments:
             nodelist = self.layout.nodelist(d)
             self.log(f"decision: launch {d.name} as one srun on {','.join(nodelist)}")
-            self.supervisor.start(
+            self._start_workers(
                 f"serve-{d.name}",
-                slurm.srun_argv(
-                    self._worker_argv("serve", self._worker_spec(d)),
-                    job_id=self.job_id,
-                    nodelist=nodelist,
-                    step_name=self._step_name(f"serve-{d.name}"),
-                    gres=None,
-                ),
-                env=self._base_env(self.spec.deployments[d.index].env),
-                step_name=self._step_name(f"serve-{d.name}"),
+                "serve",
+                self._worker_spec(d),
+                nodelist,
+                gres=None,
+                env=self._base_env(self.credentials.deployment_env[d.index]),
                 required=True,
             )
         self.supervisor.resolve_step_ids(timeout=3.0)
@@ -399,7 +428,7 @@ class AllocationRun:
             dspec = self.spec.deployments[d.index]
             config = EndpointConfig(
                 name=d.name,
-                host="0.0.0.0",
+                host=self.layout.address(self.plan.client_node),
                 port=d.endpoint_port,
                 backends=self.layout.head_urls(d),
                 max_waiting=dspec.backpressure.max_waiting_requests,
@@ -416,7 +445,7 @@ class AllocationRun:
                     step_name=self._step_name(f"endpoint-{d.name}"),
                     gres="none",
                 ),
-                env=self._base_env(),
+                env=self._base_env(self._token_env()),
                 step_name=self._step_name(f"endpoint-{d.name}"),
                 required=True,
             )
@@ -438,13 +467,18 @@ class AllocationRun:
         for d in self.plan.deployments:
             self.log(f"endpoint {d.name} ready at {self.layout.endpoint_url(d)}")
 
+    def _token_env(self) -> dict[str, str]:
+        token = self.credentials.endpoint_token
+        return {ENDPOINT_TOKEN_ENV: token} if token else {}
+
     def client_env(self) -> dict[str, str]:
         assert self.layout
         urls = {d.name: self.layout.endpoint_url(d) for d in self.plan.deployments}
         env = {env_name(name): url for name, url in urls.items()}
         env["SLURMGATE_ENDPOINTS"] = json.dumps(urls, sort_keys=True)
         env["OPENAI_BASE_URL"] = next(iter(urls.values())) + "/v1"
-        env.update(self.spec.client.env)
+        env.update(self.credentials.client_env)
+        env.update(self._token_env())
         return env
 
     def run_client(self) -> int:
@@ -478,8 +512,10 @@ class AllocationRun:
         """The endpoints' Prometheus text, fetched before they stop."""
         if not self.layout:
             return {}
+        token = self.credentials.endpoint_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         for d in self.plan.deployments:
-            text = readiness.fetch_text(self.layout.endpoint_url(d) + "/metrics")
+            text = readiness.fetch_text(self.layout.endpoint_url(d) + "/metrics", headers=headers)
             if text is not None:
                 self.endpoint_metrics[d.name] = text
         return self.endpoint_metrics
@@ -593,7 +629,7 @@ class AllocationRun:
     def note_failure(self, failure: BaseException) -> None:
         """Record the first failure and the phase it hit (before cleanup moves the phase)."""
         if self.error is None:
-            self.error = f"{type(failure).__name__}: {failure}"
+            self.error = self.redact(f"{type(failure).__name__}: {failure}")
             self.log(f"run failed in phase {self.phase}: {self.error}")
             self.save()
 

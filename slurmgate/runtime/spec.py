@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -34,7 +35,10 @@ LAUNCHER_FLAGS = (
 )
 # Environment names the runtime owns for every lane.
 RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMGATE_RUN_")
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "SLURMGATE_ENDPOINT_TOKEN")
+# Names whose values are credentials: a plain value would be stored in Prefect as a flow-run
+# parameter, so the spec must reference it instead.
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|_KEY|AUTH_STRING)$|^PREFECT_API_", re.I)
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 _TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
@@ -81,6 +85,46 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SecretBlockRef(_Strict):
+    """A Prefect Secret block, by name, read on the client host when the run starts."""
+
+    secret: str = Field(min_length=1, description="name of a Prefect Secret block")
+
+
+class EnvSecretRef(_Strict):
+    """A variable of the controller's own environment, read on the client host."""
+
+    from_env: str = Field(min_length=1, description="name of the controller's variable")
+
+
+# A credential in the spec: only its reference is ever stored (a SecretStr shows as ****).
+SecretValue = SecretBlockRef | EnvSecretRef | SecretStr
+EnvValue = str | SecretValue
+
+
+def _checked_env(v: dict[str, EnvValue], *, lanes: bool) -> dict[str, EnvValue]:
+    for key, value in v.items():
+        reserved = key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES)
+        if (reserved and lanes) or key == "SLURMGATE_ENDPOINT_TOKEN":
+            raise _problem("env", f"{key} is set by the runtime", f"remove {key}")
+        if isinstance(value, str) and SECRET_NAME.search(key):
+            raise _problem(
+                "env",
+                f"{key} looks like a credential and its value would be stored in Prefect",
+                f"reference it: {key}: {{secret: BLOCK-NAME}} or {key}: {{from_env: NAME}}",
+            )
+    return v
+
+
+def describe_secret(value: SecretValue) -> str:
+    """A reference as words, safe to log: never the value."""
+    if isinstance(value, SecretBlockRef):
+        return f"Secret block {value.secret!r}"
+    if isinstance(value, EnvSecretRef):
+        return f"controller variable {value.from_env}"
+    return "a SecretStr value"
+
+
 class BackpressureSpec(_Strict):
     """Per-lane queue limit the logical endpoint enforces."""
 
@@ -93,11 +137,16 @@ class ClientSpec(_Strict):
 
     command: list[str] = Field(min_length=1)
     cpus: int = Field(default=1, ge=1)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(default_factory=dict)
     dedicated_node: bool = Field(
         default=False,
         description="False: the client shares the first node of the first deployment",
     )
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, EnvValue]) -> dict[str, EnvValue]:
+        return _checked_env(v, lanes=False)
 
 
 class DeploymentSpec(_Strict):
@@ -128,7 +177,7 @@ class DeploymentSpec(_Strict):
     lead_boot_standoff_s: float = Field(default=60.0, ge=0)
     rank_launch_stagger_s: float = Field(default=5.0, ge=0)
     backpressure: BackpressureSpec = Field(default_factory=BackpressureSpec)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(default_factory=dict)
 
     @field_validator("readiness_path")
     @classmethod
@@ -152,11 +201,8 @@ class DeploymentSpec(_Strict):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
-                raise _problem("env", f"{key} is set by the runtime", f"remove {key}")
-        return v
+    def _env(cls, v: dict[str, EnvValue]) -> dict[str, EnvValue]:
+        return _checked_env(v, lanes=True)
 
     @model_validator(mode="after")
     def _topology(self) -> DeploymentSpec:
@@ -201,6 +247,11 @@ class AllocationSpec(_Strict):
     gpus_per_node: int = Field(default=8, ge=0, description="GPUs each node has")
     model_path: str | None = Field(default=None, description="checked readable on every node")
     time_limit: str = Field(default="03:55:00", description="[D-]HH:MM:SS for an owned allocation")
+    endpoint_token: SecretValue | None = Field(
+        default=None,
+        description="bearer token every logical endpoint requires (GET /health aside); the "
+        "client gets it as SLURMGATE_ENDPOINT_TOKEN",
+    )
 
     @field_validator("time_limit")
     @classmethod
@@ -239,6 +290,22 @@ class AllocationSpec(_Strict):
             f, m, fix = problems[0]
             raise _problem(f, m, fix)
         return self
+
+    def secret_references(self) -> list[str]:
+        """Where the spec references credentials, as `field: reference` (never a value)."""
+        found = []
+        envs = [("client.env", self.client.env)] + [
+            (f"deployments[{i}].env", d.env) for i, d in enumerate(self.deployments)
+        ]
+        for where, env in envs:
+            found += [
+                f"{where}.{k}: {describe_secret(v)}"
+                for k, v in env.items()
+                if not isinstance(v, str)
+            ]
+        if self.endpoint_token is not None:
+            found.append(f"endpoint_token: {describe_secret(self.endpoint_token)}")
+        return found
 
     @property
     def total_nodes(self) -> int:

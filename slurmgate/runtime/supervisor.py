@@ -45,6 +45,7 @@ class Step:
     started_at: float
     step_id: str | None = None
     stopped: bool = False
+    redact: Callable[[str], str] = field(default=lambda text: text, repr=False)
 
     @property
     def pid(self) -> int:
@@ -58,11 +59,14 @@ class Step:
         return self.popen.poll()
 
     def log_tail(self, n: int = 2000) -> str:
+        """The end of the step's log, with credentials masked: tails are copied into errors,
+        records and Prefect logs (a server may print its --api-key)."""
         try:
             data = self.log_path.read_bytes()
         except OSError:
             return ""
-        return data[-n:].decode(errors="replace")
+        # Read a little more than asked, so a secret cut at the start is still recognized.
+        return self.redact(data[-(n + 256) :].decode(errors="replace"))[-n:]
 
 
 @dataclass
@@ -136,8 +140,10 @@ class Supervisor:
         grace_s: float = 10.0,
         poll_s: float = 0.1,
         on_change: Callable[[Supervisor], None] | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         self.run_dir = private_dir(Path(run_dir))
+        self.redact = redact or (lambda text: text)
         self.job_id = job_id
         self.slurmctld_silent = False  # a scancel timed out during cleanup
         self.grace_s = grace_s
@@ -159,17 +165,23 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         required: bool = True,
         step_name: str | None = None,
+        stdin_data: bytes | None = None,
     ) -> Step:
-        """Spawn in a new session with output to a 0600 log; signals wait until it is registered."""
+        """Spawn in a new session with output to a 0600 log; signals wait until it is registered.
+
+        `stdin_data` (what must stay out of argv) reaches the process through an unlinked 0600
+        file, so a large payload never blocks on a pipe.
+        """
         with DEFER.hold():
             if self._state != "open":
                 raise StepFailed(f"cannot start {name}: cleanup has begun")
             log_path = self.run_dir / f"{len(self.steps):02d}-{name}.log"
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            stdin_fd = self._stdin_file(name, stdin_data) if stdin_data is not None else None
             try:
                 popen = subprocess.Popen(
                     list(argv),
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL if stdin_fd is None else stdin_fd,
                     stdout=fd,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -180,6 +192,8 @@ class Supervisor:
                 raise StepFailed(f"could not start {name} ({argv[0]}): {exc.strerror}") from None
             finally:
                 os.close(fd)
+                if stdin_fd is not None:
+                    os.close(stdin_fd)
             step = Step(
                 name=name,
                 argv=list(argv),
@@ -188,10 +202,25 @@ class Supervisor:
                 step_name=step_name,
                 required=required,
                 started_at=time.monotonic(),
+                redact=self.redact,
             )
             self.steps.append(step)
             self._changed()
         return step
+
+    def _stdin_file(self, name: str, data: bytes) -> int:
+        path = self.run_dir / f".{len(self.steps):02d}-{name}.stdin"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.unlink(path)  # only the open descriptor holds it from here on
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.lseek(fd, 0, os.SEEK_SET)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
     def resolve_step_ids(self, timeout: float = 3.0) -> None:
         """Find the Slurm step id of every running srun by its unique step name."""

@@ -335,10 +335,13 @@ def test_salloc_that_cannot_be_granted_leaves_no_pending_job(runs_root: Path) ->
     assert pending == ""
 
 
-def test_deployment_env_reaches_lanes_but_never_a_command_line(runs_root: Path) -> None:
+def test_deployment_env_reaches_lanes_but_never_a_command_line(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = f"tok-{os.getpid()}-{time.time_ns()}"
+    monkeypatch.setenv("TEST_HF_TOKEN", secret)
     data = example_data()
-    data["deployments"][1]["env"] = {"HF_TOKEN": secret}
+    data["deployments"][1]["env"] = {"HF_TOKEN": {"from_env": "TEST_HF_TOKEN"}}
     run = AllocationRun(AllocationSpec.from_data(data), runs_root=runs_root, grace_s=5)
     try:
         run.until_ready()

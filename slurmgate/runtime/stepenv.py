@@ -1,0 +1,51 @@
+"""Step environments: the allow-listed part of the controller's environment, then the spec's own."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+# What a lane, an endpoint or the client needs from the controller: the basics of a login,
+# the Slurm client's configuration, and the CUDA/NCCL/Python/Hugging Face runtime settings.
+ALLOWED_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "TZ",
+        "TMPDIR",
+        "SLURM_CONF",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONUNBUFFERED",
+        "VIRTUAL_ENV",
+    }
+)
+ALLOWED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "HF_", "TRANSFORMERS_", "VLLM_", "TORCH")
+# A name that passes the allow-list but reads as a credential still stays behind, unless the
+# spec names it (the spec's env is applied after this filter).
+CREDENTIAL_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|_KEY|AUTH_STRING|CREDENTIALS?)$|^(PREFECT_API_|GITHUB_TOKEN)",
+    re.I,
+)
+
+
+def allowed(name: str) -> bool:
+    """`name` may pass from the controller's environment into a step."""
+    if CREDENTIAL_NAME.search(name):
+        return False
+    return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
+
+
+def step_env(
+    controller: Mapping[str, str], named: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The allow-listed controller variables, then `named` (what the spec and runtime set)."""
+    env = {k: v for k, v in controller.items() if allowed(k)}
+    env.update(named or {})
+    return env
