@@ -61,12 +61,19 @@ class Runner:
 
 
 class JobStatus(StrEnum):
+    """A job's status as GitHub reports it; UNKNOWN stands for any status GitHub adds later.
+
+    An UNKNOWN job is not active: nothing is admitted for it, and a lease that points at it is
+    kept (it is neither finished nor gone, and not known to be still queued either).
+    """
+
     QUEUED = "queued"
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
     WAITING = "waiting"
     REQUESTED = "requested"
     PENDING = "pending"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
+import math
 import os
 import random
 import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,13 +25,26 @@ from pydantic import SecretStr
 from slurmgate.admission.model import Job, JobStatus, Runner
 from slurmgate.errors import ExternalError, NotFoundError
 from slurmgate.github.etags import EtagCache, FileEtagCache, MemoryEtagCache
+from slurmgate.github.payloads import (
+    MalformedPayload,
+    ProblemMemory,
+    parse_job,
+    parse_run_id,
+    parse_runner,
+)
 from slurmgate.github.scope import GitHubScope
 
 log = logging.getLogger(__name__)
 
 _NEXT_RE = re.compile(r'<([^>]+)>;\s*rel="next"')
-_NOT_STARTED = (JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING)
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+PER_PAGE = 100  # GitHub's largest page; a page that holds more items than asked is refused
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Largest response body read (a page of 100 workflow runs is about 1 MiB)."""
+MAX_CACHED_BODY_BYTES = 2 * 1024 * 1024
+"""Larger bodies are not kept in the ETag cache, which lives in one file across processes."""
+MAX_PAGES = 100
+"""Most pages one listing follows: 10,000 runners, runs or jobs."""
 
 # ---- errors -----------------------------------------------------------------------------------
 
@@ -58,6 +72,11 @@ class ValidationFailed(GitHubError):
 
 class AuthError(GitHubError):
     """401, or a 403 that is not a rate limit: the token is wrong or lacks a permission."""
+
+
+class MalformedResponse(GitHubError):
+    """A 2xx answer slurmgate refuses: not JSON, too large, the wrong shape, too many pages, or
+    a pagination link to another host. Retrying the same request would get the same answer."""
 
 
 class TransientError(GitHubError):
@@ -118,50 +137,6 @@ class CallCounter:
         self.retries = 0
 
 
-# ---- parsing ----------------------------------------------------------------------------------
-
-
-def _time(value: Any) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-
-
-def parse_runner(data: dict[str, Any]) -> Runner:
-    """A `runner` object as GitHub returns it, as a model Runner."""
-    labels = data.get("labels") or []
-    return Runner(
-        id=int(data["id"]),
-        name=str(data["name"]),
-        online=data.get("status") == "online",
-        busy=bool(data.get("busy")),
-        labels=tuple(str(label["name"]) for label in labels),
-        read_only=frozenset(str(lb["name"]) for lb in labels if lb.get("type") == "read-only"),
-    )
-
-
-def parse_job(data: dict[str, Any]) -> Job:
-    """A `job` object as a model Job; started_at of a job that has not started is dropped."""
-    status = JobStatus(data["status"])
-    created = _time(data.get("created_at")) or _time(data.get("started_at"))
-    if created is None:
-        raise ValueError(f"job {data.get('id')} has neither created_at nor started_at")
-    return Job(
-        id=int(data["id"]),
-        run_id=int(data["run_id"]),
-        run_attempt=int(data.get("run_attempt") or 1),
-        name=str(data.get("name") or ""),
-        labels=tuple(str(label) for label in data.get("labels") or ()),
-        status=status,
-        created_at=created,
-        conclusion=data.get("conclusion"),
-        runner_id=data.get("runner_id"),
-        runner_name=data.get("runner_name"),
-        started_at=None if status in _NOT_STARTED else _time(data.get("started_at")),
-        completed_at=_time(data.get("completed_at")),
-    )
-
-
 # ---- client -----------------------------------------------------------------------------------
 
 
@@ -190,6 +165,8 @@ class GitHubClient:
         backoff_cap_s: float = 8.0,
         secondary_wait_s: float = 60.0,
         max_wait_s: float = 900.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        max_pages: int = MAX_PAGES,
     ) -> None:
         secret = token if isinstance(token, SecretStr) else SecretStr(token)
         if not secret.get_secret_value().strip():
@@ -203,12 +180,17 @@ class GitHubClient:
         self.backoff_cap_s = backoff_cap_s
         self.secondary_wait_s = secondary_wait_s
         self.max_wait_s = max_wait_s
+        self.max_body_bytes = max_body_bytes
+        self.max_pages = max_pages
+        self.problems = ProblemMemory(self.etag_cache)
         self.calls = CallCounter()
         self._rate_limit: RateLimit | None = None
         self._last_write = 0.0
         self._write_lock = asyncio.Lock()
+        self._origin = _origin(httpx.URL(scope.api_url))
         self._http = httpx.AsyncClient(
             base_url=scope.api_url,
+            follow_redirects=False,  # a redirect must not carry the token to another host
             transport=transport,
             timeout=timeout_s,
             headers={
@@ -250,21 +232,37 @@ class GitHubClient:
 
     async def list_runners(self, conditional: bool = True) -> list[Runner]:
         """Every runner of the scope, following Link; conditional=False for verification reads."""
+        template = self.scope.runners_template
         pages = await self._paginate(
-            self.scope.runners_template, self.scope.runners_path, {"per_page": 100}, conditional
+            template, self.scope.runners_path, {"per_page": PER_PAGE}, conditional
         )
-        return [parse_runner(item) for page in pages for item in page.get("runners", [])]
+        runners: dict[int, Runner] = {}
+        for item in self._items(pages, "runners", template):
+            try:
+                runner = parse_runner(item)
+            except MalformedPayload as exc:
+                self._skip(exc)
+                continue
+            # a runner registered between two page reads shifts the pages: it may show twice
+            runners.setdefault(runner.id, runner)
+        return list(runners.values())
 
     async def get_runner(self, runner_id: int) -> Runner:
         """One runner, read fresh. Raises NotFound when it does not exist."""
-        reply = await self._call("GET", self._tpl("/{runner_id}"), self._runner_path(runner_id))
-        return parse_runner(reply.body)
+        template = self._tpl("/{runner_id}")
+        reply = await self._call("GET", template, self._runner_path(runner_id))
+        try:
+            return parse_runner(reply.body)
+        except MalformedPayload as exc:
+            raise MalformedResponse("GET", template, reply.status, str(exc)) from None
 
     async def list_labels(self, runner_id: int) -> list[str]:
-        reply = await self._call(
-            "GET", self._tpl("/{runner_id}/labels"), f"{self._runner_path(runner_id)}/labels"
-        )
-        return _label_names(reply.body)
+        template = self._tpl("/{runner_id}/labels")
+        reply = await self._call("GET", template, f"{self._runner_path(runner_id)}/labels")
+        names = _label_names(reply.body)
+        if names is None:
+            raise MalformedResponse("GET", template, reply.status, "labels are not label objects")
+        return names
 
     async def add_labels(self, runner_id: int, labels: list[str] | tuple[str, ...]) -> list[str]:
         """POST custom labels (1..100); returns the runner's full label list afterwards."""
@@ -280,7 +278,11 @@ class GitHubClient:
         path = f"{self._runner_path(runner_id)}/labels"
         body = {"labels": list(labels)}
         reply = await self._call(method, self._tpl("/{runner_id}/labels"), path, json_body=body)
-        return _label_names(reply.body)
+        # The write's status code says it landed; its echo of the labels is only informative.
+        names = _label_names(reply.body)
+        if names is None:
+            log.warning("%s labels of runner %s: GitHub echoed no label list", method, runner_id)
+        return names or []
 
     async def remove_label(self, runner_id: int, label: str) -> bool:
         """DELETE one custom label. False when GitHub answers 404 (already absent): idempotent."""
@@ -298,54 +300,88 @@ class GitHubClient:
 
     async def list_runs(self, status: str, *, repo: str | None = None) -> list[dict[str, Any]]:
         """Workflow runs with `status` (queued / in_progress) of one repo, or of every job repo."""
+        template = "/repos/{owner}/{repo}/actions/runs"
         runs: list[dict[str, Any]] = []
         for name in (repo,) if repo else self.scope.job_repos:
             pages = await self._paginate(
-                "/repos/{owner}/{repo}/actions/runs",
+                template,
                 f"/repos/{name}/actions/runs",
-                {"status": status, "per_page": 100},
+                {"status": status, "per_page": PER_PAGE},
                 True,
             )
-            runs.extend(run for page in pages for run in page.get("workflow_runs", []))
+            runs.extend(self._items(pages, "workflow_runs", template))
         return runs
 
     async def list_run_jobs(self, run_id: int, *, repo: str | None = None) -> list[Job]:
         """The latest attempt's jobs of one run (conditional, paginated)."""
         name = repo or self._only_job_repo()
+        template = "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs"
         pages = await self._paginate(
-            "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
+            template,
             f"/repos/{name}/actions/runs/{int(run_id)}/jobs",
-            {"filter": "latest", "per_page": 100},
+            {"filter": "latest", "per_page": PER_PAGE},
             True,
         )
-        return [parse_job(item) for page in pages for item in page.get("jobs", [])]
+        jobs: list[Job] = []
+        for item in self._items(pages, "jobs", template):
+            try:
+                jobs.append(self._job(item))
+            except MalformedPayload as exc:
+                self._skip(exc)
+        return jobs
 
     async def get_job(self, job_id: int, *, repo: str | None = None) -> Job | None:
-        """One job by id, read fresh; None when no scanned repository has it (404)."""
+        """One job by id, read fresh; None when no scanned repository has it (404).
+
+        Raises MalformedResponse when GitHub answers with something that is not a job: the
+        job is then unknown, which is not the same as gone.
+        """
+        template = "/repos/{owner}/{repo}/actions/jobs/{job_id}"
         for name in (repo,) if repo else self.scope.job_repos:
             try:
                 reply = await self._call(
-                    "GET",
-                    "/repos/{owner}/{repo}/actions/jobs/{job_id}",
-                    f"/repos/{name}/actions/jobs/{int(job_id)}",
+                    "GET", template, f"/repos/{name}/actions/jobs/{int(job_id)}"
                 )
             except NotFound:
                 continue
-            return parse_job(reply.body)
+            try:
+                return self._job(reply.body)
+            except MalformedPayload as exc:
+                self._skip(exc)
+                raise MalformedResponse("GET", template, reply.status, str(exc)) from None
         return None
 
     async def list_active_jobs(self) -> list[Job]:
-        """Queued and in-progress jobs of every job repo (active runs first, then their jobs)."""
+        """Queued and in-progress jobs of every job repo (active runs first, then their jobs).
+
+        A run listing or a run's job listing that GitHub answers with a malformed body is
+        skipped with a warning (once) and the others are still read: a job it hid is not
+        admitted this tick, and a lease job is still looked up by id by the snapshot.
+        """
         jobs: dict[int, Job] = {}
         for name in self.scope.job_repos:
             seen: set[int] = set()
             for status in ("queued", "in_progress"):
-                for run in await self.list_runs(status, repo=name):
-                    run_id = int(run["id"])
+                try:
+                    runs = await self.list_runs(status, repo=name)
+                except MalformedResponse as exc:
+                    self.problems.report(f"{status} run listing", name, str(exc), "skipped")
+                    continue
+                for run in runs:
+                    try:
+                        run_id = parse_run_id(run)
+                    except MalformedPayload as exc:
+                        self._skip(exc)
+                        continue
                     if run_id in seen:
                         continue
                     seen.add(run_id)
-                    for job in await self.list_run_jobs(run_id, repo=name):
+                    try:
+                        run_jobs = await self.list_run_jobs(run_id, repo=name)
+                    except MalformedResponse as exc:
+                        self.problems.report("job listing of run", str(run_id), str(exc), "skipped")
+                        continue
+                    for job in run_jobs:
                         if job.active:
                             jobs[job.id] = job
         return sorted(jobs.values(), key=lambda j: j.id)
@@ -353,15 +389,22 @@ class GitHubClient:
     async def fetch_rate_limit(self) -> RateLimit | None:
         """GET /rate_limit (free of primary quota); updates and returns `rate_limit`."""
         reply = await self._call("GET", "/rate_limit", "/rate_limit")
-        core = (reply.body.get("resources") or {}).get("core") or reply.body.get("rate")
+        body = reply.body if isinstance(reply.body, dict) else {}
+        resources = body.get("resources")
+        core = (resources.get("core") if isinstance(resources, dict) else None) or body.get("rate")
         if isinstance(core, dict):
-            self._rate_limit = RateLimit(
-                limit=int(core["limit"]),
-                remaining=int(core["remaining"]),
-                reset=int(core["reset"]),
-                used=int(core["used"]),
-                resource="core",
-            )
+            try:
+                self._rate_limit = RateLimit(
+                    limit=int(core["limit"]),
+                    remaining=int(core["remaining"]),
+                    reset=int(core["reset"]),
+                    used=int(core["used"]),
+                    resource="core",
+                )
+            except (KeyError, TypeError, ValueError):
+                raise MalformedResponse(
+                    "GET", "/rate_limit", reply.status, "core limits are not integers"
+                ) from None
         return self._rate_limit
 
     # ---- plumbing ----
@@ -380,6 +423,40 @@ class GitHubClient:
             )
         return repos[0]
 
+    def _job(self, data: Any) -> Job:
+        job = parse_job(data)
+        if job.status is JobStatus.UNKNOWN:
+            self.problems.report(
+                "job",
+                str(job.id),
+                f"status {str(data.get('status'))[:64]!r} is not one slurmgate knows",
+                "treated as not active",
+            )
+        return job
+
+    def _skip(self, exc: MalformedPayload) -> None:
+        self.problems.report(exc.kind, exc.item_id, exc.problem, "skipped")
+
+    def _items(self, pages: list[Any], key: str, template: str) -> list[Any]:
+        """The items of every page under `key`; a page of another shape fails the listing."""
+        items: list[Any] = []
+        for number, page in enumerate(pages, start=1):
+            found = page.get(key) if isinstance(page, dict) else None
+            if not isinstance(found, list):
+                got = type(found).__name__ if isinstance(page, dict) else type(page).__name__
+                raise MalformedResponse(
+                    "GET", template, 200, f"page {number} has no {key!r} list (got {got})"
+                )
+            if len(found) > PER_PAGE:
+                raise MalformedResponse(
+                    "GET",
+                    template,
+                    200,
+                    f"page {number} holds {len(found)} {key}, more than the {PER_PAGE} asked for",
+                )
+            items.extend(found)
+        return items
+
     async def _paginate(
         self, template: str, path: str, params: dict[str, Any], conditional: bool
     ) -> list[Any]:
@@ -388,12 +465,37 @@ class GitHubClient:
         pages.append(reply.body)
         seen: set[str] = set()
         while (next_url := _next_link(reply.headers)) is not None:
+            self._check_next(next_url, template, reply.status)
             if next_url in seen:  # a server that links in circles must not hang us
-                raise GitHubError("GET", template, reply.status, "pagination Link loops back")
+                raise MalformedResponse("GET", template, reply.status, "pagination loops back")
+            if len(pages) >= self.max_pages:
+                raise MalformedResponse(
+                    "GET",
+                    template,
+                    reply.status,
+                    f"listing has more than {self.max_pages} pages; refusing to read on "
+                    "(raise max_pages on the client if the scope really is that large)",
+                )
             seen.add(next_url)
             reply = await self._call("GET", template, next_url, conditional=conditional)
             pages.append(reply.body)
         return pages
+
+    def _check_next(self, next_url: str, template: str, status: int) -> None:
+        """Follow a `rel="next"` link only to api_url's own scheme, host and port: the request
+        carries the token."""
+        try:
+            target = httpx.URL(next_url)
+        except httpx.InvalidURL:
+            target = None
+        if target is None or target.is_relative_url or _origin(target) != self._origin:
+            shown = next_url[:200]
+            raise MalformedResponse(
+                "GET",
+                template,
+                status,
+                f"pagination link {shown!r} leaves {self.scope.api_url}; not followed",
+            )
 
     async def _call(
         self,
@@ -422,14 +524,15 @@ class GitHubClient:
             self.calls.requests[(method, template)] += 1
             if attempt:
                 self.calls.retries += 1
-            failure = await self._send(method, url, params, json_body, headers)
-            if isinstance(failure, str):
+            response = await self._send(method, url, params, json_body, headers)
+            content = await self._read_capped(response) if not isinstance(response, str) else ""
+            if isinstance(response, str) or isinstance(content, str):
                 # Raised here, outside any `except`, so no httpx exception (which holds the
                 # request and its Authorization header) is chained to what the caller sees.
+                failure = response if isinstance(response, str) else str(content)
                 await self._back_off(method, template, None, failure, attempt)
                 attempt += 1
                 continue
-            response = failure
             self._note_rate_limit(response.headers)
             status = response.status_code
             log.debug("%s %s -> %d", method, template, status)
@@ -440,16 +543,23 @@ class GitHubClient:
                 if cached[1].get("link") and "link" not in reply_headers:
                     reply_headers["link"] = cached[1]["link"]
                 return _Reply(status, cached[1].get("body"), reply_headers, not_modified=True)
+            if content is None:
+                raise MalformedResponse(
+                    method,
+                    template,
+                    status,
+                    f"response body is larger than {self.max_body_bytes} bytes; refused",
+                )
             if 200 <= status < 300:
-                body = response.json() if response.content else None
+                body = _json_body(content, method, template, status)
                 etag = response.headers.get("etag")
-                if cacheable and etag:
+                if cacheable and etag and len(content) <= MAX_CACHED_BODY_BYTES:
                     entry = {"body": body, "link": response.headers.get("link", "")}
                     self.etag_cache.put(cache_key, etag, entry)
                 return _Reply(status, body, response.headers)
-            message = _error_message(response)
+            message = _error_message(response, content)
             if status in (403, 429):
-                wait = self._rate_limit_wait(response, secondary_hits)
+                wait = self._rate_limit_wait(response, message, secondary_hits)
                 if wait is not None:
                     if (
                         not response.headers.get("retry-after")
@@ -485,29 +595,60 @@ class GitHubClient:
         json_body: Any,
         headers: dict[str, str],
     ) -> httpx.Response | str:
-        """The response, or the name of the transport failure (timeout, refused, reset)."""
+        """The response, headers only (read the body with `_read_capped`), or the name of the
+        transport failure (timeout, refused, reset)."""
         try:
-            return await self._http.request(
+            request = self._http.build_request(
                 method, url, params=params, json=json_body, headers=headers
             )
+            return await self._http.send(request, stream=True)
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             return type(exc).__name__
 
-    def _rate_limit_wait(self, response: httpx.Response, secondary_hits: int) -> float | None:
+    async def _read_capped(self, response: httpx.Response) -> bytes | str | None:
+        """The (decoded) body, None once it passes `max_body_bytes`, or the name of the failure
+        that cut it short; closes the response either way."""
+        try:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_body_bytes:
+                return None
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    return None
+                chunks.append(chunk)
+            return b"".join(chunks)
+        except (httpx.TimeoutException, httpx.TransportError, httpx.DecodingError) as exc:
+            return type(exc).__name__
+        finally:
+            await response.aclose()
+
+    def _rate_limit_wait(
+        self, response: httpx.Response, message: str, secondary_hits: int
+    ) -> float | None:
         """Seconds to wait for a rate-limited 403/429, or None when it is not a rate limit."""
         headers = response.headers
         retry_after = headers.get("retry-after")
         if retry_after is not None:
             try:
-                return max(0.0, float(retry_after))
+                seconds = float(retry_after)
             except ValueError:
-                pass
+                seconds = math.nan
+            if math.isfinite(seconds):
+                return max(0.0, seconds)
+            if seconds == math.inf:
+                return seconds
         if headers.get("x-ratelimit-remaining") == "0":
             try:
-                return max(0.0, float(headers["x-ratelimit-reset"]) - time.time()) + 0.05
+                reset = float(headers["x-ratelimit-reset"])
             except (KeyError, ValueError):
                 return self.secondary_wait_s
-        if response.status_code == 429 or "rate limit" in _error_message(response).lower():
+            if not math.isfinite(reset):
+                return self.secondary_wait_s
+            return max(0.0, reset - time.time()) + 0.05
+        if response.status_code == 429 or "rate limit" in message.lower():
             return float(min(self.secondary_wait_s * (2**secondary_hits), self.max_wait_s + 1.0))
         return None
 
@@ -548,8 +689,31 @@ class GitHubClient:
             )
 
 
-def _label_names(body: Any) -> list[str]:
-    return [str(label["name"]) for label in (body or {}).get("labels", [])]
+def _label_names(body: Any) -> list[str] | None:
+    """The label names of a labels answer, or None when it is not a list of label objects."""
+    labels = body.get("labels") if isinstance(body, dict) else None
+    if not isinstance(labels, list):
+        return None
+    names = [label.get("name") if isinstance(label, dict) else None for label in labels]
+    return (
+        [name for name in names if isinstance(name, str)]
+        if all(isinstance(name, str) for name in names)
+        else None
+    )
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return (url.scheme, url.host, url.port or default)
+
+
+def _json_body(content: bytes, method: str, template: str, status: int) -> Any:
+    if not content:
+        return None
+    try:
+        return json.loads(content)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
+        raise MalformedResponse(method, template, status, "response body is not JSON") from None
 
 
 def _next_link(headers: httpx.Headers) -> str | None:
@@ -557,10 +721,10 @@ def _next_link(headers: httpx.Headers) -> str | None:
     return match.group(1) if match else None
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: httpx.Response, content: bytes) -> str:
     try:
-        body = response.json()
-    except ValueError:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
         return response.reason_phrase or "error"
     if isinstance(body, dict):
         message = str(body.get("message") or response.reason_phrase or "error")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -16,6 +18,16 @@ REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 def is_login(value: str) -> bool:
     return bool(LOGIN.match(value))
+
+
+def is_loopback(host: str) -> bool:
+    """localhost or a loopback address (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def is_repo(value: str) -> bool:
@@ -45,9 +57,22 @@ class GitHubScope(BaseModel):
     @field_validator("api_url")
     @classmethod
     def _api_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
                 f"api_url {value!r} is not an http(s) URL; use e.g. https://api.github.com"
+            )
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "api_url carries credentials; give the token separately and the URL without them"
+            )
+        if parts.query or parts.fragment:
+            raise ValueError(f"api_url {value!r} has a query or fragment; give the base URL only")
+        if parts.scheme == "http" and not is_loopback(parts.hostname):
+            # every request carries the token: in the clear only to this machine (the emulator)
+            raise ValueError(
+                f"api_url {value!r} is plain http to another host, which would send the token "
+                "in the clear; use https (http is accepted only for loopback, e.g. 127.0.0.1)"
             )
         return value.rstrip("/")
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from slurmgate.admission.model import Job, Runner, Snapshot, leases_from_fleet
+from slurmgate.github.client import MalformedResponse
 
 
 class SnapshotClient(Protocol):
@@ -27,13 +28,22 @@ async def take_snapshot(
     Jobs are the queued and in-progress jobs of queued and in-progress runs, plus a fresh
     `get_job` for each job a lease points at that the listing did not show: a completed job is
     then told apart from a vanished one (404, recorded in `missing_job_ids`).
+
+    What GitHub sends malformed is left out, never guessed at: a runner of the wrong shape is
+    not in the fleet, a job listing of the wrong shape hides its jobs (they are not admitted),
+    and a lease job whose own read is malformed is neither present nor missing, so the planner
+    keeps its lease. Only a malformed runner listing fails the read (`MalformedResponse`):
+    without the fleet there is nothing to plan, and nothing is written.
     """
     runners = await client.list_runners(conditional=True)
     jobs = {job.id: job for job in await client.list_active_jobs()}
     leases, _ = leases_from_fleet(runners)
     missing: set[int] = set()
     for job_id in sorted({lease.job_id for lease in leases} - set(jobs)):
-        job = await client.get_job(job_id)
+        try:
+            job = await client.get_job(job_id)
+        except MalformedResponse:
+            continue  # unknown is not gone: the client has warned about it
         if job is None:
             missing.add(job_id)
         else:
