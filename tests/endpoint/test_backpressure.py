@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
@@ -201,17 +202,35 @@ async def test_lanes_are_scraped_concurrently_not_in_turn() -> None:
     assert fast_lane.samples_ok >= 3 * slow_lane.samples_ok
 
 
-async def test_slow_metrics_time_out_and_fail_open() -> None:
+async def test_a_slow_scrape_keeps_the_last_sample_then_counts_as_saturated() -> None:
+    """A saturated vLLM serves /metrics slowly: that must not switch backpressure off."""
+
     async def hangs(lane: Lane) -> str:
         await asyncio.sleep(5)
         return ""
 
+    policy = QueuePolicy(max_waiting=20, stale_after=0.3)
     lane = Lane(0, "http://x:1")
     lane.record_sample(9.0, time.monotonic(), 0)
     started = time.monotonic()
-    await Sampler(lane, hangs, 0.1, 0.05).sample_once()
-    assert time.monotonic() - started < 1.0
-    assert lane.depth is None and lane.samples_failed == 1
+    scrape = asyncio.create_task(Sampler(lane, hangs, 0.1, 0.05, give_up_after=0.5).sample_once())
+    await asyncio.sleep(0.15)
+    assert lane.scrape_overdue and lane.samples_overdue == 1
+    assert policy.estimated_depth(lane, time.monotonic()) == 9.0  # the last sample, still fresh
+    await scrape
+    assert time.monotonic() - started < 1.0  # abandoned at give_up_after
+    assert lane.depth == 9.0 and lane.samples_failed == 1
+    now = time.monotonic()
+    assert policy.estimated_depth(lane, now) == math.inf and not policy.admits(lane, now)
+
+    async def late(lane: Lane) -> str:
+        await asyncio.sleep(0.1)
+        return waiting_metrics(2)
+
+    # A late page is still the lane's real queue: it is used, and it reopens the lane.
+    await Sampler(lane, late, 0.1, 0.05, give_up_after=0.5).sample_once()
+    assert lane.depth == 2.0 and not lane.scrape_overdue
+    assert policy.admits(lane, time.monotonic())
 
 
 async def test_real_overload_of_a_stub_gives_429_with_retry_after(

@@ -147,7 +147,8 @@ async def test_connection_failure_is_retried_on_another_backend(client: httpx.As
     good = Backend("good")
     async with (
         running_backends(good) as urls,
-        running_endpoint([refused_url(), *urls]) as (url, ep),
+        # probes far apart: the refused lane stays in rotation until this request tried it
+        running_endpoint([refused_url(), *urls], health_interval=60) as (url, ep),
     ):
         r = await client.post(f"{url}/v1/completions", json=BODY)
         metrics = (await client.get(f"{url}/metrics")).text

@@ -7,15 +7,22 @@ The proxy path is a raw ASGI callable (it is on the hot path of every request); 
 ``ClientSession`` (chosen by measurement over httpx, see ``benchmarks/bench_endpoint.py``).
 
 Routing is least-active with a rotating cursor for ties (``routing.py``), gated per lane by the
-sampled queue depth (``backpressure.py``). A request is tried on at most ``max_attempts`` distinct
-backends; it is retried on connection errors, timeouts, 429 and 500/502/503/504, and never after
-the response has started streaming to the client.
+sampled queue depth (``backpressure.py``) and by the lane's health probes, which take a failing
+lane out of rotation. A request is tried on at most ``max_attempts`` distinct backends; it is
+retried on connection errors, timeouts (the first-byte timeout among them), 429 and
+500/502/503/504, and never after the response has started streaming to the client.
+
+Each lane has ``pool_size // lanes`` upstream connections; a request that waits for one is held
+here and counts as waiting in the lane's queue. Request bodies are kept whole (a retry needs
+them) and all of them together stay under ``max_buffered_bytes``. With a token in
+``$SLURMGATE_ENDPOINT_TOKEN`` every request but ``GET /health`` must carry it as a bearer token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import signal
 import socket
@@ -70,6 +77,7 @@ HOP_BY_HOP = frozenset(
 NOT_FORWARDED_UP = HOP_BY_HOP | {b"host", b"content-length"}
 SMALL_BODY = 64 * 1024
 CONTROL_PATHS = frozenset({"/health", "/metrics"})
+BAD_TARGET = b"request target must be a path starting with /"
 
 
 @dataclass
@@ -82,6 +90,8 @@ class EndpointStats:
     statuses: Counter[int] = field(default_factory=Counter)
     rejected_overload: int = 0
     rejected_too_large: int = 0
+    rejected_buffer_full: int = 0
+    rejected_unauthorized: int = 0
     client_disconnects: int = 0
     broken_streams: int = 0
 
@@ -112,6 +122,16 @@ class _StatsCollector(Collector):
             "slurmgate_endpoint_too_large",
             "413s for bodies over the limit",
             stats.rejected_too_large,
+        )
+        yield counter(
+            "slurmgate_endpoint_buffer_full",
+            "429s because the request bodies held already filled --max-buffered-bytes",
+            stats.rejected_buffer_full,
+        )
+        yield counter(
+            "slurmgate_endpoint_unauthorized",
+            "401s for a missing or wrong bearer token",
+            stats.rejected_unauthorized,
         )
         yield counter(
             "slurmgate_endpoint_client_disconnects",
@@ -147,14 +167,30 @@ class _StatsCollector(Collector):
         failed = CounterMetricFamily(
             "slurmgate_backend_sample_failures", "Failed queue-depth scrapes", labels=labels
         )
+        overdue = CounterMetricFamily(
+            "slurmgate_backend_sample_overdue",
+            "Queue-depth scrapes that outlasted --metrics-timeout",
+            labels=labels,
+        )
+        queued = GaugeMetricFamily(
+            "slurmgate_backend_queued",
+            "Requests held here waiting for one of the lane's connections",
+            labels=labels,
+        )
+        rotation = GaugeMetricFamily(
+            "slurmgate_backend_in_rotation", "1 while the lane's health probes pass", labels=labels
+        )
         for lane in ep.lanes:
             key = [name, lane.url]
+            overdue.add_metric(key, lane.samples_overdue)
+            queued.add_metric(key, lane.queued)
+            rotation.add_metric(key, 1.0 if lane.in_rotation else 0.0)
             active.add_metric(key, lane.active)
             routed.add_metric(key, lane.requests)
             depth.add_metric(key, float("nan") if lane.depth is None else lane.depth)
             admitted.add_metric(key, 1.0 if ep.policy.admits(lane, now) else 0.0)
             failed.add_metric(key, lane.samples_failed)
-        yield from (active, routed, depth, admitted, failed)
+        yield from (active, routed, depth, admitted, failed, overdue, queued, rotation)
 
 
 @dataclass
@@ -208,6 +244,14 @@ class Endpoint:
         self.control: aiohttp.ClientSession | None = None
         self._sampler_tasks: list[asyncio.Task[None]] = []
         self._retry_after = config.retry_after_header
+        # One gate per lane, the size of its share of the pool: a request waiting at the gate
+        # is visible (``lane.queued``) where one waiting inside aiohttp's connector is not.
+        self._per_lane = max(1, config.pool_size // len(self.lanes))
+        self._gates = [asyncio.Semaphore(self._per_lane) for _ in self.lanes]
+        self._buffered = 0  # bytes of request bodies held now, over all requests
+        self._not_forwarded = NOT_FORWARDED_UP | (
+            {b"authorization"} if config.token is not None else frozenset()
+        )
         self._attempt_cap = min(config.max_attempts, len(self.lanes))
         self._urls: dict[tuple[int, str], URL] = {}  # parsing a URL per request costs ~10 us
 
@@ -217,7 +261,7 @@ class Endpoint:
         cfg = self.config
         connector = aiohttp.TCPConnector(
             limit=cfg.pool_size,
-            limit_per_host=max(1, cfg.pool_size // len(self.lanes)),
+            limit_per_host=self._per_lane,
             keepalive_timeout=cfg.keepalive_timeout,
             use_dns_cache=True,
         )
@@ -244,6 +288,10 @@ class Endpoint:
             for lane in self.lanes
         ]
         self._sampler_tasks = start_samplers(samplers)
+        self._sampler_tasks += [
+            asyncio.create_task(self._probe_health_forever(lane), name=f"health-{lane.index}")
+            for lane in self.lanes
+        ]
 
     async def stop(self) -> None:
         for task in self._sampler_tasks:
@@ -264,21 +312,30 @@ class Endpoint:
                 raise RuntimeError(f"GET {path} answered {resp.status}")
             return await resp.text()
 
+    async def _health_ok(self, lane: Lane) -> bool:
+        assert self.control is not None
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
+        try:
+            url = lane.url + self.config.backend_health_path
+            async with self.control.get(url, timeout=timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def backend_health(self) -> list[bool]:
         """Whether each backend's health path answers 200 now (probed concurrently)."""
-        assert self.control is not None
-        session = self.control
-        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
-        path = self.config.backend_health_path
+        return list(await asyncio.gather(*(self._health_ok(lane) for lane in self.lanes)))
 
-        async def probe(lane: Lane) -> bool:
-            try:
-                async with session.get(lane.url + path, timeout=timeout) as resp:
-                    return resp.status == 200
-            except (aiohttp.ClientError, TimeoutError):
-                return False
-
-        return list(await asyncio.gather(*(probe(lane) for lane in self.lanes)))
+    async def _probe_health_forever(self, lane: Lane) -> None:
+        """Keep the lane's rotation state: out after failed probes, back at the first pass."""
+        interval = self.config.health_interval
+        while True:
+            started = time.monotonic()
+            if await self._health_ok(lane):
+                lane.health_failures = 0
+            else:
+                lane.health_failures += 1
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -309,9 +366,14 @@ class Endpoint:
         )
         return await self._answer(send, 429, body, extra)
 
-    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | int:
-        """The request body, or the status already answered (413, or 499 when the client left)."""
+    async def _read_body(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> bytes | bytearray | int:
+        """The request body, or the status already answered (413, 429 when the bodies held
+        fill the budget, 499 when the client left). The body's bytes stay counted in
+        ``_buffered`` until the caller gives them back."""
         limit = self.config.max_body_bytes
+        declared: int | None = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 try:
@@ -327,21 +389,60 @@ class Endpoint:
         if message["type"] == "http.disconnect":
             return 499
         body: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            return await self._too_large(send) if len(body) > limit else body
-        chunks = [body]
         size = len(body)
+        if size > limit:
+            return await self._too_large(send)
+        if not message.get("more_body", False):
+            if not self._reserve(size):
+                return await self._buffer_full(send)
+            return body
+        # A long body: reserve what it declared before reading it, and fill one buffer in
+        # place (a list of chunks joined at the end would hold the body twice).
+        reserved = declared if declared is not None else size
+        if not self._reserve(reserved):
+            return await self._buffer_full(send)
+        buffer = bytearray(reserved)
+        buffer[:size] = body
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                self._buffered -= reserved
                 return 499
             chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
+            end = size + len(chunk)
+            if end > limit:
+                self._buffered -= reserved
                 return await self._too_large(send)
-            chunks.append(chunk)
+            if end > reserved:
+                if declared is not None or not self._reserve(end - reserved):
+                    self._buffered -= reserved
+                    if declared is not None:  # the server framed more than declared
+                        return await self._answer(
+                            send, 400, _json_error(400, "invalid_request_error", "body too long")
+                        )
+                    return await self._buffer_full(send)
+                reserved = end
+            buffer[size:end] = chunk
+            size = end
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                if size < reserved:
+                    del buffer[size:]
+                    self._buffered -= reserved - size
+                return buffer
+
+    def _reserve(self, size: int) -> bool:
+        if self._buffered + size > self.config.max_buffered_bytes:
+            return False
+        self._buffered += size
+        return True
+
+    async def _buffer_full(self, send: Send) -> int:
+        self.stats.rejected_buffer_full += 1
+        return await self._overloaded(
+            send,
+            self._retry_after,
+            "the endpoint holds as many request bodies as it may (--max-buffered-bytes)",
+        )
 
     async def _too_large(self, send: Send) -> int:
         self.stats.rejected_too_large += 1
@@ -349,6 +450,15 @@ class Endpoint:
         return await self._answer(send, 413, _json_error(413, "request_too_large", message))
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> int:
+        target: bytes = scope.get("raw_path") or scope["path"].encode()
+        if not target.startswith(b"/"):
+            # An authority-like target (``@host:port/x``) glued to a backend URL names another
+            # host; only origin-form targets are proxied, as path and query.
+            return await self._answer(
+                send, 400, _json_error(400, "invalid_request_error", BAD_TARGET.decode())
+            )
+        if scope.get("query_string"):
+            target = target + b"?" + scope["query_string"]
         body = await self._read_body(scope, receive, send)
         if isinstance(body, int):
             return body
@@ -366,7 +476,7 @@ class Endpoint:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return await self._forward(scope, body, send)
+            return await self._forward(scope, target.decode("latin-1"), body, send)
         except asyncio.CancelledError:
             if gone and me is not None and me.uncancel() == 0:
                 self.stats.client_disconnects += 1
@@ -375,20 +485,19 @@ class Endpoint:
         finally:
             finished = True
             watcher.cancel()
+            self._buffered -= len(body)
 
-    async def _forward(self, scope: Scope, body: bytes, send: Send) -> int:
+    async def _forward(self, scope: Scope, path: str, body: bytes | bytearray, send: Send) -> int:
         session = self.session
         assert session is not None, "endpoint not started"
         stats = self.stats
         router = self.router
+        gates = self._gates
+        first_byte_timeout = self.config.first_byte_timeout
         method: str = scope["method"]
-        target = scope.get("raw_path") or scope["path"].encode()
-        if scope.get("query_string"):
-            target = target + b"?" + scope["query_string"]
-        path = target.decode("latin-1")
         headers = CIMultiDict(
             (k.decode("latin-1"), v.decode("latin-1"))
-            for k, v in _strip_hop_by_hop(scope["headers"], NOT_FORWARDED_UP)
+            for k, v in _strip_hop_by_hop(scope["headers"], self._not_forwarded)
         )
         urls = self._urls
         tried: list[Lane] = []
@@ -411,6 +520,18 @@ class Endpoint:
             stats.attempts += 1
             lane.requests += 1
             lane.active += 1
+            gate = gates[lane.index]
+            if gate.locked():
+                lane.queued += 1
+                try:
+                    await gate.acquire()
+                except BaseException:
+                    lane.active -= 1
+                    raise
+                finally:
+                    lane.queued -= 1
+            else:
+                await gate.acquire()
             try:
                 url = urls.get((lane.index, path))
                 if url is None:
@@ -418,9 +539,10 @@ class Endpoint:
                     if len(urls) < 4096:
                         urls[lane.index, path] = url
                 try:
-                    resp = await session.request(
-                        method, url, data=body, headers=headers, allow_redirects=False
-                    )
+                    async with asyncio.timeout(first_byte_timeout):
+                        resp = await session.request(
+                            method, url, data=body, headers=headers, allow_redirects=False
+                        )
                 except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                     last = None
                     failures.append("timeout" if isinstance(exc, TimeoutError) else "connect")
@@ -467,6 +589,7 @@ class Endpoint:
                 finally:
                     resp.release()
             finally:
+                gate.release()
                 lane.active -= 1
         # Out of attempts (or of admitted lanes): the last failure decides the answer.
         for reason in failures[:-1]:
@@ -525,11 +648,27 @@ def build_app(config: EndpointConfig) -> Callable[[Scope, Receive, Send], Awaita
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     control = Starlette(routes=[Route("/health", health), Route("/metrics", metrics)])
+    token = config.token
+    expected = b"Bearer " + token.get_secret_value().encode() if token is not None else None
+
+    def authorized(scope: Scope) -> bool:
+        if scope["path"] == "/health" and scope["method"] == "GET":
+            return True  # readiness probes carry no credentials
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                return hmac.compare_digest(value, expected or b"")
+        return False
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if scope["path"] in CONTROL_PATHS and scope["method"] in ("GET", "HEAD"):
+            if expected is not None and not authorized(scope):
+                endpoint.stats.rejected_unauthorized += 1
+                body = _json_error(401, "unauthorized", "missing or wrong bearer token")
+                await endpoint._answer(
+                    send, 401, body, [(b"www-authenticate", b'Bearer realm="slurmgate"')]
+                )
+            elif scope["path"] in CONTROL_PATHS and scope["method"] in ("GET", "HEAD"):
                 await control(scope, receive, send)
             else:
                 await endpoint(scope, receive, send)

@@ -1,20 +1,31 @@
 """Per-lane queue backpressure: sample each lane's vLLM queue depth, decide if it takes work.
 
 Each lane has one background sampler task that scrapes the lane's Prometheus ``/metrics`` every
-``interval`` seconds with a bounded timeout. Routing never waits on a scrape: it reads the cached
-sample. A missing metric, a failed scrape or a sample older than ``stale_after`` counts as open
-(fail-open), and a sampler never dies of a scrape error, so the next good sample restores the
-limit. Process-control exceptions (KeyboardInterrupt, SystemExit, cancellation) are not swallowed.
+``interval`` seconds. Routing never waits on a scrape: it reads the cached sample. A missing
+metric, a scrape that fails fast or a sample older than ``stale_after`` counts as open (fail-open),
+and a sampler never dies of a scrape error, so the next good sample restores the limit.
+Process-control exceptions (KeyboardInterrupt, SystemExit, cancellation) are not swallowed.
 
-Between samples the lane's local in-flight count bridges the gap, as the SGLang gateway does: when
-the last sample showed a queue (depth > 0) the backend was saturated, so every request routed since
-then waits too and every request finished since then shortened the queue. The estimate is
-``depth + (in_flight_now - in_flight_at_sample)``. A saturated sample also teaches the lane its
-capacity: the number of requests it was running then. Once that is known, a sample with no queue
-still bounds a burst: ``running + (in_flight_now - in_flight_at_sample) - capacity`` requests would
-wait. Before any saturation was seen the free slots are unknown, so the estimate stays at the
-sampled 0 rather than guessing (guessing would shed load that an idle backend could take); the
-next sample, at most ``interval`` later, catches up.
+Between samples the lane's count of requests sent upstream bridges the gap, as the SGLang gateway
+does: when the last sample showed a queue (depth > 0) the backend was saturated, so every request
+sent since then waits too and every request finished since then shortened the queue. The estimate
+is ``depth + (sent_now - sent_at_sample)``. A saturated sample also teaches the lane its capacity:
+the number of requests it was running then. Once that is known, a sample with no queue still
+bounds a burst: ``running + (sent_now - sent_at_sample) - capacity`` requests would wait. Before
+any saturation was seen the free slots are unknown, so the estimate stays at the sampled 0 rather
+than guessing (guessing would shed load that an idle backend could take); the next sample, at most
+``interval`` later, catches up.
+
+Requests the endpoint holds while they wait for one of the lane's pooled connections are a queue
+too, only on this side of the wire: they count as waiting, exactly (``Lane.queued``).
+
+A saturated vLLM serves its ``/metrics`` slowly, so a slow scrape must not switch backpressure
+off. A scrape past ``timeout`` is overdue but not abandoned: its late answer is still the lane's
+real queue, and it is awaited up to ``give_up_after``. Meanwhile the last answered sample stays in
+force while it is fresh; once it is stale and a scrape is still overdue (or gave up), the lane
+counts as saturated until a scrape answers again. A scrape that fails fast (refused, HTTP error,
+unparsable page, no vLLM metric) still fails open: health probes, not queue samples, take a dead
+lane out of rotation.
 """
 
 from __future__ import annotations
@@ -92,6 +103,7 @@ class Lane:
     index: int
     url: str
     active: int = 0
+    queued: int = 0  # of ``active``: held here, waiting for one of the lane's connections
     depth: float | None = None
     running: float | None = None
     capacity: float | None = None
@@ -100,7 +112,22 @@ class Lane:
     last_error: str | None = None
     samples_ok: int = 0
     samples_failed: int = 0
+    samples_overdue: int = 0
     requests: int = 0
+    # set while a scrape is past its timeout, or after one gave up; cleared by an answer
+    scrape_overdue: bool = False
+    answered_at: float = -math.inf
+    health_failures: int = 0  # consecutive failed health probes
+
+    @property
+    def in_rotation(self) -> bool:
+        """False once enough health probes in a row failed; the next passing probe restores it."""
+        return self.health_failures < UNHEALTHY_AFTER
+
+    @property
+    def sent(self) -> int:
+        """Requests in flight past the connection gate: what the backend itself has seen."""
+        return self.active - self.queued
 
     def record_sample(
         self,
@@ -118,12 +145,31 @@ class Lane:
         self.active_at_sample = active_then
         self.last_error = None if depth is not None else "metric missing"
         self.samples_ok += 1
+        self.scrape_overdue = False
+        self.answered_at = taken_at
 
-    def record_failure(self, error: BaseException) -> None:
-        # Fail open at once: a scrape that failed says nothing about the queue.
+    def record_failure(self, error: BaseException, now: float = -math.inf) -> None:
+        # Fail open at once: a scrape that failed fast says nothing about the queue.
         self.depth = None
         self.last_error = f"{type(error).__name__}: {error}"[:200]
         self.samples_failed += 1
+        self.scrape_overdue = False
+        self.answered_at = max(self.answered_at, now)
+
+    def record_overdue(self) -> None:
+        """A scrape passed its timeout: keep the last sample (it may still be fresh)."""
+        if not self.scrape_overdue:
+            self.samples_overdue += 1
+        self.scrape_overdue = True
+
+    def record_gave_up(self) -> None:
+        self.scrape_overdue = True
+        self.last_error = "metrics scrape gave up: no answer"
+        self.samples_failed += 1
+
+
+# Two failed probes in a row, not one: a single slow answer of a busy lane is not an outage.
+UNHEALTHY_AFTER = 2
 
 
 @dataclass(frozen=True)
@@ -134,15 +180,21 @@ class QueuePolicy:
     stale_after: float = 1.0
 
     def estimated_depth(self, lane: Lane, now: float) -> float | None:
-        """The lane's queue estimate now, or None when there is no fresh sample (fail-open)."""
+        """The lane's queue estimate now: the backend's (from a fresh sample) plus the requests
+        held here for a connection. None when neither is known (fail-open); infinite when the
+        lane's metrics stopped answering in time (saturated)."""
         if lane.depth is None or now - lane.sampled_at > self.stale_after:
-            return None
-        routed_since = lane.active - lane.active_at_sample
+            if lane.scrape_overdue and now - lane.answered_at > self.stale_after:
+                return math.inf
+            return float(lane.queued) if lane.queued else None
+        routed_since = lane.sent - lane.active_at_sample
         if lane.depth > 0:
-            return max(0.0, lane.depth + routed_since)
-        if lane.capacity is not None and lane.running is not None:
-            return max(0.0, lane.running + routed_since - lane.capacity)
-        return 0.0
+            backend = max(0.0, lane.depth + routed_since)
+        elif lane.capacity is not None and lane.running is not None:
+            backend = max(0.0, lane.running + routed_since - lane.capacity)
+        else:
+            backend = 0.0
+        return backend + lane.queued
 
     def admits(self, lane: Lane, now: float) -> bool:
         depth = self.estimated_depth(lane, now)
@@ -151,34 +203,54 @@ class QueuePolicy:
 
 @dataclass
 class Sampler:
-    """The background sampler of one lane; ``run`` loops until cancelled."""
+    """The background sampler of one lane; ``run`` loops until cancelled.
+
+    ``timeout`` makes a scrape overdue; ``give_up_after`` (default: ten timeouts, at least one
+    second) abandons it."""
 
     lane: Lane
     read: MetricsReader
     interval: float = 0.1
     timeout: float = 0.2
     clock: Clock = field(default=time.monotonic)
+    give_up_after: float | None = None
 
     async def sample_once(self) -> None:
         lane = self.lane
         taken_at = self.clock()
-        active_then = lane.active
+        active_then = lane.sent
+        give_up = self.give_up_after or max(1.0, 10 * self.timeout)
+        overdue = asyncio.get_running_loop().call_later(self.timeout, lane.record_overdue)
         try:
-            async with asyncio.timeout(self.timeout):
-                text = await self.read(lane)
+            try:
+                async with asyncio.timeout(give_up):
+                    text = await self.read(lane)
+            except TimeoutError:
+                if not lane.scrape_overdue:
+                    raise  # the reader's own timeout, before ours: a fast failure
+                lane.record_gave_up()
+                return
+            if lane.scrape_overdue:
+                # A late page shows the queue as the backend saw it when it finally answered.
+                taken_at, active_then = self.clock(), lane.sent
             depth, running = queue_sample(text) if text is not None else (None, None)
         except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
             raise
         except Exception as exc:  # any scrape or parse error: fail open, keep sampling
-            lane.record_failure(exc)
+            lane.record_failure(exc, self.clock())
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 # A client library may turn our cancellation into its own error: stop anyway.
                 raise asyncio.CancelledError from exc
         else:
             lane.record_sample(depth, taken_at, active_then, running)
+        finally:
+            overdue.cancel()
 
     async def run(self) -> None:
+        # A lane never answered yet is judged from the start of sampling, not from the dawn of
+        # time: a slow first scrape alone must not close it.
+        self.lane.answered_at = max(self.lane.answered_at, self.clock())
         while True:
             started = self.clock()
             await self.sample_once()

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_PROG = "python -m slurmgate.runtime.endpoint"
+# The bearer token comes from the environment only: argv is world-readable in /proc and `ps`.
+TOKEN_ENV = "SLURMGATE_ENDPOINT_TOKEN"
 # Every setting past name, listen and backends: its flag is --NAME-WITH-DASHES.
 TUNING_FLAGS: dict[str, type] = {
     "max_waiting": int,
@@ -18,9 +30,12 @@ TUNING_FLAGS: dict[str, type] = {
     "metrics_timeout": float,
     "max_attempts": int,
     "max_body_bytes": int,
+    "max_buffered_bytes": int,
     "connect_timeout": float,
     "read_timeout": float,
+    "first_byte_timeout": float,
     "health_timeout": float,
+    "health_interval": float,
     "pool_size": int,
     "keepalive_timeout": float,
     "backend_health_path": str,
@@ -44,9 +59,26 @@ class EndpointConfig(BaseModel):
     metrics_timeout: float = Field(default=0.2, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     max_body_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
+    max_buffered_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        description="request bodies held in memory at once, over all requests; a body that "
+        "does not fit is answered 429 (bodies are kept whole so another replica can retry them)",
+    )
     connect_timeout: float = Field(default=5.0, gt=0)
-    read_timeout: float = Field(default=3600.0, gt=0)
+    read_timeout: float = Field(
+        default=3600.0, gt=0, description="idle seconds allowed between two upstream reads"
+    )
+    first_byte_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a backend may take to start its answer (a non-streaming "
+        "completion starts only when it is done); past it the attempt fails and is retried",
+    )
     health_timeout: float = Field(default=2.0, gt=0)
+    health_interval: float = Field(
+        default=1.0, gt=0, description="seconds between two health probes of a lane"
+    )
     backend_health_path: str = "/health"
     backend_metrics_path: str = "/metrics"
     pool_size: int = Field(default=256, ge=1, description="pooled upstream connections in all")
@@ -56,6 +88,11 @@ class EndpointConfig(BaseModel):
         description="idle upstream connections close after this; keep it under the backends' "
         "own keep-alive (uvicorn and vLLM default to 5 s) so a pooled connection is never "
         "reused just as the backend closes it",
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description=f"bearer token every request but GET /health must carry; from ${TOKEN_ENV} "
+        "only, never a flag",
     )
 
     @field_validator("backends")
@@ -79,6 +116,20 @@ class EndpointConfig(BaseModel):
         if not value.startswith("/") or any(c in value for c in " ?#"):
             raise ValueError(f"{value!r} must be an absolute path like /health, without a query")
         return value
+
+    @model_validator(mode="after")
+    def _one_body_fits_the_budget(self) -> EndpointConfig:
+        if self.max_buffered_bytes < self.max_body_bytes:
+            raise ValueError(
+                "max_buffered_bytes is below max_body_bytes: raise --max-buffered-bytes or "
+                "lower --max-body-bytes, or no body of the largest allowed size could be taken"
+            )
+        return self
+
+    @field_validator("token")
+    @classmethod
+    def _empty_token_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        return value if value is not None and value.get_secret_value() else None
 
     @property
     def retry_after_header(self) -> bytes | None:
@@ -111,8 +162,13 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def parse_config(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> EndpointConfig:
-    """Build the config from the command line; bad values exit 2 naming the flag and the fix."""
+def parse_config(
+    argv: list[str] | None = None,
+    prog: str = DEFAULT_PROG,
+    environ: Mapping[str, str] = os.environ,
+) -> EndpointConfig:
+    """Build the config from the command line (and the token from the environment); bad values
+    exit 2 naming the flag and the fix."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Logical endpoint: routes, retries and streams to a deployment's lane heads.",
@@ -130,12 +186,17 @@ def parse_config(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> End
     host, port = ns.listen
     values: dict[str, Any] = {"name": ns.name, "host": host, "port": port, "backends": ns.backend}
     values.update({k: getattr(ns, k) for k in TUNING_FLAGS if getattr(ns, k) is not None})
+    if environ.get(TOKEN_ENV):
+        values["token"] = SecretStr(environ[TOKEN_ENV])
     try:
         return EndpointConfig(**values)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
             loc = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # a rule over several fields names its flags itself
+                lines.append(str(err["msg"]).removeprefix("Value error, "))
+                continue
             flag = {"backends": "backend", "host": "listen", "port": "listen"}.get(loc, loc)
             lines.append(f"--{flag.replace('_', '-')}: {err['msg']}")
         parser.error("; ".join(lines))

@@ -1,5 +1,10 @@
 """Backend selection: least active requests among the lanes the queue policy admits.
 
+Only lanes in rotation (their health probes pass) are candidates. When no lane at all is in
+rotation the probes are more likely wrong than every lane dead, so every lane is a candidate
+again (as a load balancer's panic mode): requests then fail or succeed on their own, within the
+first-byte timeout, instead of all being refused.
+
 Ties are broken by a rotating cursor: the scan starts one past the lane picked last, and the
 first lane with the lowest in-flight count wins. That is deterministic for a given sequence of
 requests and, unlike "lowest index first", spreads sequential traffic evenly over idle lanes.
@@ -23,14 +28,18 @@ class LeastActiveRouter:
         self._cursor = 0
 
     def pick(self, now: float, exclude: Collection[Lane] = ()) -> Lane | None:
-        """The admitted, not yet tried lane with the fewest in-flight requests, or None."""
+        """The admitted, not yet tried lane in rotation with the fewest in-flight requests."""
         lanes = self.lanes
         count = len(lanes)
         start = self._cursor
         best: Lane | None = None
         admits = self.policy.admits
+        any_in_rotation = False
         for offset in range(count):
             lane = lanes[(start + offset) % count]
+            if not lane.in_rotation:
+                continue
+            any_in_rotation = True
             if best is not None and lane.active >= best.active:
                 continue
             if lane in exclude or not admits(lane, now):
@@ -38,6 +47,14 @@ class LeastActiveRouter:
             best = lane
             if best.active == 0:
                 break
+        if best is None and not any_in_rotation:
+            for offset in range(count):
+                lane = lanes[(start + offset) % count]
+                if best is not None and lane.active >= best.active:
+                    continue
+                if lane in exclude or not admits(lane, now):
+                    continue
+                best = lane
         if best is not None:
             self._cursor = (best.index + 1) % count
         return best
