@@ -1,0 +1,296 @@
+"""Credentials in the allocation runtime: what reaches a step, what never reaches argv or a copy.
+
+The cluster tests read the real processes' /proc/<pid>/environ and cmdline while a run is up on
+the bundled Slurm cluster; the others check the spec's references, the redactor and the
+step environment's allow-list on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import SecretStr
+
+from slurmgate.runtime.credentials import RunCredentials, SecretUnresolved
+from slurmgate.runtime.redact import Redactor
+from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.spec import AllocationSpec, SpecError
+from slurmgate.runtime.stepenv import step_env
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "specs" / "local-stub.yaml"
+
+
+def example_data() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return data
+
+
+def _value(label: str) -> str:
+    return f"{label}-{secrets.token_hex(8)}"
+
+
+# -- the spec holds references, never values ------------------------------------------------
+
+
+def test_a_plain_credential_value_in_the_spec_is_refused_with_the_fix() -> None:
+    data = example_data()
+    data["deployments"][0]["env"] = {"HF_TOKEN": "hf_plainvalue"}
+    with pytest.raises(SpecError) as caught:
+        AllocationSpec.from_data(data)
+    message = str(caught.value)
+    assert "deployments[0].env" in message and "HF_TOKEN" in message
+    assert "{secret: BLOCK-NAME}" in message and "hf_plainvalue" not in message
+
+
+def test_the_spec_stores_only_references_and_a_secretstr_is_masked() -> None:
+    value = _value("inline")
+    data = example_data()
+    data["deployments"][0]["env"] = {"HF_TOKEN": {"secret": "hf-token"}}
+    data["client"]["env"] = {"API_KEY": SecretStr(value)}
+    data["endpoint_token"] = {"from_env": "SG_ENDPOINT_TOKEN"}
+    spec = AllocationSpec.from_data(data)
+    stored = json.dumps(spec.model_dump(mode="json"))
+    assert value not in stored
+    assert '{"secret": "hf-token"}' in stored and '{"from_env": "SG_ENDPOINT_TOKEN"}' in stored
+    assert spec.secret_references() == [
+        "client.env.API_KEY: a SecretStr value",
+        "deployments[0].env.HF_TOKEN: Secret block 'hf-token'",
+        "endpoint_token: controller variable SG_ENDPOINT_TOKEN",
+    ]
+
+
+def test_references_resolve_on_this_host_or_fail_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = example_data()
+    data["deployments"][1]["env"] = {"HF_TOKEN": {"secret": "hf-token"}}
+    data["endpoint_token"] = {"from_env": "SG_TEST_MISSING"}
+    spec = AllocationSpec.from_data(data)
+    monkeypatch.delenv("SG_TEST_MISSING", raising=False)
+    with pytest.raises(SecretUnresolved, match=r"endpoint_token: .*SG_TEST_MISSING"):
+        RunCredentials.resolve(spec, {"hf-token": "x" * 8}.__getitem__)
+    monkeypatch.setenv("SG_TEST_MISSING", "endpoint-token-value")
+    with pytest.raises(SecretUnresolved, match=r"deployments\[1\]\.env\.HF_TOKEN: .*needs Prefect"):
+        RunCredentials.resolve(spec, None)
+    with pytest.raises(SecretUnresolved, match="cannot read Secret block 'hf-token'") as caught:
+        RunCredentials.resolve(spec, {}.__getitem__)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    creds = RunCredentials.resolve(spec, {"hf-token": "hf-value-1"}.__getitem__)
+    assert creds.deployment_env[1] == {"HF_TOKEN": "hf-value-1"}
+    assert creds.endpoint_token == "endpoint-token-value"
+    assert creds.secret_values == {"hf-value-1", "endpoint-token-value"}
+
+
+# -- the redactor ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("vllm serve m --api-key abc123def --port 1", "--port 1"),
+        ("INFO non-default args: {'model': 'm', 'api_key': ['abc123def'], 'port': 8}", "'port': 8"),
+        ("GET / headers: Authorization: Bearer abc123def", "Authorization: Bearer"),
+        ("PASSWORD=abc123def and more", "and more"),
+        ("cloning with ghp_abc123defabc123defabc123def0", "cloning with"),
+        ("token github_pat_11AAAAAAA0abc123def_abc123defabc123def", "token"),
+        ("HF hub: hf_abc123defabc123defabc123def", "HF hub"),
+        ("openai key sk-proj-abc123defabc123defabc123def", "openai key"),
+    ],
+)
+def test_known_credential_patterns_are_masked(text: str, kept: str) -> None:
+    out = Redactor()(text)
+    assert "abc123def" not in out and "***" in out and kept in out
+
+
+def test_the_runs_own_values_are_masked_and_ordinary_words_are_not() -> None:
+    redact = Redactor(["s3cr3t-value", "ab"])  # too short to mask safely
+    out = redact("value s3cr3t-value, max_tokens=4 SLURMGATE_STUB_TOKENS_PER_SECOND=2000 ab")
+    assert out == "value ***, max_tokens=4 SLURMGATE_STUB_TOKENS_PER_SECOND=2000 ab"
+
+
+# -- the step environment's allow-list ----------------------------------------------------------
+
+
+def test_step_env_keeps_what_steps_need_and_drops_controller_credentials() -> None:
+    controller = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/ci",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "SLURM_JOB_ID": "41",
+        "SLURM_STEP_GPUS": "0,1",
+        "CUDA_HOME": "/usr/local/cuda",
+        "NCCL_DEBUG": "INFO",
+        "HF_HOME": "/scratch/hf",
+        "HF_TOKEN": "hf-from-controller",
+        "PREFECT_API_AUTH_STRING": "admin:pass",
+        "PREFECT_API_KEY": "pnu_x",
+        "PREFECT_API_URL": "http://prefect:4200/api",
+        "GITHUB_TOKEN": "ghs_x",
+        "FOO_TOKEN": "foo",
+        "AWS_SECRET_ACCESS_KEY": "aws",
+        "DB_SECRET": "db",
+        "VLLM_API_KEY": "vk",
+        "RANDOM_APP_SETTING": "x",
+    }
+    env = step_env(controller, {"HF_TOKEN": "named-by-the-spec"})
+    assert env == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/ci",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "CUDA_HOME": "/usr/local/cuda",
+        "NCCL_DEBUG": "INFO",
+        "HF_HOME": "/scratch/hf",
+        "HF_TOKEN": "named-by-the-spec",
+    }
+
+
+# -- on the real cluster ----------------------------------------------------------------------
+
+
+def _processes() -> Iterator[tuple[int, bytes, bytes]]:
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+        except OSError:
+            continue
+        yield int(entry.name), cmdline, environ
+
+
+def _environ(raw: bytes) -> dict[str, str]:
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+# The client: dump its environment, prove the endpoint wants the token (but not on /health),
+# then print credentials the way a careless server would and fail, so the run copies its tail.
+CLIENT = r"""
+import json, os, sys, urllib.error, urllib.request
+json.dump(dict(os.environ), open(os.environ["SG_TEST_ENV_DUMP"], "w"))
+url = os.environ["SLURMGATE_ENDPOINT_CHAT"]
+body = json.dumps({"model": "stub", "prompt": "hi", "max_tokens": 2}).encode()
+def status(path, token=None, data=None):
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path, data=data, headers=headers), timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+token = os.environ["SLURMGATE_ENDPOINT_TOKEN"]
+print("auth", status("/health"), status("/v1/completions", None, body),
+      status("/v1/completions", "wrong", body), status("/v1/completions", token, body), flush=True)
+hf = os.environ["HF_TOKEN"]
+print(f"serving with --api-key {hf} and Authorization: Bearer {token}", flush=True)
+print("leaked", hf, token, os.environ["CLIENT_SECRET"], "ghp_" + "a" * 36, flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.fixture
+def _cluster(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+
+
+def test_controller_credentials_stay_behind_and_spec_secrets_reach_only_their_steps(
+    _cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    controller = {
+        "PREFECT_API_AUTH_STRING": _value("prefect-auth"),
+        "GITHUB_TOKEN": _value("github-token"),
+        "FOO_TOKEN": _value("foo-token"),
+        "DEPLOY_SECRET": _value("deploy-secret"),
+    }
+    hf, endpoint_token, client_secret = _value("hf"), _value("endpoint"), _value("client")
+    for key, value in controller.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SG_TEST_ENDPOINT_TOKEN", endpoint_token)
+    data = example_data()
+    data["deployments"][0]["env"]["HF_TOKEN"] = {"secret": "hf-token"}
+    data["client"]["command"] = [sys.executable, "-c", CLIENT]
+    data["client"]["env"] = {
+        "SG_TEST_ENV_DUMP": str(tmp_path / "client-env.json"),
+        "HF_TOKEN": {"secret": "hf-token"},
+        "CLIENT_SECRET": SecretStr(client_secret),
+    }
+    data["endpoint_token"] = {"from_env": "SG_TEST_ENDPOINT_TOKEN"}
+    spec = AllocationSpec.from_data(data)
+    logs: list[str] = []
+    run = AllocationRun(
+        spec,
+        runs_root=tmp_path / "runs",
+        grace_s=5,
+        log=logs.append,
+        resolve_secret={"hf-token": hf}.__getitem__,
+    )
+    spec_secrets = [hf, endpoint_token, client_secret]
+    failure: BaseException | None = None
+    try:
+        run.until_ready()
+        run.start_endpoints()
+        seen = {"chat": 0, "pipe": 0, "endpoint": 0, "worker": 0}
+        for pid, cmdline, raw in _processes():
+            env = _environ(raw)
+            if env.get("SLURMGATE_RUN_ID") != run.run_id:
+                continue
+            for secret in [*controller.values(), *spec_secrets]:
+                assert secret.encode() not in cmdline, (pid, cmdline)
+            assert not set(controller) & set(env), (pid, cmdline, sorted(env))
+            lane = env.get("SLURMGATE_RUN_LANE", "")
+            if lane.startswith("chat"):
+                seen["chat"] += 1
+                assert env["HF_TOKEN"] == hf  # named by the spec: it reaches its lanes
+            elif lane.startswith("pipe"):
+                seen["pipe"] += 1
+                assert "HF_TOKEN" not in env  # another deployment's secret does not
+            elif b"slurmgate.runtime.endpoint" in cmdline:
+                seen["endpoint"] += 1
+                assert env["SLURMGATE_ENDPOINT_TOKEN"] == endpoint_token
+                assert hf not in raw.decode(errors="replace")
+            elif b"slurmgate.runtime.node_worker" in cmdline:
+                seen["worker"] += 1
+                assert b"--spec\0-" in cmdline  # its spec came on stdin
+        assert seen["chat"] == 2 and seen["pipe"] == 2 and seen["endpoint"] >= 2, seen
+        assert seen["worker"] >= 3, seen
+        with pytest.raises(RunFailed) as caught:
+            run.run_client()
+        failure = caught.value
+    finally:
+        run.finish(failure)
+    client_env = json.loads((tmp_path / "client-env.json").read_text())
+    assert not set(controller) & set(client_env), sorted(client_env)
+    assert client_env["HF_TOKEN"] == hf and client_env["CLIENT_SECRET"] == client_secret
+    assert client_env["SLURMGATE_ENDPOINT_TOKEN"] == endpoint_token
+    client_log = next((tmp_path / "runs" / run.run_id).glob("[0-9][0-9]-client.log")).read_text()
+    # /health answers without the token; the API needs exactly this one
+    assert "auth 200 401 401 200" in client_log, client_log
+    assert hf in client_log  # the raw log (0600, in a 0700 directory) is the step's own
+    # Every copy of the failing step's tail is redacted: the error, the record, the logs.
+    message = str(failure)
+    assert "leaked" in message and "***" in message, message
+    record_text = run.record_path.read_text()
+    copies = {"error": message, "record": record_text, "logs": "\n".join(logs)}
+    for where, text in copies.items():
+        for secret in [*controller.values(), *spec_secrets, "ghp_" + "a" * 36]:
+            assert secret not in text, (where, text)
+    assert "--api-key ***" in message and "Authorization: Bearer ***" in message
