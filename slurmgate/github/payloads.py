@@ -11,6 +11,7 @@ released because of it. `ProblemMemory` makes each skipped item one warning, not
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Mapping
 from datetime import datetime
@@ -127,12 +128,17 @@ class JobPayload(_Wire):
 
 
 def item_id(data: Any) -> str:
-    """The item's id for logs and the problem memory, or `?` when it has no usable one."""
+    """The item's id for logs and the problem memory; an item without a usable id is named by a
+    digest of its content, so two different bad items are two problems, the same one is one."""
     if isinstance(data, Mapping):
         value = data.get("id")
         if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID:
             return str(value)
-    return "?"
+    try:
+        rendered = json.dumps(data, sort_keys=True, default=repr)
+    except (RecursionError, ValueError):
+        rendered = type(data).__name__
+    return f"(no id, #{hashlib.sha256(rendered.encode()).hexdigest()[:8]})"
 
 
 def _check(model: type[_Wire], kind: str, data: Any) -> Any:
