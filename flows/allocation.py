@@ -18,6 +18,7 @@ from tasks.allocation import (
     publish_endpoint_stats,
     publish_layout,
     publish_record,
+    read_secret_block,
 )
 
 
@@ -107,10 +108,13 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
         runs_root=Path(runs_dir) if runs_dir else None,
         log=log,
         on_progress=Progress(run_id),
+        resolve_secret=read_secret_block,
     )
     registry.LIVE_RUNS[run.run_id] = run
     registry.RUNS_BY_FLOW_RUN[str(flow_run.id)] = run.run_id
     log(f"run {run.run_id}: {spec.total_nodes} node(s), record {run.record_path}")
+    for reference in spec.secret_references():
+        log(f"secret resolved on this host: {reference}")
     failure: BaseException | None = None
     try:
         preflight_phase(run.run_id)

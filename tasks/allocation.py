@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,31 @@ def log(message: str) -> None:
         import sys
 
         print(f"[slurmgate] {message}", file=sys.stderr, flush=True)
+
+
+def warn(message: str) -> None:
+    """A warning into the current Prefect run's log (stderr outside a run)."""
+    try:
+        get_run_logger().warning(message)
+    except MissingContextError:
+        import sys
+
+        print(f"[slurmgate] warning: {message}", file=sys.stderr, flush=True)
+
+
+def read_secret_block(name: str) -> str:
+    """The value of the Prefect Secret block `name`: how a spec's `{secret: NAME}` resolves.
+
+    Called on the controller (the client host) when the run starts; the value is never a
+    flow-run parameter, a log line or a record field.
+    """
+    from prefect.blocks.system import Secret
+
+    block = Secret.load(name, _sync=True)  # type: ignore[call-arg]
+    if not isinstance(block, Secret):  # the sync call returns the block itself
+        raise TypeError(f"Secret.load({name!r}) returned {type(block).__name__}")
+    value = block.get()
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def publish_layout(run: AllocationRun) -> None:
@@ -81,14 +107,19 @@ def publish_record(run: AllocationRun) -> None:
         "| step | Slurm step | pgid | exit |",
         "|---|---|---|---|",
     ]
+    if rec.error:
+        lines[4:4] = [f"- error: {rec.error}"]  # redacted by the run
     for s in rec.steps:
         lines.append(f"| {s.name} | {s.step_id or '-'} | {s.pgid} | {s.returncode} |")
-    with contextlib.suppress(Exception):
+    try:
         create_markdown_artifact(
-            markdown="\n".join(lines),
+            markdown=run.redact("\n".join(lines)),
             key="allocation-record",
             description="Slurm job and step ids of the run (for the reaper)",
         )
+    except Exception as exc:  # the record file stays the reaper's source; say it is missing here
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        warn(f"run {rec.run_id}: the allocation-record artifact was not published: {reason}")
 
 
 def endpoint_rows(metrics: dict[str, str]) -> list[dict[str, str]]:
@@ -138,7 +169,7 @@ def reap_crashed_allocations(
     """
     root = runs_root or default_runs_root()
     try:
-        records = load_records(root)
+        records = load_records(root, warn=logger.warning)
     except Exception as exc:  # an unreadable runs directory must not fail the caller
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         logger.warning("reap skipped: cannot read run records in %s: %s", root, reason)

@@ -60,11 +60,25 @@ def reap_run(rec: RunRecord, *, timeout: float = 10.0) -> list[str]:
                 actions.append(f"scancel {step.step_id} ({step.name})")
     for step_record in rec.steps:
         pgid = step_record.pgid
-        if pgid is not None and cmdline_contains(pgid, run_id):
+        if pgid is not None and _is_runs_srun(pgid, run_id, step_record.step_name):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
                 actions.append(f"SIGKILL group {pgid} ({step_record.name})")
     return actions
+
+
+def _is_runs_srun(pgid: int, run_id: str, step_name: str | None) -> bool:
+    """The group leader `pgid` is a live process of this user that the run started: its
+    command line names the run's step (an srun carries `--job-name=<run id>-<role>`)."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        return False
+    try:
+        owner = os.stat(f"/proc/{pgid}").st_uid
+    except OSError:
+        return False
+    if owner != os.geteuid():
+        return False
+    return cmdline_contains(pgid, step_name or run_id)
 
 
 def _update_record(rec: RunRecord, **changes: Any) -> None:

@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import secrets
 import socket
+import stat
+import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slurmgate.errors import InputError
+
 RECORD_NAME = "record.json"
 # A record is a few kilobytes; anything far larger was not written by a controller.
 MAX_RECORD_BYTES = 1 << 20
+
+
+class UntrustedRecord(InputError):
+    """A record file this user did not write, or one others could have changed: never acted on."""
+
+
+def check_trusted(path: Path, st: os.stat_result) -> None:
+    """Raise UntrustedRecord unless `st` is a regular file of this user that only it can write.
+
+    A reaper kills process groups and cancels jobs a record names, so a record planted by
+    someone else (or rewritable by them) must not steer it.
+    """
+    if not stat.S_ISREG(st.st_mode):
+        raise UntrustedRecord(f"{path} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise UntrustedRecord(f"{path} belongs to uid {st.st_uid}, not to this user")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UntrustedRecord(
+            f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
+        )
 
 
 def default_runs_root() -> Path:
@@ -157,20 +182,32 @@ class RunRecord(BaseModel):
         return json.dumps(data, indent=1)
 
     def write(self, path: Path | None = None) -> None:
-        """Replace the file atomically (0600: it names processes and Slurm jobs)."""
+        """Replace the file atomically (0600: it names processes and Slurm jobs).
+
+        The new content goes to a fresh file created exclusively without following links (a
+        name planted in advance fails the write instead of redirecting it), then is renamed
+        over the record, which replaces a planted link rather than writing through it.
+        """
         target = path or self.path
         if target is None:
             raise ValueError(f"run {self.run_id}: no record file to write to")
-        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.to_json())
-        os.replace(tmp, target)
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.to_json())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def read(cls, path: Path) -> RunRecord:
-        """One record file; raises OSError or ValueError (pydantic's included) when unusable."""
-        with path.open("rb") as fh:
+        """One record file of this user; raises OSError or ValueError (pydantic's, and
+        UntrustedRecord) when unusable."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            check_trusted(path, os.fstat(fh.fileno()))
             data = fh.read(MAX_RECORD_BYTES + 1)
         if len(data) > MAX_RECORD_BYTES:
             raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES} bytes")
@@ -196,11 +233,21 @@ def controller_identity() -> dict[str, Any]:
     return {"controller_pid": me.pid, "controller_started": me.started, "controller_host": me.host}
 
 
-def load_records(runs_root: Path | None = None) -> list[RunRecord]:
-    """Every readable run record under the runs root; unreadable ones are skipped."""
+def _to_stderr(message: str) -> None:
+    print(f"[slurmgate] {message}", file=sys.stderr, flush=True)
+
+
+def load_records(
+    runs_root: Path | None = None, *, warn: Callable[[str], Any] = _to_stderr
+) -> list[RunRecord]:
+    """Every usable run record under the runs root. Each one skipped (unreadable, not valid,
+    or not trusted) is one `warn` line: its run's leftovers are not reaped until it is fixed."""
     root = runs_root or default_runs_root()
     out = []
     for path in sorted(root.glob(f"*/{RECORD_NAME}")):
-        with contextlib.suppress(OSError, ValueError):
+        try:
             out.append(RunRecord.read(path))
+        except (OSError, ValueError) as exc:
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            warn(f"run record skipped, its leftovers will not be reaped: {path}: {reason}")
     return out

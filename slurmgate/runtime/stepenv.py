@@ -24,9 +24,16 @@ ALLOWED_NAMES = frozenset(
         "PYTHONPATH",
         "PYTHONUNBUFFERED",
         "VIRTUAL_ENV",
+        # where TLS finds its certificate authorities (a site's own CA for its model hub)
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
     }
 )
 ALLOWED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "HF_", "TRANSFORMERS_", "VLLM_", "TORCH")
+# Proxies are left out: their URLs often carry a user and password. A spec that needs one names
+# it, e.g. `HTTPS_PROXY: {from_env: HTTPS_PROXY}`.
 # A name that passes the allow-list but reads as a credential still stays behind, unless the
 # spec names it (the spec's env is applied after this filter).
 CREDENTIAL_NAME = re.compile(

@@ -11,8 +11,6 @@ import json
 import os
 import secrets
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,7 +190,8 @@ def status(path, token=None, data=None):
     if token:
         headers["Authorization"] = "Bearer " + token
     try:
-        with urllib.request.urlopen(urllib.request.Request(url + path, data=data, headers=headers), timeout=30) as r:
+        request = urllib.request.Request(url + path, data=data, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as r:
             return r.status
     except urllib.error.HTTPError as exc:
         return exc.code
