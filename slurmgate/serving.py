@@ -36,17 +36,19 @@ def quiet_server(app: Any, **options: Any) -> uvicorn.Server:
 
 
 class ThreadedServer:
-    """Binds at construction (port 0 picks a free one), serves after `start()`, until `stop()`."""
+    """Binds at construction (port 0 picks a free one), serves after `start()`, until `stop()`.
+
+    `options` go to uvicorn.Config, as in `quiet_server`."""
 
     what = "server"
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
         self.base_url = f"http://{host}:{self.port}"
-        self._server = quiet_server(app, log_config=None, lifespan="on")
+        self._server = quiet_server(app, **{"log_config": None, "lifespan": "on", **options})
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

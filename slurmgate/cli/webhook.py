@@ -37,9 +37,32 @@ def webhook(
     max_age: Annotated[
         float, typer.Option(help="Reject deliveries whose job timestamp is older (seconds).")
     ] = 600.0,
+    # the limits default to RelaySettings' own (None: not given); the help says what they are
+    max_body_bytes: Annotated[
+        int | None,
+        typer.Option(help="Refuse larger bodies (413). Default 25000000, GitHub's own cap."),
+    ] = None,
+    max_buffered_bytes: Annotated[
+        int | None,
+        typer.Option(help="Bytes of bodies held at once, all requests (503). Default 64 MiB."),
+    ] = None,
+    body_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a whole body may take to arrive (408). Default 10."),
+    ] = None,
+    header_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds request headers may take (then closed). Default 10."),
+    ] = None,
+    max_connections: Annotated[
+        int | None, typer.Option(help="Open connections served at once (503). Default 64.")
+    ] = None,
 ) -> None:
-    """Relay signed GitHub workflow_job webhooks into Prefect events (github.workflow_job.*)."""
-    from slurmgate.github.webhook import RelaySettings, create_app
+    """Relay signed GitHub workflow_job webhooks into Prefect events (github.workflow_job.*).
+
+    Serve it behind a TLS reverse proxy (docs/webhook.md); it binds to loopback by default.
+    """
+    from slurmgate.github.webhook import RelaySettings, create_app, server_options
 
     if not 0 <= port <= 65535:
         raise fail(f"--port {port} is not a TCP port; use 0..65535")
@@ -55,12 +78,20 @@ def webhook(
     if not prefect_api_url:
         raise fail("no Prefect API: export PREFECT_API_URL or pass --prefect-api-url")
     auth = os.environ.get("PREFECT_API_AUTH_STRING", "").strip() or None
+    limits = {
+        "max_body_bytes": max_body_bytes,
+        "max_buffered_bytes": max_buffered_bytes,
+        "body_timeout_s": body_timeout,
+        "header_timeout_s": header_timeout,
+        "max_connections": max_connections,
+    }
     try:
         settings = RelaySettings(
             secret=secret,  # type: ignore[arg-type]
             prefect_api_url=prefect_api_url,
             prefect_auth_string=auth,  # type: ignore[arg-type]
             max_age_s=max_age,
+            **{name: value for name, value in limits.items() if value is not None},
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -85,6 +116,10 @@ def webhook(
         f"webhook relay on http://{host}:{bound}/webhook -> {settings.prefect_api_url}", err=True
     )
     config = uvicorn.Config(
-        create_app(settings), log_level="warning", access_log=False, timeout_graceful_shutdown=2
+        create_app(settings),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+        **server_options(settings),
     )
     uvicorn.Server(config).run(sockets=[sock])

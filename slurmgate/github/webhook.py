@@ -3,18 +3,29 @@
 Prefect's open-source server has deployment triggers on events but no incoming webhooks, so this
 small starlette app sits between GitHub and Prefect's `POST /api/events`:
 
-1. every request must carry a valid `X-Hub-Signature-256` (HMAC-SHA256 of the raw body with the
+1. the body is read only within limits: a `Content-Length` over `max_body_bytes` (GitHub's own
+   25 MB cap) is refused with 413 before a byte of it is read, a streamed (chunked) body is cut
+   off at the same size, a body that takes longer than `body_timeout_s` gets 408, and all bodies
+   held at once share one `max_buffered_bytes` budget (503 beyond it). Under uvicorn
+   (`server_options`), headers must arrive within `header_timeout_s` and `max_header_bytes`,
+   and more than `max_connections` open connections are answered 503;
+2. every request must carry a valid `X-Hub-Signature-256` (HMAC-SHA256 of the raw body with the
    shared secret, compared in constant time), else 401 and nothing happens;
-2. `ping` is answered, other event types are acknowledged (202) and ignored;
-3. a `workflow_job` delivery is **stale** when its newest job timestamp (normally the action's
+3. `ping` is answered, other event types are acknowledged (202) and ignored;
+4. a `workflow_job` body must validate as `WorkflowJobDelivery` (JSON nested at most 200 deep,
+   every field the relay reads of the right type), else 400 with a one-line reason;
+5. a `workflow_job` delivery is **stale** when its newest job timestamp (normally the action's
    own: `created_at` for queued, `started_at` for in_progress, `completed_at` for completed) is
    older than `max_age_s`, or more than `max_skew_s` in the future: 403, nothing posted. GitHub
    sends no timestamp header, so this bounds replays of captured deliveries; redelivering an old
    delivery by hand is refused too, and the reconcile schedule covers what it would have done;
-4. `X-GitHub-Delivery` ids are remembered (bounded LRU with a TTL): a repeat answers 200 with
-   `duplicate: true` and posts nothing;
-5. the event `github.workflow_job.<action>` is posted with a short timeout (well inside GitHub's
-   10 s answer rule). If Prefect does not take it, the answer is 503 and the delivery id is
+6. both the `X-GitHub-Delivery` id and the SHA-256 of the signed body are remembered (bounded
+   LRU with a TTL, in memory): a repeat of either answers 200 with `duplicate: true` and posts
+   nothing. The id alone is not enough, because the signature does not cover it: a captured
+   body replayed under fresh ids would otherwise post again. After a restart the memory is
+   empty, and the freshness window (5) is what still bounds a replay;
+7. the event `github.workflow_job.<action>` is posted with a short timeout (well inside GitHub's
+   10 s answer rule). If Prefect does not take it, the answer is 503 and the delivery is
    forgotten, so a redelivery can succeed.
 
 The secret and the Prefect auth string are never logged.
@@ -25,23 +36,32 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from slurmgate.errors import InputError
 from slurmgate.github.scope import is_repo
@@ -53,6 +73,8 @@ EVENT_PREFIX = "github.workflow_job."
 SIGNATURE_HEADER = "x-hub-signature-256"
 DELIVERY_HEADER = "x-github-delivery"
 EVENT_HEADER = "x-github-event"
+# GitHub caps webhook payloads at 25 MB and drops larger ones without sending them.
+GITHUB_MAX_PAYLOAD_BYTES = 25_000_000
 # The job timestamp that dates each action's delivery.
 ACTION_TIMESTAMP = {
     "queued": "created_at",
@@ -60,7 +82,9 @@ ACTION_TIMESTAMP = {
     "in_progress": "started_at",
     "completed": "completed_at",
 }
-_ACTION_RE = re.compile(r"^[a-z_]{1,32}$")
+_ACTION_PATTERN = r"^[a-z_]{1,32}$"
+# GitHub's delivery ids are GUIDs; anything longer is not GitHub's and is not worth keeping.
+_DELIVERY_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _NAMESPACE = uuid.UUID("5b2f7f0e-3c41-4f53-9a55-6c1d8e7a0b11")
 
 
@@ -76,9 +100,33 @@ class RelaySettings(BaseModel):
     )
     max_age_s: float = Field(default=600.0, gt=0, description="Older deliveries are stale.")
     max_skew_s: float = Field(default=60.0, ge=0, description="Tolerated clock skew (future).")
-    dedupe_entries: int = Field(default=10_000, ge=1, description="Delivery ids remembered.")
+    dedupe_entries: int = Field(
+        default=20_000, ge=2, description="Delivery ids and body digests remembered (two each)."
+    )
     dedupe_ttl_s: float = Field(default=86_400.0, gt=0, description="How long an id is kept.")
     post_timeout_s: float = Field(default=5.0, gt=0, le=9.0, description="Prefect post timeout.")
+    max_body_bytes: int = Field(
+        default=GITHUB_MAX_PAYLOAD_BYTES,
+        ge=1024,
+        description="Largest body read (413 beyond); GitHub never sends more than 25 MB.",
+    )
+    max_buffered_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of bodies held at once over all requests (503 beyond).",
+    )
+    body_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time a whole body may take to arrive (408 beyond)."
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time request headers may take (connection closed)."
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024, ge=1024, description="Largest request head (400 beyond)."
+    )
+    max_connections: int = Field(
+        default=64, ge=1, description="Open connections served at once (503 beyond)."
+    )
 
     @field_validator("secret")
     @classmethod
@@ -97,21 +145,35 @@ class RelaySettings(BaseModel):
             )
         return value.rstrip("/")
 
+    @model_validator(mode="after")
+    def _one_body_fits_the_budget(self) -> Self:
+        if self.max_buffered_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_buffered_bytes {self.max_buffered_bytes} is below max_body_bytes "
+                f"{self.max_body_bytes}: a largest body could never be read; raise it"
+            )
+        return self
 
-def signature(secret: str, body: bytes) -> str:
+
+def signature(secret: str, body: bytes | bytearray) -> str:
     """GitHub's `X-Hub-Signature-256` value for a body."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
+def verify_signature(secret: str, body: bytes | bytearray, header: str | None) -> bool:
     """True when `header` is the body's HMAC-SHA256 under `secret` (constant-time compare)."""
     if not header:
         return False
     return hmac.compare_digest(signature(secret, body).encode(), header.strip().encode())
 
 
+def body_key(body: bytes | bytearray) -> str:
+    """The de-duplication key of a signed body: its SHA-256, which the signature does cover."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
 class DeliveryCache:
-    """Delivery ids seen recently: bounded in size (oldest out first) and in age."""
+    """Keys seen recently (delivery ids, body digests): bounded in size (oldest first) and age."""
 
     def __init__(
         self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
@@ -124,23 +186,25 @@ class DeliveryCache:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def claim(self, delivery: str) -> bool:
-        """Record `delivery`; False when it was already recorded (a duplicate)."""
+    def claim(self, *keys: str) -> bool:
+        """Record every key; False, recording none, when any of them was already recorded."""
         now = self._clock()
         while self._seen:
             oldest, at = next(iter(self._seen.items()))
             if now - at < self._ttl:
                 break
             del self._seen[oldest]
-        if delivery in self._seen:
+        if any(key in self._seen for key in keys):
             return False
-        self._seen[delivery] = now
+        for key in keys:
+            self._seen[key] = now
         while len(self._seen) > self._max:
             self._seen.popitem(last=False)
         return True
 
-    def forget(self, delivery: str) -> None:
-        self._seen.pop(delivery, None)
+    def forget(self, *keys: str) -> None:
+        for key in keys:
+            self._seen.pop(key, None)
 
 
 class StaleDelivery(InputError):
@@ -151,40 +215,104 @@ class BadDelivery(InputError):
     """A signed delivery whose body is not a usable workflow_job payload."""
 
 
-def _parse_time(value: object, field: str) -> datetime:
-    if not isinstance(value, str) or not value:
-        raise BadDelivery(f"workflow_job.{field} is missing")
+class RefusedBody(InputError):
+    """A body the relay stops reading: larger than the limit, too slow, or no memory left."""
+
+    def __init__(self, status: int, outcome: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.outcome = outcome
+
+
+class WorkflowJob(BaseModel):
+    """The fields of a delivery's `workflow_job` that the relay reads; the rest is ignored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: StrictInt = Field(gt=0)
+    run_id: StrictInt | None = None
+    run_attempt: StrictInt | None = None
+    name: str | None = None
+    status: str | None = None
+    conclusion: str | None = None
+    labels: list[str] | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    runner_name: str | None = None
+
+
+class DeliveryRepository(BaseModel):
+    """The delivery's `repository`: only its OWNER/NAME, which shapes the event's resource id."""
+
+    model_config = ConfigDict(frozen=True)
+
+    full_name: str
+
+    @field_validator("full_name")
+    @classmethod
+    def _owner_slash_name(cls, value: str) -> str:
+        if not is_repo(value):
+            raise ValueError("is not OWNER/NAME")
+        return value
+
+
+class WorkflowJobDelivery(BaseModel):
+    """A `workflow_job` delivery body, as far as the relay reads it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: str = Field(pattern=_ACTION_PATTERN)
+    workflow_job: WorkflowJob
+    repository: DeliveryRepository
+
+
+def _reason(exc: ValidationError) -> str:
+    """A validation failure as one line: the first field and what is wrong, never the input."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return " ".join(f"{where}: {first['msg']}{more}".split())[:300]
+
+
+def parse_delivery(body: bytes | bytearray) -> WorkflowJobDelivery:
+    """Parse and validate a workflow_job body; BadDelivery with a one-line reason otherwise.
+
+    The JSON is parsed by pydantic's own parser, which refuses nesting deeper than 200 levels
+    (GitHub's payloads nest a handful), so a hostile body cannot exhaust Python's stack.
+    """
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadDelivery(f"workflow_job.{field} {value!r} is not an ISO 8601 time") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        return WorkflowJobDelivery.model_validate_json(body)
+    except ValidationError as exc:
+        raise BadDelivery(_reason(exc)) from None
 
 
-def delivery_time(payload: Mapping[str, Any]) -> datetime:
+def _utc(at: datetime) -> datetime:
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def delivery_time(delivery: WorkflowJobDelivery) -> datetime:
     """When the delivery was made, as near as the payload tells: the newest job timestamp.
 
     The action's own timestamp (ACTION_TIMESTAMP) is usually the newest. Taking the newest of
     all keeps a job that waited (for an approval, say) before it was queued from looking stale.
     """
-    job = payload.get("workflow_job")
-    if not isinstance(job, Mapping):
-        raise BadDelivery("workflow_job is missing")
-    action = str(payload.get("action", ""))
-    field = ACTION_TIMESTAMP.get(action, "created_at")
+    job = delivery.workflow_job
     times = [
-        _parse_time(job[name], name)
-        for name in dict.fromkeys((field, "created_at", "started_at", "completed_at"))
-        if job.get(name)
+        _utc(at) for at in (job.created_at, job.started_at, job.completed_at) if at is not None
     ]
     if not times:
+        field = ACTION_TIMESTAMP.get(delivery.action, "created_at")
         raise BadDelivery(f"workflow_job.{field} is missing")
     return max(times)
 
 
-def check_fresh(payload: Mapping[str, Any], now: datetime, max_age_s: float, skew_s: float) -> None:
+def check_fresh(
+    delivery: WorkflowJobDelivery, now: datetime, max_age_s: float, skew_s: float
+) -> None:
     """Raise StaleDelivery when the delivery is older than max_age_s or too far in the future."""
-    at = delivery_time(payload)
+    at = delivery_time(delivery)
     age = (now - at).total_seconds()
     if age > max_age_s:
         raise StaleDelivery(f"delivery is {age:.0f} s old (limit {max_age_s:.0f} s)")
@@ -198,53 +326,115 @@ def repo_resource_id(full_name: str) -> str:
     return f"github.repo.{owner}.{name}"
 
 
-def event_for(payload: Mapping[str, Any], delivery: str, received: datetime) -> dict[str, Any]:
+def event_for(
+    delivery: WorkflowJobDelivery, delivery_id: str, received: datetime
+) -> dict[str, Any]:
     """The Prefect event for one workflow_job delivery (Prefect's event JSON schema)."""
-    action = payload.get("action")
-    if not isinstance(action, str) or not _ACTION_RE.match(action):
-        raise BadDelivery(f"action {action!r} is not a workflow_job action")
-    job = payload.get("workflow_job")
-    repo = payload.get("repository")
-    if not isinstance(job, Mapping) or not isinstance(job.get("id"), int):
-        raise BadDelivery("workflow_job.id is missing")
-    if not isinstance(repo, Mapping) or not isinstance(repo.get("full_name"), str):
-        raise BadDelivery("repository.full_name is missing")
-    if not is_repo(repo["full_name"]):
-        raise BadDelivery("repository.full_name is not OWNER/NAME")
-    full_name: str = repo["full_name"]
-    job_id: int = job["id"]
-    labels = job.get("labels") or []
+    action = delivery.action
+    job = delivery.workflow_job
+    full_name = delivery.repository.full_name
+    dated = getattr(job, ACTION_TIMESTAMP.get(action, "created_at"))
     return {
         # derived from the delivery id: a replayed post is the same event to Prefect as well
-        "id": str(uuid.uuid5(_NAMESPACE, delivery)),
+        "id": str(uuid.uuid5(_NAMESPACE, delivery_id)),
         "occurred": received.isoformat(),
         "event": f"{EVENT_PREFIX}{action}",
         "resource": {
             "prefect.resource.id": repo_resource_id(full_name),
             "prefect.resource.name": full_name,
-            "github.workflow_job.id": str(job_id),
+            "github.workflow_job.id": str(job.id),
         },
         "related": [
             {
-                "prefect.resource.id": f"github.workflow_job.{job_id}",
+                "prefect.resource.id": f"github.workflow_job.{job.id}",
                 "prefect.resource.role": "workflow-job",
-                "prefect.resource.name": str(job.get("name") or job_id),
+                "prefect.resource.name": job.name or str(job.id),
             }
         ],
         "payload": {
             "action": action,
-            "delivery": delivery,
-            "job_id": job_id,
-            "run_id": job.get("run_id"),
-            "run_attempt": job.get("run_attempt"),
-            "labels": [str(label) for label in labels],
-            "status": job.get("status"),
-            "conclusion": job.get("conclusion"),
-            "runner_name": job.get("runner_name"),
+            "delivery": delivery_id,
+            "job_id": job.id,
+            "run_id": job.run_id,
+            "run_attempt": job.run_attempt,
+            "labels": list(job.labels or []),
+            "status": job.status,
+            "conclusion": job.conclusion,
+            "runner_name": job.runner_name,
             "repository": full_name,
-            "github_timestamp": job.get(ACTION_TIMESTAMP.get(action, "created_at")),
+            "github_timestamp": _utc(dated).isoformat() if dated is not None else None,
         },
     }
+
+
+class BodyBudget:
+    """Bytes of request bodies held at once, over all requests: one bound on the relay's memory.
+
+    Requests run on one event loop and nothing awaits between the check and the count, so
+    no lock is needed.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+
+
+@asynccontextmanager
+async def read_body(
+    request: Request, settings: RelaySettings, budget: BodyBudget
+) -> AsyncIterator[bytearray]:
+    """The request body, read within the size, time and memory limits; RefusedBody otherwise.
+
+    Its bytes count against `budget` until the block ends.
+    """
+    head_size = sum(len(name) + len(value) + 4 for name, value in request.headers.raw)
+    if head_size > settings.max_header_bytes:
+        # uvicorn's h11 caps a head that arrives in pieces; one that arrives whole is sized here
+        raise RefusedBody(
+            431, "head-too-large", f"headers are over the {settings.max_header_bytes} byte limit"
+        )
+    limit = settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RefusedBody(400, "bad-length", "Content-Length is not a number of bytes")
+        if int(declared) > limit:
+            raise RefusedBody(
+                413, "too-large", f"Content-Length {int(declared)} is over the {limit} byte limit"
+            )
+    body = bytearray()
+    try:
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                async for chunk in request.stream():
+                    if len(body) + len(chunk) > limit:
+                        raise RefusedBody(413, "too-large", f"body is over the {limit} byte limit")
+                    if not budget.take(len(chunk)):
+                        raise RefusedBody(503, "busy", "too many bodies in flight; retry later")
+                    body += chunk
+        except TimeoutError:
+            raise RefusedBody(
+                408, "too-slow", f"body did not arrive within {settings.body_timeout_s:g} s"
+            ) from None
+        except ClientDisconnect:
+            raise RefusedBody(400, "disconnected", "client went away mid-body") from None
+        yield body
+    finally:
+        budget.give_back(len(body))
+
+
+def _shown(value: str) -> str:
+    """A header value as logs show it: short and printable (it may come from anyone)."""
+    return value[:64].encode("ascii", "replace").decode() if value else "-"
 
 
 class PrefectEvents:
@@ -279,6 +469,7 @@ def create_app(
     """The relay as an ASGI app; `app.state.stats` counts what it did."""
     secret = settings.secret.get_secret_value()
     deliveries = DeliveryCache(settings.dedupe_entries, settings.dedupe_ttl_s)
+    budget = BodyBudget(settings.max_buffered_bytes)
     stats: dict[str, int] = {
         "posted": 0,
         "duplicates": 0,
@@ -287,7 +478,11 @@ def create_app(
         "ignored": 0,
         "bad": 0,
         "post_failed": 0,
+        "too_large": 0,
+        "too_slow": 0,
+        "busy": 0,
     }
+    refusal_stat = {"too-large": "too_large", "too-slow": "too_slow", "busy": "busy"}
     poster: PrefectEvents | None = None
     lock = asyncio.Lock()
 
@@ -304,16 +499,27 @@ def create_app(
         return JSONResponse({"outcome": outcome, **extra}, status_code=status)
 
     async def hook(request: Request) -> JSONResponse:
-        body = await request.body()
         delivery = request.headers.get(DELIVERY_HEADER, "")
         kind = request.headers.get(EVENT_HEADER, "")
+        try:
+            async with read_body(request, settings, budget) as body:
+                return await judge(body, delivery, kind, request)
+        except RefusedBody as exc:
+            stats[refusal_stat.get(exc.outcome, "bad")] += 1
+            log.warning("refused delivery=%s: %s", _shown(delivery), exc)
+            # the rest of the body is still on the wire: the connection cannot be reused
+            response = answer(exc.status, exc.outcome, detail=str(exc))
+            response.headers["connection"] = "close"
+            return response
+
+    async def judge(body: bytearray, delivery: str, kind: str, request: Request) -> JSONResponse:
         if not verify_signature(secret, body, request.headers.get(SIGNATURE_HEADER)):
             stats["unauthorized"] += 1
             unsigned = SIGNATURE_HEADER not in request.headers
             log.warning(
                 "rejected delivery=%s event=%s: %s",
-                delivery or "-",
-                kind or "-",
+                _shown(delivery),
+                _shown(kind),
                 "unsigned" if unsigned else "bad signature",
             )
             return answer(401, "unsigned" if unsigned else "bad-signature")
@@ -322,26 +528,26 @@ def create_app(
         if kind != "workflow_job":
             stats["ignored"] += 1
             return answer(202, "ignored", event=kind)
-        if not delivery:
+        if not _DELIVERY_RE.match(delivery):
             stats["bad"] += 1
-            return answer(400, "bad-delivery", detail="X-GitHub-Delivery header is missing")
+            detail = "X-GitHub-Delivery header is " + ("not an id" if delivery else "missing")
+            return answer(400, "bad-delivery", detail=detail)
         try:
-            payload = json.loads(body)
-            if not isinstance(payload, dict):
-                raise BadDelivery("the body is not a JSON object")
+            parsed = parse_delivery(body)
             received = clock()
-            check_fresh(payload, received, settings.max_age_s, settings.max_skew_s)
-            event = event_for(payload, delivery, received)
+            check_fresh(parsed, received, settings.max_age_s, settings.max_skew_s)
+            event = event_for(parsed, delivery, received)
         except StaleDelivery as exc:
             stats["stale"] += 1
             log.warning("rejected delivery=%s: stale: %s", delivery, exc)
             return answer(403, "stale", detail=str(exc))
-        except (BadDelivery, ValueError) as exc:
+        except BadDelivery as exc:
             stats["bad"] += 1
             log.warning("rejected delivery=%s: %s", delivery, exc)
             return answer(400, "bad-delivery", detail=str(exc))
+        keys = (delivery, body_key(body))
         async with lock:
-            fresh = deliveries.claim(delivery)
+            fresh = deliveries.claim(*keys)
         if not fresh:
             stats["duplicates"] += 1
             log.info("duplicate delivery=%s ignored", delivery)
@@ -351,7 +557,7 @@ def create_app(
             await poster.post([event])
         except httpx.HTTPError as exc:
             async with lock:
-                deliveries.forget(delivery)
+                deliveries.forget(*keys)
             stats["post_failed"] += 1
             log.error(
                 "delivery=%s: Prefect did not take the event: %s", delivery, type(exc).__name__
@@ -378,7 +584,61 @@ def create_app(
     )
     app.state.stats = stats
     app.state.deliveries = deliveries
+    app.state.budget = budget
     return app
+
+
+class _HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request head takes too long.
+
+    uvicorn itself waits for headers forever (its keep-alive timer stops at the first byte),
+    which lets a client that sends one byte at a time hold a connection open (slowloris).
+    """
+
+    header_timeout_s = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        before = self.cycle
+        if self._header_timer is None and (before is None or before.response_complete):
+            self._arm_header_timer()  # the next request on a kept-alive connection begins
+        super().data_received(data)
+        if self.cycle is not before:
+            self._cancel_header_timer()  # its head is complete: the body has its own deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._header_timer = None
+        log.info("closed a connection whose request head took over %g s", self.header_timeout_s)
+        self.transport.close()
+
+
+def server_options(settings: RelaySettings) -> dict[str, Any]:
+    """The uvicorn.Config options that enforce the relay's connection and header limits."""
+    protocol = type(
+        "RelayHttpProtocol", (_HeaderDeadline,), {"header_timeout_s": settings.header_timeout_s}
+    )
+    return {
+        "http": protocol,
+        "h11_max_incomplete_event_size": settings.max_header_bytes,
+        "limit_concurrency": settings.max_connections,
+        "timeout_keep_alive": 5,
+    }
 
 
 class RelayServer(ThreadedServer):
@@ -388,7 +648,7 @@ class RelayServer(ThreadedServer):
 
     def __init__(self, settings: RelaySettings, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app = create_app(settings)
-        super().__init__(self.app, host, port)
+        super().__init__(self.app, host, port, **server_options(settings))
         self.url = f"{self.base_url}/webhook"
 
     @property

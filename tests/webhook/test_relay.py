@@ -13,6 +13,7 @@ from relaykit import SECRET, deliver, find_events, job_payload, wait_for_events
 from slurmgate.github.webhook import (
     DeliveryCache,
     RelaySettings,
+    WorkflowJobDelivery,
     check_fresh,
     event_for,
     signature,
@@ -134,7 +135,7 @@ def test_bad_payloads_get_400_naming_the_field(relay_factory) -> None:
     payload = job_payload(94001)
     del payload["repository"]
     no_repo = deliver(relay.url, payload)
-    assert no_repo.status_code == 400 and "repository.full_name" in no_repo.json()["detail"]
+    assert no_repo.status_code == 400 and "repository: Field required" in no_repo.json()["detail"]
     payload = job_payload(94002)
     payload["repository"]["full_name"] = "acme/gpu-ci/../x"  # would shape the resource id
     odd_repo = deliver(relay.url, payload)
@@ -186,6 +187,7 @@ def test_verify_signature_accepts_only_the_exact_hmac() -> None:
 
 
 def test_delivery_cache_is_bounded_in_size_and_age() -> None:
+    """Keys are ids and body digests; a claim of several is all or nothing."""
     now = [0.0]
     cache = DeliveryCache(max_entries=3, ttl_s=10, clock=lambda: now[0])
     assert all(cache.claim(d) for d in "abc")
@@ -194,6 +196,14 @@ def test_delivery_cache_is_bounded_in_size_and_age() -> None:
     assert cache.claim("a")
     now[0] = 11.0
     assert cache.claim("b") and len(cache) == 1  # everything older than the TTL expired
+    assert not cache.claim("new-id", "b")  # one known key makes the delivery a duplicate
+    assert cache.claim("new-id") and len(cache) == 2  # and the unknown one was not recorded
+    cache.forget("new-id", "b")
+    assert len(cache) == 0
+
+
+def fresh(payload: dict[str, object], now: datetime) -> None:
+    check_fresh(WorkflowJobDelivery.model_validate(payload), now, max_age_s=300, skew_s=60)
 
 
 def test_freshness_uses_the_newest_job_timestamp() -> None:
@@ -202,26 +212,27 @@ def test_freshness_uses_the_newest_job_timestamp() -> None:
     job = payload["workflow_job"]
     job["created_at"] = job["started_at"] = "2026-01-01T00:00:00Z"  # queued long ago
     job["completed_at"] = "2026-01-01T11:59:00Z"  # but completed a minute ago
-    check_fresh(payload, now, max_age_s=300, skew_s=60)
+    fresh(payload, now)
     job["completed_at"] = None
     with pytest.raises(ValueError, match="old"):
-        check_fresh(payload, now, max_age_s=300, skew_s=60)
+        fresh(payload, now)
     # a job that waited before it was queued: its start time dates the queued delivery
     payload["action"] = "queued"
     job["started_at"] = "2026-01-01T11:58:30Z"
-    check_fresh(payload, now, max_age_s=300, skew_s=60)
+    fresh(payload, now)
     job["created_at"] = job["started_at"] = "2026-01-01T12:05:00Z"
     with pytest.raises(ValueError, match="future"):
-        check_fresh(payload, now, max_age_s=300, skew_s=60)
+        fresh(payload, now)
     for name in ("created_at", "started_at"):
         job[name] = None
     with pytest.raises(ValueError, match="missing"):
-        check_fresh(payload, now, max_age_s=300, skew_s=60)
+        fresh(payload, now)
 
 
 def test_event_ids_are_stable_per_delivery() -> None:
     now = datetime.now(UTC) - timedelta(seconds=1)
-    a = event_for(job_payload(5), "delivery-1", now)
-    b = event_for(job_payload(5), "delivery-1", now)
-    c = event_for(job_payload(5), "delivery-2", now)
+    delivery = WorkflowJobDelivery.model_validate(job_payload(5))
+    a = event_for(delivery, "delivery-1", now)
+    b = event_for(delivery, "delivery-1", now)
+    c = event_for(delivery, "delivery-2", now)
     assert a["id"] == b["id"] != c["id"]

@@ -51,6 +51,16 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             {"SLURMGATE_WEBHOOK_SECRET": "s"},
             "max_age_s",
         ),
+        (
+            ["--max-buffered-bytes", "100000", "--prefect-api-url", "http://x/api"],
+            {"SLURMGATE_WEBHOOK_SECRET": "s"},
+            "max_buffered_bytes 100000 is below max_body_bytes",
+        ),
+        (
+            ["--header-timeout", "0", "--prefect-api-url", "http://x/api"],
+            {"SLURMGATE_WEBHOOK_SECRET": "s"},
+            "header_timeout_s",
+        ),
     ],
 )
 def test_bad_configuration_is_one_line_and_exit_2(
