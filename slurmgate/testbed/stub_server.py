@@ -64,6 +64,8 @@ class StubSettings:
     fail_status: int
     fail_rate: float
     fail_retry_after: str
+    metrics_delay: float
+    wedge_after: int
 
 
 class KnobError(InputError):
@@ -133,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("fail-status", int, 503, "HTTP status of injected completion failures"),
         ("fail-rate", float, 0.0, "fraction of completions answered with --fail-status"),
         ("fail-retry-after", str, "", "Retry-After header on injected failures (empty = none)"),
+        ("metrics-delay", float, 0.0, "seconds /metrics takes to answer, as a saturated vLLM"),
+        (
+            "wedge-after",
+            int,
+            0,
+            "after this many completed requests the engine wedges under a live HTTP front end: "
+            "/health answers 503 and every later completion hangs (0 = never)",
+        ),
     ]
     for name, kind, default, help_text in knobs:
         parser.add_argument(
@@ -182,6 +192,8 @@ def parse_settings(argv: list[str] | None = None) -> StubSettings:
         (ns.exit_after >= 0, "--exit-after must be >= 0 (0 = never)"),
         (ns.first_token_delay >= 0, "--first-token-delay must be >= 0"),
         (100 <= ns.fail_status <= 599, "--fail-status must be an HTTP status (100-599)"),
+        (ns.metrics_delay >= 0, "--metrics-delay must be >= 0"),
+        (ns.wedge_after >= 0, "--wedge-after must be >= 0 (0 = never)"),
     ]
     for ok, message in checks:
         if not ok:
@@ -212,6 +224,8 @@ def parse_settings(argv: list[str] | None = None) -> StubSettings:
         fail_status=ns.fail_status,
         fail_rate=ns.fail_rate,
         fail_retry_after=ns.fail_retry_after,
+        metrics_delay=ns.metrics_delay,
+        wedge_after=ns.wedge_after,
     )
 
 
@@ -241,9 +255,13 @@ class StubState:
     def applies_exit_knobs(self) -> bool:
         return self.settings.exit_rank < 0 or self.settings.exit_rank == self.settings.node_rank
 
+    @property
+    def wedged(self) -> bool:
+        return 0 < self.settings.wedge_after <= self.completed
+
     def ready(self) -> bool:
         s = self.settings
-        if s.hang:
+        if s.hang or self.wedged:
             return False
         if time.monotonic() - self.started < s.startup_delay:
             return False
@@ -354,6 +372,8 @@ class StubApp:
             else:
                 await _json(send, 503, _error("not ready", "service_unavailable", 503))
         elif path == "/metrics" and method == "GET":
+            if state.settings.metrics_delay:
+                await asyncio.sleep(state.settings.metrics_delay)
             await _respond(
                 send, 200, state.metrics_text().encode(), b"text/plain; version=0.0.4", []
             )
@@ -378,6 +398,8 @@ class StubApp:
             raw = await _read_body(receive)
         except ConnectionResetError:
             return
+        if state.wedged:
+            await asyncio.Event().wait()  # the engine is stuck: no answer, ever
         if not state.ready():
             state.answer(503)
             await _json(send, 503, _error("not ready", "service_unavailable", 503))

@@ -40,15 +40,21 @@ class _QuietServer(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve_asgi(app: ASGIApp, *, lifespan: str = "off") -> AsyncIterator[str]:
-    """Serve an ASGI app with uvicorn on a free loopback port in this event loop."""
+async def serve_asgi(app: ASGIApp, *, lifespan: str = "off", **options: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on a free loopback port in this event loop; ``options``
+    go to uvicorn.Config (``http="h11"`` picks the other HTTP parser)."""
     # proto must say TCP: asyncio sets TCP_NODELAY on accepted sockets only then (else Nagle
     # plus delayed ACK add 40 ms to every response under the default event loop).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app, lifespan=lifespan, log_level="warning", access_log=False, timeout_graceful_shutdown=1
+        app,
+        lifespan=lifespan,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+        **options,
     )
     server = _QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -79,6 +85,7 @@ class Backend:
     hang: bool = False
     metrics: str | None = None  # None → 404 on /metrics
     metrics_status: int = 200
+    health_status: int = 200
     hits: int = 0
     seen_headers: list[dict[str, str]] = field(default_factory=list)
     seen_bodies: list[bytes] = field(default_factory=list)
@@ -95,7 +102,7 @@ class Backend:
                 await _send(send, self.metrics_status, self.metrics.encode(), b"text/plain")
             return
         if path == "/health":
-            await _send(send, 200, b"ok")
+            await _send(send, self.health_status, b"ok")
             return
         body = b""
         while True:
@@ -143,11 +150,13 @@ async def running_backends(*apps: ASGIApp) -> AsyncIterator[list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def running_endpoint(backends: list[str], **settings: Any) -> AsyncIterator[tuple[str, Any]]:
+async def running_endpoint(
+    backends: list[str], *, uvicorn_options: dict[str, Any] | None = None, **settings: Any
+) -> AsyncIterator[tuple[str, Any]]:
     """The real endpoint app, served by uvicorn; yields its URL and its Endpoint object."""
     config = EndpointConfig(name="test", backends=backends, **settings)
     app = build_app(config)
-    async with serve_asgi(app, lifespan="on") as url:
+    async with serve_asgi(app, lifespan="on", **(uvicorn_options or {})) as url:
         yield url, app.endpoint  # type: ignore[attr-defined]
 
 

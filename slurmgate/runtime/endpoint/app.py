@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,9 @@ HOP_BY_HOP = frozenset(
 # Set by the upstream client itself: forwarding them would be wrong (Host) or duplicated.
 NOT_FORWARDED_UP = HOP_BY_HOP | {b"host", b"content-length"}
 SMALL_BODY = 64 * 1024
+# Larger request bodies go upstream in slices of this size: handed over whole, the transport
+# would copy what the socket did not take at once, holding the body twice.
+BODY_SLICE = 1024 * 1024
 CONTROL_PATHS = frozenset({"/health", "/metrics"})
 BAD_TARGET = b"request target must be a path starting with /"
 
@@ -221,6 +224,12 @@ def _strip_hop_by_hop(
     if not nominated:
         return [(k, v) for k, v in pairs if k not in drop]
     return [(k, v) for k, v in pairs if k not in drop and k not in nominated]
+
+
+async def _slices(body: bytes | bytearray) -> AsyncIterator[memoryview]:
+    view = memoryview(body)
+    for start in range(0, len(view), BODY_SLICE):
+        yield view[start : start + BODY_SLICE]
 
 
 def _json_error(status: int, kind: str, message: str, **extra: Any) -> bytes:
@@ -499,6 +508,9 @@ class Endpoint:
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, v in _strip_hop_by_hop(scope["headers"], self._not_forwarded)
         )
+        large = len(body) > BODY_SLICE
+        if large:
+            headers["Content-Length"] = str(len(body))
         urls = self._urls
         tried: list[Lane] = []
         first_overload_retry_after: bytes | None = None
@@ -541,7 +553,11 @@ class Endpoint:
                 try:
                     async with asyncio.timeout(first_byte_timeout):
                         resp = await session.request(
-                            method, url, data=body, headers=headers, allow_redirects=False
+                            method,
+                            url,
+                            data=_slices(body) if large else body,
+                            headers=headers,
+                            allow_redirects=False,
                         )
                 except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                     last = None
