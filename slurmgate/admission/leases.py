@@ -9,6 +9,8 @@ stack in reverse: it removes exactly the labels this attempt added and nothing e
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -250,15 +252,90 @@ async def verify_lease(
     return check_lease(admit, fleet)
 
 
+# A lease without an anchor is another controller's to release once it is older than the
+# orphan grace (30 s by default), so the anchor must land well inside it: an anchor written
+# after that release would dispatch the job onto a runner whose lease is gone.
+ANCHOR_WITHIN_S = 20.0
+_DEADLINE_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorDeadline:
+    """When the anchor may still be written: `within_s` after the lease label's stamp, by
+    `clock` (the clock the planner stamps with). Keep `within_s` below the orphan grace."""
+
+    within_s: float = ANCHOR_WITHIN_S
+    clock: Callable[[], float] = time.time
+
+    def remaining(self, admit: Admit) -> float:
+        return _created(admit.lease_label) + self.within_s - self.clock()
+
+
 async def add_anchor_labels(
-    client: LeaseClient, admit: Admit, stack: CompensationStack, verified: Verification
+    client: LeaseClient,
+    admit: Admit,
+    stack: CompensationStack,
+    verified: Verification,
+    *,
+    deadline: AnchorDeadline | None = None,
 ) -> None:
-    """Step 3: give the anchor every per-job label in ONE request; this is what dispatches."""
+    """Step 3: give the anchor every per-job label in ONE request; this is what dispatches.
+
+    With a `deadline`, a lease too old to anchor safely is given up (LeaseLost) instead, and
+    a write still retrying when the deadline passes is abandoned the same way.
+    """
     _check_anchor_labels(admit)
+    if deadline is not None and deadline.remaining(admit) <= 0:
+        raise LeaseLost(_too_late(admit, deadline))
     for label in admit.anchor_labels:
         if fold(label) not in verified.anchor_present:
             stack.push_label_removal(client, admit.anchor_id, label)
-    await client.add_labels(admit.anchor_id, list(admit.anchor_labels))
+    try:
+        await _write_anchor(client, admit, deadline)
+    except Exception:
+        # The write may have landed before it failed (a lost answer, a timeout, the deadline
+        # cutting a retry short), and GitHub may have dispatched the job at once: unwinding
+        # would then leave a running job without its lease. A busy anchor carrying every
+        # label we sent is that case, and the lease stands.
+        if not await _dispatched(client, admit):
+            raise
+
+
+async def _write_anchor(client: LeaseClient, admit: Admit, deadline: AnchorDeadline | None) -> None:
+    write = client.add_labels(admit.anchor_id, list(admit.anchor_labels))
+    if deadline is None:
+        await write
+        return
+    task = asyncio.ensure_future(write)
+    try:
+        while not task.done():
+            if deadline.remaining(admit) <= 0:
+                raise LeaseLost(_too_late(admit, deadline))
+            await asyncio.wait({task}, timeout=_DEADLINE_POLL_S)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    task.result()
+
+
+async def _dispatched(client: LeaseClient, admit: Admit) -> bool:
+    """True when the anchor is busy and carries the lease and every anchor label (one read)."""
+    try:
+        anchor = await client.get_runner(admit.anchor_id)
+    except Exception:
+        return False
+    wanted = {fold(label) for label in (admit.lease_label, *admit.anchor_labels)}
+    return anchor.busy and wanted <= anchor.folded
+
+
+def _too_late(admit: Admit, deadline: AnchorDeadline) -> str:
+    return (
+        f"lease {admit.lease_label} is {deadline.within_s - deadline.remaining(admit):.0f}s "
+        f"old, past the {deadline.within_s:.0f}s in which its anchor may be written; another "
+        "controller may release it as an orphan"
+    )
 
 
 def _check_anchor_labels(admit: Admit) -> None:
@@ -336,8 +413,12 @@ async def admit_lease(
     *,
     fleet_size: int | None = None,
     on_rollback: RollbackHook | None = None,
+    deadline: AnchorDeadline | None = AnchorDeadline(),
 ) -> AdmitOutcome:
-    """The whole protocol straight over a client (no Prefect): N + 1 label writes, one read."""
+    """The whole protocol straight over a client (no Prefect): N + 1 label writes, one read.
+
+    `deadline` bounds when the anchor may be written (None: never give up on time).
+    """
 
     async def label(a: Admit, stack: CompensationStack) -> None:
         await add_lease_labels(client, a, stack)
@@ -346,7 +427,7 @@ async def admit_lease(
         return await verify_lease(client, a, fleet_size=fleet_size)
 
     async def anchor(a: Admit, stack: CompensationStack, verified: Verification) -> None:
-        await add_anchor_labels(client, a, stack, verified)
+        await add_anchor_labels(client, a, stack, verified, deadline=deadline)
 
     return await run_admission(admit, label, verify, anchor, on_rollback=on_rollback)
 

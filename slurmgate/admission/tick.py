@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from slurmgate.admission.estimates import RuntimeHistory
+from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import AdmitOutcome, RemovalOutcome
 from slurmgate.admission.model import Admit, Blocked, Clean, Decisions, Release, Snapshot
 from slurmgate.admission.planner import plan
@@ -116,9 +117,13 @@ async def reconcile_tick(
     (`runtimes_learned` counts the new runtimes: the caller saves them).
     """
     log = log or _Silent()
+    # Ages are judged as of when the read began: a lease the read saw without its anchor was
+    # anchorless at some moment after that, never later than it. Judged at plan time instead, a
+    # slow read would let a lease another controller anchored meanwhile pass the orphan grace.
+    read_at = now()
     snapshot = await steps.read_snapshot()
     learned = history.learn(snapshot.jobs, settings.node_slots) if history is not None else 0
-    decisions, plan_s = _timed_plan(snapshot, settings, history, now)
+    decisions, plan_s = _timed_plan(snapshot, settings, history, lambda: read_at)
     report = TickReport(decisions, len(snapshot.runners), plan_s=plan_s, runtimes_learned=learned)
     log_removals(decisions, log)
     if steps.remove is not None:
@@ -126,8 +131,9 @@ async def reconcile_tick(
     if report.released or report.cleaned:
         # Freed runners still carried their labels in the first read; admit from a fresh read
         # so released capacity is reused in this tick, never guessed at.
+        read_at = now()
         snapshot = await steps.read_snapshot()
-        decisions, plan_s = _timed_plan(snapshot, settings, history, now)
+        decisions, plan_s = _timed_plan(snapshot, settings, history, lambda: read_at)
         report.decisions, report.fleet_size = decisions, len(snapshot.runners)
         report.plan_s += plan_s
         for deferred in (*decisions.release, *decisions.clean):
@@ -135,7 +141,10 @@ async def reconcile_tick(
     log_admissions(decisions, log)
     if steps.admit is not None:
         # one admission at a time: GitHub has no compare-and-swap, so we are the single writer
-        for admit in decisions.admit:
+        for planned in decisions.admit:
+            # Stamped now, not at plan time: the orphan grace and the anchor deadline then
+            # measure this admission's own protocol, not the admissions queued before it.
+            admit = restamped(planned, now())
             try:
                 outcome = await steps.admit(admit, report.fleet_size)
             except Exception as exc:
@@ -146,6 +155,14 @@ async def reconcile_tick(
             else:
                 report.rolled_back += 1
     return report
+
+
+def restamped(admit: Admit, at: datetime) -> Admit:
+    """The admission with its lease label stamped `at` (never earlier than the plan's stamp)."""
+    planned = LeaseLabel.parse(admit.lease_label)
+    stamp = max(planned.created_at, int(at.timestamp()))
+    label = LeaseLabel(planned.job_id, planned.attempt, stamp).render()
+    return replace(admit, lease_label=label)
 
 
 def _timed_plan(

@@ -1,0 +1,176 @@
+"""Lease races the soak found, each pinned on the emulator: lost anchor answers, slow anchors,
+late stamps and slow reads between two controllers."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from slurmgate.admission.labels import LeaseLabel
+from slurmgate.admission.leases import (
+    AnchorDeadline,
+    CompensationStack,
+    LeaseLost,
+    add_anchor_labels,
+    add_lease_labels,
+    admit_lease,
+    verify_lease,
+)
+from slurmgate.admission.model import Admit, Snapshot
+from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.admission.tick import TickSteps, reconcile_tick
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.scope import GitHubScope
+from slurmgate.github.steps import direct_steps
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
+
+SETTINGS = AdmissionSettings(PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True)
+GATE = ("ci-attempt-1", "ci-job-1.000-race", "nodes:2")
+
+
+def _client(emu: RunningEmulator, **options: float) -> GitHubClient:
+    return GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), emu.token, **options)  # type: ignore[arg-type]
+
+
+def _queue_job(emu: RunningEmulator) -> int:
+    return emu.admin.add_job(["self-hosted", "cluster:a", *GATE], duration_s=600)["id"]
+
+
+def _admit(job_id: int, stamp: float) -> Admit:
+    return Admit(
+        job_id=job_id,
+        attempt=1,
+        pool="cluster:a",
+        nodes=2,
+        runner_ids=(1, 2),
+        anchor_id=1,
+        lease_label=LeaseLabel(job_id, 1, int(stamp)).render(),
+        anchor_labels=GATE,
+        priority="1.000",
+        reason="test",
+    )
+
+
+def _labels(emu: RunningEmulator, runner_id: int) -> set[str]:
+    with emu.state.lock:
+        return {name for name, _ in emu.state.runners[runner_id].labels}
+
+
+def _job(emu: RunningEmulator, job_id: int) -> tuple[str, int | None]:
+    with emu.state.lock:
+        job = emu.state.jobs[job_id]
+        return job.status, job.runner_id
+
+
+async def test_an_anchor_whose_answer_was_lost_after_dispatch_keeps_its_lease() -> None:
+    """The anchor write lands and GitHub dispatches the job, but the answer never arrives and
+    the client gives up. Unwinding then would strip a running job's lease; it must stand."""
+    with running_emulator({"a": 3}) as emu:
+        job_id = _queue_job(emu)
+        admit = _admit(job_id, time.time())
+        # writes 1 and 2 are the lease labels, write 3 is the anchor: applied, answer too late
+        emu.admin.fault("hang_nth_write", n=3, hang_s=1.0, applied=True)
+        async with _client(emu, timeout_s=0.3, max_retries=0) as client:
+            outcome = await admit_lease(client, admit, fleet_size=3)
+        assert outcome.admitted, outcome.reason
+        assert _job(emu, job_id) == ("in_progress", 1)
+        assert {admit.lease_label, *GATE} <= _labels(emu, 1)
+        assert admit.lease_label in _labels(emu, 2)
+
+
+async def test_an_anchor_past_its_deadline_is_given_up_before_it_is_written() -> None:
+    """Another controller may release a lease without an anchor once it is older than the
+    orphan grace; a lease that old is rolled back instead of anchored."""
+    with running_emulator({"a": 3}) as emu:
+        job_id = _queue_job(emu)
+        admit = _admit(job_id, time.time() - 25)
+        async with _client(emu) as client:
+            outcome = await admit_lease(client, admit, fleet_size=3)
+        assert not outcome.admitted and "LeaseLost" in outcome.reason
+        assert _job(emu, job_id) == ("queued", None)
+        assert not any(name.startswith("ci-") for name in _labels(emu, 1) | _labels(emu, 2))
+
+
+async def test_an_anchor_write_held_by_a_rate_limit_is_abandoned_at_the_deadline() -> None:
+    """A Retry-After longer than the time left would land the anchor after the grace."""
+    with running_emulator({"a": 3}) as emu:
+        job_id = _queue_job(emu)
+        admit = _admit(job_id, time.time())
+        async with _client(emu) as client:
+            stack = CompensationStack()
+            await add_lease_labels(client, admit, stack)
+            verified = await verify_lease(client, admit, fleet_size=3)
+            emu.admin.fault("rate_limit", method="POST", count=1, retry_after_s=3)
+            started = time.monotonic()
+            with pytest.raises(LeaseLost, match="past the 1s"):
+                await add_anchor_labels(
+                    client, admit, stack, verified, deadline=AnchorDeadline(within_s=1.0)
+                )
+            assert time.monotonic() - started < 2.5  # not the 3 s Retry-After
+            await stack.unwind()
+        assert _job(emu, job_id) == ("queued", None)
+        assert not any(name.startswith("ci-") for name in _labels(emu, 1) | _labels(emu, 2))
+
+
+async def test_each_admission_is_stamped_when_it_starts_not_when_it_was_planned() -> None:
+    """Admissions run one after another; stamped at plan time, the last ones of a busy tick
+    would start already older than the orphan grace."""
+    clock = [1_800_000_000.0]
+
+    def now() -> datetime:
+        clock[0] += 20.0  # every look at the clock is 20 s later: a slow, busy tick
+        return datetime.fromtimestamp(clock[0], UTC)
+
+    with running_emulator({"a": 4}) as emu:
+        first = emu.admin.add_job(
+            ["self-hosted", "cluster:a", "nodes:2", "ci-job-2.000-one", "ci-attempt-1"], 600
+        )["id"]
+        second = emu.admin.add_job(
+            ["self-hosted", "cluster:a", "nodes:2", "ci-job-1.000-two", "ci-attempt-1"], 600
+        )["id"]
+        async with _client(emu) as client:
+            direct = direct_steps(client)
+            planned_at: list[int] = []
+
+            async def admit(planned: Admit, fleet_size: int):  # type: ignore[no-untyped-def]
+                planned_at.append(LeaseLabel.parse(planned.lease_label).created_at)
+                deadline = AnchorDeadline(clock=lambda: clock[0])
+                return await admit_lease(client, planned, fleet_size=fleet_size, deadline=deadline)
+
+            report = await reconcile_tick(
+                TickSteps(direct.read_snapshot, direct.remove, admit), SETTINGS, now=now
+            )
+        assert report.admitted == 2, report.failures
+        planned = [LeaseLabel.parse(a.lease_label).created_at for a in report.decisions.admit]
+        assert planned_at[0] > planned[0] and planned_at[1] > planned_at[0]
+        assert _job(emu, first)[0] == _job(emu, second)[0] == "in_progress"
+
+
+async def test_lease_ages_are_judged_from_when_the_read_began() -> None:
+    """A slow read must not age another controller's lease past the orphan grace: the lease
+    was seen without its anchor at some moment after the read began, not at plan time."""
+    clock = [1_800_000_000.0]
+
+    def now() -> datetime:
+        return datetime.fromtimestamp(clock[0], UTC)
+
+    with running_emulator({"a": 4}) as emu:
+        job_id = _queue_job(emu)
+        lease = LeaseLabel(job_id, 1, int(clock[0]) - 10).render()  # 10 s old, grace 30 s
+        with emu.state.lock:
+            emu.state.add_labels(emu.state.runners[3], [lease])
+        async with _client(emu) as client:
+            direct = direct_steps(client)
+
+            async def slow_read() -> Snapshot:
+                snapshot = await direct.read_snapshot()
+                clock[0] += 40.0  # the read took 40 s (retries, Retry-After)
+                return snapshot
+
+            report = await reconcile_tick(
+                TickSteps(slow_read, direct.remove, direct.admit), SETTINGS, now=now
+            )
+        assert report.released == 0
+        assert lease in _labels(emu, 3)
