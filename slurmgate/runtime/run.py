@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurmgate.errors import ExternalError
+from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
@@ -716,9 +716,13 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(f"invalid spec:\n{exc}", file=sys.stderr)
         return 2
+    try:
+        run = AllocationRun(spec, runs_root=args.runs_dir)
+    except InputError as exc:  # a secret reference this host cannot resolve
+        print(f"invalid spec:\n{exc}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _raise_terminated)
     signal.signal(signal.SIGINT, _raise_terminated)
-    run = AllocationRun(spec, runs_root=args.runs_dir)
     print(f"run {run.run_id}: record {run.record_path}", file=sys.stderr, flush=True)
     try:
         run.run()

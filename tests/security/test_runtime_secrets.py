@@ -293,3 +293,59 @@ def test_controller_credentials_stay_behind_and_spec_secrets_reach_only_their_st
         for secret in [*controller.values(), *spec_secrets, "ghp_" + "a" * 36]:
             assert secret not in text, (where, text)
     assert "--api-key ***" in message and "Authorization: Bearer ***" in message
+
+
+# The client of the flow test: show the secret the way a careless server would, then fail.
+LEAKY_CLIENT = (
+    "import os, sys; t = os.environ['HF_TOKEN']; "
+    "print('serving --api-key', t, 'raw', t, flush=True); sys.exit(2)"
+)
+
+
+def test_through_prefect_only_the_reference_is_stored_and_no_copy_holds_the_value(
+    _cluster: None, prefect_harness: None, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from prefect.blocks.system import Secret
+    from prefect.client.orchestration import get_client
+
+    from flows.allocation import allocation
+
+    hf = _value("hf-block")
+    Secret(value=hf).save("sg-test-hf-token", overwrite=True)
+    data = example_data()
+    data["deployments"][0]["env"]["HF_TOKEN"] = {"secret": "sg-test-hf-token"}
+    data["client"] = {
+        "command": [sys.executable, "-c", LEAKY_CLIENT],
+        "env": {"HF_TOKEN": {"secret": "sg-test-hf-token"}},
+    }
+    runs_root = tmp_path / "runs"
+    state = allocation(
+        spec=AllocationSpec.from_data(data), runs_dir=str(runs_root), return_state=True
+    )
+    assert state.is_failed()
+    (run_dir,) = runs_root.iterdir()
+    client_log = next(run_dir.glob("[0-9][0-9]-client.log")).read_text()
+    assert f"raw {hf}" in client_log  # resolved from the block, on this host, for the client
+
+    async def everything_prefect_holds() -> dict[str, str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs()
+            logs = await client.read_logs()
+            artifacts = await client.read_artifacts()
+        mine = [r for r in runs if r.name.startswith("allocation-local-stub")]
+        return {
+            "parameters": json.dumps([r.parameters for r in mine], default=str),
+            "states": json.dumps([r.state.message if r.state else "" for r in mine]),
+            "logs": "\n".join(log.message for log in logs),
+            "artifacts": json.dumps([a.data for a in artifacts], default=str),
+        }
+
+    held = asyncio.run(everything_prefect_holds())
+    assert "sg-test-hf-token" in held["parameters"]  # the reference is what Prefect keeps
+    assert "serving --api-key ***" in held["states"] + held["logs"]
+    assert f"# Run {run_dir.name}" in held["artifacts"]  # the record artifact was published
+    for where, text in held.items():
+        assert hf not in text, where
+    assert hf not in next(run_dir.glob("record.json")).read_text()
