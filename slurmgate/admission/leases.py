@@ -50,6 +50,11 @@ class LeaseLost(LeaseError):
     """A chosen runner vanished, went offline or busy, or lost our label before the anchor."""
 
 
+class AlreadyRunning(LeaseError):
+    """The job already runs under this exact lease label (a twin admission wrote it): the
+    labels stay, since they are the running job's lease, and nothing more is written."""
+
+
 class UnmanagedLabelError(InputError):
     """A release or clean asked to remove a label slurmgate does not own."""
 
@@ -206,6 +211,14 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
         if not runner.online:
             raise LeaseLost(f"runner {runner.name} ({runner_id}) went offline")
         if runner.busy:
+            if {fold(label) for label in admit.anchor_labels} <= runner.folded:
+                # Our lease label and our job's own labels on a busy runner: another controller
+                # admitted this job in the same second, under the very same label, and GitHub
+                # runs it. Unwinding would strip that lease off the running job.
+                raise AlreadyRunning(
+                    f"job {admit.job_id} already runs on runner {runner.name} ({runner_id}) "
+                    f"under {ours}, written by another admission"
+                )
             raise LeaseLost(f"runner {runner.name} ({runner_id}) is busy with another job")
         others = [label for label in runner.lease_labels if label != ours]
         if others:
@@ -388,6 +401,9 @@ async def run_admission(
         await label(admit, stack)
         verified = await verify(admit)
         await anchor(admit, stack, verified)
+    except AlreadyRunning as exc:
+        stack.commit()
+        return AdmitOutcome(admit.job_id, admit.lease_label, False, f"AlreadyRunning: {exc}")
     except BaseException as exc:
         # shielded: a cancelled tick still removes what it wrote
         report = await asyncio.shield(stack.unwind())

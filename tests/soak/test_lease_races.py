@@ -174,3 +174,19 @@ async def test_lease_ages_are_judged_from_when_the_read_began() -> None:
             )
         assert report.released == 0
         assert lease in _labels(emu, 3)
+
+
+async def test_a_twin_admission_under_the_same_label_leaves_the_running_lease_alone() -> None:
+    """Two controllers admitting one job in the same second write the same lease label. The
+    one that finds the job already running must not unwind: its labels are the twin's too."""
+    with running_emulator({"a": 3}) as emu:
+        job_id = _queue_job(emu)
+        admit = _admit(job_id, time.time())
+        async with _client(emu) as client:
+            first = await admit_lease(client, admit, fleet_size=3)
+            twin = await admit_lease(client, admit, fleet_size=3)
+        assert first.admitted
+        assert not twin.admitted and twin.reason.startswith("AlreadyRunning") and not twin.undone
+        assert _job(emu, job_id) == ("in_progress", 1)
+        assert {admit.lease_label, *GATE} <= _labels(emu, 1)
+        assert admit.lease_label in _labels(emu, 2)
