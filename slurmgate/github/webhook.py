@@ -85,6 +85,7 @@ ACTION_TIMESTAMP = {
 _ACTION_PATTERN = r"^[a-z_]{1,32}$"
 # GitHub's delivery ids are GUIDs; anything longer is not GitHub's and is not worth keeping.
 _DELIVERY_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+_LENGTH_RE = re.compile(r"^[0-9]{1,20}$")
 _NAMESPACE = uuid.UUID("5b2f7f0e-3c41-4f53-9a55-6c1d8e7a0b11")
 
 
@@ -405,7 +406,7 @@ async def read_body(
     limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not _LENGTH_RE.match(declared):
             raise RefusedBody(400, "bad-length", "Content-Length is not a number of bytes")
         if int(declared) > limit:
             raise RefusedBody(
@@ -482,7 +483,12 @@ def create_app(
         "too_slow": 0,
         "busy": 0,
     }
-    refusal_stat = {"too-large": "too_large", "too-slow": "too_slow", "busy": "busy"}
+    refusal_stat = {
+        "too-large": "too_large",
+        "head-too-large": "too_large",
+        "too-slow": "too_slow",
+        "busy": "busy",
+    }
     poster: PrefectEvents | None = None
     lock = asyncio.Lock()
 

@@ -176,7 +176,8 @@ def read_answer(sock: socket.socket, timeout_s: float) -> tuple[int, dict[str, A
 
 
 def closed_after(sock: socket.socket, timeout_s: float) -> float:
-    """Seconds until the peer closes `sock` (reads and drops whatever it sends first)."""
+    """Seconds until the peer closes `sock` (reads and drops whatever it sends first); inf when
+    it is still open after `timeout_s`."""
     started = time.monotonic()
     sock.settimeout(timeout_s)
     try:
@@ -184,6 +185,8 @@ def closed_after(sock: socket.socket, timeout_s: float) -> float:
             pass
     except ConnectionResetError:
         pass
+    except TimeoutError:
+        return float("inf")
     return time.monotonic() - started
 
 
