@@ -120,8 +120,23 @@ def test_the_flags_the_runtime_renders_parse_back_to_the_same_config() -> None:
         retry_after=2.5,
         backend_health_path="/v1/models",
         pool_size=8,
+        first_byte_timeout=30.0,
+        health_interval=0.5,
+        max_body_bytes=1000,
+        max_buffered_bytes=4000,
     )
     argv = config.argv()
     assert parse_config(argv) == config
     assert "--sample-interval" not in argv  # defaults are left to the endpoint
     assert parse_config(EndpointConfig(name="d", backends=["http://a:1"]).argv()).port == 0
+
+
+def test_a_body_limit_over_the_buffer_budget_names_both_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--name", "d", "--listen", "127.0.0.1:1", "--backend", "http://a:1"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config([*argv, "--max-body-bytes", "200", "--max-buffered-bytes", "100"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-buffered-bytes" in err and "--max-body-bytes" in err

@@ -340,10 +340,13 @@ class Endpoint:
         interval = self.config.health_interval
         while True:
             started = time.monotonic()
-            if await self._health_ok(lane):
-                lane.health_failures = 0
-            else:
-                lane.health_failures += 1
+            try:
+                ok = await self._health_ok(lane)
+            except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+                raise
+            except Exception:  # whatever broke the probe, the prober must live on
+                ok = False
+            lane.health_failures = 0 if ok else lane.health_failures + 1
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     # -- the hot path ----------------------------------------------------------------------
