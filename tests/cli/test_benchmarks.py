@@ -169,6 +169,18 @@ def check_prefect_db(out: Path) -> None:
     assert positive(quiet["sqlite_over_postgres"]["tick_wall_ratio"])
 
 
+def check_soak(out: Path) -> None:
+    data = json.loads((out / "soak.json").read_text())
+    faulty, clean = data["faulty"], data["fault_free"]
+    assert faulty["config"]["seed"] == clean["config"]["seed"]
+    assert faulty["violations_total"] == 0 and clean["violations_total"] == 0, faulty["evidence"]
+    assert sum(faulty["faults_injected"].values()) > 0 and clean["faults_injected"] == {}
+    assert faulty["admissions"] > 0 and clean["admissions"] > 0
+    assert faulty["ticks"] > 0 and clean["checks"] >= clean["ticks"] > 0
+    assert positive(data["ratio_api_calls_per_admission_faulty_over_fault_free"])
+    assert data["smoke"] is True
+
+
 KNOWN: dict[str, tuple[Callable[[Path], None], str]] = {
     # script: (checks of its results, what its printed comparison says)
     "bench_plan.py": (check_plan, "Ratio large / small"),
@@ -178,6 +190,7 @@ KNOWN: dict[str, tuple[Callable[[Path], None], str]] = {
     "bench_runtime.py": (check_runtime, "÷ bare srun"),
     "bench_events.py": (check_events, "Median ratio polling / events"),
     "bench_prefect_db.py": (check_prefect_db, "SQLite / PostgreSQL"),
+    "bench_soak.py": (check_soak, "Ratio API calls per admission"),
 }
 
 
