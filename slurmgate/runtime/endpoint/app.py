@@ -278,8 +278,10 @@ class Endpoint:
             connector=connector,
             # sock_connect, not connect: aiohttp's connect timeout also bounds the wait for a
             # pooled connection, which under load is queueing, not a dead backend.
+            # sock_read is the first-byte timeout: it bounds the silence before the answer
+            # starts; `_relay` lifts it to the stream's idle timeout once it has.
             timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.read_timeout
+                total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.first_byte_timeout
             ),
             auto_decompress=False,
             # A proxy must never keep one client's cookies and send them for another.
@@ -505,7 +507,6 @@ class Endpoint:
         stats = self.stats
         router = self.router
         gates = self._gates
-        first_byte_timeout = self.config.first_byte_timeout
         method: str = scope["method"]
         headers = CIMultiDict(
             (k.decode("latin-1"), v.decode("latin-1"))
@@ -554,14 +555,13 @@ class Endpoint:
                     if len(urls) < 4096:
                         urls[lane.index, path] = url
                 try:
-                    async with asyncio.timeout(first_byte_timeout):
-                        resp = await session.request(
-                            method,
-                            url,
-                            data=_slices(body) if large else body,
-                            headers=headers,
-                            allow_redirects=False,
-                        )
+                    resp = await session.request(
+                        method,
+                        url,
+                        data=_slices(body) if large else body,
+                        headers=headers,
+                        allow_redirects=False,
+                    )
                 except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                     last = None
                     failures.append("timeout" if isinstance(exc, TimeoutError) else "connect")
@@ -638,6 +638,11 @@ class Endpoint:
         headers = _strip_hop_by_hop(resp.raw_headers, HOP_BY_HOP)
         status = resp.status
         await send({"type": "http.response.start", "status": status, "headers": headers})
+        connection = resp.connection
+        if connection is not None and connection.protocol is not None:
+            # The answer has begun: from here on a gap is the stream's idle timeout.
+            connection.protocol.read_timeout = self.config.read_timeout
+            connection.protocol.start_timeout()
         try:
             async for chunk in resp.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
