@@ -135,7 +135,7 @@ async def test_a_stream_may_pause_longer_than_the_first_byte_timeout(
 
 async def test_requests_waiting_for_a_pooled_connection_count_as_waiting() -> None:
     """Forty requests, four connections, two may wait: the rest are told 429 at once."""
-    slow = Backend("slow", delay=0.5)  # no /metrics at all: the proxy's own queue still counts
+    slow = Backend("slow", delay=1.0)  # no /metrics at all: the proxy's own queue still counts
     async with (
         running_backends(slow) as urls,
         running_endpoint(urls, pool_size=4, max_waiting=2, retry_after=1) as (url, ep),
@@ -151,7 +151,7 @@ async def test_requests_waiting_for_a_pooled_connection_count_as_waiting() -> No
     assert 4 <= codes[200] <= 7 and codes[429] == 40 - codes[200], codes
     assert all(r.headers["retry-after"] == "1" for r in rs if r.status_code == 429)
     assert slow.hits == codes[200]
-    assert elapsed < 4
+    assert elapsed < 6  # nothing waits behind the pool for long
     assert ep.lanes[0].queued == 0 and ep.lanes[0].active == 0
 
 
