@@ -196,11 +196,14 @@ def status(path, token=None, data=None):
     except urllib.error.HTTPError as exc:
         return exc.code
 token = os.environ["SLURMGATE_ENDPOINT_TOKEN"]
-print("auth", status("/health"), status("/v1/completions", None, body),
-      status("/v1/completions", "wrong", body), status("/v1/completions", token, body), flush=True)
-hf = os.environ["HF_TOKEN"]
-print(f"serving with --api-key {hf} and Authorization: Bearer {token}", flush=True)
-print("leaked", hf, token, os.environ["CLIENT_SECRET"], "ghp_" + "a" * 36, flush=True)
+codes = [status("/health"), status("/v1/completions", None, body),
+         status("/v1/completions", "wrong", body), status("/v1/completions", token, body)]
+hf, other = os.environ["HF_TOKEN"], os.environ["CLIENT_SECRET"]
+# one write per line: the step runs unbuffered, and srun's own lines may come in between
+sys.stdout.write(f"auth {' '.join(map(str, codes))}\n")
+sys.stdout.write(f"serving with --api-key {hf} and Authorization: Bearer {token}\n")
+sys.stdout.write(f"leaked {hf} {token} {other} ghp_{'a' * 36}\n")
+sys.stdout.flush()
 sys.exit(3)
 """
 
@@ -298,7 +301,7 @@ def test_controller_credentials_stay_behind_and_spec_secrets_reach_only_their_st
 # The client of the flow test: show the secret the way a careless server would, then fail.
 LEAKY_CLIENT = (
     "import os, sys; t = os.environ['HF_TOKEN']; "
-    "print('serving --api-key', t, 'raw', t, flush=True); sys.exit(2)"
+    "sys.stdout.write(f'serving --api-key {t} raw {t}\\n'); sys.stdout.flush(); sys.exit(2)"
 )
 
 
@@ -312,9 +315,11 @@ def test_through_prefect_only_the_reference_is_stored_and_no_copy_holds_the_valu
 
     from flows.allocation import allocation
 
-    hf = _value("hf-block")
+    hf, endpoint_token = _value("hf-block"), _value("endpoint-block")
     Secret(value=hf).save("sg-test-hf-token", overwrite=True)
+    Secret(value=endpoint_token).save("sg-test-endpoint-token", overwrite=True)
     data = example_data()
+    data["endpoint_token"] = {"secret": "sg-test-endpoint-token"}
     data["deployments"][0]["env"]["HF_TOKEN"] = {"secret": "sg-test-hf-token"}
     data["client"] = {
         "command": [sys.executable, "-c", LEAKY_CLIENT],
@@ -339,13 +344,16 @@ def test_through_prefect_only_the_reference_is_stored_and_no_copy_holds_the_valu
             "parameters": json.dumps([r.parameters for r in mine], default=str),
             "states": json.dumps([r.state.message if r.state else "" for r in mine]),
             "logs": "\n".join(log.message for log in logs),
-            "artifacts": json.dumps([a.data for a in artifacts], default=str),
+            "artifacts": json.dumps([(a.key, a.data) for a in artifacts], default=str),
         }
 
     held = asyncio.run(everything_prefect_holds())
     assert "sg-test-hf-token" in held["parameters"]  # the reference is what Prefect keeps
     assert "serving --api-key ***" in held["states"] + held["logs"]
     assert f"# Run {run_dir.name}" in held["artifacts"]  # the record artifact was published
+    # the endpoints' metrics were read with the token (their /metrics wants it)
+    assert "allocation-endpoint-stats" in held["artifacts"]
+    assert "slurmgate_endpoint" in held["artifacts"]
     for where, text in held.items():
-        assert hf not in text, where
+        assert hf not in text and endpoint_token not in text, where
     assert hf not in next(run_dir.glob("record.json")).read_text()
