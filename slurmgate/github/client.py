@@ -1,4 +1,12 @@
-"""Async GitHub REST client for runners, labels, runs and jobs: paced, conditional, typed errors."""
+"""Async GitHub REST client for runners, labels, runs and jobs: paced, conditional, typed errors.
+
+Every request carries the token, so what GitHub answers is bounded before it is believed: a
+pagination link is followed only to api_url's own scheme, host and port, at most `max_pages`
+pages of at most 100 items; a body past `max_body_bytes` (decompressed) is not read on; a body
+that is not JSON, or a page of the wrong shape, fails as `MalformedResponse`; redirects are
+not followed. Items are checked in `payloads.py`: a malformed one is skipped and warned about
+once, and the listing goes on.
+"""
 
 from __future__ import annotations
 
@@ -231,7 +239,11 @@ class GitHubClient:
     # ---- runners and labels ----
 
     async def list_runners(self, conditional: bool = True) -> list[Runner]:
-        """Every runner of the scope, following Link; conditional=False for verification reads."""
+        """Every runner of the scope, following Link; conditional=False for verification reads.
+
+        A runner of the wrong shape is left out (warned about once); a page of the wrong shape
+        fails the whole listing with MalformedResponse, since a partial fleet is no fleet.
+        """
         template = self.scope.runners_template
         pages = await self._paginate(
             template, self.scope.runners_path, {"per_page": PER_PAGE}, conditional
