@@ -53,6 +53,40 @@ async def test_a_lane_whose_health_fails_leaves_rotation_until_it_passes(
     assert Counter(served) == {"a": 2, "b": 2}
 
 
+async def test_requests_waiting_on_a_lane_that_leaves_rotation_are_retried_elsewhere(
+    client: httpx.AsyncClient,
+) -> None:
+    """A wedged engine holds what it was sent: once its probes fail, those move on."""
+    wedged, good = Backend("wedged", hang=True), Backend("good")
+    async with (
+        running_backends(wedged, good) as urls,
+        running_endpoint(urls, health_interval=0.05) as (url, ep),
+    ):
+        stuck = asyncio.create_task(client.post(f"{url}/v1/completions", json=BODY))
+        await until(lambda: wedged.hits == 1)
+        wedged.health_status = 503
+        r = await asyncio.wait_for(stuck, 5)
+        assert ep.lanes[0].active == 0 and not ep.lanes[0].awaiting
+    assert r.status_code == 200 and served_by(r) == "good"
+    assert ep.stats.retries == {"unhealthy": 1}
+
+
+async def test_the_last_lane_in_rotation_keeps_what_it_was_sent(
+    client: httpx.AsyncClient,
+) -> None:
+    slow = Backend("slow", delay=0.6)
+    async with (
+        running_backends(slow) as urls,
+        running_endpoint(urls, health_interval=0.05) as (url, ep),
+    ):
+        pending = asyncio.create_task(client.post(f"{url}/v1/completions", json=BODY))
+        await until(lambda: slow.hits == 1)
+        slow.health_status = 503
+        await until(lambda: not ep.lanes[0].in_rotation)
+        r = await pending
+    assert r.status_code == 200 and ep.stats.retries == {}
+
+
 async def test_when_no_lane_passes_its_probes_every_lane_is_tried(
     client: httpx.AsyncClient,
 ) -> None:

@@ -10,7 +10,8 @@ Routing is least-active with a rotating cursor for ties (``routing.py``), gated 
 sampled queue depth (``backpressure.py``) and by the lane's health probes, which take a failing
 lane out of rotation. A request is tried on at most ``max_attempts`` distinct backends; it is
 retried on connection errors, timeouts (the first-byte timeout among them), 429 and
-500/502/503/504, and never after the response has started streaming to the client.
+500/502/503/504, and when its lane leaves rotation before answering; never after the response has
+started streaming to the client.
 
 Each lane has ``pool_size // lanes`` upstream connections; a request that waits for one is held
 here and counts as waiting in the lane's queue. Request bodies are kept whole (a retry needs
@@ -348,8 +349,21 @@ class Endpoint:
                 raise
             except Exception:  # whatever broke the probe, the prober must live on
                 ok = False
+            was_in_rotation = lane.in_rotation
             lane.health_failures = 0 if ok else lane.health_failures + 1
+            if was_in_rotation and not lane.in_rotation:
+                self._cut_off_waiting(lane)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    def _cut_off_waiting(self, lane: Lane) -> None:
+        """A lane just left rotation: the attempts still waiting for its answer to start are
+        cancelled and retried on another lane (a wedged engine would hold them until the
+        first-byte timeout). Not when no lane is left in rotation: there is nowhere better."""
+        if not any(other.in_rotation for other in self.lanes):
+            return
+        for task in lane.awaiting:
+            lane.cut_off.add(task)
+            task.cancel()
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -507,6 +521,8 @@ class Endpoint:
         stats = self.stats
         router = self.router
         gates = self._gates
+        me = asyncio.current_task()
+        assert me is not None
         method: str = scope["method"]
         headers = CIMultiDict(
             (k.decode("latin-1"), v.decode("latin-1"))
@@ -554,6 +570,7 @@ class Endpoint:
                     url = URL(lane.url + path, encoded=True)
                     if len(urls) < 4096:
                         urls[lane.index, path] = url
+                lane.awaiting.add(me)
                 try:
                     resp = await session.request(
                         method,
@@ -566,6 +583,17 @@ class Endpoint:
                     last = None
                     failures.append("timeout" if isinstance(exc, TimeoutError) else "connect")
                     continue
+                except asyncio.CancelledError:
+                    if me not in lane.cut_off:
+                        raise
+                    lane.cut_off.discard(me)
+                    if me.uncancel() > 0:
+                        raise  # cancelled for another reason too (the client left)
+                    last = None
+                    failures.append("unhealthy")
+                    continue
+                finally:
+                    lane.awaiting.discard(me)
                 try:
                     status = resp.status
                     if status in RETRY_STATUSES:

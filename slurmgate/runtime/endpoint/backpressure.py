@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -118,6 +119,9 @@ class Lane:
     scrape_overdue: bool = False
     answered_at: float = -math.inf
     health_failures: int = 0  # consecutive failed health probes
+    # attempts waiting for the lane's answer to start, and those of them the endpoint cut off
+    awaiting: set[asyncio.Task[Any]] = field(default_factory=set)
+    cut_off: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
     def in_rotation(self) -> bool:
