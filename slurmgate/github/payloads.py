@@ -38,7 +38,7 @@ MAX_LABEL_LENGTH = 256
 """Longest label name accepted (GitHub's own runner labels are far shorter)."""
 MAX_LABELS = 256
 """Most labels one runner or job may carry (GitHub allows 100 custom labels on a runner)."""
-MAX_TEXT_LENGTH = 1024
+MAX_TEXT_LENGTH = 4096
 """Longest name, status or conclusion accepted; these only reach logs and the board."""
 MAX_ID = 2**63 - 1  # GitHub ids are int64
 

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from starlette.routing import Route
 from slurmgate.admission.model import JobStatus
 from slurmgate.errors import ExternalError
 from slurmgate.github.client import GitHubClient, MalformedResponse
-from slurmgate.github.etags import MemoryEtagCache
+from slurmgate.github.etags import FileEtagCache, MemoryEtagCache
 from slurmgate.github.payloads import MAX_LABEL_LENGTH
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.snapshot import take_snapshot
@@ -305,20 +306,20 @@ MALFORMED_RUNNERS = {
 
 
 async def test_malformed_runners_are_skipped_and_each_is_warned_about_once(
-    fake: Servers, caplog: pytest.LogCaptureFixture
+    fake: Servers, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     good = [runner(1, "cluster:x"), runner(2, "cluster:x")]
     page = runner_page(good[0], *MALFORMED_RUNNERS.values(), good[1])
     fake.github.handler = lambda request: JSONResponse(page)
     scope = GitHubScope(api_url=fake.github_url, repo=REPO)
-    shared = MemoryEtagCache()  # what the file cache keeps from one tick's process to the next
+    cache_file = tmp_path / "etags.json"  # each tick is a fresh flow process with this file
 
     def warnings() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
     with caplog.at_level(logging.WARNING, logger="slurmgate.github"):
         for _tick in range(3):
-            async with GitHubClient(scope, TOKEN, etag_cache=shared) as gh:
+            async with GitHubClient(scope, TOKEN, etag_cache=FileEtagCache(cache_file)) as gh:
                 runners = await gh.list_runners()
             assert [r.id for r in runners] == [1, 2]
         first = warnings()
