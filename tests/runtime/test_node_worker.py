@@ -68,12 +68,18 @@ def _worker(mode: str, spec: WorkerSpec, gpus: str = "3,5") -> subprocess.Popen[
         CUDA_VISIBLE_DEVICES=gpus,
         SLURMGATE_RUN_ID=spec.run_id,
     )
-    return subprocess.Popen(
-        [sys.executable, "-m", "slurmgate.runtime.node_worker", mode, "--spec", spec.encode()],
+    # As the runtime sends it: on stdin, since argv is public in /proc.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"],
         env=env,
+        stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdin is not None
+    proc.stdin.write(spec.encode())
+    proc.stdin.close()
+    return proc
 
 
 def _wait_for(path: Path, text: str, timeout: float = 10.0) -> None:
