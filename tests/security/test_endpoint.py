@@ -126,6 +126,9 @@ async def test_the_bearer_token_guards_everything_but_get_health() -> None:
         metrics = await client.get(f"{url}/metrics")
         health = await client.get(f"{url}/health")
         served = await client.post(f"{url}/v1/completions", json=BODY, headers=good)
+        lower_scheme = await client.post(
+            f"{url}/v1/completions", json=BODY, headers={"Authorization": f"bearer {TOKEN}"}
+        )
         metrics_ok = await client.get(f"{url}/metrics", headers=good)
     for refused in (missing, wrong, basic, models, metrics):
         assert refused.status_code == 401
@@ -135,7 +138,8 @@ async def test_the_bearer_token_guards_everything_but_get_health() -> None:
         assert TOKEN not in refused.text
     assert health.status_code == 200
     assert served.status_code == 200 and metrics_ok.status_code == 200
-    assert lane.hits == 1  # nothing unauthenticated reached the lane
+    assert lower_scheme.status_code == 200
+    assert lane.hits == 2  # nothing unauthenticated reached the lane
     # The endpoint's credential is its own: the lane never sees it.
     assert "authorization" not in lane.seen_headers[0]
     assert ep.stats.rejected_unauthorized == 5

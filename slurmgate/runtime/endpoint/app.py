@@ -700,15 +700,18 @@ def build_app(config: EndpointConfig) -> Callable[[Scope, Receive, Send], Awaita
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     control = Starlette(routes=[Route("/health", health), Route("/metrics", metrics)])
-    token = config.token
-    expected = b"Bearer " + token.get_secret_value().encode() if token is not None else None
+    expected = config.token.get_secret_value().encode() if config.token is not None else None
 
     def authorized(scope: Scope) -> bool:
         if scope["path"] == "/health" and scope["method"] == "GET":
             return True  # readiness probes carry no credentials
         for key, value in scope["headers"]:
             if key == b"authorization":
-                return hmac.compare_digest(value, expected or b"")
+                scheme, _, credentials = value.partition(b" ")
+                # the scheme is case-insensitive (RFC 9110); the token is compared in constant time
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    credentials.strip(), expected or b""
+                )
         return False
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
