@@ -22,7 +22,7 @@ from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
-from slurmgate.runtime.endpoint.config import EndpointConfig
+from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
 from slurmgate.runtime.node_worker import NodeSpec, WorkerSpec
 from slurmgate.runtime.records import (
     RECORD_NAME,
@@ -44,8 +44,6 @@ from slurmgate.runtime.supervisor import (
 
 PREFLIGHT_TIMEOUT_S = 120.0
 ENDPOINT_STARTUP_S = 60.0
-# The logical endpoints and the client read the endpoints' bearer token from this variable.
-ENDPOINT_TOKEN_ENV = "SLURMGATE_ENDPOINT_TOKEN"
 _PREFLIGHT_LINE = re.compile(
     r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
 )
@@ -469,7 +467,8 @@ class AllocationRun:
 
     def _token_env(self) -> dict[str, str]:
         token = self.credentials.endpoint_token
-        return {ENDPOINT_TOKEN_ENV: token} if token else {}
+        # The endpoints read it from there (never argv), and so does the client.
+        return {TOKEN_ENV: token} if token else {}
 
     def client_env(self) -> dict[str, str]:
         assert self.layout

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from slurmgate.errors import InputError
+from slurmgate.runtime.endpoint.config import TOKEN_ENV
 from slurmgate.runtime.layout import port_problems
 
 # Flags the launcher owns: a command that sets them itself would fight the layout.
@@ -35,7 +36,7 @@ LAUNCHER_FLAGS = (
 )
 # Environment names the runtime owns for every lane.
 RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMGATE_RUN_")
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "SLURMGATE_ENDPOINT_TOKEN")
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", TOKEN_ENV)
 # Names whose values are credentials: a plain value would be stored in Prefect as a flow-run
 # parameter, so the spec must reference it instead.
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|_KEY|AUTH_STRING)$|^PREFECT_API_", re.I)
@@ -105,7 +106,7 @@ EnvValue = str | SecretValue
 def _checked_env(v: dict[str, EnvValue], *, lanes: bool) -> dict[str, EnvValue]:
     for key, value in v.items():
         reserved = key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES)
-        if (reserved and lanes) or key == "SLURMGATE_ENDPOINT_TOKEN":
+        if (reserved and lanes) or key == TOKEN_ENV:
             raise _problem("env", f"{key} is set by the runtime", f"remove {key}")
         if isinstance(value, str) and SECRET_NAME.search(key):
             raise _problem(
