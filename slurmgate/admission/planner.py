@@ -312,6 +312,20 @@ def _releases(
         ):
             reason = ReleaseReason.INCOMPLETE
             detail = f"holds {lease.size} runner(s), its job needs {requested}"
+        elif (
+            job is not None
+            and job.status in _NOT_STARTED
+            and lease.anchor_id is not None
+            and set(lease.anchor_labels) != set(job.gate_labels())
+        ):
+            # A removal cut short (a killed controller) or a lease label left on another job's
+            # anchor: GitHub can never dispatch the job there, so the lease would hold its
+            # runners until lease_max_queued_age_s.
+            reason = ReleaseReason.INCOMPLETE
+            detail = (
+                f"anchor {lease.anchor_id} carries {', '.join(lease.anchor_labels)}, not its "
+                f"job's {', '.join(job.gate_labels())}"
+            )
         elif job is None and lease.job_id not in missing:
             work.notes.append(
                 f"lease {lease.label}: job {lease.job_id} is not in the snapshot; kept "

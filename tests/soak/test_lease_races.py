@@ -190,3 +190,21 @@ async def test_a_twin_admission_under_the_same_label_leaves_the_running_lease_al
         assert _job(emu, job_id) == ("in_progress", 1)
         assert {admit.lease_label, *GATE} <= _labels(emu, 1)
         assert admit.lease_label in _labels(emu, 2)
+
+
+async def test_a_lease_whose_anchor_lost_some_job_labels_is_released_and_readmitted() -> None:
+    """A controller killed half-way through removing an anchor's labels leaves a lease whose
+    anchor GitHub can never dispatch to; it must not hold its runners until the queued-age
+    limit (an hour), but be released and the job admitted again in the same tick."""
+    with running_emulator({"a": 3}) as emu:
+        job_id = _queue_job(emu)
+        lease = LeaseLabel(job_id, 1, int(time.time()) - 5).render()
+        with emu.state.lock:
+            emu.state.add_labels(emu.state.runners[1], [lease, "ci-attempt-1"])
+            emu.state.add_labels(emu.state.runners[2], [lease])
+        async with _client(emu) as client:
+            report = await reconcile_tick(direct_steps(client), SETTINGS)
+        assert report.released == 1 and report.admitted == 1, report.failures
+        status, runner_id = _job(emu, job_id)
+        assert status == "in_progress" and runner_id is not None
+        assert lease not in _labels(emu, 1) | _labels(emu, 2)
