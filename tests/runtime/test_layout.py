@@ -44,12 +44,19 @@ def test_golden_two_node_tp4_pp2_layout() -> None:
     assert head.ports == (18000, 18001, 19000, 19001) and follower.ports == ()
     assert [lane.delay_s for lane in head.lanes] == [0.0, 32.0]  # standoff 30 + 1 × 2
     assert lay.head_urls(d) == ["http://10.0.0.1:18000", "http://10.0.0.1:18001"]
-    argv = layout.lane_argv(spec.deployments[0], follower.lanes[1], "10.0.0.1", bind_host="10.0.0.2")
+    argv = layout.lane_argv(
+        spec.deployments[0], follower.lanes[1], "10.0.0.1", bind_host="10.0.0.2"
+    )
     assert argv[:3] == ["vllm", "serve", "m"]
     assert "--headless" in argv and "--port" not in argv
     assert argv[argv.index("--node-rank") + 1] == "1"
     assert argv[argv.index("--master-port") + 1] == "19001"
     assert argv[argv.index("--master-addr") + 1] == "10.0.0.1"
+    # a head binds its node's cluster address, never every interface
+    head_argv = layout.lane_argv(
+        spec.deployments[0], head.lanes[0], "10.0.0.1", bind_host="10.0.0.1"
+    )
+    assert head_argv[head_argv.index("--host") + 1] == "10.0.0.1"
 
 
 def test_replicas_spill_to_more_node_groups_in_order() -> None:
