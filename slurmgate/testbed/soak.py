@@ -285,9 +285,14 @@ class Checker:
                 anchors[label] = with_jobs[0]
 
         def committed(label: str) -> bool:
-            """Anchored with exactly its job's gate labels: GitHub may dispatch the job."""
-            anchor = anchors.get(label)
+            """Its job runs on one of its runners, or its anchor carries exactly the job's gate
+            labels (GitHub may dispatch it). A running job needs its gate labels no more: a
+            stale removal of a shared `ci-attempt-1` off its anchor is harmless."""
             lease = parsed[label]
+            job = jobs.get(lease.job_id)
+            if job is not None and job.status == "in_progress" and job.runner_id in holders[label]:
+                return True
+            anchor = anchors.get(label)
             return anchor is not None and job_labels(anchor) == gate_of.get(lease.job_id)
 
         present: set[tuple[int, str]] = set(malformed)
@@ -372,7 +377,7 @@ class Checker:
             leased = jobs.get(lease.job_id)
             if leased is not None and leased.status == "completed":
                 continue  # rule 5 owns it
-            if label in anchors and committed(label):
+            if committed(label):
                 for rid in ids:
                     if (rid, label) in duplicates:
                         present.add((rid, label))
