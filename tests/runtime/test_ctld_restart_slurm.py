@@ -133,7 +133,8 @@ def test_a_run_survives_slurmctld_restarts_in_readiness_and_in_cleanup(
     assert seen["after first restart"] == "readiness", seen
     assert rc == 0, stderr[-4000:]
     assert record.status == RunStatus.SUCCEEDED and record.cleanup_complete is True, record
-    assert "completion ok" in next((runs_root / record.run_id).glob("[0-9][0-9]-client.log")).read_text()
+    client_log = next((runs_root / record.run_id).glob("[0-9][0-9]-client.log"))
+    assert "completion ok" in client_log.read_text()
     assert record.job_id and record.owned_allocation
     info = slurm.show_job(record.job_id)
     assert info is None or not info.active, info
