@@ -17,8 +17,9 @@ echo "== mypy (core)"; mypy
 
 if [ "$fast" = 1 ]; then
     echo "== pytest (fast subset: no Slurm, no Prefect server)"
-    exec python -m pytest -q -p no:cacheprovider tests/architecture tests/admission tests/ci \
-        tests/github tests/simulator tests/endpoint tests/blocks tests/runtime/test_records.py \
+    exec python -m pytest -q -p no:cacheprovider -n 2 -m "not slurm" tests/architecture \
+        tests/admission tests/ci tests/github tests/simulator tests/endpoint tests/blocks \
+        tests/security tests/runtime/test_records.py \
         tests/runtime/test_spec.py tests/runtime/test_layout.py tests/runtime/test_readiness.py \
         tests/runtime/test_supervisor.py tests/runtime/test_node_worker.py "$@"
 fi
@@ -44,7 +45,7 @@ trap cleanup EXIT
 rc=0
 pass_() {  # pytest exits 5 when a pass selects nothing (arguments that name one file)
     local r=0
-    python -m pytest -q -p no:cacheprovider "$@" || r=$?
+    python -m pytest -q -p no:cacheprovider --durations=12 "$@" || r=$?
     if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi
 }
 echo "== pytest: Slurm and timing tests, one at a time"
