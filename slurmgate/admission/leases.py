@@ -211,7 +211,8 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
         if not runner.online:
             raise LeaseLost(f"runner {runner.name} ({runner_id}) went offline")
         if runner.busy:
-            if {fold(label) for label in admit.anchor_labels} <= runner.folded:
+            alone = runner.lease_labels == [ours]  # another label there may be what it runs under
+            if alone and {fold(label) for label in admit.anchor_labels} <= runner.folded:
                 # Our lease label and our job's own labels on a busy runner: another controller
                 # admitted this job in the same second, under the very same label, and GitHub
                 # runs it. Unwinding would strip that lease off the running job.
