@@ -147,11 +147,9 @@ class CompensationStack:
 
 @dataclass(frozen=True, slots=True)
 class Verification:
-    """The re-read fleet confirmed the lease; `anchor_present` are anchor labels it already had,
-    `competing` the other lease labels found on our runners (whose leases lose to ours)."""
+    """The re-read fleet confirmed the lease; `anchor_present` are anchor labels it already had."""
 
     anchor_present: frozenset[str]
-    competing: tuple[str, ...] = ()
 
 
 async def add_lease_label(
@@ -177,20 +175,11 @@ async def add_lease_labels(client: LeaseClient, admit: Admit, stack: Compensatio
         await add_lease_label(client, admit, runner_id, stack)
 
 
-def _has_anchor(label: str, fleet: Sequence[Runner]) -> bool:
-    return any(label in r.lease_labels and r.managed_job_labels() for r in fleet)
-
-
 def _created(label: str) -> int:
     try:
         return LeaseLabel.parse(label).created_at
     except LabelError:
         return 0  # a malformed lease label is the oldest: it never beats a well-formed one
-
-
-def conflict_winner(labels: Sequence[str], fleet: Sequence[Runner]) -> str:
-    """The lease that keeps a shared runner: anchored first, then the older, then the smaller."""
-    return min(labels, key=lambda lb: (not _has_anchor(lb, fleet), _created(lb), lb))
 
 
 def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
@@ -201,7 +190,6 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
         )
     ours = fold(admit.lease_label)
     by_id = {r.id: r for r in fleet}
-    competing: set[str] = set()
     for runner_id in admit.runner_ids:
         runner = by_id.get(runner_id)
         if runner is None:
@@ -221,14 +209,16 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
                     f"under {ours}, written by another admission"
                 )
             raise LeaseLost(f"runner {runner.name} ({runner_id}) is busy with another job")
-        others = [label for label in runner.lease_labels if label != ours]
+        others = sorted(label for label in runner.lease_labels if label != ours)
         if others:
-            competing.update(others)
-            winner = conflict_winner([ours, *others], fleet)
-            if winner != ours:
-                raise LeaseConflict(
-                    f"runner {runner.name} ({runner_id}) is also leased by {winner}, which wins"
-                )
+            # GitHub has no compare-and-swap: a lease that verified before our label landed did
+            # not see it and goes on to anchor, whatever a ranking of the two says. So whoever
+            # sees the other backs off; both may, and the next tick admits one of them. (The
+            # planner's ranking still settles leftovers, such as a killed admission's labels.)
+            raise LeaseConflict(
+                f"runner {runner.name} ({runner_id}) is also leased by {', '.join(others)}; "
+                "this admission backs off"
+            )
     anchor = by_id[admit.anchor_id]
     wanted = {fold(label) for label in admit.anchor_labels}
     foreign = [label for label in anchor.managed_job_labels() if label not in wanted]
@@ -237,7 +227,7 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
             f"anchor {anchor.name} ({anchor.id}) already carries job labels {', '.join(foreign)}"
         )
     present = frozenset(label for label in anchor.managed_job_labels() if label in wanted)
-    return Verification(present, tuple(sorted(competing)))
+    return Verification(present)
 
 
 RUNNERS_PER_PAGE = 100  # GitHub's largest page of the runner list
@@ -249,8 +239,7 @@ async def verify_lease(
     """Step 2: re-read unconditionally (never a cached copy) and check the lease on it.
 
     When the fleet spans more list pages than the lease has runners, only the chosen runners
-    are read (one fresh GET each): N reads instead of every page. Another lease label on one
-    of them sends it back to the whole fleet, because the winner rule needs every anchor.
+    are read (one fresh GET each): N reads instead of every page.
     """
     pages = -(-fleet_size // RUNNERS_PER_PAGE) if fleet_size else 0
     if len(admit.runner_ids) < pages:
@@ -260,8 +249,7 @@ async def verify_lease(
                 chosen.append(await client.get_runner(runner_id))
             except NotFoundError:
                 raise LeaseLost(f"runner {runner_id} is no longer registered") from None
-        if all(len(runner.lease_labels) <= 1 for runner in chosen):
-            return check_lease(admit, chosen)
+        return check_lease(admit, chosen)
     fleet = await client.list_runners(conditional=False)
     return check_lease(admit, fleet)
 

@@ -6,7 +6,6 @@ import asyncio
 import logging
 from typing import Any
 
-import pytest
 from flowcheck import assert_invariants, fleet, job_labels, lease_of_job
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter
@@ -63,7 +62,7 @@ async def test_token_never_logged_even_when_requests_fail(
 
 async def test_two_reconcile_flows_at_once_never_over_admit(emulator_factory, monkeypatch) -> None:
     """The deployment's concurrency limit should prevent this; if it happens anyway, the
-    verification and the conflict rule keep the fleet consistent."""
+    verification (whoever sees another lease backs off) keeps the fleet consistent."""
     monkeypatch.setenv("SLURMGATE_ORPHAN_GRACE_S", "30")
     monkeypatch.setenv("SLURMGATE_MIN_WRITE_INTERVAL_S", "0.01")
     monkeypatch.setenv("GITHUB_TOKEN", "any")
@@ -80,12 +79,19 @@ async def test_two_reconcile_flows_at_once_never_over_admit(emulator_factory, mo
     runners = fleet(emu.admin.dump())
     leased = sum(len(lease_of_job(runners, job_id)) for job_id in ids)
     assert leased <= 18
-    assert sum(r["admitted"] for r in results) >= 2  # both may admit the same (identical) lease
+    # Colliding admissions back off (both may); the next tick admits what fits.
+    await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo)
+    assert_invariants(emu.admin.dump())
+    runners = fleet(emu.admin.dump())
+    holding = [job_id for job_id in ids if lease_of_job(runners, job_id)]
+    assert len(holding) == 2, holding  # two of the three fit in 18 runners, never three
+    assert sum(len(lease_of_job(runners, job_id)) for job_id in holding) <= 18
 
 
-async def test_concurrent_protocols_on_shared_runners_one_wins(emulator_factory) -> None:
-    """Two admissions racing for runners 6..10: exactly one keeps its lease, the other undoes
-    only its own labels (the older lease wins unless the younger already has its anchor)."""
+async def test_concurrent_protocols_on_shared_runners_never_both_win(emulator_factory) -> None:
+    """Two admissions racing for runners 6..10: at most one keeps its lease (GitHub has no
+    compare-and-swap, so whoever sees the other backs off; both may), a loser undoes only its
+    own labels, and the runners are free for the next tick."""
     emu = emulator_factory({"a": 15})
     first = emu.admin.add_job(job_labels(10, token="first"), 600)["id"]
     second = emu.admin.add_job(job_labels(10, token="second"), 600)["id"]
@@ -110,28 +116,12 @@ async def test_concurrent_protocols_on_shared_runners_one_wins(emulator_factory)
             admit_lease(a, admit(first, "first", range(1, 11), 1_800_000_000)),
             admit_lease(b, admit(second, "second", range(6, 16), 1_800_000_001)),
         )
-    assert sorted(o.admitted for o in outcomes) == [False, True], outcomes
-    loser = next(o for o in outcomes if not o.admitted)
-    assert "LeaseConflict" in loser.reason or "LeaseLost" in loser.reason
+    assert sum(o.admitted for o in outcomes) <= 1, outcomes
     assert_invariants(emu.admin.dump())
     runners = fleet(emu.admin.dump())
-    winner = next(o for o in outcomes if o.admitted)
-    assert len(lease_of_job(runners, winner.job_id)) == 10
-    assert lease_of_job(runners, loser.job_id) == []
-
-
-@pytest.mark.parametrize("anchored_younger", [False, True])
-def test_conflict_rule_is_deterministic(anchored_younger: bool) -> None:
-    from slurmgate.admission.leases import conflict_winner
-    from slurmgate.admission.model import Runner
-
-    old, young = "ci-lease-j1-a1-t100", "ci-lease-j2-a1-t200"
-    shared = Runner(1, "r1", True, False, ("cluster:a", old, young))
-    anchor_labels = ("ci-job-1.000-x", "ci-attempt-1") if anchored_younger else ()
-    young_anchor = Runner(2, "r2", True, False, ("cluster:a", young, *anchor_labels))
-    fleet_view = [shared, young_anchor]
-    expected = young if anchored_younger else old
-    assert conflict_winner([old, young], fleet_view) == expected
-    assert conflict_winner([young, old], fleet_view) == expected
-    same_time = ["ci-lease-j9-a1-t100", "ci-lease-j10-a1-t100"]
-    assert conflict_winner(same_time, []) == "ci-lease-j10-a1-t100"  # smaller label
+    for outcome in outcomes:
+        if outcome.admitted:
+            assert len(lease_of_job(runners, outcome.job_id)) == 10
+        else:
+            assert "LeaseConflict" in outcome.reason or "LeaseLost" in outcome.reason
+            assert lease_of_job(runners, outcome.job_id) == []

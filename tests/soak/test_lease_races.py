@@ -3,6 +3,7 @@ late stamps and slow reads between two controllers."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import UTC, datetime
 
@@ -12,6 +13,7 @@ from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import (
     AnchorDeadline,
     CompensationStack,
+    LeaseConflict,
     LeaseLost,
     add_anchor_labels,
     add_lease_labels,
@@ -208,3 +210,21 @@ async def test_a_lease_whose_anchor_lost_some_job_labels_is_released_and_readmit
         status, runner_id = _job(emu, job_id)
         assert status == "in_progress" and runner_id is not None
         assert lease not in _labels(emu, 1) | _labels(emu, 2)
+
+
+async def test_the_second_to_verify_backs_off_even_when_it_is_older() -> None:
+    """The verify-then-anchor race: controller A verified its lease before B's label landed, so
+    A anchors. B then sees A's younger, still unanchored lease on a shared runner. Ranking by age
+    would let B win too, and both would anchor on one runner; B must back off instead."""
+    with running_emulator(pools={"a": 3}) as emu:
+        now = time.time()
+        job_a, job_b = _queue_job(emu), _queue_job(emu)
+        lease_a = _admit(job_a, now)
+        lease_b = dataclasses.replace(_admit(job_b, now - 5), runner_ids=(2, 3), anchor_id=3)
+        async with _client(emu, min_write_interval_s=0) as a, _client(emu) as b:
+            await add_lease_labels(a, lease_a, CompensationStack())
+            await verify_lease(a, lease_a)  # A sees no competitor: it goes on to anchor
+            stack_b = CompensationStack()
+            await add_lease_labels(b, lease_b, stack_b)
+            with pytest.raises(LeaseConflict, match="backs off"):
+                await verify_lease(b, lease_b)  # B is older, and still must not proceed
