@@ -190,13 +190,15 @@ class Snapshot:
 
     `jobs` holds queued and in-progress jobs, plus any job a lease points at (looked up by id,
     so a completed or vanished job is told apart from one the listing missed). `missing_job_ids`
-    are lease jobs that GitHub answered 404 for.
+    are lease jobs that GitHub answered 404 for. `unreadable_runners` counts runners GitHub
+    listed in a shape that could not be read: any of them may be a lease's anchor or holder.
     """
 
     runners: tuple[Runner, ...]
     jobs: tuple[Job, ...]
     taken_at: datetime
     missing_job_ids: frozenset[int] = frozenset()
+    unreadable_runners: int = 0
 
 
 # ---- decisions -------------------------------------------------------------------------------

@@ -72,6 +72,11 @@ from slurmgate.admission.settings import AdmissionSettings
 _NOT_STARTED = frozenset(
     {JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING}
 )
+# Release reasons that read the lease's runners: a partial fleet cannot tell them apart from
+# a runner GitHub listed in a shape we could not read.
+_SEEN_BY_RUNNERS = frozenset(
+    {ReleaseReason.NO_ANCHOR, ReleaseReason.INCOMPLETE, ReleaseReason.CONFLICT_LOST}
+)
 
 
 # ---- the plan --------------------------------------------------------------------------------
@@ -181,7 +186,10 @@ def plan(
 
     # malformed lease labels are found again per runner by _cleans
     leases, _ = leases_from_fleet(runners)
-    released = _releases(leases, jobs, snapshot.missing_job_ids, by_id, settings, now_s, work)
+    released = _releases(
+        leases, jobs, snapshot.missing_job_ids, snapshot.unreadable_runners, by_id, settings,
+        now_s, work,
+    )  # fmt: skip
     kept = [lease for lease in leases if lease.label not in released]
     if not settings.PRIORITY_SCHEDULER_ENABLED:
         work.releases = [
@@ -272,6 +280,7 @@ def _releases(
     leases: list[Lease],
     jobs: dict[int, Job],
     missing: frozenset[int],
+    unreadable: int,
     by_id: dict[int, Runner],
     settings: AdmissionSettings,
     now_s: float,
@@ -331,6 +340,13 @@ def _releases(
                 f"lease {lease.label}: job {lease.job_id} is not in the snapshot; kept "
                 "(unknown is not gone: the snapshot must look lease jobs up)"
             )
+        if reason in _SEEN_BY_RUNNERS and unreadable:
+            # The unreadable runner may be this lease's anchor or holder: releasing now could
+            # strip the lease off a running job. Judge it on the next full read.
+            work.notes.append(
+                f"lease {lease.label}: {reason} held back, {unreadable} runner(s) unreadable"
+            )
+            reason = None
         if reason is not None:
             decided.append((lease, reason, detail))
 

@@ -191,6 +191,7 @@ class GitHubClient:
         self.max_body_bytes = max_body_bytes
         self.max_pages = max_pages
         self.problems = ProblemMemory(self.etag_cache)
+        self.unreadable_runners = 0  # runners the last listing left out as malformed
         self.calls = CallCounter()
         self._rate_limit: RateLimit | None = None
         self._last_write = 0.0
@@ -249,14 +250,17 @@ class GitHubClient:
             template, self.scope.runners_path, {"per_page": PER_PAGE}, conditional
         )
         runners: dict[int, Runner] = {}
+        unreadable = 0
         for item in self._items(pages, "runners", template):
             try:
                 runner = parse_runner(item)
             except MalformedPayload as exc:
                 self._skip(exc)
+                unreadable += 1
                 continue
             # a runner registered between two page reads shifts the pages: it may show twice
             runners.setdefault(runner.id, runner)
+        self.unreadable_runners = unreadable
         return list(runners.values())
 
     async def get_runner(self, runner_id: int) -> Runner:

@@ -19,6 +19,9 @@ class SnapshotClient(Protocol):
 
     async def get_job(self, job_id: int) -> Job | None: ...
 
+    @property
+    def unreadable_runners(self) -> int: ...
+
 
 async def take_snapshot(
     client: SnapshotClient, *, clock: Callable[[], datetime] | None = None
@@ -30,7 +33,8 @@ async def take_snapshot(
     then told apart from a vanished one (404, recorded in `missing_job_ids`).
 
     What GitHub sends malformed is left out, never guessed at: a runner of the wrong shape is
-    not in the fleet, a job listing of the wrong shape hides its jobs (they are not admitted),
+    not in the fleet (it is counted, so the planner knows the fleet it sees is partial), a job
+    listing of the wrong shape hides its jobs (they are not admitted),
     and a lease job whose own read is malformed is neither present nor missing, so the planner
     keeps its lease. Only a malformed runner listing fails the read (`MalformedResponse`):
     without the fleet there is nothing to plan, and nothing is written.
@@ -54,6 +58,7 @@ async def take_snapshot(
         jobs=tuple(sorted(jobs.values(), key=lambda j: j.id)),
         taken_at=taken_at,
         missing_job_ids=frozenset(missing),
+        unreadable_runners=client.unreadable_runners,
     )
 
 

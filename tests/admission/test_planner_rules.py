@@ -346,6 +346,24 @@ def test_anchorless_lease_is_released_only_after_the_grace() -> None:
     assert _release_for(snap, at_s=ON.orphan_grace_s + 1) == [(1, "no-anchor")]
 
 
+def test_runner_judged_releases_wait_while_a_runner_is_unreadable() -> None:
+    """GitHub listed a runner we could not read: it may be the anchor the lease seems to lack,
+    so the no-anchor release waits for a full read. A finished job's lease is still released."""
+    queued, done = job(1, 2), job(2, 1, pool_name="y", status=JobStatus.COMPLETED)
+    runners = [
+        replace(r, labels=tuple(x for x in r.labels if x.startswith(("self", "cluster", "ci-l"))))
+        for r in lease_runners(pool("x", 2), queued, [1, 2])
+    ]
+    runners += lease_runners(pool("y", 1, start=10), done, [10])
+    partial = replace(snapshot(runners, [queued, done]), unreadable_runners=1)
+    assert _release_for(partial, at_s=ON.orphan_grace_s + 1) == [(2, "job-finished")]
+    full = replace(partial, unreadable_runners=0)
+    assert sorted(_release_for(full, at_s=ON.orphan_grace_s + 1)) == [
+        (1, "no-anchor"),
+        (2, "job-finished"),
+    ]
+
+
 def test_lease_expires_while_its_job_stays_queued_but_not_while_it_runs() -> None:
     queued = job(1, 2)
     runners = lease_runners(pool("x", 2), queued, [1, 2])

@@ -532,7 +532,17 @@ def test_a_tick_over_a_hostile_github_writes_only_what_the_well_formed_part_asks
     }
     if not unreadable_lease_jobs:
         github.load(world, hostile=False)
-        assert hostile == asyncio.run(one_tick(github, at))
+        clean = asyncio.run(one_tick(github, at))
+        partial_fleet = bool(world.junk_runners) or not all(
+            readable("runner", runner) for runner in world.runners.values()
+        )
+        if not partial_fleet:
+            assert hostile == clean
+            return
+        # With a runner unreadable, the releases that judge a lease by its runners wait for a
+        # full read: the hostile tick writes part of what the clean one writes, less removals.
+        assert all(write in clean for write in hostile), (hostile, clean)
+        assert all(write[0] == "remove" for write in clean if write not in hostile)
         return
     # A lease whose job cannot be read is unknown, not gone: while every runner it holds reads
     # well (so no runner-side reason, such as a lost anchor, can apply), its label stays.
