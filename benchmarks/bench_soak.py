@@ -115,10 +115,11 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--runtime-scale", type=float, default=0.5)
-    add_output_flags(parser, "5 simulated minutes of each arm")
+    add_output_flags(parser, "5 simulated minutes of each arm, at 40x")
     args = parser.parse_args()
     if args.smoke:
         args.sim_s, args.runtime_scale = min(args.sim_s, 300.0), 0.1
+        args.speed = max(args.speed, 40.0)
     result = run(args.sim_s, args.speed, args.seed, args.runtime_scale)
     result["smoke"] = args.smoke
     write_results(args, "soak", result, markdown(result))
