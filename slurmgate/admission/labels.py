@@ -13,9 +13,11 @@ LEASE_PREFIX = "ci-lease-"
 JOB_PREFIX = "ci-job-"
 ATTEMPT_PREFIX = "ci-attempt-"
 NODES_PREFIX = "nodes:"
+SKIP_QUEUE_PREFIX = "ci-skip-queue-pr-"
 
 # The job's own labels, which only the lease's anchor carries (what GitHub dispatches on).
-ANCHOR_PREFIXES = (JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX)
+# A skip-queue job asks for `ci-skip-queue-pr-<PR>` in its runs-on, so its anchor must carry it.
+ANCHOR_PREFIXES = (JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX, SKIP_QUEUE_PREFIX)
 # Only these families are ever removed from a runner; every other label is left alone.
 MANAGED_PREFIXES = (LEASE_PREFIX, *ANCHOR_PREFIXES)
 
@@ -38,7 +40,7 @@ def is_managed(label: str) -> bool:
 
 
 def is_anchor_label(label: str) -> bool:
-    """True for a job's own labels (ci-job-*, ci-attempt-*, nodes:*)."""
+    """True for a job's own labels (ci-job-*, ci-attempt-*, nodes:*, ci-skip-queue-pr-*)."""
     return fold(label).startswith(ANCHOR_PREFIXES)
 
 

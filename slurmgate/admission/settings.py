@@ -137,6 +137,26 @@ class AdmissionSettings(BaseSettings):
         "(env SLURMGATE_ORPHAN_GRACE_S, seconds).",
         ge=0,
     )
+    skip_queue_team: str | None = _knob(
+        "skip_queue_team",
+        None,
+        "Who may make a PR skip the queue: members of this team, written org/team-slug "
+        "(env SLURMGATE_SKIP_QUEUE_TEAM). The actor who last added the skip-queue label to the "
+        "PR must be an active member.",
+    )
+    skip_queue_allow: frozenset[str] = _knob(
+        "skip_queue_allow",
+        frozenset(),
+        "Logins who may make a PR skip the queue, besides the team "
+        '(env SLURMGATE_SKIP_QUEUE_ALLOW as JSON, e.g. ["alice", "bob"]).',
+    )
+    skip_queue_label: str = _knob(
+        "skip_queue_label",
+        "skip_queue",
+        "The PR label that asks for skip-queue (env SLURMGATE_SKIP_QUEUE_LABEL).",
+        min_length=1,
+        max_length=100,
+    )
     default_priority: Decimal = _knob(
         "default_priority",
         Decimal("1.000"),
@@ -154,6 +174,23 @@ class AdmissionSettings(BaseSettings):
                     "a positive number of minutes"
                 )
         return {word.casefold(): minutes for word, minutes in value.items()}
+
+    @field_validator("skip_queue_team")
+    @classmethod
+    def _team_slug(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        org, _, team = value.strip().partition("/")
+        if not org or not team or "/" in team:
+            raise ValueError(
+                f"skip_queue_team {value!r} must be written org/team-slug, e.g. my-org/ci-admins"
+            )
+        return f"{org}/{team}"
+
+    @field_validator("skip_queue_allow")
+    @classmethod
+    def _logins(cls, value: frozenset[str]) -> frozenset[str]:
+        return frozenset(login.strip().casefold() for login in value if login.strip())
 
     def timeout_s(self, job_name: str) -> float:
         """The timeout of a job, in seconds: the first override whose word is in its name."""
