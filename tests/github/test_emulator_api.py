@@ -207,3 +207,48 @@ def test_remove_all_returns_read_only_labels(api: httpx.Client) -> None:
             {"id": 3, "name": "X64", "type": "read-only"},
         ],
     }
+
+
+def test_skip_queue_reads_validate_paginate_and_answer_304(
+    emu: RunningEmulator, api: httpx.Client, validate: Validate
+) -> None:
+    """The issue-events listing (a bare array, oldest first, Link pages, ETag) and the team
+    membership read (200 active or pending, 404 for no member) in GitHub's shapes."""
+    job = emu.admin.add_job(["self-hosted", "nowhere"], 5, pull_request=42)
+    run = api.get(f"{REPO}/runs/{job['run_id']}")
+    validate(run)
+    assert [pr["number"] for pr in run.json()["pull_requests"]] == [42]
+    assert run.json()["event"] == "pull_request"
+    for n in range(3):
+        emu.admin.label_pr(42, "skip_queue", f"user{n}")
+    emu.admin.unlabel_pr(42, "skip_queue", "user1")
+    events = "/repos/acme/gpu-ci/issues/42/events"
+    first = api.get(events, params={"per_page": 3})
+    validate(first)
+    assert [e["event"] for e in first.json()] == ["labeled", "labeled", "labeled"]
+    assert first.json()[2]["actor"]["login"] == "user2"
+    assert first.json()[0]["label"]["name"] == "skip_queue"
+    last = api.get(_links(first)["next"])
+    validate(last)
+    assert [(e["event"], e["actor"]["login"]) for e in last.json()] == [("unlabeled", "user1")]
+    assert api.get(events, headers={"If-None-Match": first.headers["etag"]}).status_code == 200
+    again = api.get(
+        events, params={"per_page": 3}, headers={"If-None-Match": first.headers["etag"]}
+    )
+    assert again.status_code == 304
+    assert api.get("/repos/acme/gpu-ci/issues/43/events").status_code == 404
+
+    emu.admin.set_team_member("gpu-admins", "Alice")
+    emu.admin.set_team_member("gpu-admins", "bob", "pending")
+    member = "/orgs/acme/teams/gpu-admins/memberships"
+    active = api.get(f"{member}/alice")
+    pending = api.get(f"{member}/bob")
+    validate(active)
+    validate(pending)
+    assert (active.json()["state"], pending.json()["state"]) == ("active", "pending")
+    missing = api.get(f"{member}/carol")
+    assert missing.status_code == 404 and missing.json()["message"] == "Not Found"
+    assert api.get("/orgs/acme/teams/other-team/memberships/alice").status_code == 404
+    assert api.get("/orgs/other/teams/gpu-admins/memberships/alice").status_code == 404
+    emu.admin.set_team_member("gpu-admins", "alice", None)
+    assert api.get(f"{member}/alice").status_code == 404

@@ -1,4 +1,8 @@
-"""The emulator's HTTP face: GitHub's runner, label, run and job endpoints, and `/_emulator/`."""
+"""The emulator's HTTP face: GitHub's runner, label, run and job endpoints, and `/_emulator/`.
+
+Besides those, the two reads of skip-queue authorization: a pull request's issue events
+(paginated, conditional) and an organization team's membership of one login (200 or 404).
+"""
 
 from __future__ import annotations
 
@@ -276,6 +280,29 @@ async def get_job(request: Request, state: EmulatorState) -> tuple[int, Any, dic
         return 200, state.job_json(_found(state.jobs, request, "job_id")), {}
 
 
+async def list_issue_events(
+    request: Request, state: EmulatorState
+) -> tuple[int, Any, dict[str, str]]:
+    """A bare JSON array of the issue's events, oldest first (GitHub's order), paginated."""
+    number = _int_param(request, "issue_number")
+    with state.lock:
+        events = state.issue_events.get(number)
+        if events is None:
+            raise ApiError(404, "Not Found")
+        chunk, headers = _paginate(request, list(events))
+        return 200, [state.issue_event_json(number, event) for event in chunk], headers
+
+
+async def get_team_membership(
+    request: Request, state: EmulatorState
+) -> tuple[int, Any, dict[str, str]]:
+    slug, login = request.path_params["team_slug"], request.path_params["username"]
+    member_state = state.team_membership(slug, login)
+    if member_state is None:
+        raise ApiError(404, "Not Found")
+    return 200, state.team_membership_json(slug, login, member_state), {}
+
+
 async def rate_limit(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
     headers = state.quota_headers()
     core = {
@@ -444,6 +471,15 @@ def github_routes(state: EmulatorState) -> list[BaseRoute]:
             ["GET"],
         ),
         _api(state, REPO_ACTIONS + "/jobs/{job_id}", get_job, ["GET"]),
+        _api(
+            state, "/repos/{owner}/{repo}/issues/{issue_number}/events", list_issue_events, ["GET"]
+        ),
+        _api(
+            state,
+            "/orgs/{org}/teams/{team_slug}/memberships/{username}",
+            get_team_membership,
+            ["GET"],
+        ),
         _api(state, "/rate_limit", rate_limit, ["GET"]),
     ]
     return routes
@@ -484,13 +520,18 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
             duration = float(body.get("duration_s", 5.0))
             run_id = body.get("run_id")
             run_id = None if run_id is None else int(run_id)
+            pull_request = body.get("pull_request")
+            pull_request = None if pull_request is None else int(pull_request)
         except (TypeError, ValueError):
-            raise EmulatorInputError("duration_s must be a number and run_id an integer") from None
+            raise EmulatorInputError(
+                "duration_s must be a number, run_id and pull_request integers"
+            ) from None
         job = state.add_job(
             body.get("labels"),  # type: ignore[arg-type]  # validated by add_job
             duration,
             name=body.get("name"),
             run_id=run_id,
+            pull_request=pull_request,
         )
         return 201, {"id": job.id, "run_id": job.run_id}
 
@@ -593,6 +634,27 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
         state.tick()
         return 200, {"ok": True}
 
+    async def issue_label(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        action = body.get("action", "labeled")
+        if action not in ("labeled", "unlabeled"):
+            raise EmulatorInputError(f"action {action!r} is not labeled or unlabeled")
+        write = state.label_issue if action == "labeled" else state.unlabel_issue
+        record = write(
+            _admin_id(request, "number"), str(body.get("label", "")), str(body.get("actor", ""))
+        )
+        return 201, {"id": record.id, "event": record.event}
+
+    async def team_member(request: Request) -> tuple[int, Any]:
+        body = await _json(request)
+        member_state = body.get("state", "active")
+        state.set_team_member(
+            request.path_params["team_slug"],
+            request.path_params["login"],
+            None if member_state is None else str(member_state),
+        )
+        return 200, {"state": member_state}
+
     p = "/_emulator"
     return [
         Route(f"{p}/jobs", admin(add_job), methods=["POST"]),
@@ -611,6 +673,8 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
         Route(f"{p}/quota", admin(quota), methods=["POST"]),
         Route(f"{p}/tick", admin(tick), methods=["POST"]),
         Route(f"{p}/webhooks", admin(webhooks), methods=["POST"]),
+        Route(f"{p}/issues/{{number}}/labels", admin(issue_label), methods=["POST"]),
+        Route(f"{p}/teams/{{team_slug}}/members/{{login}}", admin(team_member), methods=["PUT"]),
     ]
 
 

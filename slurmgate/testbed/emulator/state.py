@@ -1,4 +1,8 @@
-"""The emulator's in-memory GitHub: runners, labels, runs, jobs, dispatch, quota and faults."""
+"""The emulator's in-memory GitHub: runners, labels, runs, jobs, dispatch, quota and faults.
+
+It also keeps what skip-queue authorization reads: each pull request's label events (who added
+or removed which label) and the organization's team memberships.
+"""
 
 from __future__ import annotations
 
@@ -81,6 +85,21 @@ class EmuRun:
     created_at: float
     updated_at: float
     run_number: int
+    pull_requests: list[int] = field(default_factory=list)
+
+
+@dataclass
+class EmuIssueEvent:
+    """One `labeled` or `unlabeled` event of a pull request (GitHub keeps them per issue)."""
+
+    id: int
+    event: str
+    label: str
+    actor: str
+    created_at: float
+
+
+TEAM_STATES = ("active", "pending")
 
 
 @dataclass
@@ -234,6 +253,10 @@ class EmulatorState:
         self._repository_json: dict[str, Any] | None = None
         self._queued: set[int] = set()
         self._running: set[int] = set()
+        # skip-queue authorization: label events per PR number, members per team slug
+        self.issue_events: dict[int, list[EmuIssueEvent]] = {}
+        self.team_members: dict[str, dict[str, str]] = {}  # folded slug -> folded login -> state
+        self._next_event = 9000001
 
     @property
     def repo(self) -> str:
@@ -340,7 +363,10 @@ class EmulatorState:
         *,
         name: str | None = None,
         run_id: int | None = None,
+        pull_request: int | None = None,
     ) -> EmuJob:
+        """Queue a job in run `run_id` (a new run if absent); `pull_request` makes a new run one
+        for that PR number, as a `pull_request` event's run is."""
         if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
             raise EmulatorInputError("labels must be a list of non-empty strings (the runs-on)")
         if not labels:
@@ -354,6 +380,10 @@ class EmulatorState:
             run = self.runs.get(run_id)
             if run is None:
                 run = EmuRun(run_id, f"workflow-{run_id}", 1, now, now, len(self.runs) + 1)
+                if pull_request is not None:
+                    self._check_issue_number(pull_request)
+                    run.pull_requests.append(pull_request)
+                    self.issue_events.setdefault(pull_request, [])
                 self.runs[run_id] = run
                 self._next_run = max(self._next_run, run_id + 1)
             job = EmuJob(
@@ -514,6 +544,52 @@ class EmulatorState:
                     return "completed", worst
             return "completed", "success"
         return "in_progress", None
+
+    # ---- pull-request labels and teams (what skip-queue authorization reads) ----
+
+    @staticmethod
+    def _check_issue_number(number: int) -> None:
+        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number < 2**31:
+            raise EmulatorInputError(f"pull request number {number!r} must be 1 or more")
+
+    def label_issue(self, number: int, label: str, actor: str) -> EmuIssueEvent:
+        """`actor` adds `label` to pull request `number`: one `labeled` event."""
+        return self._label_event(number, "labeled", label, actor)
+
+    def unlabel_issue(self, number: int, label: str, actor: str) -> EmuIssueEvent:
+        """`actor` removes `label` from pull request `number`: one `unlabeled` event."""
+        return self._label_event(number, "unlabeled", label, actor)
+
+    def _label_event(self, number: int, event: str, label: str, actor: str) -> EmuIssueEvent:
+        self._check_issue_number(number)
+        if not isinstance(label, str) or not label.strip():
+            raise EmulatorInputError("label must be a non-empty string")
+        if not isinstance(actor, str) or not actor.strip():
+            raise EmulatorInputError("actor must be a non-empty login")
+        with self.lock:
+            record = EmuIssueEvent(self._next_event, event, label, actor, self.clock())
+            self._next_event += 1
+            self.issue_events.setdefault(number, []).append(record)
+            return record
+
+    def set_team_member(self, team_slug: str, login: str, state: str | None) -> None:
+        """Make `login` a member of the organization's team in `state` (active or pending), or
+        no member at all with None. The team exists once it has had a member."""
+        if state is not None and state not in TEAM_STATES:
+            raise EmulatorInputError(f"state {state!r} is not one of {', '.join(TEAM_STATES)}")
+        if not team_slug or not login:
+            raise EmulatorInputError("team_slug and login must be non-empty")
+        with self.lock:
+            members = self.team_members.setdefault(fold(team_slug), {})
+            if state is None:
+                members.pop(fold(login), None)
+            else:
+                members[fold(login)] = state
+
+    def team_membership(self, team_slug: str, login: str) -> str | None:
+        """The member's state, or None when the team or the membership does not exist."""
+        with self.lock:
+            return self.team_members.get(fold(team_slug), {}).get(fold(login))
 
     # ---- quota ----
 
@@ -730,7 +806,7 @@ class EmulatorState:
 
     def user_json(self) -> dict[str, Any]:
         if self._user_json is None:
-            self._user_json = self._build_user_json()
+            self._user_json = self.simple_user_json(self.owner, user_id=1, kind="Organization")
         return self._user_json
 
     def repository_json(self) -> dict[str, Any]:
@@ -738,16 +814,22 @@ class EmulatorState:
             self._repository_json = self._build_repository_json()
         return self._repository_json
 
-    def _build_user_json(self) -> dict[str, Any]:
-        base = f"https://api.github.com/users/{self.owner}"
+    @staticmethod
+    def simple_user_json(
+        login: str, *, user_id: int | None = None, kind: str = "User"
+    ) -> dict[str, Any]:
+        """GitHub's `simple-user`; a user's id is derived from the login, so it is stable."""
+        if user_id is None:
+            user_id = int(hashlib.sha256(fold(login).encode()).hexdigest()[:8], 16) + 2
+        base = f"https://api.github.com/users/{login}"
         return {
-            "login": self.owner,
-            "id": 1,
-            "node_id": "U_1",
-            "avatar_url": "https://avatars.githubusercontent.com/u/1",
+            "login": login,
+            "id": user_id,
+            "node_id": f"U_{user_id}",
+            "avatar_url": f"https://avatars.githubusercontent.com/u/{user_id}",
             "gravatar_id": "",
             "url": base,
-            "html_url": f"https://github.com/{self.owner}",
+            "html_url": f"https://github.com/{login}",
             "followers_url": f"{base}/followers",
             "following_url": f"{base}/following{{/other_user}}",
             "gists_url": f"{base}/gists{{/gist_id}}",
@@ -757,8 +839,46 @@ class EmulatorState:
             "repos_url": f"{base}/repos",
             "events_url": f"{base}/events{{/privacy}}",
             "received_events_url": f"{base}/received_events",
-            "type": "Organization",
+            "type": kind,
             "site_admin": False,
+        }
+
+    def issue_event_json(self, number: int, record: EmuIssueEvent) -> dict[str, Any]:
+        """A `labeled-issue-event` or `unlabeled-issue-event`, as the issue-events listing has."""
+        return {
+            "id": record.id,
+            "node_id": f"LE_{record.id}",
+            "url": self._api(f"/issues/events/{record.id}"),
+            "actor": self.simple_user_json(record.actor),
+            "event": record.event,
+            "commit_id": None,
+            "commit_url": None,
+            "created_at": _iso(record.created_at),
+            "performed_via_github_app": None,
+            "label": {"name": record.label, "color": "ededed"},
+        }
+
+    def team_membership_json(self, team_slug: str, login: str, state: str) -> dict[str, Any]:
+        return {
+            "url": f"https://api.github.com/organizations/1/team/1/memberships/{login}",
+            "role": "member",
+            "state": state,
+        }
+
+    def pull_request_json(self, number: int) -> dict[str, Any]:
+        """GitHub's `pull-request-minimal`, as a workflow run's `pull_requests` lists it."""
+        repo = {
+            "id": 1296269,
+            "url": f"https://api.github.com/repos/{self.repo}",
+            "name": self.repo_name,
+        }
+        sha = hashlib.sha1(f"pr-{number}".encode()).hexdigest()
+        return {
+            "id": 7000000 + number,
+            "number": number,
+            "url": self._api(f"/pulls/{number}"),
+            "head": {"ref": f"pr-{number}", "sha": sha, "repo": repo},
+            "base": {"ref": "main", "sha": sha, "repo": repo},
         }
 
     def _build_repository_json(self) -> dict[str, Any]:
@@ -834,13 +954,13 @@ class EmulatorState:
             "display_title": run.name,
             "run_number": run.run_number,
             "run_attempt": run.run_attempt,
-            "event": "push",
+            "event": "pull_request" if run.pull_requests else "push",
             "status": status,
             "conclusion": conclusion,
             "workflow_id": 1,
             "url": self._api(f"/actions/runs/{run.id}"),
             "html_url": f"https://github.com/{self.repo}/actions/runs/{run.id}",
-            "pull_requests": [],
+            "pull_requests": [self.pull_request_json(n) for n in run.pull_requests],
             "created_at": _iso(run.created_at),
             "updated_at": _iso(run.updated_at),
             "run_started_at": _iso(run.created_at),

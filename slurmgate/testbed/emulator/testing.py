@@ -18,6 +18,7 @@ class JobExtras(TypedDict, total=False):
 
     name: str | None
     run_id: int | None
+    pull_request: int | None
 
 
 class EmulatorAdmin:
@@ -118,6 +119,23 @@ class EmulatorAdmin:
 
     def tick(self) -> None:
         self._call("POST", "/tick")
+
+    def label_pr(self, number: int, label: str, actor: str) -> dict[str, Any]:
+        """`actor` adds `label` to pull request `number` (a `labeled` issue event)."""
+        result: dict[str, Any] = self._call(
+            "POST", f"/issues/{number}/labels", {"label": label, "actor": actor}
+        )
+        return result
+
+    def unlabel_pr(self, number: int, label: str, actor: str) -> dict[str, Any]:
+        """`actor` removes `label` from pull request `number` (an `unlabeled` issue event)."""
+        body = {"label": label, "actor": actor, "action": "unlabeled"}
+        result: dict[str, Any] = self._call("POST", f"/issues/{number}/labels", body)
+        return result
+
+    def set_team_member(self, team_slug: str, login: str, state: str | None = "active") -> None:
+        """Make `login` an active or pending member of the owner's team, or no member (None)."""
+        self._call("PUT", f"/teams/{team_slug}/members/{login}", {"state": state})
 
 
 @dataclass
