@@ -149,12 +149,25 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
     overrun_extension_s: float = _knob("overrun_extension_s")
     reserve_after_s: float = _knob("reserve_after_s")
     reservation_depth: int = _knob("reservation_depth")
-    lease_max_queued_age_s: float = _knob("lease_max_queued_age_s")
+    lease_max_queued_age_s: float | None = _knob("lease_max_queued_age_s")
     orphan_grace_s: float = _knob("orphan_grace_s")
+    skip_queue_team: str | None = _knob("skip_queue_team")
+    skip_queue_allow: frozenset[str] = _knob("skip_queue_allow")
+    skip_queue_label: str = _knob("skip_queue_label")
     default_priority: Decimal = _knob("default_priority")
 
     @model_validator(mode="after")
     def _valid_settings(self) -> AdmissionPolicyBlock:
+        # From the environment the settings only warn about this (a refused tick would stop
+        # releasing finished leases); here a person is typing, so the form refuses it.
+        if self.node_slot_scheduler_enabled and not self.priority_scheduler_enabled:
+            raise ValueError(
+                "node_slot_scheduler_enabled=true needs priority_scheduler_enabled=true "
+                "(NODE_SLOT_SCHEDULER_ENABLED=true requires PRIORITY_SCHEDULER_ENABLED=true): "
+                "turn priority_scheduler_enabled on, or node_slot_scheduler_enabled off. To roll "
+                "back, save node_slot_scheduler_enabled=false first, then "
+                "priority_scheduler_enabled=false."
+            )
         self.to_settings()  # a bad knob fails when the block is built, naming the field
         return self
 

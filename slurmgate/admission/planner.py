@@ -155,8 +155,9 @@ def plan(
       release is carried out: they become free on the next plan.
     - A 1-node job takes a free legacy runner first (keeping pool tokens for multi-node jobs).
     - Releases: lost conflict, job completed, job missing (404), no anchor after the grace,
-      still not started after `lease_max_queued_age_s`, fewer holders than nodes:N while not
-      started. A lease whose job is absent from the snapshot is kept (a note says so).
+      still not started after `queued_lease_limit_s` (the knob, or the job's timeout), fewer
+      holders than nodes:N while not started. A lease whose job is absent from the snapshot is
+      kept (a note says so).
     - Cleans (priority scheduler on only): malformed lease labels anywhere, and per-job labels
       on idle runners that do not anchor a lease. Only managed families are ever named.
     - With PRIORITY_SCHEDULER_ENABLED off: no admissions and no cleans (static `nodes:` labels
@@ -305,12 +306,14 @@ def _releases(
             reason = ReleaseReason.NO_ANCHOR
             detail = f"no anchor after {age:.0f}s (grace {settings.orphan_grace_s:.0f}s)"
         elif (
-            job is not None and job.status in _NOT_STARTED and age > settings.lease_max_queued_age_s
+            job is not None
+            and job.status in _NOT_STARTED
+            and age > settings.queued_lease_limit_s(job.name)
         ):
             reason = ReleaseReason.EXPIRED_QUEUED
             detail = (
                 f"job {job.id} still {job.status} after {age:.0f}s "
-                f"(limit {settings.lease_max_queued_age_s:.0f}s)"
+                f"(limit {settings.queued_lease_limit_s(job.name):.0f}s)"
             )
         elif (
             job is not None
@@ -329,7 +332,7 @@ def _releases(
         ):
             # A removal cut short (a killed controller) or a lease label left on another job's
             # anchor: GitHub can never dispatch the job there, so the lease would hold its
-            # runners until lease_max_queued_age_s.
+            # runners until the queued-lease limit.
             reason = ReleaseReason.INCOMPLETE
             detail = (
                 f"anchor {lease.anchor_id} carries {', '.join(lease.anchor_labels)}, not its "

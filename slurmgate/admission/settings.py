@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PolicyName = Literal["greedy", "easy", "conservative"]
@@ -40,6 +40,8 @@ class AdmissionSettings(BaseSettings):
     cleans nothing, and only releases leases whose job finished or vanished, so switching the
     feature off drains cleanly. With `NODE_SLOT_SCHEDULER_ENABLED` false every job counts as one
     node: its `nodes:` label is ignored for sizing but is still a gate label on the anchor.
+    `NODE_SLOT_SCHEDULER_ENABLED` without `PRIORITY_SCHEDULER_ENABLED` (a rollback done the wrong
+    way round) counts as node slots off, and `flag_warnings` says so on every tick.
     """
 
     model_config = SettingsConfigDict(env_prefix="", populate_by_name=True, extra="ignore")
@@ -51,8 +53,9 @@ class AdmissionSettings(BaseSettings):
     NODE_SLOT_SCHEDULER_ENABLED: bool = Field(
         default=False,
         description=(
-            "Size each job by its nodes:N label (needs PRIORITY_SCHEDULER_ENABLED); "
-            "when false every job counts as 1 node."
+            "Size each job by its nodes:N label (needs PRIORITY_SCHEDULER_ENABLED: without it "
+            "this flag is ignored with a warning each tick); when false every job counts as 1 "
+            "node. To roll back, turn this flag off before PRIORITY_SCHEDULER_ENABLED."
         ),
     )
     # EASY with learned estimates and reservations after 5 h met every target of
@@ -122,11 +125,21 @@ class AdmissionSettings(BaseSettings):
         "Blocked jobs per pool that get a reservation under the conservative policy.",
         ge=1,
     )
-    lease_max_queued_age_s: float = _knob(
+    # The seed keeps a lease for as long as its anchor's job is queued. The expiry is a safety
+    # net for a lease GitHub will never dispatch (a runs-on no runner can match, a runner whose
+    # service is gone while it still shows online): it returns those N runners. Set short, it
+    # can release a lease whose job GitHub was about to dispatch on a busy fleet, and the job
+    # queues again behind the others; set long, a lease that can never dispatch holds its
+    # runners that long. Sized from the job's timeout by default: a job is not expected to wait
+    # for its anchor longer than it may run.
+    lease_max_queued_age_s: float | None = _knob(
         "lease_max_queued_age_s",
-        3600.0,
-        "A lease older than this while its job is still queued is released "
-        "(env SLURMGATE_LEASE_MAX_QUEUED_AGE_S, seconds).",
+        None,
+        "A lease older than this while its job is still queued is released (env "
+        "SLURMGATE_LEASE_MAX_QUEUED_AGE_S, seconds). Unset: the job's timeout (timeout_min, "
+        "or its timeout_overrides entry). Shorter returns the runners of a lease GitHub never "
+        "dispatches sooner, but may release a lease whose job was about to be dispatched on a "
+        "busy fleet; the seed never expires a queued lease.",
         gt=0,
     )
     orphan_grace_s: float = _knob(
@@ -192,6 +205,12 @@ class AdmissionSettings(BaseSettings):
     def _logins(cls, value: frozenset[str]) -> frozenset[str]:
         return frozenset(login.strip().casefold() for login in value if login.strip())
 
+    def queued_lease_limit_s(self, job_name: str) -> float:
+        """How long a lease may wait for its job to start: the knob, or the job's timeout."""
+        if self.lease_max_queued_age_s is not None:
+            return self.lease_max_queued_age_s
+        return self.timeout_s(job_name)
+
     def timeout_s(self, job_name: str) -> float:
         """The timeout of a job, in seconds: the first override whose word is in its name."""
         name = job_name.casefold()
@@ -205,14 +224,24 @@ class AdmissionSettings(BaseSettings):
     def _three_places(cls, value: Decimal) -> Decimal:
         return value.quantize(Decimal("0.001"))
 
-    @model_validator(mode="after")
-    def _node_slot_needs_priority(self) -> AdmissionSettings:
+    @property
+    def flag_warnings(self) -> tuple[str, ...]:
+        """Why the flags do not mean what they say: one line per problem, for each tick's log.
+
+        NODE_SLOT_SCHEDULER_ENABLED without PRIORITY_SCHEDULER_ENABLED is the rollback done the
+        wrong way round. It is not an error here: refusing the settings would stop every tick,
+        and with it the release of finished leases. The node-slot flag is ignored instead (the
+        planner then only drains), and the block form, where a person types, refuses it.
+        """
         if self.NODE_SLOT_SCHEDULER_ENABLED and not self.PRIORITY_SCHEDULER_ENABLED:
-            raise ValueError(
-                "NODE_SLOT_SCHEDULER_ENABLED=true requires PRIORITY_SCHEDULER_ENABLED=true; "
-                "set PRIORITY_SCHEDULER_ENABLED=true as well, or unset NODE_SLOT_SCHEDULER_ENABLED"
+            return (
+                "NODE_SLOT_SCHEDULER_ENABLED=true is ignored because PRIORITY_SCHEDULER_ENABLED "
+                "is false: node slots are off, nothing is admitted, and only leases whose job "
+                "finished or vanished are released. Unset NODE_SLOT_SCHEDULER_ENABLED (to roll "
+                "back, turn NODE_SLOT_SCHEDULER_ENABLED off first, then "
+                "PRIORITY_SCHEDULER_ENABLED)",
             )
-        return self
+        return ()
 
     @property
     def node_slots(self) -> bool:

@@ -117,6 +117,8 @@ async def reconcile_tick(
     (`runtimes_learned` counts the new runtimes: the caller saves them).
     """
     log = log or _Silent()
+    for warning in settings.flag_warnings:
+        log.warning("settings %s", warning)
     # Ages are judged as of when the read began: a lease the read saw without its anchor was
     # anchorless at some moment after that, never later than it. Judged at plan time instead, a
     # slow read would let a lease another controller anchored meanwhile pass the orphan grace.

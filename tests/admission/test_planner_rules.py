@@ -367,7 +367,7 @@ def test_runner_judged_releases_wait_while_a_runner_is_unreadable() -> None:
 def test_lease_expires_while_its_job_stays_queued_but_not_while_it_runs() -> None:
     queued = job(1, 2)
     runners = lease_runners(pool("x", 2), queued, [1, 2])
-    late = ON.lease_max_queued_age_s + 1
+    late = ON.queued_lease_limit_s(queued.name) + 1
     assert _release_for(snapshot(runners, [queued]), at_s=late - 2) == []
     assert _release_for(snapshot(runners, [queued]), at_s=late) == [(1, "expired-while-queued")]
     running = replace(queued, status=JobStatus.IN_PROGRESS)
