@@ -25,6 +25,15 @@ class NodeCountError(InputError):
     """A row whose node count cannot be derived; the message names the field and the fix."""
 
 
+class UnknownGpusPerNode(NodeCountError):
+    """The GPUs per node of a role's hardware are unknown: a fact from outside the row.
+
+    Everything else the rules read is the row's own claim, and a bad claim is the row's error.
+    This one is different: a re-run of a row written before node counts existed may name runner
+    labels the hardware table no longer has, so `slurmgate labels` falls back instead of failing.
+    """
+
+
 def _positive_int(value: object, field: str, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise NodeCountError(f"{field} must be a positive integer, got {value!r}; {fix}")
@@ -73,12 +82,12 @@ def gpus_per_node(label: str, hardware: Mapping[str, int], where: str = "runner"
     family = gpu_family(label)
     values = {count for other, count in hardware.items() if gpu_family(other) == family}
     if not values:
-        raise NodeCountError(
+        raise UnknownGpusPerNode(
             f"{where} {label!r} has no gpus-per-node record and no record of its GPU family "
             f"{family!r}; add {label!r} to the hardware table"
         )
     if len(values) > 1:
-        raise NodeCountError(
+        raise UnknownGpusPerNode(
             f"{where} {label!r} has no gpus-per-node record and its GPU family {family!r} is "
             f"ambiguous ({sorted(values)}); add an exact record for {label!r}"
         )
@@ -180,7 +189,7 @@ def _topology(
         return 0
     label = role.get("hardware") or runner
     if not isinstance(label, str) or not label:
-        raise NodeCountError(
+        raise UnknownGpusPerNode(
             f"{name} needs {gpus} GPUs but neither {name}.hardware nor runner names the "
             "hardware; set runner (or the role's hardware) to a known label"
         )
@@ -224,9 +233,16 @@ def node_count(
         return recipe
     overrides = _overrides(roles)
     total = 0
+    unknown: UnknownGpusPerNode | None = None
     for name, role in roles.items():
         if name in overrides:
             total += overrides[name]
-        else:
+            continue
+        try:
             total += _topology(name, role, row.get("runner"), hardware)
+        except UnknownGpusPerNode as exc:
+            # check the other role's claims first: a bad claim is an error, not a missing fact
+            unknown = unknown or exc
+    if unknown is not None:
+        raise unknown
     return _positive_int(total, "node count", "give the row at least one worker")

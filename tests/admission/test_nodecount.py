@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 
-from slurmgate.ci.nodecount import NodeCountError, gpus_per_node, node_count
+from slurmgate.ci.nodecount import (
+    NodeCountError,
+    UnknownGpusPerNode,
+    gpus_per_node,
+    node_count,
+)
 
 RECIPES = Path(__file__).resolve().parent / "data" / "recipes"
 MIX = Path(__file__).resolve().parents[2] / "slurmgate" / "data" / "inferencex-job-mix.csv"
@@ -88,6 +93,22 @@ def test_checked_in_recipe_overrides_topology() -> None:
     assert node_count(row, HARDWARE, RECIPES) == 3 + 4  # the recipe's resources win
 
 
+def test_num_nodes_wins_over_a_checked_in_recipe_and_overrides(tmp_path: Path) -> None:
+    (tmp_path / "agg.yaml").write_text("resources:\n  agg_nodes: 4\n")
+    settings = ("CONFIG_FILE=recipes/agg.yaml", "PREFILL_NODES=3")
+    row = {"runner": "b300", "multinode": True, "disagg": False, "num-nodes": 2}
+    row |= {"prefill": role(2, 16, *settings), "decode": role(0, 16)}
+    assert node_count(row, HARDWARE, tmp_path) == 2  # not the recipe's 4, nor the override's 3
+    del row["num-nodes"]
+    assert node_count(row, HARDWARE, tmp_path) == 4  # the same row without it: the recipe
+
+
+def test_recipe_wins_over_role_overrides() -> None:
+    row = disagg(role(3, 8, KIMI, "PREFILL_NODES=1"), role(1, 16, KIMI, "DECODE_NODES=1"))
+    assert node_count(row, HARDWARE, RECIPES) == 3 + 4  # the recipe's prefill + decode nodes
+    assert node_count(row, HARDWARE) == 1 + 1  # recipe not checked in: the overrides
+
+
 def test_recipe_missing_from_checkout_falls_through_to_topology() -> None:
     missing = "CONFIG_FILE=recipes/vllm/not-checked-in.yaml"
     row = disagg(role(3, 4, missing), role(1, 16, missing), runner="gb200")
@@ -123,8 +144,50 @@ def test_gpus_per_node_falls_back_to_an_agreeing_family() -> None:
 
 def test_unknown_hardware_for_a_topology_role_names_the_role() -> None:
     row = disagg(role(1, 8), role(1, 8), runner="zz-unknown")
-    with pytest.raises(NodeCountError, match=r"prefill\.hardware 'zz-unknown'"):
+    with pytest.raises(UnknownGpusPerNode, match=r"prefill\.hardware 'zz-unknown'"):
         node_count(row, HARDWARE)
+
+
+@pytest.mark.parametrize(
+    ("runner", "hardware"),
+    [
+        ("zz-unknown", HARDWARE),  # no record of the label or its family
+        ("gb300-x", {"gb300": 4, "cluster:gb300-nv": 2}),  # the family disagrees
+        (None, HARDWARE),  # nothing names the hardware
+    ],
+)
+def test_missing_gpus_per_node_is_told_apart_from_a_bad_row(
+    runner: str | None, hardware: dict[str, int]
+) -> None:
+    # `slurmgate labels` falls back for this kind (a historical row), and only for this kind
+    row = disagg(role(1, 8), role(1, 8, "DECODE_NODES=1"), runner=runner or "")
+    if runner is None:
+        del row["runner"]
+    with pytest.raises(UnknownGpusPerNode):
+        node_count(row, hardware)
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "field"),
+    [
+        (role(1, 8), {**role(1, 8), "tp": "two"}, r"decode\.tp"),
+        (role(1, 8), role(1, 8, "DECODE_NODES=0"), "DECODE_NODES=0"),
+        (role(1, 8, "CONFIG_FILE=recipes/a.yaml"), role(1, 8, "CONFIG_FILE=recipes/b"), "CONFIG"),
+    ],
+)
+def test_a_bad_claim_wins_over_unknown_hardware(
+    prefill: dict[str, Any], decode: dict[str, Any], field: str
+) -> None:
+    # the prefill role's hardware is unknown too, and it is looked at first
+    with pytest.raises(NodeCountError, match=field) as caught:
+        node_count(disagg(prefill, decode, runner="zz-unknown"), HARDWARE)
+    assert not isinstance(caught.value, UnknownGpusPerNode)
+
+
+# GPUs per node by GPU family, as the seed states it: 8 everywhere except GB200/GB300 with 4.
+# The mix names runners by many labels (`b200-multinode`, `cluster:gb300-nv`, `mi355x-disagg`);
+# every one of them resolves through the family fallback, as runners.yaml `hardware:` does.
+FAMILY_GPUS = {"b200": 8, "b300": 8, "h100": 8, "h200": 8, "mi355x": 8, "gb200": 4, "gb300": 4}
 
 
 def _mix_rows() -> list[dict[str, str]]:
@@ -133,7 +196,17 @@ def _mix_rows() -> list[dict[str, str]]:
     return [r for r in rows if r["node_count_source"].startswith(("topology", "override"))]
 
 
-def _row_from_csv(r: dict[str, str]) -> dict[str, Any]:
+MIX_ROWS = _mix_rows()
+
+
+def _row_from_csv(r: dict[str, str], overrides: bool = True) -> dict[str, Any]:
+    """The matrix row the mix's line came from, as far as the CSV records it.
+
+    The CSV keeps each role's workers x tp (pp and pcp are 1 in these rows). An override row
+    gets its recorded per-role counts as PREFILL_NODES / DECODE_NODES: the CSV does not say
+    which role carried an override, and in all but three rows topology gives the same count.
+    """
+
     def split(cell: str) -> tuple[int, int]:
         workers, tp = cell.split("x")
         return int(workers), int(tp)
@@ -141,7 +214,7 @@ def _row_from_csv(r: dict[str, str]) -> dict[str, Any]:
     pw, pt = split(r["prefill_workers_x_tp"])
     dw, dt = split(r["decode_workers_x_tp"])
     prefill, decode = role(pw, pt), role(dw, dt)
-    if r["node_count_source"].startswith("override"):
+    if overrides and r["node_count_source"].startswith("override"):
         prefill["additional-settings"].append(f"PREFILL_NODES={r['prefill_nodes']}")
         decode["additional-settings"].append(f"DECODE_NODES={r['decode_nodes']}")
     return {
@@ -153,16 +226,30 @@ def _row_from_csv(r: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def test_reproduces_the_real_job_mix_for_topology_and_override_rows() -> None:
-    rows = _mix_rows()
-    assert len(rows) == 281  # 228 topology + 53 override rows in the snapshot
-    wrong = []
-    for r in rows:
-        hardware = {r["hardware"]: int(r["gpus_per_node"])}
-        got = node_count(_row_from_csv(r), hardware)
-        if got != int(r["total_nodes"]):
-            wrong.append((r["row_id"], got, r["total_nodes"]))
-    assert wrong == []
+def test_the_mix_has_the_seeds_topology_and_override_rows() -> None:
+    sources = [r["node_count_source"].split("(")[0] for r in MIX_ROWS]
+    assert (sources.count("topology"), sources.count("override")) == (228, 53)
+    # the family table says what the mix's own gpus_per_node column says, row by row
+    assert all(
+        gpus_per_node(r["hardware"], FAMILY_GPUS) == int(r["gpus_per_node"]) for r in MIX_ROWS
+    )
+
+
+@pytest.mark.parametrize("r", MIX_ROWS, ids=[r["row_id"] for r in MIX_ROWS])
+def test_rebuilt_mix_row_has_the_mix_node_count(r: dict[str, str]) -> None:
+    assert node_count(_row_from_csv(r), FAMILY_GPUS) == int(r["total_nodes"])
+
+
+def test_override_rows_where_the_override_decides_the_count() -> None:
+    # Three GB200 llm-d rows ask for more nodes than their GPUs fill (2+2 for 1x1/1x1, 2+2 for
+    # 1x1/1x8, 6+2 for 3x1/1x1): only the override precedence gives the mix's count there.
+    differ = [
+        r["row_id"]
+        for r in MIX_ROWS
+        if r["node_count_source"].startswith("override")
+        and node_count(_row_from_csv(r, overrides=False), FAMILY_GPUS) != int(r["total_nodes"])
+    ]
+    assert len(differ) == 3 and all(row_id.startswith("dsv4-fp4-gb200-llmd") for row_id in differ)
 
 
 def test_single_node_row_is_one_and_multinode_row_needs_a_shape() -> None:
