@@ -66,7 +66,7 @@ from slurmgate.admission.model import (
     Snapshot,
     leases_from_fleet,
 )
-from slurmgate.admission.policies import policy_for
+from slurmgate.admission.policies import SKIP_QUEUE_PRIORITY, policy_for
 from slurmgate.admission.settings import AdmissionSettings
 
 _NOT_STARTED = frozenset(
@@ -212,7 +212,9 @@ def plan(
     _running_leases(fleet, kept, jobs, settings, estimate)
     placements: list[Placement] = []
     if settings.PRIORITY_SCHEDULER_ENABLED:
-        requests = _requests(snapshot.jobs, leases, settings, work, estimate)
+        requests = _requests(
+            snapshot.jobs, leases, settings, work, estimate, snapshot.skip_queue_job_ids
+        )
         placements, policy_blocked = policy.place(requests, fleet)
         work.blocked.extend(policy_blocked)
 
@@ -512,7 +514,11 @@ def _requests(
     settings: AdmissionSettings,
     work: _Work,
     estimate: EstimateFn,
+    skip_queue: frozenset[int] = frozenset(),
 ) -> list[JobRequest]:
+    """The queued managed jobs to place, sized and scored; a job in `skip_queue` (its
+    skip-queue label verified by the snapshot read) outranks every score and shows as
+    `skip-queue`. An unverified skip-queue label changes nothing: the job keeps its score."""
     leased = {(lease.job_id, lease.attempt) for lease in leases}
     requests: list[JobRequest] = []
     for job in sorted(jobs, key=lambda j: j.id):
@@ -531,15 +537,23 @@ def _requests(
         except LabelError as exc:
             work.blocked.append(Blocked(job.id, None, None, BlockReason.BAD_INPUT, str(exc)))
             continue
+        skips = job.id in skip_queue
         requests.append(
             JobRequest(
-                job, nodes, score, f"{score:.3f}", unmanaged(job.labels), estimate(job, nodes)
+                job,
+                nodes,
+                score,
+                SKIP_QUEUE_PRIORITY if skips else f"{score:.3f}",
+                unmanaged(job.labels),
+                estimate(job, nodes),
+                skip_queue=skips,
             )
         )
     return requests
 
 
 def _score(job: Job, default: Decimal) -> Decimal:
+    """The job's ci-job-<score> score; among skip-queue jobs it still orders them."""
     labels = [label for label in job.labels if fold(label).startswith(JOB_PREFIX)]
     if not labels:
         return default

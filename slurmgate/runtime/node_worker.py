@@ -20,6 +20,7 @@ from slurmgate.errors import ExternalError, InputError
 
 MAX_SPEC_BYTES = 64 * 1024
 EXIT_PREFLIGHT = 70
+PREFLIGHT_OK = "SLURMGATE-PREFLIGHT-OK"
 EXIT_SPAWN = 71
 POLL_S = 0.1
 
@@ -188,9 +189,17 @@ def visible_gpus(env: dict[str, str] | None = None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def node_name() -> str:
+    """This node as Slurm names it: SLURMD_NODENAME under srun, else the short hostname.
+
+    Slurm's NodeName may differ from the hostname, and the plan's hosts are NodeNames.
+    """
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
 def select_node(spec: WorkerSpec) -> NodeSpec:
     """Pick this task's node by SLURM_PROCID and check identity against the plan."""
-    here = socket.gethostname().split(".")[0]
+    here = node_name()
     try:
         procid = int(os.environ["SLURM_PROCID"])
         ntasks = int(os.environ["SLURM_NTASKS"])
@@ -205,12 +214,12 @@ def select_node(spec: WorkerSpec) -> NodeSpec:
     if not 0 <= procid < len(spec.nodes):
         raise PreflightFailed(here, "identity", f"SLURM_PROCID={procid} is outside the plan")
     node = spec.nodes[procid]
-    slurm_name = os.environ.get("SLURMD_NODENAME")
-    if node.host not in {here, slurm_name}:
+    if node.host != here:
         raise PreflightFailed(
             here,
             "hostname",
-            f"task {procid} runs on {slurm_name or here} but the plan puts it on {node.host}",
+            f"task {procid} runs on {here} but the plan puts it on {node.host}: "
+            "check that the allocation's node names are the hosts' SLURMD_NODENAME",
         )
     return node
 
@@ -219,7 +228,15 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
     """Identity, GPU count, bindable ports and model path; raises PreflightFailed."""
     node = select_node(spec)
     gpus = visible_gpus()
-    if len(gpus) != spec.gpus_per_node:
+    if len(set(gpus)) != len(gpus):
+        raise PreflightFailed(
+            node.host,
+            "gpu-list",
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} lists a GPU "
+            "twice: two lanes would share it",
+        )
+    # A superset is fine (the seed accepts it too): lanes take the first GPUs of the list.
+    if len(gpus) < spec.gpus_per_node:
         raise PreflightFailed(
             node.host,
             "gpu-count",
@@ -328,8 +345,14 @@ def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> in
 
 
 def _say(message: str) -> None:
-    host = socket.gethostname().split(".")[0]
+    host = node_name()
     print(f"[node-worker {host}] {message}", file=sys.stderr, flush=True)
+
+
+def _line(text: str) -> None:
+    """One write per line: srun interleaves the tasks' output, split writes come apart."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -375,16 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         if args[0] == "preflight":
-            node = preflight(spec)
-            _say(f"preflight ok for {spec.name} on {node.host}")
+            preflight(spec)
+            # The controller checks every planned node reported, from the node it planned.
+            cpus = os.environ.get("SLURM_CPUS_ON_NODE", "0")
+            _line(f"{PREFLIGHT_OK} host={node_name()} cpus={cpus} gpus={len(visible_gpus())}")
             return 0
         return serve(spec, stop, stop_signal)
     except PreflightFailed as exc:
-        print(
-            f"SLURMGATE-PREFLIGHT host={exc.host} check={exc.check}: {exc.message}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _line(f"SLURMGATE-PREFLIGHT host={exc.host} check={exc.check}: {exc.message}")
         return EXIT_PREFLIGHT
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import secrets
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -18,12 +20,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import httpx
+
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
-from slurmgate.runtime.node_worker import NodeSpec, WorkerSpec
+from slurmgate.runtime.node_worker import PREFLIGHT_OK, NodeSpec, WorkerSpec, node_name
+from slurmgate.runtime.probe_step import ProbeChannel, ProbeStepFailed
 from slurmgate.runtime.records import (
     RECORD_NAME,
     RunRecord,
@@ -44,9 +49,52 @@ from slurmgate.runtime.supervisor import (
 
 PREFLIGHT_TIMEOUT_S = 120.0
 ENDPOINT_STARTUP_S = 60.0
+# The seed gives its client 32 CPUs; an allocation that holds fewer on the client node gets
+# them all (a step cannot ask for more than the job holds there).
+SEED_CLIENT_CPUS = 32
 _PREFLIGHT_LINE = re.compile(
     r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
 )
+# Not anchored: srun may run two tasks' lines together.
+_PREFLIGHT_OK_LINE = re.compile(rf"{PREFLIGHT_OK} host=(\S+?) cpus=(\d+) gpus=(\d+)")
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node's preflight task reported: the node it ran on, its CPUs and GPUs."""
+
+    host: str
+    cpus: int
+    gpus: int
+
+
+def preflight_reports(log: str, planned: list[str], step: str) -> dict[str, NodeReport]:
+    """Every planned node reported from itself, once: else RunFailed naming the node."""
+    reports = [
+        NodeReport(host=h, cpus=int(c), gpus=int(g)) for h, c, g in _PREFLIGHT_OK_LINE.findall(log)
+    ]
+    stray = [r.host for r in reports if r.host not in planned]
+    if stray:
+        raise RunFailed(
+            "preflight",
+            f"{step}: a task ran on {stray[0]}, which the plan does not have "
+            f"(planned: {', '.join(planned)}); the node's SLURMD_NODENAME must be its name in "
+            "the allocation",
+        )
+    by_host = {r.host: r for r in reports}
+    missing = [h for h in planned if h not in by_host]
+    if missing or len(reports) != len(planned):
+        raise RunFailed(
+            "preflight",
+            f"{step}: node {missing[0] if missing else planned[0]} did not report its preflight "
+            f"({len(reports)} report(s) for {len(planned)} node(s))",
+        )
+    return by_host
+
+
+def controller_on(host: str) -> bool:
+    """Whether this process runs on `host` (e.g. inside the allocation, on its first node)."""
+    return node_name() == host
 
 
 class RunFailed(ExternalError):
@@ -136,6 +184,10 @@ class AllocationRun:
             on_change=lambda _s: self.save(),
             redact=self.redact,
         )
+        self.client_cpus: int | None = spec.client.cpus
+        self.probe_origin: str | None = None
+        self._prober: readiness.Prober | None = None
+        self._close_prober: Callable[[], None] = lambda: None
         self._cleanup_lock = threading.RLock()
         self._cleanup_state = "open"
         self._cleanup_report: CleanupReport | None = None
@@ -326,30 +378,40 @@ class AllocationRun:
             env=self._base_env(),
             required=False,
         )
-        self._expect_ok(client)
+        (report,) = self._expect_ok(client, [self.layout.client_host]).values()
+        if self.client_cpus is None:
+            self.client_cpus = max(1, min(SEED_CLIENT_CPUS, report.cpus))
+            self.log(
+                f"decision: the client gets {self.client_cpus} CPU(s): the allocation holds "
+                f"{report.cpus} on {report.host}, the default asks for up to {SEED_CLIENT_CPUS}"
+            )
         steps = []
         for d in self.plan.deployments:
             steps.append(
-                self._start_workers(
-                    f"preflight-{d.name}",
-                    "preflight",
-                    self._worker_spec(d),
-                    self.layout.nodelist(d),
-                    gres=None,
-                    env=self._base_env(self.credentials.deployment_env[d.index]),
-                    required=False,
+                (
+                    d,
+                    self._start_workers(
+                        f"preflight-{d.name}",
+                        "preflight",
+                        self._worker_spec(d),
+                        self.layout.nodelist(d),
+                        gres=None,
+                        env=self._base_env(self.credentials.deployment_env[d.index]),
+                        required=False,
+                    ),
                 )
             )
-        for step in steps:
-            self._expect_ok(step)
+        for d, step in steps:
+            self._expect_ok(step, self.layout.nodelist(d))
         self.timings.mark("preflight_done", t0)
         self.log(f"preflight passed on {len(self.layout.hosts)} node(s)")
 
-    def _expect_ok(self, step: Any) -> None:
+    def _expect_ok(self, step: Any, planned: list[str]) -> dict[str, NodeReport]:
+        """The preflight step passed, and each planned node reported from itself."""
         rc = self.supervisor.wait(step, timeout=PREFLIGHT_TIMEOUT_S)
+        tail = step.log_tail(4000 + 200 * len(planned))
         if rc == 0:
-            return
-        tail = step.log_tail(4000)
+            return preflight_reports(tail, planned, step.name)
         found = _PREFLIGHT_LINE.findall(tail)
         if found:
             host, check, message = found[0]
@@ -400,17 +462,19 @@ class AllocationRun:
             if self._on_progress:
                 self._on_progress("lanes", ready, total)
 
+        # The probe step lives through the endpoints' start too: bound it by both.
+        last = max(t.deadline for t in targets) - time.monotonic()
         try:
+            prober = self.open_prober(last + ENDPOINT_STARTUP_S + 60.0)
             seconds = readiness.wait_ready(
                 targets,
                 probe_timeout=probe_timeout,
                 poll_s=self.poll_s,
                 check_alive=self.supervisor.check_required,
                 on_progress=progress,
+                prober=prober,
             )
-        except readiness.ReadinessTimeout as exc:
-            raise RunFailed("readiness", str(exc)) from None
-        except StepFailed as exc:
+        except (readiness.ReadinessTimeout, StepFailed, ProbeStepFailed) as exc:
             raise RunFailed("readiness", str(exc)) from None
         self.timings.mark("lanes_ready", self.launched_at)
         self.timings.mark("lanes_ready_since_start", self.t0)
@@ -458,10 +522,16 @@ class AllocationRun:
         self.supervisor.resolve_step_ids(timeout=3.0)
         try:
             readiness.wait_ready(
-                targets, probe_timeout=1.0, poll_s=0.1, check_alive=self.supervisor.check_required
+                targets,
+                probe_timeout=1.0,
+                poll_s=0.1,
+                check_alive=self.supervisor.check_required,
+                prober=self.open_prober(ENDPOINT_STARTUP_S + 60.0),
             )
-        except (readiness.ReadinessTimeout, StepFailed) as exc:
+        except (readiness.ReadinessTimeout, StepFailed, ProbeStepFailed) as exc:
             raise RunFailed("endpoints", str(exc)) from None
+        finally:
+            self.shut_prober()
         for d in self.plan.deployments:
             self.log(f"endpoint {d.name} ready at {self.layout.endpoint_url(d)}")
 
@@ -492,7 +562,7 @@ class AllocationRun:
                 nodelist=[self.layout.client_host],
                 step_name=self._step_name("client"),
                 gres="none",
-                cpus_per_task=self.spec.client.cpus,
+                cpus_per_task=self.client_cpus,
             ),
             env=self._base_env(self.client_env()),
             step_name=self._step_name("client"),
@@ -513,11 +583,86 @@ class AllocationRun:
             return {}
         token = self.credentials.endpoint_token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        for d in self.plan.deployments:
-            text = readiness.fetch_text(self.layout.endpoint_url(d) + "/metrics", headers=headers)
-            if text is not None:
-                self.endpoint_metrics[d.name] = text
+        try:
+            prober = self.open_prober(60.0)
+            for d in self.plan.deployments:
+                url = self.layout.endpoint_url(d) + "/metrics"
+                text = prober.fetch(url, headers, 2.0)
+                if text is not None:
+                    self.endpoint_metrics[d.name] = text
+        except (StepFailed, ProbeStepFailed) as exc:
+            self.log(f"endpoint metrics not collected: {exc}")
+        finally:
+            self.shut_prober()
         return self.endpoint_metrics
+
+    # -- where probes run ------------------------------------------------------------------
+
+    def open_prober(self, lifetime_s: float) -> readiness.Prober:
+        """Probes from the client host: in this process when it runs there, else one
+        long-lived step there (reused until `shut_prober`), bounded by `lifetime_s`."""
+        if self._prober is not None:
+            return self._prober
+        assert self.layout and self.job_id
+        client_host = self.layout.client_host
+        if controller_on(client_host):
+            http = httpx.Client(trust_env=False)
+            self._prober, self._close_prober = readiness.LocalProber(http), http.close
+            if self.probe_origin is None:
+                self.log(f"decision: probes run in the controller, which is on {client_host}")
+            self.probe_origin = client_host
+            return self._prober
+        minutes = max(1, math.ceil(lifetime_s / 60.0))
+        name = "probe"
+        step = self.supervisor.start(
+            name,
+            slurm.srun_argv(
+                [self.python, "-m", "slurmgate.runtime.probe_step"],
+                job_id=self.job_id,
+                nodelist=[client_host],
+                step_name=self._step_name(name),
+                gres="none",
+                extra=[f"--time={minutes}"],
+            ),
+            env=self._base_env(),
+            step_name=self._step_name(name),
+            required=False,
+            pipes=True,
+        )
+        assert step.popen.stdin is not None and step.popen.stdout is not None
+
+        def describe() -> str:
+            step.popen.poll()
+            return f"status {step.returncode()}; log tail: {step.log_tail(600).strip()}"
+
+        channel = ProbeChannel(step.popen.stdin, step.popen.stdout, describe)
+
+        def close() -> None:
+            channel.close()
+            if step.popen.stdout is not None:
+                step.popen.stdout.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.popen.wait(timeout=5.0)
+
+        self._prober, self._close_prober = channel, close
+        origin = channel.hello()
+        if origin != client_host:
+            raise ProbeStepFailed(
+                f"the probe step ran on {origin}, not on the client host {client_host}"
+            )
+        if self.probe_origin is None:
+            self.log(
+                f"decision: probes run on the client host {origin} in one step for "
+                f"{minutes} min at most (the controller is on {node_name()})"
+            )
+        self.probe_origin = origin
+        return self._prober
+
+    def shut_prober(self) -> None:
+        """Close the probe step's input (it exits) or the in-process client; idempotent."""
+        close, self._close_prober = self._close_prober, lambda: None
+        self._prober = None
+        close()
 
     # -- cleanup ---------------------------------------------------------------------------
 

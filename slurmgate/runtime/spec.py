@@ -137,7 +137,12 @@ class ClientSpec(_Strict):
     """The zero-GPU client workload, run on the client host with the endpoint URLs in its env."""
 
     command: list[str] = Field(min_length=1)
-    cpus: int = Field(default=1, ge=1)
+    cpus: int | None = Field(
+        default=None,
+        ge=1,
+        description="CPUs of the client step; default: the seed's 32, or fewer when the "
+        "allocation holds fewer on the client node",
+    )
     env: dict[str, EnvValue] = Field(default_factory=dict)
     dedicated_node: bool = Field(
         default=False,

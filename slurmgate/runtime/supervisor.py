@@ -166,11 +166,13 @@ class Supervisor:
         required: bool = True,
         step_name: str | None = None,
         stdin_data: bytes | None = None,
+        pipes: bool = False,
     ) -> Step:
         """Spawn in a new session with output to a 0600 log; signals wait until it is registered.
 
         `stdin_data` (what must stay out of argv) reaches the process through an unlinked 0600
-        file, so a large payload never blocks on a pipe.
+        file, so a large payload never blocks on a pipe. With `pipes` the caller talks to the
+        process over unbuffered stdin and stdout pipes instead, and only stderr goes to the log.
         """
         with DEFER.hold():
             if self._state != "open":
@@ -179,11 +181,13 @@ class Supervisor:
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             stdin_fd = self._stdin_file(name, stdin_data) if stdin_data is not None else None
             try:
+                stdin: int = subprocess.DEVNULL if stdin_fd is None else stdin_fd
                 popen = subprocess.Popen(
                     list(argv),
-                    stdin=subprocess.DEVNULL if stdin_fd is None else stdin_fd,
-                    stdout=fd,
-                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.PIPE if pipes else stdin,
+                    stdout=subprocess.PIPE if pipes else fd,
+                    stderr=fd if pipes else subprocess.STDOUT,
+                    bufsize=0,
                     start_new_session=True,
                     close_fds=True,
                     env=dict(env) if env is not None else None,
