@@ -31,6 +31,7 @@ class JobRequest:
     priority: str
     requirement: frozenset[str]
     estimate: Estimate = DEFAULT_ESTIMATE
+    skip_queue: bool = False  # a verified skip-queue job: outranks every score
 
 
 @dataclass(slots=True)

@@ -192,6 +192,8 @@ class Snapshot:
     so a completed or vanished job is told apart from one the listing missed). `missing_job_ids`
     are lease jobs that GitHub answered 404 for. `unreadable_runners` counts runners GitHub
     listed in a shape that could not be read: any of them may be a lease's anchor or holder.
+    `skip_queue_job_ids` are the queued jobs whose `ci-skip-queue-pr-<PR>` label the read
+    verified (someone allowed to added the PR's skip-queue label): they outrank every score.
     """
 
     runners: tuple[Runner, ...]
@@ -199,6 +201,7 @@ class Snapshot:
     taken_at: datetime
     missing_job_ids: frozenset[int] = frozenset()
     unreadable_runners: int = 0
+    skip_queue_job_ids: frozenset[int] = frozenset()
 
 
 # ---- decisions -------------------------------------------------------------------------------

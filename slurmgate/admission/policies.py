@@ -16,13 +16,24 @@ from slurmgate.admission.capacity import LEGACY, FleetState, JobRequest, Placeme
 from slurmgate.admission.model import Blocked, BlockReason
 from slurmgate.admission.settings import POLICY_NAMES, AdmissionSettings
 
+SKIP_QUEUE_PRIORITY = "skip-queue"
+"""How a verified skip-queue job's priority is shown (admit lines, the board) instead of a score."""
 
-def priority_key(request: JobRequest) -> tuple[Decimal, int, datetime, int]:
-    return (-request.score, request.nodes, request.job.created_at, request.job.id)
+
+def priority_key(request: JobRequest) -> tuple[bool, Decimal, int, datetime, int]:
+    return (
+        not request.skip_queue,
+        -request.score,
+        request.nodes,
+        request.job.created_at,
+        request.job.id,
+    )
 
 
 def priority_order(requests: Iterable[JobRequest]) -> list[JobRequest]:
-    """Score desc, then fewer nodes, then older, then lower job id: a total, deterministic order."""
+    """Verified skip-queue jobs first (the seed: they outrank every numeric priority), then score
+    desc, then fewer nodes, then older, then lower job id: a total, deterministic order. Among
+    skip-queue jobs the same score, size and age order holds."""
     return sorted(requests, key=priority_key)
 
 
@@ -155,8 +166,10 @@ class ReservationBackfill(AdmissionPolicy):
                 if outcome.pool in profiles:
                     profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
                 continue
+            # a skip-queue job is protected at once: backfill must not delay it either
             if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and (
                 not self.reserve_after_s
+                or request.skip_queue
                 or fleet.now_s - request.job.created_at.timestamp() >= self.reserve_after_s
             ):
                 reserved = self._reserve(request, fleet, profiles, held, full)

@@ -77,6 +77,7 @@ def worlds(draw: st.DrawFn) -> World:
         taken.update(ids)
         lease_jobs.add(job_id)
 
+    skip_queue: set[int] = set()
     for _ in range(draw(st.integers(0, 15))):  # queued jobs
         job_id += 1
         target = draw(st.sampled_from([None, *[f"cluster:p{p}" for p in range(pool_count)]]))
@@ -86,6 +87,10 @@ def worlds(draw: st.DrawFn) -> World:
         labels += ["ci-attempt-1", nodes_label or f"nodes:{nodes}"]
         if target:
             labels.append(target)
+        if draw(st.integers(0, 3)) == 0:  # a skip-queue job, verified or not
+            labels.append(f"ci-skip-queue-pr-{draw(st.integers(1, 3))}")
+            if draw(st.booleans()):
+                skip_queue.add(job_id)
         jobs.append(
             Job(
                 job_id,
@@ -97,7 +102,8 @@ def worlds(draw: st.DrawFn) -> World:
                 NOW - timedelta(seconds=draw(st.integers(0, 600))),
             )
         )
-    return World(snapshot(runners, jobs), lease_jobs)
+    snap = replace(snapshot(runners, jobs), skip_queue_job_ids=frozenset(skip_queue))
+    return World(snap, lease_jobs)
 
 
 def check_admissions(snap: Snapshot, d: Decisions) -> None:
