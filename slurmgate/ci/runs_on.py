@@ -10,8 +10,16 @@ A job is described by one of two documents, told apart by shape:
 
 The label set follows the seed's table (docs/seed.md): with the priority flag off only
 `[<runner>]` (legacy); with it on `self-hosted, <runner>, [nodes:N,] ci-job-<score>-<token>,
-ci-attempt-<n>`, where `nodes:N` appears only when the node-slot flag is on and the node count
-is known.
+ci-attempt-<n>[, ci-skip-queue-pr-<PR>]`, where `nodes:N` appears only when the node-slot flag
+is on and the node count is known.
+
+A node count is derived only when the priority flag is on (the score's node term and, with the
+node-slot flag, `nodes:N` use it). A **historical row** (written before node counts existed:
+no `node-count` field) whose count needs GPUs per node that the hardware table does not know
+(`nodecount.UnknownGpusPerNode`) gets no count, like the seed's empty `node-count`: it is
+scored as one node and asks for no `nodes:` label. Any claim the row makes (`node-count`,
+`num-nodes`, `PREFILL_NODES`/`DECODE_NODES`, a recipe, a role's shape) that is invalid stays
+an error naming the field.
 """
 
 from __future__ import annotations
@@ -25,8 +33,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from slurmgate.admission.labels import attempt_label, fold, nodes_label
-from slurmgate.ci.nodecount import NodeCountError, node_count
+from slurmgate.admission.labels import SKIP_QUEUE_PREFIX, attempt_label, fold, nodes_label
+from slurmgate.ci.nodecount import NodeCountError, UnknownGpusPerNode, node_count
 from slurmgate.ci.priority import (
     DEFAULT_POLICY,
     PriorityContext,
@@ -42,6 +50,10 @@ from slurmgate.errors import InputError
 PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
 NODE_SLOT_FLAG = "NODE_SLOT_SCHEDULER_ENABLED"
 SELF_HOSTED = "self-hosted"
+SKIP_QUEUE_KEY = "skip-queue-pr"
+# GitHub numbers a repository's issues and PRs from 1; the bound keeps garbage and overlong
+# labels out of runs-on (the largest repositories are far below a billion PRs).
+MAX_PR_NUMBER = 999_999_999
 
 SpecKind = Literal["allocation", "row"]
 Mode = Literal["legacy", "priority", "node-slots"]
@@ -89,17 +101,39 @@ class RunContext:
     criteria: frozenset[str] | None = None
     family: str | None = None
     matrix_path: tuple[str, ...] = ()
+    skip_queue_pr: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """A loaded job description: its kind, its data, and its node count (None: unknown)."""
+    """A loaded job description: its kind, its data, the node count it states, and the facts
+    (GPUs per node, recipes) its node count is derived from when it states none.
+
+    `nodes` is the allocation's total or the row's `node-count` (None: empty or absent);
+    `resolve_node_count` derives the rest only when a caller needs it.
+    """
 
     kind: SpecKind
     data: Mapping[str, Any]
     nodes: int | None
     runner: str | None
     source: str = "spec"
+    hardware: Mapping[str, int] | None = None
+    recipe_root: Path | None = None
+    skip_queue_pr: int | None = None
+
+    @property
+    def states_node_count(self) -> bool:
+        """An allocation spec always does; a row does when it has a `node-count` field."""
+        return self.kind == "allocation" or "node-count" in self.data
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCount:
+    """A job's node count as admission uses it: a number, or None with the reason."""
+
+    value: int | None
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,19 +186,48 @@ def is_allocation_spec(data: Mapping[str, Any]) -> bool:
     return "deployments" in data
 
 
-def row_node_count(
-    row: Mapping[str, Any],
-    hardware: Mapping[str, int] | None = None,
-    recipe_root: Path | None = None,
-) -> int | None:
-    """A matrix row's node count: its `node-count` field (empty: None), else derived."""
-    if "node-count" in row:
-        raw = row["node-count"]
-        if raw is None or (isinstance(raw, str) and not raw.strip()):
-            return None
-        return _positive(raw, "node-count", "write the row's Slurm node count, or leave it empty")
+def stated_node_count(row: Mapping[str, Any]) -> int | None:
+    """A matrix row's `node-count` field: None when empty or absent, else a positive integer."""
+    raw = row.get("node-count")
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    return _positive(raw, "node-count", "write the row's Slurm node count, or leave it empty")
+
+
+def skip_queue_pr(value: object, where: str) -> int | None:
+    """A skip-queue PR number: None when empty or absent, else 1..MAX_PR_NUMBER."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PR_NUMBER:
+        raise CIError(
+            f"{where} must be a pull-request number from 1 to {MAX_PR_NUMBER}, got {value!r}; "
+            "pass the PR's number, or leave it empty when the PR does not skip the queue"
+        )
+    return value
+
+
+def resolve_node_count(spec: JobSpec, historical_fallback: bool = False) -> NodeCount:
+    """The job's node count: the one it states, else derived from its row.
+
+    With `historical_fallback`, a row without a `node-count` field whose GPUs per node are
+    unknown gets None and a note (the seed's legacy one-node accounting) instead of an error.
+    """
+    if spec.states_node_count:
+        note = None if spec.nodes is not None else "the row's node-count is empty"
+        return NodeCount(spec.nodes, note)
     try:
-        return node_count(row, hardware or {}, recipe_root)
+        return NodeCount(node_count(spec.data, spec.hardware or {}, spec.recipe_root))
+    except UnknownGpusPerNode as exc:
+        if not historical_fallback:
+            raise CIError(f"{exc}") from None
+        return NodeCount(
+            None,
+            f"historical row without node-count whose count cannot be derived ({exc}); "
+            "it is scored and admitted as one node. Add node-count to the row, or pass "
+            "--hardware with its runner label, to size it",
+        )
     except NodeCountError as exc:
         raise CIError(f"{exc}") from None
 
@@ -192,8 +255,21 @@ def spec_from_data(
     runner = data.get("runner")
     if runner is not None and (not isinstance(runner, str) or not runner.strip()):
         raise CIError(f"{source}: runner must be a runner label like cluster:h100, got {runner!r}")
-    nodes = row_node_count(data, hardware, recipe_root)
-    return JobSpec("row", data, nodes, runner.strip() if runner else None, source)
+    try:
+        nodes = stated_node_count(data)
+        pr = skip_queue_pr(data.get(SKIP_QUEUE_KEY), SKIP_QUEUE_KEY)
+    except CIError as exc:
+        raise CIError(f"{source}: {exc}") from None
+    return JobSpec(
+        "row",
+        data,
+        nodes,
+        runner.strip() if runner else None,
+        source,
+        hardware=hardware,
+        recipe_root=recipe_root,
+        skip_queue_pr=pr,
+    )
 
 
 def load_spec(
@@ -237,14 +313,25 @@ def load_hardware(path: str | Path) -> dict[str, int]:
     return table
 
 
-def _score_row(spec: JobSpec) -> dict[str, Any]:
+def _score_row(spec: JobSpec, nodes: int | None) -> dict[str, Any]:
     """The row the priority formula sees: the matrix row (or nothing, for an allocation spec)
     with its resolved node count, so an empty `node-count` does not fail the formula."""
     row = dict(spec.data) if spec.kind == "row" else {}
     row.pop("node-count", None)
-    if spec.nodes is not None:
-        row["node-count"] = spec.nodes
+    if nodes is not None:
+        row["node-count"] = nodes
     return row
+
+
+def _skip_queue(spec: JobSpec, context: RunContext) -> int | None:
+    """The PR number from the row or the workflow input; both may name it, but not differently."""
+    row, given = spec.skip_queue_pr, context.skip_queue_pr
+    if row is not None and given is not None and row != given:
+        raise CIError(
+            f"{spec.source}: {SKIP_QUEUE_KEY} is {row} but --skip-queue-pr is {given}; "
+            "pass the row's PR number or leave the option empty"
+        )
+    return row if row is not None else given
 
 
 def compute_labels(
@@ -263,7 +350,9 @@ def compute_labels(
             if spec.kind == "allocation"
             else f"{where} is missing; add runner: cluster:NAME to the row or pass --runner"
         )
+    skip_queue = _skip_queue(spec, context)
     if not flags.priority:
+        # the seed's legacy set: nothing else is computed, so nothing else can fail
         return LabelSet(runs_on=(label,), mode="legacy", runner=label, nodes=spec.nodes)
     if context.run_id is None or context.run_attempt is None:
         missing = "--run-id" if context.run_id is None else "--run-attempt"
@@ -273,9 +362,10 @@ def compute_labels(
         )
     run_id = _positive(context.run_id, "--run-id", "pass the workflow run id")
     attempt = _positive(context.run_attempt, "--run-attempt", "pass the run attempt (1 or more)")
+    nodes = resolve_node_count(spec, historical_fallback=True)
     try:
         value = score(
-            _score_row(spec),
+            _score_row(spec, nodes.value),
             PriorityContext(context.event, context.pr_labels, context.criteria),
             policy,
         )
@@ -290,16 +380,17 @@ def compute_labels(
     mode: Mode = "priority"
     if flags.node_slots:
         mode = "node-slots"
-        if spec.nodes is None:
-            notes.append("no node count: nodes: label left out (the seed's guard)")
+        if nodes.value is None:
+            notes.append(f"no nodes: label (the seed's guard): {nodes.note}")
         else:
-            nodes_tag.append(nodes_label(spec.nodes))
-    labels = _unique([SELF_HOSTED, label, *nodes_tag, gate, attempt_tag])
+            nodes_tag.append(nodes_label(nodes.value))
+    skip_tag = [] if skip_queue is None else [f"{SKIP_QUEUE_PREFIX}{skip_queue}"]
+    labels = _unique([SELF_HOSTED, label, *nodes_tag, gate, attempt_tag, *skip_tag])
     return LabelSet(
         runs_on=labels,
         mode=mode,
         runner=label,
-        nodes=spec.nodes,
+        nodes=nodes.value,
         score=render_score(value),
         token=token,
         job_label=gate,

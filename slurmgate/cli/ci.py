@@ -20,13 +20,17 @@ from slurmgate.ci.runs_on import (
     github_output_lines,
     load_hardware,
     load_spec,
+    resolve_node_count,
+    skip_queue_pr,
 )
 from slurmgate.cli.common import fail
 
 LABELS_EPILOG = (
     "Example: PRIORITY_SCHEDULER_ENABLED=true NODE_SLOT_SCHEDULER_ENABLED=true "
     "slurmgate labels row.json --run-id 42 --run-attempt 1 --github-output  "
-    "(prints {'runs-on': [...], 'nodes': 3, ...}; a workflow reads runs-on with fromJSON)"
+    "(prints {'runs-on': [...], 'nodes': 3, ...}; a workflow reads runs-on with fromJSON). "
+    "A row without node-count whose count cannot be derived (a historical row) gets no nodes: "
+    "label, as the seed's guard does; --skip-queue-pr 123 adds ci-skip-queue-pr-123."
 )
 NODE_COUNT_EPILOG = (
     "Example: slurmgate node-count examples/specs/local-stub.yaml  "
@@ -91,6 +95,17 @@ def labels(
     matrix_path: Annotated[
         str, typer.Option(help="The row's path in the matrix, e.g. config/3 (token input).")
     ] = "",
+    skip_queue: Annotated[
+        str,
+        typer.Option(
+            "--skip-queue-pr",
+            envvar="SLURMGATE_SKIP_QUEUE_PR",
+            help="PR number whose skip_queue label lets this job skip the queue (adds "
+            "ci-skip-queue-pr-<PR> when priority is on); empty: none. The row's "
+            "skip-queue-pr does the same.",
+            show_default=False,
+        ),
+    ] = "",
     priority: Annotated[
         bool | None,
         typer.Option(
@@ -131,6 +146,7 @@ def labels(
             criteria=criteria_from_classifier(criteria) if criteria is not None else None,
             family=family or None,
             matrix_path=tuple(part for part in matrix_path.split("/") if part),
+            skip_queue_pr=skip_queue_pr(skip_queue, "--skip-queue-pr"),
         )
         result = compute_labels(job, flags, context, runner)
     except CIError as exc:
@@ -157,9 +173,13 @@ def node_count(
 ) -> None:
     """Print the Slurm node count of an allocation spec or a matrix row (empty when unknown)."""
     job = _read(spec, hardware, recipes)
+    try:
+        nodes = resolve_node_count(job).value
+    except CIError as exc:
+        raise fail(str(exc)) from None
     if as_json:
-        typer.echo(json.dumps({"kind": job.kind, "node-count": job.nodes}))
+        typer.echo(json.dumps({"kind": job.kind, "node-count": nodes}))
         return
-    if job.nodes is None:
+    if nodes is None:
         typer.echo("note: the row's node-count is empty (no nodes: label will be asked)", err=True)
-    typer.echo("" if job.nodes is None else str(job.nodes))
+    typer.echo("" if nodes is None else str(nodes))

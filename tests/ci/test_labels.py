@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from slurmgate.admission.labels import JobLabel, parse_nodes
+from slurmgate.admission.labels import SKIP_QUEUE_PREFIX, JobLabel, is_anchor_label, parse_nodes
 from slurmgate.ci.priority import (
     PriorityContext,
     job_label,
@@ -162,6 +162,143 @@ def test_flags_from_env() -> None:
         flags_from_env({"PRIORITY_SCHEDULER_ENABLED": "maybe"})
 
 
+# ---- historical rows: no node-count, and a count that cannot be derived ----------------------
+
+# A multinode row written before node counts existed, re-run today: no node-count field, and
+# its runner label is in no hardware table (none is given here, as in most workflows).
+HISTORICAL: dict[str, Any] = {
+    "runner": "gb200",
+    "multinode": True,
+    "disagg": True,
+    "model-prefix": "dsr1",
+    "framework": "dynamo-sglang",
+    "prefill": {"num-worker": 1, "tp": 4, "additional-settings": []},
+    "decode": {"num-worker": 1, "tp": 8, "additional-settings": []},
+}
+BOTH_FLAGS_ARGS = ["--priority", "--node-slots", "--run-id", "4242", "--run-attempt", "2"]
+
+
+@pytest.mark.parametrize(
+    ("priority", "node_slots"), [(False, False), (False, True), (True, False), (True, True)]
+)
+def test_historical_row_gets_the_unweighted_set_under_every_flag(
+    cli: CliRunner, tmp_path: Path, priority: bool, node_slots: bool
+) -> None:
+    flags = ["--priority" if priority else "--no-priority"]
+    flags.append("--node-slots" if node_slots else "--no-node-slots")
+    args = ["labels", str(write_row(tmp_path, HISTORICAL)), *flags]
+    result = cli.invoke(app, [*args, "--run-id", "4242", "--run-attempt", "2"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    if not priority:
+        assert doc["runs-on"] == ["gb200"] and doc["mode"] == "legacy"
+        return
+    # scored as one node: 1.0 base + 1.25 multi-node + 0.75 dsr1 + 0.5 dynamo-sglang
+    gate = expected_gate(HISTORICAL)
+    assert gate.startswith("ci-job-3.500-")
+    assert doc["runs-on"] == ["self-hosted", "gb200", gate, "ci-attempt-2"]
+    assert doc["nodes"] is None
+    if node_slots:
+        assert "historical row" in result.stderr and "'gb200'" in result.stderr
+        assert "seed's guard" in result.stderr
+
+
+def test_historical_row_is_sized_when_the_hardware_is_known(cli: CliRunner, tmp_path: Path):
+    hardware = tmp_path / "hardware.yaml"
+    hardware.write_text("gb200: 4\n")
+    args = ["labels", str(write_row(tmp_path, HISTORICAL)), "--hardware", str(hardware)]
+    result = cli.invoke(app, [*args, *BOTH_FLAGS_ARGS])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["nodes"] == 1 + 2 and "nodes:3" in doc["runs-on"]
+    assert doc["score"] == "3.498" and result.stderr == ""  # 3.500 less 0.001 a node past one
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"node-count": "three"}, "node-count"),
+        ({"node-count": 0}, "node-count"),
+        ({"disagg": False, "num-nodes": 0}, "num-nodes"),
+        (
+            {"decode": {"num-worker": 1, "tp": 8, "additional-settings": ["DECODE_NODES=x"]}},
+            "DECODE_NODES",
+        ),
+        ({"decode": {"num-worker": 1, "tp": "eight"}}, "decode.tp"),
+        ({"prefill": "1x4"}, "prefill"),
+    ],
+)
+def test_a_row_that_claims_an_invalid_count_is_still_an_error(
+    cli: CliRunner, tmp_path: Path, change: dict[str, Any], field: str
+) -> None:
+    path = write_row(tmp_path, {**HISTORICAL, **change})
+    result = cli.invoke(app, ["labels", str(path), *BOTH_FLAGS_ARGS])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and field in line, line
+
+
+def test_node_count_command_still_explains_a_historical_row(cli: CliRunner, tmp_path: Path):
+    # asked for the count itself, the command says why it cannot give one
+    result = cli.invoke(app, ["node-count", str(write_row(tmp_path, HISTORICAL))])
+    assert (
+        result.exit_code == 2 and "'gb200'" in result.stderr and "hardware table" in result.stderr
+    )
+
+
+# ---- skip-queue ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("node_slots", [False, True])
+def test_skip_queue_pr_of_the_row_is_the_last_label_when_priority_is_on(node_slots: bool) -> None:
+    row = {**ROW, "framework": "sglang-x", "precision": "fp4", "skip-queue-pr": 2440}
+    got = labels_for(row, True, node_slots)
+    assert got[-2:] == ["ci-attempt-2", f"{SKIP_QUEUE_PREFIX}2440"]
+    assert got[-1] == "ci-skip-queue-pr-2440" and is_anchor_label(got[-1])
+    assert labels_for(row, False, node_slots) == ["cluster:h100-dgxc"]
+    # the seed scores a skip-queue row like any other: sglang + fp4 on one node is 2.250
+    single = {"runner": "h100", "framework": "sglang-x", "precision": "fp4", "skip-queue-pr": "7"}
+    result = compute_labels(spec_from_data(single, "row"), LabelFlags(True, node_slots), RUN)
+    assert result.score == "2.250" and result.runs_on[-1] == "ci-skip-queue-pr-7"
+
+
+def test_skip_queue_pr_option_and_environment(cli: CliRunner, tmp_path: Path, monkeypatch) -> None:
+    path = str(write_row(tmp_path, ROW))
+    args = ["labels", path, "--priority", "--node-slots", "--run-id", "9", "--run-attempt", "1"]
+    result = cli.invoke(app, [*args, "--skip-queue-pr", "2740"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["runs-on"][-1] == "ci-skip-queue-pr-2740"
+    monkeypatch.setenv("SLURMGATE_SKIP_QUEUE_PR", "31")
+    assert json.loads(cli.invoke(app, args).stdout)["runs-on"][-1] == "ci-skip-queue-pr-31"
+    # an empty workflow input is "no skip-queue", not an error
+    monkeypatch.setenv("SLURMGATE_SKIP_QUEUE_PR", "")
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0 and json.loads(result.stdout)["runs-on"][-1] == "ci-attempt-1"
+    # the row and the input may both name the PR, but the same one
+    both = ["labels", str(write_row(tmp_path, {**ROW, "skip-queue-pr": 31})), *args[2:]]
+    result = cli.invoke(app, [*both, "--skip-queue-pr", "31"])
+    assert json.loads(result.stdout)["runs-on"].count("ci-skip-queue-pr-31") == 1
+    result = cli.invoke(app, [*both, "--skip-queue-pr", "32"])
+    assert (
+        result.exit_code == 2 and "skip-queue-pr is 31 but --skip-queue-pr is 32" in result.stderr
+    )
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "1.5", "abc", "1000000000", "12 34"])
+def test_skip_queue_pr_option_is_validated(cli: CliRunner, tmp_path: Path, bad: str) -> None:
+    path = str(write_row(tmp_path, ROW))
+    result = cli.invoke(app, ["labels", path, *BOTH_FLAGS_ARGS, "--skip-queue-pr", bad])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert "--skip-queue-pr must be a pull-request number from 1 to 999999999" in line
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "x", 10**9, [1]])
+def test_skip_queue_pr_of_the_row_is_validated(bad: object) -> None:
+    with pytest.raises(CIError, match="row: skip-queue-pr must be a pull-request number"):
+        spec_from_data({**ROW, "skip-queue-pr": bad}, "row")
+
+
 # ---- the CLI ----------------------------------------------------------------------------------
 
 
@@ -307,7 +444,7 @@ def test_label_set_properties(row: dict[str, Any], priority: bool, node_slots: b
     # nodes:N only with both flags on and a known count; then it is the row's count
     assert has_nodes == (priority and node_slots and known)
     if has_nodes:
-        assert parse_nodes(labels) == spec.nodes == (row.get("node-count") or 1)
+        assert parse_nodes(labels) == result.nodes == (row.get("node-count") or 1)
     if not priority:
         assert labels == [row["runner"]]
     else:
