@@ -51,9 +51,9 @@ PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
 NODE_SLOT_FLAG = "NODE_SLOT_SCHEDULER_ENABLED"
 SELF_HOSTED = "self-hosted"
 SKIP_QUEUE_KEY = "skip-queue-pr"
-# GitHub numbers a repository's issues and PRs from 1; the bound keeps garbage and overlong
-# labels out of runs-on (the largest repositories are far below a billion PRs).
-MAX_PR_NUMBER = 999_999_999
+# GitHub numbers a repository's issues and PRs from 1 as int32; the controller reads no larger
+# number back from a ci-skip-queue-pr- label, so none larger may reach runs-on.
+MAX_PR_NUMBER = 2**31 - 1
 
 SpecKind = Literal["allocation", "row"]
 Mode = Literal["legacy", "priority", "node-slots"]

@@ -284,19 +284,25 @@ def test_skip_queue_pr_option_and_environment(cli: CliRunner, tmp_path: Path, mo
     )
 
 
-@pytest.mark.parametrize("bad", ["0", "-3", "1.5", "abc", "1000000000", "12 34"])
+@pytest.mark.parametrize("bad", ["0", "-3", "1.5", "abc", "2147483648", "12 34"])
 def test_skip_queue_pr_option_is_validated(cli: CliRunner, tmp_path: Path, bad: str) -> None:
     path = str(write_row(tmp_path, ROW))
     result = cli.invoke(app, ["labels", path, *BOTH_FLAGS_ARGS, "--skip-queue-pr", bad])
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
-    assert "--skip-queue-pr must be a pull-request number from 1 to 999999999" in line
+    assert "--skip-queue-pr must be a pull-request number from 1 to 2147483647" in line
 
 
-@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "x", 10**9, [1]])
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "x", 2**31, [1]])
 def test_skip_queue_pr_of_the_row_is_validated(bad: object) -> None:
     with pytest.raises(CIError, match="row: skip-queue-pr must be a pull-request number"):
         spec_from_data({**ROW, "skip-queue-pr": bad}, "row")
+
+
+@pytest.mark.parametrize(("given", "number"), [(1, 1), (" 42 ", 42), (2**31 - 1, 2**31 - 1)])
+def test_skip_queue_pr_bounds_are_github_issue_numbers(given: object, number: int) -> None:
+    # every number accepted here is one the controller reads back from the label (int32)
+    assert spec_from_data({**ROW, "skip-queue-pr": given}, "row").skip_queue_pr == number
 
 
 # ---- the CLI ----------------------------------------------------------------------------------
