@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -21,7 +22,12 @@ ANCHOR_PREFIXES = (JOB_PREFIX, ATTEMPT_PREFIX, NODES_PREFIX, SKIP_QUEUE_PREFIX)
 # Only these families are ever removed from a runner; every other label is left alone.
 MANAGED_PREFIXES = (LEASE_PREFIX, *ANCHOR_PREFIXES)
 
-_LEASE_RE = re.compile(r"^ci-lease-j(?P<job>\d+)-a(?P<attempt>\d+)-t(?P<created>\d+)$")
+# The nonce is optional so that leases written before it existed still parse during an upgrade.
+_LEASE_RE = re.compile(
+    r"^ci-lease-j(?P<job>\d+)-a(?P<attempt>\d+)-t(?P<created>\d+)(?:-(?P<nonce>[0-9a-z]{1,16}))?$"
+)
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+NONCE_LENGTH = 6
 _JOB_RE = re.compile(r"^ci-job-(?P<score>-?\d+(?:\.\d+)?)-(?P<token>[0-9a-z][0-9a-z-]*)$")
 
 
@@ -53,16 +59,35 @@ def unmanaged(labels: list[str] | tuple[str, ...] | frozenset[str]) -> frozenset
     return frozenset(fold(label) for label in labels if not is_managed(label))
 
 
+def new_nonce() -> str:
+    """A fresh random lease nonce: 6 base36 characters (about 2e9 values)."""
+    return "".join(secrets.choice(_BASE36) for _ in range(NONCE_LENGTH))
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseLabel:
-    """`ci-lease-j<job id>-a<attempt>-t<created, unix seconds>`: the lease state lives here."""
+    """`ci-lease-j<job id>-a<attempt>-t<created, unix seconds>-<nonce>`: the lease state.
+
+    The nonce is drawn per admission. Two controllers admitting one job in the same second
+    would otherwise write the same label, and their runners would read as one oversized lease
+    that the conflict rule cannot split; with it they are two leases, and the rule keeps one.
+    A label without a nonce (written by an older version) still parses, with `nonce` "".
+    """
 
     job_id: int
     attempt: int
     created_at: int
+    nonce: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nonce and not re.fullmatch(r"[0-9a-z]{1,16}", self.nonce):
+            raise LabelError(
+                f"lease nonce {self.nonce!r} must be 1 to 16 lower-case base36 characters"
+            )
 
     def render(self) -> str:
-        return f"{LEASE_PREFIX}j{self.job_id}-a{self.attempt}-t{self.created_at}"
+        stamp = f"{LEASE_PREFIX}j{self.job_id}-a{self.attempt}-t{self.created_at}"
+        return f"{stamp}-{self.nonce}" if self.nonce else stamp
 
     @property
     def lease_id(self) -> str:
@@ -73,9 +98,9 @@ class LeaseLabel:
         m = _LEASE_RE.match(fold(label))
         if not m:
             raise LabelError(
-                f"lease label {label!r} is not ci-lease-j<job>-a<attempt>-t<unix time>"
+                f"lease label {label!r} is not ci-lease-j<job>-a<attempt>-t<unix time>-<nonce>"
             )
-        return cls(int(m["job"]), int(m["attempt"]), int(m["created"]))
+        return cls(int(m["job"]), int(m["attempt"]), int(m["created"]), m["nonce"] or "")
 
 
 def is_lease(label: str) -> bool:

@@ -255,27 +255,40 @@ def _original(runner: Runner, folded: Iterable[str]) -> tuple[str, ...]:
 
 
 def _lease_conflicts(leases: list[Lease], jobs: dict[int, Job]) -> dict[str, str]:
-    """Leases that lost a runner to another lease: loser label -> winner label."""
+    """Leases that lost to another lease: loser label -> winner label, and where they met.
+
+    Two leases meet on a shared runner, or on their job: one job needs one lease, so a second
+    lease of the same job and attempt (two controllers that admitted it at once, each with its
+    own nonce) loses even on runners of its own.
+    """
     on_runner: dict[int, list[Lease]] = defaultdict(list)
+    of_job: dict[tuple[int, int], list[Lease]] = defaultdict(list)
     for lease in leases:
+        of_job[(lease.job_id, lease.attempt)].append(lease)
         for rid in lease.runner_ids:
             on_runner[rid].append(lease)
 
-    def rank(lease: Lease) -> tuple[bool, bool, int, str]:
-        # running first, then anchored (as the lease protocol's verify step decides), then older
+    def rank(lease: Lease) -> tuple[bool, bool, bool, int, str]:
+        # running first (the lease its job runs on before a twin), then anchored (as the lease
+        # protocol's verify step decides), then older; the label (its nonce) breaks a tie
         job = jobs.get(lease.job_id)
-        running = job is not None and job.status == JobStatus.IN_PROGRESS
-        return (not running, lease.anchor_id is None, lease.created_at, lease.label)
+        if job is None or job.status != JobStatus.IN_PROGRESS:
+            running = runs_here = False
+        else:
+            running = True
+            runs_here = job.runner_id is None or job.runner_id in lease.runner_ids
+        return (not running, not runs_here, lease.anchor_id is None, lease.created_at, lease.label)
 
     losers: dict[str, str] = {}
-    for rid in sorted(on_runner):
-        contenders = on_runner[rid]
+    meetings = [(f"on runner {rid}", on_runner[rid]) for rid in sorted(on_runner)]
+    meetings += [(f"of the same job {key[0]}", of_job[key]) for key in sorted(of_job)]
+    for where, contenders in meetings:
         if len(contenders) < 2:
             continue
         winner = min(contenders, key=rank)
         for lease in contenders:
             if lease is not winner:
-                losers.setdefault(lease.label, f"{winner.label} on runner {rid}")
+                losers.setdefault(lease.label, f"{winner.label} {where}")
     return losers
 
 

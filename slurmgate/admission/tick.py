@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from slurmgate.admission.estimates import RuntimeHistory
-from slurmgate.admission.labels import LeaseLabel
+from slurmgate.admission.labels import LeaseLabel, new_nonce
 from slurmgate.admission.leases import AdmitOutcome, RemovalOutcome
 from slurmgate.admission.model import Admit, Blocked, Clean, Decisions, Release, Snapshot
 from slurmgate.admission.planner import plan
@@ -160,11 +160,13 @@ async def reconcile_tick(
 
 
 def restamped(admit: Admit, at: datetime) -> Admit:
-    """The admission with its lease label stamped `at` (never earlier than the plan's stamp)."""
+    """The admission with its lease label stamped `at` (never earlier than the plan's stamp)
+    and given a fresh nonce (kept if the label has one): two controllers admitting one job in
+    the same second then write two leases, which the planner's conflict rule tells apart."""
     planned = LeaseLabel.parse(admit.lease_label)
     stamp = max(planned.created_at, int(at.timestamp()))
-    label = LeaseLabel(planned.job_id, planned.attempt, stamp).render()
-    return replace(admit, lease_label=label)
+    label = LeaseLabel(planned.job_id, planned.attempt, stamp, planned.nonce or new_nonce())
+    return replace(admit, lease_label=label.render())
 
 
 def _timed_plan(
