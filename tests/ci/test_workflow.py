@@ -70,10 +70,8 @@ def resolve(value: str, context: dict[str, str]) -> str:
     return EXPR.sub(sub, value)
 
 
-@pytest.fixture(scope="module")
-def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def run_labels_step(tmp_path: Path, skip_queue_pr: str = "") -> dict[str, str]:
     """Run the workflow's labels step for real and return what it wrote to $GITHUB_OUTPUT."""
-    tmp_path = tmp_path_factory.mktemp("workflow")
     workflow = load(REUSABLE)
     caller = load(CALLER)
     step = next(s for s in workflow["jobs"]["labels"]["steps"] if s.get("id") == "labels")
@@ -81,6 +79,7 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     context = {
         "inputs.runner": row["runner"],
         "inputs.spec": row["spec"],
+        "inputs.skip-queue-pr": skip_queue_pr,
         "vars.PRIORITY_SCHEDULER_ENABLED": "true",
         "vars.NODE_SLOT_SCHEDULER_ENABLED": "true",
     }
@@ -116,13 +115,27 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return lines
 
 
+@pytest.fixture(scope="module")
+def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """What the labels step writes for the caller's first row, outside a skip-queue PR."""
+    return run_labels_step(tmp_path_factory.mktemp("workflow"))
+
+
 def test_the_labels_step_emits_a_satisfiable_weighted_label_set(emitted: dict[str, str]) -> None:
     runs_on = json.loads(emitted["runs-on"])
     assert runs_on[:3] == ["self-hosted", "cluster:h100", "nodes:3"]  # local-stub: 3 nodes
     assert runs_on[3] == emitted["job-label"] and runs_on[3].startswith(
         "ci-job-2.998-"
     )  # push +2, 3 nodes
-    assert runs_on[4] == "ci-attempt-1"
+    assert runs_on == [*runs_on[:4], "ci-attempt-1"]  # the empty skip-queue input adds nothing
+
+
+def test_the_caller_passes_a_skip_queue_pr_through_to_runs_on(tmp_path: Path) -> None:
+    caller = load(CALLER)
+    passed = caller["jobs"]["sweep"]["with"]["skip-queue-pr"]
+    assert "github.event.pull_request.number" in passed and "'skip_queue'" in passed
+    runs_on = json.loads(run_labels_step(tmp_path, skip_queue_pr="2740")["runs-on"])
+    assert runs_on[-2:] == ["ci-attempt-1", "ci-skip-queue-pr-2740"]
 
 
 def test_every_expression_references_something_that_exists(emitted: dict[str, str]) -> None:
