@@ -202,7 +202,7 @@ MIX_ROWS = _mix_rows()
 def _row_from_csv(r: dict[str, str], overrides: bool = True) -> dict[str, Any]:
     """The matrix row the mix's line came from, as far as the CSV records it.
 
-    The CSV keeps each role's workers x tp (pp and pcp are 1 in these rows). An override row
+    The CSV keeps each role's workers x tp, no pp or pcp-size (1 by default). An override row
     gets its recorded per-role counts as PREFILL_NODES / DECODE_NODES: the CSV does not say
     which role carried an override, and in all but three rows topology gives the same count.
     """
