@@ -342,23 +342,30 @@ class AllocationRun:
             ],
         )
 
+    def worker_argv(self, name: str, mode: str, nodelist: list[str], gres: str | None) -> list[str]:
+        """The srun of one node-worker step: one task per listed node, fail-fast.
+
+        The serve steps of `launch` are exactly this with mode `serve` and the job's GPUs.
+        """
+        argv = [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"]
+        return slurm.srun_argv(
+            argv,
+            job_id=self.job_id or "",
+            nodelist=nodelist,
+            step_name=self._step_name(name),
+            gres=gres,
+            extra=["--input=all"],
+        )
+
     def _start_workers(
         self, name: str, mode: str, ws: WorkerSpec, nodelist: list[str], **step: Any
     ) -> Any:
         """One node-worker srun; its spec goes through stdin (to every task), never argv: the
         lanes' commands are the user's and argv is public in /proc."""
-        argv = [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"]
         gres = step.pop("gres")
         return self.supervisor.start(
             name,
-            slurm.srun_argv(
-                argv,
-                job_id=self.job_id or "",
-                nodelist=nodelist,
-                step_name=self._step_name(name),
-                gres=gres,
-                extra=["--input=all"],
-            ),
+            self.worker_argv(name, mode, nodelist, gres),
             step_name=self._step_name(name),
             stdin_data=ws.encode().encode(),
             **step,

@@ -170,7 +170,17 @@ def srun_argv(
     cpus_per_task: int | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """One coordinated step: one task per listed node. `gres=None` inherits the job's GPUs."""
+    """One coordinated step: one task per listed node. `gres=None` inherits the job's GPUs.
+
+    `--kill-on-bad-exit=1` is the Slurm-level fail-fast (as in the seed): when one node's task
+    exits non-zero, Slurm ends the step's other tasks, whatever they are doing.
+
+    No `--exact`, unlike the seed: with `--overlap` it only limits a step to the CPUs it asks
+    for (one per task unless `cpus_per_task`), and a serve step does not ask, so a node's model
+    servers (engine, tokenizer and API processes) would share one CPU. Without it each step may
+    use every CPU the job holds on its nodes, and `--overlap` lets the endpoint, probe and
+    client steps run beside the serve steps on the client node.
+    """
     argv = [
         "srun",
         f"--jobid={job_id}",

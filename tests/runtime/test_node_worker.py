@@ -224,3 +224,46 @@ def test_wrong_procid_is_an_identity_failure() -> None:
         timeout=20,
     )
     assert out.returncode == 70 and "check=ntasks" in out.stderr
+
+
+def test_preflight_accepts_more_visible_gpus_than_planned_and_reports_its_node() -> None:
+    # The seed's rule: the node shows 8, the plan needs 4: fine (lanes take the first ones).
+    proc = _worker("preflight", _spec("tok", [], gpus=4), gpus="0,1,2,3,4,5,6,7")
+    rc = proc.wait(timeout=20)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert rc == 0, err
+    assert f"SLURMGATE-PREFLIGHT-OK host={HOST} cpus=" in err and "gpus=8" in err
+
+
+def test_preflight_rejects_a_gpu_listed_twice() -> None:
+    proc = _worker("preflight", _spec("tok", [], gpus=2), gpus="0,1,1")
+    rc = proc.wait(timeout=20)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert rc == 70
+    assert f"SLURMGATE-PREFLIGHT host={HOST} check=gpu-list:" in err and "'0,1,1'" in err
+
+
+def test_a_task_on_another_node_than_planned_is_a_hostname_failure() -> None:
+    # Slurm says the task runs on node7 while the plan (and the hostname) say HOST: Slurm's
+    # node name is what the plan is made of, so the task is on the wrong node.
+    spec = _spec("tok", [])
+    env = dict(
+        os.environ,
+        SLURM_PROCID="0",
+        SLURM_NTASKS="1",
+        SLURMD_NODENAME="node7",
+        CUDA_VISIBLE_DEVICES="0,1",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "slurmgate.runtime.node_worker", "preflight", "--spec", "-"],
+        input=spec.encode(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert out.returncode == 70, out.stderr
+    assert (
+        f"SLURMGATE-PREFLIGHT host=node7 check=hostname: task 0 runs on node7 but the plan "
+        f"puts it on {HOST}"
+    ) in out.stderr
