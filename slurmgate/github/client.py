@@ -1,5 +1,8 @@
 """Async GitHub REST client for runners, labels, runs and jobs: paced, conditional, typed errors.
 
+It also reads what skip-queue authorization needs: a pull request's label events and a team
+membership.
+
 Every request carries the token, so what GitHub answers is bounded before it is believed: a
 pagination link is followed only to api_url's own scheme, host and port, at most `max_pages`
 pages of at most 100 items; a body past `max_body_bytes` (decompressed) is not read on; a body
@@ -34,11 +37,15 @@ from slurmgate.admission.model import Job, JobStatus, Runner
 from slurmgate.errors import ExternalError, NotFoundError
 from slurmgate.github.etags import EtagCache, FileEtagCache, MemoryEtagCache
 from slurmgate.github.payloads import (
+    LabelEvent,
     MalformedPayload,
     ProblemMemory,
     parse_job,
+    parse_label_event,
     parse_run_id,
+    parse_run_pull_requests,
     parse_runner,
+    parse_team_membership,
 )
 from slurmgate.github.scope import GitHubScope
 
@@ -53,6 +60,9 @@ MAX_CACHED_BODY_BYTES = 2 * 1024 * 1024
 """Larger bodies are not kept in the ETag cache, which lives in one file across processes."""
 MAX_PAGES = 100
 """Most pages one listing follows: 10,000 runners, runs or jobs."""
+MAX_EVENT_PAGES = 10
+"""Most pages of one pull request's issue events read: 1,000 events (a PR with more has its
+label events refused as unreadable, so it is not authorized to skip the queue)."""
 
 # ---- errors -----------------------------------------------------------------------------------
 
@@ -143,6 +153,15 @@ class CallCounter:
         self.requests.clear()
         self.not_modified.clear()
         self.retries = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobSource:
+    """Where a listed job came from: its repository, and the pull requests its run is for
+    (GitHub's `pull_requests` of the run; empty for a push, or a PR from a fork)."""
+
+    repo: str
+    pull_requests: frozenset[int] = frozenset()
 
 
 # ---- client -----------------------------------------------------------------------------------
@@ -374,7 +393,14 @@ class GitHubClient:
         skipped with a warning (once) and the others are still read: a job it hid is not
         admitted this tick, and a lease job is still looked up by id by the snapshot.
         """
+        jobs, _ = await self.read_active_jobs()
+        return jobs
+
+    async def read_active_jobs(self) -> tuple[list[Job], dict[int, JobSource]]:
+        """`list_active_jobs`, with where each job came from (its repository and its run's
+        pull requests), keyed by job id."""
         jobs: dict[int, Job] = {}
+        sources: dict[int, JobSource] = {}
         for name in self.scope.job_repos:
             seen: set[int] = set()
             for status in ("queued", "in_progress"):
@@ -397,10 +423,62 @@ class GitHubClient:
                     except MalformedResponse as exc:
                         self.problems.report("job listing of run", str(run_id), str(exc), "skipped")
                         continue
+                    source = JobSource(name, parse_run_pull_requests(run))
                     for job in run_jobs:
                         if job.active:
                             jobs[job.id] = job
-        return sorted(jobs.values(), key=lambda j: j.id)
+                            sources[job.id] = source
+        return sorted(jobs.values(), key=lambda j: j.id), sources
+
+    # ---- pull requests and teams (skip-queue authorization) ----
+
+    async def list_label_events(self, repo: str, number: int) -> list[LabelEvent]:
+        """The label events of issue or pull request `number` of `repo`, in GitHub's order
+        (oldest first); conditional, so an unchanged listing costs one 304 a page.
+
+        Events of other kinds are passed over. Raises NotFound for an issue the token cannot
+        see, and MalformedResponse for a page that is not a list, more than MAX_EVENT_PAGES
+        pages, or a label event of the wrong shape (it might be the one that decides).
+        """
+        template = "/repos/{owner}/{repo}/issues/{issue_number}/events"
+        pages = await self._paginate(
+            template,
+            f"/repos/{repo}/issues/{int(number)}/events",
+            {"per_page": PER_PAGE},
+            True,
+            max_pages=MAX_EVENT_PAGES,
+        )
+        events: list[LabelEvent] = []
+        for page_number, page in enumerate(pages, start=1):
+            if not isinstance(page, list) or len(page) > PER_PAGE:
+                raise MalformedResponse(
+                    "GET", template, 200, f"page {page_number} is not a list of at most 100 events"
+                )
+            for item in page:
+                try:
+                    event = parse_label_event(item)
+                except MalformedPayload as exc:
+                    raise MalformedResponse("GET", template, 200, str(exc)) from None
+                if event is not None:
+                    events.append(event)
+        return events
+
+    async def team_member_active(self, org: str, team_slug: str, login: str) -> bool:
+        """True when `login` is an active member of the organization's team; False for a
+        pending invitation or no membership (404, which is also what a team the token cannot
+        see answers)."""
+        template = "/orgs/{org}/teams/{team_slug}/memberships/{username}"
+        path = "/orgs/{}/teams/{}/memberships/{}".format(
+            *(quote(part, safe="") for part in (org, team_slug, login))
+        )
+        try:
+            reply = await self._call("GET", template, path)
+        except NotFound:
+            return False
+        try:
+            return parse_team_membership(reply.body)
+        except MalformedPayload as exc:
+            raise MalformedResponse("GET", template, reply.status, str(exc)) from None
 
     async def fetch_rate_limit(self) -> RateLimit | None:
         """GET /rate_limit (free of primary quota); updates and returns `rate_limit`."""
@@ -474,8 +552,15 @@ class GitHubClient:
         return items
 
     async def _paginate(
-        self, template: str, path: str, params: dict[str, Any], conditional: bool
+        self,
+        template: str,
+        path: str,
+        params: dict[str, Any],
+        conditional: bool,
+        *,
+        max_pages: int | None = None,
     ) -> list[Any]:
+        limit = self.max_pages if max_pages is None else min(max_pages, self.max_pages)
         pages: list[Any] = []
         reply = await self._call("GET", template, path, params=params, conditional=conditional)
         pages.append(reply.body)
@@ -484,12 +569,12 @@ class GitHubClient:
             self._check_next(next_url, template, reply.status)
             if next_url in seen:  # a server that links in circles must not hang us
                 raise MalformedResponse("GET", template, reply.status, "pagination loops back")
-            if len(pages) >= self.max_pages:
+            if len(pages) >= limit:
                 raise MalformedResponse(
                     "GET",
                     template,
                     reply.status,
-                    f"listing has more than {self.max_pages} pages; refusing to read on "
+                    f"listing has more than {limit} pages; refusing to read on "
                     "(raise max_pages on the client if the scope really is that large)",
                 )
             seen.add(next_url)

@@ -1,4 +1,9 @@
-"""ETag caches: the body behind each conditional read, in memory or in a file across processes."""
+"""ETag caches: the body behind each conditional read, in memory or in a file across processes.
+
+`StoredRecords` keeps other small answers worth remembering between ticks (which skip-queue
+label events were already verified) under one reserved key of the same cache, so they persist
+wherever the cache does.
+"""
 
 from __future__ import annotations
 
@@ -105,3 +110,45 @@ class FileEtagCache(MemoryEtagCache):
             raise
         self._dirty = False
         self._last_flush = time.monotonic()
+
+
+class StoredRecords:
+    """A bounded map of small JSON records under one reserved key of an ETag cache.
+
+    It lives as long as the cache does (a FileEtagCache keeps it across processes) and is an
+    optimisation, never the truth: what the store holds in another shape reads as empty. At
+    most `max_entries` records are kept; the least recently written is forgotten first.
+    """
+
+    def __init__(self, store: EtagCache, key: str, max_entries: int = 1000) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries {max_entries} must be at least 1")
+        self._store = store
+        self.key = key
+        self.max_entries = max_entries
+        self._records: dict[str, dict[str, Any]] | None = None
+
+    def _loaded(self) -> dict[str, dict[str, Any]]:
+        if self._records is None:
+            entry = self._store.get(self.key)
+            stored = entry[1] if entry is not None else None
+            records = stored if isinstance(stored, dict) else {}
+            kept = [(k, v) for k, v in records.items() if isinstance(v, dict)]
+            self._records = dict(kept[-self.max_entries :])
+        return self._records
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        record = self._loaded().get(name)
+        return dict(record) if record is not None else None
+
+    def put(self, name: str, record: dict[str, Any]) -> None:
+        records = self._loaded()
+        records.pop(name, None)
+        records[name] = dict(record)
+        while len(records) > self.max_entries:
+            del records[next(iter(records))]
+        # a copy, so the cache sees a write (a file cache is rewritten only after one)
+        self._store.put(self.key, "", dict(records))
+
+    def __len__(self) -> int:
+        return len(self._loaded())

@@ -1,5 +1,8 @@
 """GitHub's runner, run and job objects: checked against their OpenAPI shape, then model records.
 
+Also the two objects skip-queue authorization reads: a pull request's label events (who added
+or removed which label) and a team membership (active or pending).
+
 GitHub is an outside system: an object of the wrong shape (a label given as a string, a
 missing id, a timestamp without an offset) is refused here as `MalformedPayload`, and the
 listing that carried it skips it and goes on. A job status this module does not know (GitHub
@@ -14,6 +17,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -31,6 +35,7 @@ from pydantic import ValidationError as PydanticValidationError
 from slurmgate.admission.model import Job, JobStatus, Runner
 from slurmgate.errors import ExternalError
 from slurmgate.github.etags import EtagCache
+from slurmgate.github.scope import is_login
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,12 @@ MAX_LABELS = 256
 MAX_TEXT_LENGTH = 4096
 """Longest name, status or conclusion accepted; these only reach logs and the board."""
 MAX_ID = 2**63 - 1  # GitHub ids are int64
+MAX_ISSUE_NUMBER = 2**31 - 1
+"""Largest issue or pull request number accepted (GitHub numbers them as int32)."""
+BOT_SUFFIX = "[bot]"
+MAX_LOGIN_LENGTH = 39 + len(BOT_SUFFIX)
+"""A user login is at most 39 characters; a GitHub App acts as `<app-slug>[bot]`."""
+MAX_RUN_PULL_REQUESTS = 100
 
 _NOT_STARTED = (JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING)
 _KNOWN_STATUSES = frozenset(s.value for s in JobStatus if s is not JobStatus.UNKNOWN)
@@ -72,7 +83,17 @@ def _timestamp(value: Any) -> datetime:
     return moment
 
 
+def _login(value: str) -> str:
+    if not is_login(value.removesuffix(BOT_SUFFIX)):
+        raise ValueError("is not a GitHub login")
+    return value
+
+
 GitHubId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID)]
+IssueNumber = Annotated[int, Field(strict=True, ge=1, le=MAX_ISSUE_NUMBER)]
+Login = Annotated[
+    StrictStr, Field(min_length=1, max_length=MAX_LOGIN_LENGTH), AfterValidator(_login)
+]
 Label = Annotated[
     StrictStr,
     Field(min_length=1, max_length=MAX_LABEL_LENGTH),
@@ -108,6 +129,44 @@ class RunPayload(_Wire):
     """The `workflow-run` object: slurmgate needs only its id to list its jobs."""
 
     id: GitHubId
+
+
+class RunPullRequestPayload(_Wire):
+    """One `pull-request-minimal` of a run's `pull_requests`: only its number is read."""
+
+    number: IssueNumber
+
+
+class RunPullRequestsPayload(_Wire):
+    pull_requests: Annotated[list[RunPullRequestPayload], Field(max_length=MAX_RUN_PULL_REQUESTS)]
+
+
+class ActorPayload(_Wire):
+    """The `simple-user` who acted, as far as slurmgate reads it."""
+
+    login: Login
+
+
+class IssueLabelPayload(_Wire):
+    name: Label
+
+
+class LabelEventPayload(_Wire):
+    """A `labeled-issue-event` or `unlabeled-issue-event`, as far as slurmgate reads it.
+
+    GitHub sends `actor: null` for an account that was deleted since.
+    """
+
+    id: GitHubId
+    event: Text
+    actor: ActorPayload | None
+    label: IssueLabelPayload
+
+
+class TeamMembershipPayload(_Wire):
+    """The `team-membership` object: only `state` is read."""
+
+    state: Text
 
 
 class JobPayload(_Wire):
@@ -174,6 +233,56 @@ def parse_run_id(data: Any) -> int:
     """The id of a `workflow-run` object; raises MalformedPayload when it has none."""
     payload: RunPayload = _check(RunPayload, "run", data)
     return payload.id
+
+
+def parse_run_pull_requests(data: Any) -> frozenset[int]:
+    """The pull request numbers a `workflow-run` object lists: empty when it lists none, or
+    lists them in a shape slurmgate does not read (so nothing is claimed for the run)."""
+    try:
+        payload = RunPullRequestsPayload.model_validate(data)
+    except PydanticValidationError:
+        return frozenset()
+    return frozenset(pr.number for pr in payload.pull_requests)
+
+
+LABEL_EVENT_KINDS = frozenset({"labeled", "unlabeled"})
+
+
+@dataclass(frozen=True, slots=True)
+class LabelEvent:
+    """One `labeled` (added) or `unlabeled` event of an issue or pull request; `label` and
+    `actor` are case-folded (GitHub compares both case-insensitively)."""
+
+    id: int
+    added: bool
+    label: str
+    actor: str | None
+
+
+def parse_label_event(data: Any) -> LabelEvent | None:
+    """A label event of an issue-events listing, or None for an event of any other kind.
+
+    Raises MalformedPayload for an object without a string `event`, or a label event of the
+    wrong shape: the one event slurmgate cannot read might be the one that decides.
+    """
+    kind = data.get("event") if isinstance(data, Mapping) else None
+    if not isinstance(kind, str):
+        raise MalformedPayload("issue event", item_id(data), "event: is not a string")
+    if kind not in LABEL_EVENT_KINDS:
+        return None
+    payload: LabelEventPayload = _check(LabelEventPayload, "issue event", data)
+    return LabelEvent(
+        id=payload.id,
+        added=payload.event == "labeled",
+        label=payload.label.name.casefold(),
+        actor=payload.actor.login.casefold() if payload.actor is not None else None,
+    )
+
+
+def parse_team_membership(data: Any) -> bool:
+    """True when a `team-membership` object is active (a pending invitation is not)."""
+    payload: TeamMembershipPayload = _check(TeamMembershipPayload, "team membership", data)
+    return payload.state == "active"
 
 
 def parse_job(data: Any) -> Job:

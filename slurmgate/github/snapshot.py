@@ -6,16 +6,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
-from slurmgate.admission.model import Job, Runner, Snapshot, leases_from_fleet
-from slurmgate.github.client import MalformedResponse
+from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot, leases_from_fleet
+from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.github.client import JobSource, MalformedResponse
+from slurmgate.github.skipqueue import SkipQueueAuthorizer, SkipQueueClient
 
 
-class SnapshotClient(Protocol):
+class SnapshotClient(SkipQueueClient, Protocol):
     """The reads `take_snapshot` needs (all of them `GitHubClient` methods)."""
 
     async def list_runners(self, conditional: bool = True) -> list[Runner]: ...
 
-    async def list_active_jobs(self) -> list[Job]: ...
+    async def read_active_jobs(self) -> tuple[list[Job], dict[int, JobSource]]: ...
 
     async def get_job(self, job_id: int) -> Job | None: ...
 
@@ -24,7 +26,10 @@ class SnapshotClient(Protocol):
 
 
 async def take_snapshot(
-    client: SnapshotClient, *, clock: Callable[[], datetime] | None = None
+    client: SnapshotClient,
+    *,
+    clock: Callable[[], datetime] | None = None,
+    settings: AdmissionSettings | None = None,
 ) -> Snapshot:
     """One read of the fleet and the jobs, conditional (ETag) wherever GitHub allows it.
 
@@ -38,9 +43,17 @@ async def take_snapshot(
     and a lease job whose own read is malformed is neither present nor missing, so the planner
     keeps its lease. Only a malformed runner listing fails the read (`MalformedResponse`):
     without the fleet there is nothing to plan, and nothing is written.
+
+    With `settings`, queued skip-queue jobs are verified (`skipqueue.SkipQueueAuthorizer`,
+    whose failed lookups only leave a job unverified); without, none is.
     """
     runners = await client.list_runners(conditional=True)
-    jobs = {job.id: job for job in await client.list_active_jobs()}
+    active, sources = await client.read_active_jobs()
+    jobs = {job.id: job for job in active}
+    skip_queue: frozenset[int] = frozenset()
+    if settings is not None:
+        queued = [job for job in active if job.status == JobStatus.QUEUED]
+        skip_queue = await SkipQueueAuthorizer(client, settings).authorized(queued, sources)
     leases, _ = leases_from_fleet(runners)
     missing: set[int] = set()
     for job_id in sorted({lease.job_id for lease in leases} - set(jobs)):
@@ -59,6 +72,7 @@ async def take_snapshot(
         taken_at=taken_at,
         missing_job_ids=frozenset(missing),
         unreadable_runners=client.unreadable_runners,
+        skip_queue_job_ids=skip_queue,
     )
 
 
