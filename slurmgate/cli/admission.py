@@ -100,7 +100,8 @@ def status(
 
     async def read() -> list[dict[str, Any]]:
         async with GitHubClient(scope, token) as client:
-            report = await reconcile_tick(direct_steps(client, read_only=True), settings)
+            steps = direct_steps(client, read_only=True, settings=settings)
+            report = await reconcile_tick(steps, settings)
         decisions = report.decisions
         rows = decisions.board_rows()
         for runner_id, reason in decisions.misconfigured_runners:
