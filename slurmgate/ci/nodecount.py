@@ -8,6 +8,7 @@ Precedence (docs/seed.md, node count): an explicit aggregate `num-nodes`, else a
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,7 @@ def _overrides(roles: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
                 "keep one value in every additional-settings"
             )
         raw = values.pop()
-        if not raw.isdigit() or int(raw) < 1:
+        if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1:
             raise NodeCountError(
                 f"{key}={raw} is not a positive integer; write {key}=<n> with n >= 1"
             )

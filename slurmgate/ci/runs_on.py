@@ -25,6 +25,7 @@ an error naming the field.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,9 +174,19 @@ class LabelSet:
         return out
 
 
+def _from_digits(value: object) -> object:
+    """A string of ASCII digits as its int; anything else unchanged, for the caller to reject.
+
+    Only ASCII: `str.isdigit` also accepts superscripts and other scripts' digits, which `int`
+    then refuses or reads as a number nobody wrote.
+    """
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        return int(value.strip())
+    return value
+
+
 def _positive(value: object, where: str, fix: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    value = _from_digits(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise CIError(f"{where} must be a positive integer, got {value!r}; {fix}")
     return value
@@ -198,8 +209,7 @@ def skip_queue_pr(value: object, where: str) -> int | None:
     """A skip-queue PR number: None when empty or absent, else 1..MAX_PR_NUMBER."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    value = _from_digits(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PR_NUMBER:
         raise CIError(
             f"{where} must be a pull-request number from 1 to {MAX_PR_NUMBER}, got {value!r}; "
@@ -352,7 +362,7 @@ def compute_labels(
         )
     skip_queue = _skip_queue(spec, context)
     if not flags.priority:
-        # the seed's legacy set: nothing else is computed, so nothing else can fail
+        # the seed's legacy set ignores the node count, so none is derived: no row can fail here
         return LabelSet(runs_on=(label,), mode="legacy", runner=label, nodes=spec.nodes)
     if context.run_id is None or context.run_attempt is None:
         missing = "--run-id" if context.run_id is None else "--run-attempt"

@@ -219,12 +219,14 @@ def test_historical_row_is_sized_when_the_hardware_is_known(cli: CliRunner, tmp_
     [
         ({"node-count": "three"}, "node-count"),
         ({"node-count": 0}, "node-count"),
+        ({"node-count": "²"}, "node-count"),  # a digit to str.isdigit, not to int
         ({"disagg": False, "num-nodes": 0}, "num-nodes"),
         (
             {"decode": {"num-worker": 1, "tp": 8, "additional-settings": ["DECODE_NODES=x"]}},
             "DECODE_NODES",
         ),
         ({"decode": {"num-worker": 1, "tp": "eight"}}, "decode.tp"),
+        ({"decode": {"num-worker": 1, "tp": 8, "additional-settings": ["DECODE_NODES=³"]}}, "³"),
         ({"prefill": "1x4"}, "prefill"),
     ],
 )
@@ -284,7 +286,7 @@ def test_skip_queue_pr_option_and_environment(cli: CliRunner, tmp_path: Path, mo
     )
 
 
-@pytest.mark.parametrize("bad", ["0", "-3", "1.5", "abc", "2147483648", "12 34"])
+@pytest.mark.parametrize("bad", ["0", "-3", "1.5", "abc", "2147483648", "12 34", "²", "١٢"])
 def test_skip_queue_pr_option_is_validated(cli: CliRunner, tmp_path: Path, bad: str) -> None:
     path = str(write_row(tmp_path, ROW))
     result = cli.invoke(app, ["labels", path, *BOTH_FLAGS_ARGS, "--skip-queue-pr", bad])
