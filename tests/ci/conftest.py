@@ -25,6 +25,7 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
         "GITHUB_RUN_ATTEMPT",
         "GITHUB_EVENT_NAME",
         "GITHUB_OUTPUT",
+        "SLURMGATE_SKIP_QUEUE_PR",
     ):
         monkeypatch.delenv(name, raising=False)
     return CliRunner()
