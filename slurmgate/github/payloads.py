@@ -84,7 +84,8 @@ def _timestamp(value: Any) -> datetime:
 
 
 def _login(value: str) -> str:
-    if not is_login(value.removesuffix(BOT_SUFFIX)):
+    # _printable first: the login pattern's `$` would let a trailing newline through
+    if not is_login(_printable(value).removesuffix(BOT_SUFFIX)):
         raise ValueError("is not a GitHub login")
     return value
 
