@@ -80,6 +80,9 @@ def test_happy_path_on_three_nodes(runs_root: Path) -> None:
     assert record["status"] == "succeeded" and record["owned_allocation"] is True
     serve = [s for s in record["steps"] if s["name"].startswith("serve-")]
     assert len(serve) == 2 and all(s["step_id"].startswith(f"{result.job_id}.") for s in serve)
+    # The controller is off the allocation: one probe step for readiness, one for the metrics.
+    assert [s["name"] for s in record["steps"]].count("probe") == 2
+    assert run.probe_origin == result.hosts[0]
     assert _job_gone(result.job_id)
     assert_no_orphans(run.run_id)
     again = run.cleanup()  # a second cleanup is a no-op that returns the same report
@@ -394,6 +397,10 @@ def test_runs_inside_a_batch_job_by_attaching_to_its_allocation(tmp_path: Path) 
         client_log = next((runs_root / record.run_id).glob("[0-9][0-9]-client.log"))
         assert "client ok: 8 completions" in client_log.read_text()
         assert "decision: attach to allocation" in log
+        # The controller runs on the client host (the batch step is on the first node), so it
+        # probes from its own process: no probe step.
+        assert f"decision: probes run in the controller, which is on {record.hosts[0]}" in log
+        assert "probe" not in [step.name for step in record.steps]
         assert_no_orphans(record.run_id)
     finally:
         slurm.scancel(job)
