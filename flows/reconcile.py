@@ -158,7 +158,9 @@ async def reconcile(
             "set repos on the scope block",
             scope.org,
         )
-    steps = TickSteps(read_snapshot, remove=remove_labels_task, admit=lease_subflow)
+    steps = TickSteps(
+        lambda: read_snapshot(settings), remove=remove_labels_task, admit=lease_subflow
+    )
     async with scope.get_client() as client, bound_client(client):
         history = await load_history(logger)
         report = await reconcile_tick(steps, settings, history=history, log=logger)

@@ -24,6 +24,7 @@ from slurmgate.admission.leases import (
     verify_lease,
 )
 from slurmgate.admission.model import Admit, Snapshot
+from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import is_transient
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import ScopeError
@@ -75,9 +76,10 @@ _task_options: dict[str, Any] = {
 
 
 @task(name="read-snapshot", **_task_options)
-async def read_snapshot() -> Snapshot:
-    """Runners, active jobs and every lease's job, read conditionally."""
-    return await take_snapshot(current_client())
+async def read_snapshot(settings: AdmissionSettings | None = None) -> Snapshot:
+    """Runners, active jobs and every lease's job, read conditionally; with `settings`, the
+    queued skip-queue jobs verified (`github/skipqueue.py`)."""
+    return await take_snapshot(current_client(), settings=settings)
 
 
 @task(name="add-lease-labels", task_run_name="add-lease-labels-j{admit.job_id}", **_task_options)
