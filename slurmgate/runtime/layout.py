@@ -36,6 +36,8 @@ class DeploymentShape(Protocol):
     def rank_launch_stagger_s(self) -> float: ...
     @property
     def distributed_timeout_s(self) -> float: ...
+    @property
+    def enable_expert_parallel(self) -> bool: ...
     def lanes_for(self, node_gpus: int) -> int: ...
     def nodes_for(self, node_gpus: int) -> int: ...
     def used_gpus_per_node(self, node_gpus: int) -> int: ...
@@ -287,6 +289,10 @@ def lane_argv(
         "--pipeline-parallel-size",
         str(spec.pipeline_parallel),
     ]
+    if spec.enable_expert_parallel:
+        # vLLM's expert-parallel group is TP × DP of one server; a replica here is one server
+        # with DP 1, so its experts spread over exactly its tensor-parallel GPUs.
+        argv.append("--enable-expert-parallel")
     if spec.nodes_per_replica > 1 and lane.rendezvous_port is not None:
         argv += [
             "--nnodes",

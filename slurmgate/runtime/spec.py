@@ -33,6 +33,9 @@ LAUNCHER_FLAGS = (
     "--master-port",
     "--headless",
     "--distributed-timeout-seconds",
+    "--enable-expert-parallel",
+    # A replica is one server on TP × PP GPUs; data parallelism is more replicas, not a flag.
+    "--data-parallel-size",
 )
 # Environment names the runtime owns for every lane.
 RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMGATE_RUN_")
@@ -180,6 +183,11 @@ class DeploymentSpec(_Strict):
         default=2, ge=1, le=100, description="good readiness probes in a row before a lane is ready"
     )
     readiness_path: str = "/health"
+    enable_expert_parallel: bool = Field(
+        default=False,
+        description="shard the MoE experts over the replica's tensor-parallel GPUs (vLLM "
+        "--enable-expert-parallel: expert-parallel size = tensor_parallel here); one node only",
+    )
     lead_boot_standoff_s: float = Field(default=60.0, ge=0)
     rank_launch_stagger_s: float = Field(default=5.0, ge=0)
     backpressure: BackpressureSpec = Field(default_factory=BackpressureSpec)
@@ -218,6 +226,20 @@ class DeploymentSpec(_Strict):
                 f"pipeline_parallel={self.pipeline_parallel} but nodes_per_replica="
                 f"{self.nodes_per_replica}; each pipeline stage runs on its own node",
                 "set nodes_per_replica equal to pipeline_parallel",
+            )
+        if self.enable_expert_parallel and self.nodes_per_replica > 1:
+            raise _problem(
+                "enable_expert_parallel",
+                "expert parallel across nodes is not supported (the seed refuses it too): a "
+                "replica's experts would span its pipeline stages",
+                "use nodes_per_replica: 1, or turn enable_expert_parallel off",
+            )
+        if self.enable_expert_parallel and self.tensor_parallel == 1:
+            raise _problem(
+                "enable_expert_parallel",
+                "with tensor_parallel=1 the expert-parallel group is one GPU, which holds every "
+                "expert: the flag would change nothing",
+                "raise tensor_parallel, or turn enable_expert_parallel off",
             )
         if self.distributed_timeout_s > self.startup_timeout_s:
             raise _problem(

@@ -139,3 +139,44 @@ def test_cli_reports_a_bad_spec_without_a_traceback(tmp_path: Path) -> None:
     assert out.exit_code == 2
     assert "deployments[0].gpus_per_node: 16 GPUs per node but a node has 8" in out.output
     assert "Traceback" not in out.output
+
+
+def test_client_cpus_default_is_left_to_the_allocation() -> None:
+    # None: the run gives the client the seed's 32, clamped to what the allocation holds.
+    assert AllocationSpec.from_data(example_data()).client.cpus is None
+    data = example_data()
+    data["client"]["cpus"] = 0
+    assert _error(data).problems[0][0] == "client.cpus"
+
+
+def test_expert_parallel_is_a_single_node_knob_over_the_tensor_parallel_gpus() -> None:
+    from slurmgate.runtime import layout
+
+    data = example_data()
+    chat = data["deployments"][0]
+    chat.update(tensor_parallel=2, gpus_per_node=4, enable_expert_parallel=True)
+    spec = AllocationSpec.from_data(data)
+    p = layout.plan(spec)
+    lane = p.deployments[0].nodes[0].lanes[0]
+    argv = layout.lane_argv(spec.deployments[0], lane, "10.0.0.1", bind_host="10.0.0.1")
+    assert "--enable-expert-parallel" in argv and lane.gpus == (0, 1)
+    pipe_argv = layout.lane_argv(
+        spec.deployments[1], p.deployments[1].nodes[0].lanes[0], "a", bind_host="a"
+    )
+    assert "--enable-expert-parallel" not in pipe_argv  # off by default, as in the seed
+
+    data["deployments"][1]["enable_expert_parallel"] = True  # PP=2 across two nodes
+    (field, message, _fix) = _error(data).problems[0]
+    assert field.endswith("enable_expert_parallel") and "across nodes" in message
+    data = example_data()
+    data["deployments"][0]["enable_expert_parallel"] = True  # TP=1: a group of one GPU
+    (field, message, _fix) = _error(data).problems[0]
+    assert field.endswith("enable_expert_parallel") and "tensor_parallel=1" in message
+
+
+@pytest.mark.parametrize("flag", ["--enable-expert-parallel", "--data-parallel-size=2"])
+def test_the_command_cannot_set_flags_the_layout_owns(flag: str) -> None:
+    data = example_data()
+    data["deployments"][0]["command"] = ["vllm", "serve", "m", flag]
+    (field, message, _fix) = _error(data).problems[0]
+    assert field.endswith("command") and "set by the launcher" in message
