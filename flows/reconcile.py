@@ -22,6 +22,7 @@ from tasks.github import (
     add_anchor_labels_task,
     add_lease_labels_task,
     bound_client,
+    read_dispatch_task,
     read_snapshot,
     remove_labels_task,
     resolve_scope,
@@ -159,7 +160,10 @@ async def reconcile(
             scope.org,
         )
     steps = TickSteps(
-        lambda: read_snapshot(settings), remove=remove_labels_task, admit=lease_subflow
+        lambda: read_snapshot(settings),
+        remove=remove_labels_task,
+        admit=lease_subflow,
+        read_dispatch=read_dispatch_task,
     )
     async with scope.get_client() as client, bound_client(client):
         history = await load_history(logger)

@@ -16,10 +16,12 @@ from prefect.tasks import Task
 from blocks import GitHubScopeBlock
 from slurmgate.admission.leases import (
     CompensationStack,
+    DispatchCheck,
     RemovalOutcome,
     Verification,
     add_anchor_labels,
     add_lease_labels,
+    read_dispatch,
     remove_labels,
     verify_lease,
 )
@@ -107,6 +109,12 @@ async def add_anchor_labels_task(
 async def remove_labels_task(pairs: Sequence[tuple[int, Sequence[str]]]) -> RemovalOutcome:
     """DELETE each managed label (404 = already gone); a retry repeats only harmless deletes."""
     return await remove_labels(current_client(), pairs)
+
+
+@task(name="read-dispatch", task_run_name="read-dispatch-j{job_id}", **_task_options)
+async def read_dispatch_task(job_id: int, anchor_id: int | None) -> DispatchCheck:
+    """A fresh read of a lease's job and anchor, right before a release that races dispatch."""
+    return await read_dispatch(current_client(), job_id, anchor_id)
 
 
 GITHUB_TOKEN_ENV = "GITHUB_TOKEN"

@@ -22,7 +22,7 @@ from slurmgate.admission.labels import (
     is_anchor_label,
     is_managed,
 )
-from slurmgate.admission.model import Admit, Runner
+from slurmgate.admission.model import NOT_STARTED, Admit, Job, JobStatus, Release, Runner
 from slurmgate.errors import ExternalError, InputError, NotFoundError, is_transient
 
 
@@ -470,6 +470,104 @@ async def remove_labels(
         else:
             gone.append((runner_id, label))
     return RemovalOutcome(tuple(removed), tuple(gone))
+
+
+RemoveLabels = Callable[[Sequence[tuple[int, Sequence[str]]]], Awaitable[RemovalOutcome]]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchCheck:
+    """A fresh read of a lease's job and anchor, taken right before its labels go.
+
+    `job` is None when GitHub no longer has the job (404); `anchor_busy` is False when the lease
+    has no anchor, or the anchor is gone.
+    """
+
+    job: Job | None
+    anchor_busy: bool
+
+    def started_on(self, release: Release) -> bool:
+        """True when the job may be running on one of the lease's runners: its tokens are in
+        use and the lease label must stay. A busy anchor counts (GitHub may show the runner
+        busy before the job's status changes); a job that ended, or runs elsewhere, does not."""
+        if self.anchor_busy:
+            return True
+        job = self.job
+        if job is None or job.status in NOT_STARTED or job.status == JobStatus.COMPLETED:
+            return False
+        if job.status == JobStatus.IN_PROGRESS and job.runner_id is not None:
+            return job.runner_id in release.runner_ids
+        return True  # running on a runner it does not name, or a status we cannot judge
+
+
+ReadDispatch = Callable[[int, int | None], Awaitable[DispatchCheck]]
+"""A job id and its lease's anchor id (or None) -> a fresh DispatchCheck."""
+
+
+class DispatchClient(Protocol):
+    """The reads `read_dispatch` needs (both `GitHubClient` methods)."""
+
+    async def get_job(self, job_id: int) -> Job | None: ...
+
+    async def get_runner(self, runner_id: int) -> Runner: ...
+
+
+async def read_dispatch(
+    client: DispatchClient, job_id: int, anchor_id: int | None
+) -> DispatchCheck:
+    """Read the anchor, then the job, fresh: a dispatch between the two reads shows in the job.
+
+    A job GitHub answers malformed raises (MalformedResponse): the release is then not made."""
+    anchor_busy = False
+    if anchor_id is not None:
+        try:
+            anchor_busy = (await client.get_runner(anchor_id)).busy
+        except NotFoundError:
+            anchor_busy = False
+    return DispatchCheck(await client.get_job(job_id), anchor_busy)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseOutcome:
+    """How one release ended: its labels removed, or the lease kept because its job started."""
+
+    lease_label: str
+    released: bool
+    reason: str
+
+
+async def release_lease(
+    release: Release, remove: RemoveLabels, read: ReadDispatch | None = None
+) -> ReleaseOutcome:
+    """Carry out one release without stripping a job that GitHub dispatches meanwhile.
+
+    A lease whose job may still be dispatched (`Release.may_dispatch`) is decided from a read
+    that may be seconds old. So, with `read`: re-read the job and the anchor, and keep the lease
+    if the job started on it; remove the anchor's `ci-job-*` first, after which GitHub can no
+    longer dispatch the job there; read again, and if the job started in between, keep the
+    lease label (its runners stay counted while the job runs; the job needs its dispatch labels
+    no more, so they are not restored, and the lease is released when the job ends); only then
+    remove the rest. Without `read`, or for a job known to have started or ended, every label
+    goes in one step, as before.
+    """
+    if not release.may_dispatch or read is None:
+        await remove(release.labels)
+        return ReleaseOutcome(release.lease_label, True, "released")
+    if (await read(release.job_id, release.anchor_id)).started_on(release):
+        return ReleaseOutcome(
+            release.lease_label, False, f"job {release.job_id} started before its release"
+        )
+    if release.dispatch_gate:
+        await remove(release.dispatch_gate)
+        if (await read(release.job_id, release.anchor_id)).started_on(release):
+            return ReleaseOutcome(
+                release.lease_label,
+                False,
+                f"job {release.job_id} started while its dispatch labels were removed; the lease "
+                "label stays until it ends",
+            )
+    await remove(release.after_gate())
+    return ReleaseOutcome(release.lease_label, True, "released")
 
 
 def lease_labels_for_job(

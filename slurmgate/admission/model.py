@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from slurmgate.admission.labels import (
+    JOB_PREFIX,
     NODES_PREFIX,
     LabelError,
     LeaseLabel,
@@ -74,6 +75,12 @@ class JobStatus(StrEnum):
     REQUESTED = "requested"
     PENDING = "pending"
     UNKNOWN = "unknown"
+
+
+NOT_STARTED = frozenset(
+    {JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING}
+)
+"""The statuses of a job that GitHub has not dispatched yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +258,13 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Remove a lease: exactly `labels` (managed only) from each runner in the mapping."""
+    """Remove a lease: exactly `labels` (managed only) from each runner in the mapping.
+
+    `may_dispatch`: the job was not known to have started or ended when the plan was made (it
+    was queued, or unknown), so GitHub may dispatch it to `anchor_id` while the labels go;
+    `leases.release_lease` then re-reads the job and the anchor first, and removes the
+    `dispatch_gate` before anything else.
+    """
 
     lease_label: str
     job_id: int
@@ -259,6 +272,35 @@ class Release:
     labels: tuple[tuple[int, tuple[str, ...]], ...]
     reason: ReleaseReason
     detail: str = ""
+    anchor_id: int | None = None
+    may_dispatch: bool = False
+
+    @property
+    def runner_ids(self) -> tuple[int, ...]:
+        return tuple(runner_id for runner_id, _ in self.labels)
+
+    @property
+    def dispatch_gate(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        """The anchor's labels whose removal stops GitHub from dispatching the job there: its
+        `ci-job-*` (unique to the job), or every per-job label if it carries none."""
+        for runner_id, labels in self.labels:
+            if runner_id != self.anchor_id:
+                continue
+            per_job = tuple(label for label in labels if is_anchor_label(label))
+            gate = tuple(label for label in per_job if fold(label).startswith(JOB_PREFIX))
+            if gate or per_job:
+                return ((runner_id, gate or per_job),)
+        return ()
+
+    def after_gate(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        """Every label of the release but its dispatch gate, the anchor's last."""
+        gate = {(rid, fold(label)) for rid, labels in self.dispatch_gate for label in labels}
+        rest: list[tuple[int, tuple[str, ...]]] = []
+        for runner_id, labels in sorted(self.labels, key=lambda p: p[0] == self.anchor_id):
+            left = tuple(label for label in labels if (runner_id, fold(label)) not in gate)
+            if left:
+                rest.append((runner_id, left))
+        return tuple(rest)
 
     def line(self) -> str:
         return (

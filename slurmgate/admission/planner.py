@@ -51,6 +51,7 @@ from slurmgate.admission.labels import (
     unmanaged,
 )
 from slurmgate.admission.model import (
+    NOT_STARTED,
     Admit,
     Blocked,
     BlockReason,
@@ -69,9 +70,7 @@ from slurmgate.admission.model import (
 from slurmgate.admission.policies import SKIP_QUEUE_PRIORITY, policy_for
 from slurmgate.admission.settings import AdmissionSettings
 
-_NOT_STARTED = frozenset(
-    {JobStatus.QUEUED, JobStatus.WAITING, JobStatus.REQUESTED, JobStatus.PENDING}
-)
+_NOT_STARTED = NOT_STARTED
 # Release reasons that read the lease's runners: a partial fleet cannot tell them apart from
 # a runner GitHub listed in a shape we could not read.
 _SEEN_BY_RUNNERS = frozenset(
@@ -380,6 +379,7 @@ def _releases(
             if rid == lease.anchor_id and rid not in kept_anchors:
                 remove.extend(lease.anchor_labels)
             per_runner.append((rid, _original(by_id[rid], remove)))
+        job = jobs.get(lease.job_id)
         work.releases.append(
             Release(
                 lease_label=lease.label,
@@ -388,6 +388,10 @@ def _releases(
                 labels=tuple(per_runner),
                 reason=reason,
                 detail=detail,
+                anchor_id=lease.anchor_id,
+                # not known to have started or ended: GitHub may dispatch it while we release
+                may_dispatch=lease.job_id not in missing
+                and (job is None or job.status not in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED)),
             )
         )
     return released

@@ -9,21 +9,25 @@ protocol, so all three do the same work.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.labels import LeaseLabel, new_nonce
-from slurmgate.admission.leases import AdmitOutcome, RemovalOutcome
+from slurmgate.admission.leases import (
+    AdmitOutcome,
+    ReadDispatch,
+    RemoveLabels,
+    release_lease,
+)
 from slurmgate.admission.model import Admit, Blocked, Clean, Decisions, Release, Snapshot
 from slurmgate.admission.planner import plan
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import ExternalError, one_line
 
 ReadSnapshot = Callable[[], Awaitable[Snapshot]]
-RemoveLabels = Callable[[Sequence[tuple[int, Sequence[str]]]], Awaitable[RemovalOutcome]]
 AdmitJob = Callable[[Admit, int], Awaitable[AdmitOutcome]]  # the admit and the fleet size
 
 
@@ -45,11 +49,16 @@ class _Silent:
 
 @dataclass(frozen=True)
 class TickSteps:
-    """How the tick reads and writes. Without `remove` and `admit` it only reads and plans."""
+    """How the tick reads and writes. Without `remove` and `admit` it only reads and plans.
+
+    `read_dispatch` re-reads a lease's job and anchor right before a release of a job that may
+    still be dispatched (`leases.release_lease`); without it such a release is not re-checked.
+    """
 
     read_snapshot: ReadSnapshot
     remove: RemoveLabels | None = None
     admit: AdmitJob | None = None
+    read_dispatch: ReadDispatch | None = None
 
     @property
     def read_only(self) -> bool:
@@ -69,6 +78,7 @@ class TickReport:
     admitted: int = 0
     rolled_back: int = 0
     released: int = 0
+    kept_started: int = 0
     cleaned: int = 0
     plan_s: float = 0.0
     runtimes_learned: int = 0
@@ -84,6 +94,7 @@ class TickReport:
             "admitted": self.admitted,
             "rolled_back": self.rolled_back,
             "released": self.released,
+            "kept_started": self.kept_started,
             "cleaned": self.cleaned,
             "blocked": self.blocked,
             "errors": len(self.failures),
@@ -109,12 +120,14 @@ async def reconcile_tick(
     history: RuntimeHistory | None = None,
     log: TickLog | None = None,
     now: Callable[[], datetime] = _now,
+    nonce: Callable[[], str] = new_nonce,
 ) -> TickReport:
     """One tick. A failed release, clean or admission is collected, never raised: the others
     still run, and the report's `failures` name what the next tick must repair.
 
     With `history`, the finished lease jobs of the snapshot are learned into it first
-    (`runtimes_learned` counts the new runtimes: the caller saves them).
+    (`runtimes_learned` counts the new runtimes: the caller saves them). `nonce` draws each
+    admission's lease nonce (random; a test that compares two ticks' writes fixes it).
     """
     log = log or _Silent()
     for warning in settings.flag_warnings:
@@ -129,7 +142,7 @@ async def reconcile_tick(
     report = TickReport(decisions, len(snapshot.runners), plan_s=plan_s, runtimes_learned=learned)
     log_removals(decisions, log)
     if steps.remove is not None:
-        await _remove(steps.remove, decisions, report)
+        await _remove(steps, steps.remove, decisions, report, log)
     if report.released or report.cleaned:
         # Freed runners still carried their labels in the first read; admit from a fresh read
         # so released capacity is reused in this tick, never guessed at.
@@ -146,7 +159,7 @@ async def reconcile_tick(
         for planned in decisions.admit:
             # Stamped now, not at plan time: the orphan grace and the anchor deadline then
             # measure this admission's own protocol, not the admissions queued before it.
-            admit = restamped(planned, now())
+            admit = restamped(planned, now(), nonce())
             try:
                 outcome = await steps.admit(admit, report.fleet_size)
             except Exception as exc:
@@ -159,13 +172,15 @@ async def reconcile_tick(
     return report
 
 
-def restamped(admit: Admit, at: datetime) -> Admit:
+def restamped(admit: Admit, at: datetime, nonce: str | None = None) -> Admit:
     """The admission with its lease label stamped `at` (never earlier than the plan's stamp)
-    and given a fresh nonce (kept if the label has one): two controllers admitting one job in
-    the same second then write two leases, which the planner's conflict rule tells apart."""
+    and given a nonce (the label's own if it has one, else `nonce`, else a fresh one): two
+    controllers admitting one job in the same second then write two leases, which the
+    planner's conflict rule tells apart."""
     planned = LeaseLabel.parse(admit.lease_label)
     stamp = max(planned.created_at, int(at.timestamp()))
-    label = LeaseLabel(planned.job_id, planned.attempt, stamp, planned.nonce or new_nonce())
+    chosen = planned.nonce or nonce or new_nonce()
+    label = LeaseLabel(planned.job_id, planned.attempt, stamp, chosen)
     return replace(admit, lease_label=label.render())
 
 
@@ -180,13 +195,20 @@ def _timed_plan(
     return decisions, round(time.perf_counter() - started, 6)
 
 
-async def _remove(remove: RemoveLabels, decisions: Decisions, report: TickReport) -> None:
+async def _remove(
+    steps: TickSteps, remove: RemoveLabels, decisions: Decisions, report: TickReport, log: TickLog
+) -> None:
     for release in decisions.release:
         try:
-            await remove(release.labels)
-            report.released += 1
+            outcome = await release_lease(release, remove, steps.read_dispatch)
         except Exception as exc:
             report.failures.append(f"release {release.lease_label}: {one_line(exc)}")
+            continue
+        if outcome.released:
+            report.released += 1
+        else:
+            report.kept_started += 1
+            log.info("kept job=%s lease=%s %s", release.job_id, release.lease_label, outcome.reason)
     for clean in decisions.clean:
         try:
             await remove(((clean.runner_id, clean.labels),))

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -51,7 +51,7 @@ from slurmgate.admission.labels import (
 from slurmgate.admission.leases import AdmitOutcome, AnchorDeadline, admit_lease
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.admission.tick import TickSteps, reconcile_tick
+from slurmgate.admission.tick import reconcile_tick
 from slurmgate.errors import one_line
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
@@ -786,7 +786,7 @@ async def controller_loop(args: argparse.Namespace) -> None:
         )
         return outcome
 
-    steps = TickSteps(direct.read_snapshot, remove=direct.remove, admit=admit)
+    steps = replace(direct, admit=admit)
     log = logging.getLogger(f"soak.controller.{args.name}")
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.name}[{os.getpid()}] %(message)s"

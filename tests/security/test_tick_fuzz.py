@@ -341,7 +341,7 @@ def frozen_now() -> datetime:
 async def one_tick(fake: FakeGitHub, at: datetime) -> list[tuple[str, int, tuple[str, ...]]]:
     scope = GitHubScope(api_url=fake.base_url, repo=REPO)
     async with GitHubClient(scope, TOKEN, etag_cache=MemoryEtagCache(), max_retries=0) as gh:
-        await reconcile_tick(direct_steps(gh), ON, now=lambda: at)
+        await reconcile_tick(direct_steps(gh), ON, now=lambda: at, nonce=lambda: "fuzz")
     return fake.world.writes
 
 
