@@ -277,8 +277,11 @@ def test_a_busy_endpoint_port_fails_the_client_preflight(
             [
                 sys.executable,
                 "-c",
-                "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',17700)); s.listen(); "
-                "print('bound', flush=True); time.sleep(120)",
+                # SO_REUSEADDR: a TIME_WAIT left by an earlier run is no listener.
+                "import socket,time; s=socket.socket(); "
+                "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                "s.bind(('0.0.0.0',17710)); s.listen(); print('bound', flush=True); "
+                "time.sleep(120)",
             ],
             job_id=job,
             nodelist=hosts,
@@ -295,11 +298,15 @@ def test_a_busy_endpoint_port_fails_the_client_preflight(
         spec = _spec(
             "client-port",
             ["true"],
-            _deployment("chat", [sys.executable, "-m", "slurmgate.testbed.stub_server"]),
+            _deployment(
+                "chat",
+                [sys.executable, "-m", "slurmgate.testbed.stub_server"],
+                endpoint_port=17710,
+            ),
         )
         run = AllocationRun(spec, runs_root=runs_root, grace_s=5)
         message = _failed(run, "preflight")
-        assert f"node {hosts[0]}: check port: port 17700 is not bindable" in message
+        assert f"node {hosts[0]}: check port: port 17710 is not bindable" in message
         assert [s.name for s in run.supervisor.steps] == ["preflight-client"]
         assert_no_orphans(run.run_id)
     finally:
