@@ -55,9 +55,11 @@ def reconcile(
         raise fail("pass exactly one of --repo OWNER/NAME or --org NAME")
     _token("manage the runners (admin rights; any non-empty value for the emulator)")
     try:
-        AdmissionSettings()
+        settings = AdmissionSettings()
     except ValidationError as exc:
         raise fail(f"bad admission settings in the environment: {exc}") from None
+    for warning in settings.flag_warnings:  # the tick logs it too, in the flow run's log
+        typer.echo(f"warning: {warning}", err=True)
     try:
         summary = prefect_layer.run_reconcile_tick(api_url, repo, org)
     except ScopeError as exc:
@@ -97,6 +99,8 @@ def status(
         settings = AdmissionSettings()
     except (ValidationError, ValueError) as exc:
         raise fail(str(exc)) from None
+    for warning in settings.flag_warnings:
+        typer.echo(f"warning: {warning}", err=True)
 
     async def read() -> list[dict[str, Any]]:
         async with GitHubClient(scope, token) as client:

@@ -11,7 +11,7 @@ import pytest
 from admission_kit import NOW, ON, job, pool, snapshot
 
 from slurmgate.admission.labels import LabelError, LeaseLabel
-from slurmgate.admission.leases import admit_lease
+from slurmgate.admission.leases import admit_lease, lease_labels_for_job
 from slurmgate.admission.model import Admit, Runner, leases_from_fleet
 from slurmgate.admission.planner import plan
 from slurmgate.admission.tick import reconcile_tick, restamped
@@ -37,6 +37,24 @@ def test_the_label_renders_and_parses_its_nonce_and_still_reads_the_old_form() -
             LeaseLabel.parse(bad)
     with pytest.raises(LabelError, match="base36"):
         LeaseLabel(42, 2, 1_800_000_000, "Not-Base36")
+
+
+def test_release_lease_finds_a_jobs_leases_in_both_forms() -> None:
+    """The release-lease flow (a CI job's `if: always()` step) frees leases written before and
+    after the upgrade alike, and only that job's."""
+    old, new = "ci-lease-j5-a1-t1800000000", "ci-lease-j5-a1-t1800000001-0abc9z"
+    other = "ci-lease-j6-a1-t1800000000-zz0000"
+    fleet = [
+        Runner(1, "r1", True, True, ("cluster:a", old, *GATE)),
+        Runner(2, "r2", True, False, ("cluster:a", old)),
+        Runner(3, "r3", True, False, ("cluster:a", new)),
+        Runner(4, "r4", True, False, ("cluster:a", other)),
+    ]
+    assert lease_labels_for_job(fleet, 5, 1) == [
+        (1, (*sorted(GATE), old)),
+        (2, (old,)),
+        (3, (new,)),
+    ]
 
 
 def test_two_admissions_of_one_job_in_the_same_second_get_two_labels() -> None:

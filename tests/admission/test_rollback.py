@@ -91,3 +91,18 @@ async def test_a_wrong_way_tick_releases_a_finished_lease_and_admits_nothing(
         # one warning per tick, in the tick's own log
         assert len(log.warnings) == 2
         assert all("NODE_SLOT_SCHEDULER_ENABLED=true is ignored" in w for w in log.warnings)
+
+
+def test_status_reads_the_board_and_says_why_node_slots_are_off(wrong_way_round: None) -> None:
+    from typer.testing import CliRunner
+
+    from slurmgate.cli.app import app
+
+    with running_emulator({"a": 2}) as emu:
+        result = CliRunner().invoke(
+            app,
+            ["status", "--api-url", emu.url, "--repo", emu.repo, "--json"],
+            env={"GITHUB_TOKEN": emu.token},
+        )
+    assert result.exit_code == 0, result.output  # it used to exit 2 on these flags
+    assert "NODE_SLOT_SCHEDULER_ENABLED=true is ignored" in result.stderr
