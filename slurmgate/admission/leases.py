@@ -4,6 +4,9 @@ Every step is a plain async function over a GitHub client, idempotent so that a 
 write that did land is harmless. Each write registers its undo on a `CompensationStack` *before*
 it is sent (a write that timed out may still have landed), and a failed admission unwinds the
 stack in reverse: it removes exactly the labels this attempt added and nothing else.
+
+Removal is here too: `remove_labels` for any managed labels, and `release_lease` for a lease
+whose job GitHub may dispatch while it is being released (re-read, dispatch gate first).
 """
 
 from __future__ import annotations
@@ -201,9 +204,9 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
         if runner.busy:
             alone = runner.lease_labels == [ours]  # another label there may be what it runs under
             if alone and {fold(label) for label in admit.anchor_labels} <= runner.folded:
-                # Our lease label and our job's own labels on a busy runner: another controller
-                # admitted this job in the same second, under the very same label, and GitHub
-                # runs it. Unwinding would strip that lease off the running job.
+                # Our lease label and our job's own labels on a busy runner: another admission
+                # wrote the very same label (an older controller without the nonce, in the same
+                # second), and GitHub runs the job. Unwinding would strip that lease off it.
                 raise AlreadyRunning(
                     f"job {admit.job_id} already runs on runner {runner.name} ({runner_id}) "
                     f"under {ours}, written by another admission"
