@@ -17,7 +17,7 @@ REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 def is_login(value: str) -> bool:
-    return bool(LOGIN.match(value))
+    return bool(LOGIN.fullmatch(value))
 
 
 def is_loopback(host: str) -> bool:
@@ -33,7 +33,12 @@ def is_loopback(host: str) -> bool:
 def is_repo(value: str) -> bool:
     """OWNER/NAME with a valid owner login and repository name."""
     owner, sep, name = value.partition("/")
-    return bool(sep) and is_login(owner) and bool(REPO_NAME.match(name)) and name not in {".", ".."}
+    return (
+        bool(sep)
+        and is_login(owner)
+        and bool(REPO_NAME.fullmatch(name))
+        and name not in {".", ".."}
+    )
 
 
 class ScopeError(InputError):

@@ -27,7 +27,7 @@ from slurmgate.errors import ExternalError
 from slurmgate.github.client import GitHubClient, MalformedResponse
 from slurmgate.github.etags import FileEtagCache, MemoryEtagCache
 from slurmgate.github.payloads import MAX_LABEL_LENGTH
-from slurmgate.github.scope import GitHubScope
+from slurmgate.github.scope import GitHubScope, is_login, is_repo
 from slurmgate.github.snapshot import take_snapshot
 from slurmgate.serving import ThreadedServer
 
@@ -433,3 +433,11 @@ async def test_a_malformed_write_echo_does_not_fail_the_write(
     fake.github.handler = lambda request: JSONResponse({"labels": "ci-lease-j1-a1-t1"})
     assert await client.add_labels(1, ["ci-lease-j1-a1-t1"]) == []
     assert fake.github.seen[0][0] == "POST"
+
+
+@pytest.mark.parametrize("value", ["octo\n", "octo\r\n"])
+def test_a_login_or_repository_with_a_trailing_newline_is_refused(value: str) -> None:
+    # A newline would split a header or a log line; `$` alone lets one through before the end.
+    assert not is_login(value)
+    assert not is_repo(f"octo/{value}")
+    assert is_login(value.strip()) and is_repo(f"octo/{value.strip()}")
