@@ -28,7 +28,7 @@ from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
 from slurmgate.runtime.node_worker import PREFLIGHT_OK, NodeSpec, WorkerSpec, node_name
-from slurmgate.runtime.probe_step import ProbeChannel, ProbeStepFailed
+from slurmgate.runtime.probe_step import HELLO_TIMEOUT_S, ProbeChannel, ProbeStepFailed
 from slurmgate.runtime.records import (
     RECORD_NAME,
     RunRecord,
@@ -49,6 +49,8 @@ from slurmgate.runtime.supervisor import (
 
 PREFLIGHT_TIMEOUT_S = 120.0
 ENDPOINT_STARTUP_S = 60.0
+METRICS_HELLO_TIMEOUT_S = 15.0  # the metrics step after the client: optional, so bounded tighter
+DIRECT_METRICS_TIMEOUT_S = 2.0
 # The seed gives its client 32 CPUs; an allocation that holds fewer on the client node gets
 # them all (a step cannot ask for more than the job holds there).
 SEED_CLIENT_CPUS = 32
@@ -585,18 +587,33 @@ class AllocationRun:
         return rc
 
     def collect_endpoint_metrics(self) -> dict[str, str]:
-        """The endpoints' Prometheus text, fetched before they stop."""
+        """The endpoints' Prometheus text, fetched before they stop.
+
+        Straight from this process first, with a short timeout: after the client the numbers
+        are optional, and a new probe step costs an srun, which a slow or stuck slurmctld can
+        hold up for its whole start-up budget. Only endpoints this process cannot reach are
+        read through a probe step on the client host.
+        """
         if not self.layout:
             return {}
         token = self.credentials.endpoint_token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        urls = {d.name: self.layout.endpoint_url(d) + "/metrics" for d in self.plan.deployments}
+        with httpx.Client(trust_env=False) as http:
+            direct = readiness.LocalProber(http)
+            for name, url in urls.items():
+                text = direct.fetch(url, headers, DIRECT_METRICS_TIMEOUT_S)
+                if text is not None:
+                    self.endpoint_metrics[name] = text
+        missing = {name: url for name, url in urls.items() if name not in self.endpoint_metrics}
+        if not missing:
+            return self.endpoint_metrics
         try:
-            prober = self.open_prober(60.0)
-            for d in self.plan.deployments:
-                url = self.layout.endpoint_url(d) + "/metrics"
+            prober = self.open_prober(60.0, hello_timeout_s=METRICS_HELLO_TIMEOUT_S)
+            for name, url in missing.items():
                 text = prober.fetch(url, headers, 2.0)
                 if text is not None:
-                    self.endpoint_metrics[d.name] = text
+                    self.endpoint_metrics[name] = text
         except (StepFailed, ProbeStepFailed) as exc:
             self.log(f"endpoint metrics not collected: {exc}")
         finally:
@@ -605,7 +622,9 @@ class AllocationRun:
 
     # -- where probes run ------------------------------------------------------------------
 
-    def open_prober(self, lifetime_s: float) -> readiness.Prober:
+    def open_prober(
+        self, lifetime_s: float, hello_timeout_s: float = HELLO_TIMEOUT_S
+    ) -> readiness.Prober:
         """Probes from the client host: in this process when it runs there, else one
         long-lived step there (reused until `shut_prober`), bounded by `lifetime_s`."""
         if self._prober is not None:
@@ -652,7 +671,7 @@ class AllocationRun:
                 step.popen.wait(timeout=5.0)
 
         self._prober, self._close_prober = channel, close
-        origin = channel.hello()
+        origin = channel.hello(hello_timeout_s)
         if origin != client_host:
             raise ProbeStepFailed(
                 f"the probe step ran on {origin}, not on the client host {client_host}"
