@@ -267,8 +267,10 @@ def _lease_conflicts(leases: list[Lease], jobs: dict[int, Job]) -> dict[str, str
         for rid in lease.runner_ids:
             on_runner[rid].append(lease)
 
-    def rank(lease: Lease) -> tuple[bool, bool, bool, int, str]:
-        # running first (the lease its job runs on before a twin), then anchored (as the lease
+    def rank(lease: Lease) -> tuple[bool, bool, bool, bool, int, str]:
+        # running first (the lease its job runs on before a twin), then whole (twins share
+        # their anchor and its nodes:N, and a killed admission's twin may hold fewer runners:
+        # keeping it would leave the running job short of tokens), then anchored (as the lease
         # protocol's verify step decides), then older; the label (its nonce) breaks a tie
         job = jobs.get(lease.job_id)
         if job is None or job.status != JobStatus.IN_PROGRESS:
@@ -276,7 +278,15 @@ def _lease_conflicts(leases: list[Lease], jobs: dict[int, Job]) -> dict[str, str
         else:
             running = True
             runs_here = job.runner_id is None or job.runner_id in lease.runner_ids
-        return (not running, not runs_here, lease.anchor_id is None, lease.created_at, lease.label)
+        short = len(lease.runner_ids) < (lease.requested_nodes or 1)
+        return (
+            not running,
+            not runs_here,
+            short,
+            lease.anchor_id is None,
+            lease.created_at,
+            lease.label,
+        )
 
     losers: dict[str, str] = {}
     meetings = [(f"on runner {rid}", on_runner[rid]) for rid in sorted(on_runner)]

@@ -12,7 +12,7 @@ from admission_kit import NOW, ON, job, pool, snapshot
 
 from slurmgate.admission.labels import LabelError, LeaseLabel
 from slurmgate.admission.leases import admit_lease, lease_labels_for_job
-from slurmgate.admission.model import Admit, Runner, leases_from_fleet
+from slurmgate.admission.model import Admit, JobStatus, Runner, leases_from_fleet
 from slurmgate.admission.planner import plan
 from slurmgate.admission.tick import reconcile_tick, restamped
 from slurmgate.github.client import GitHubClient
@@ -88,6 +88,24 @@ def test_the_conflict_rule_keeps_one_of_two_leases_of_the_same_job() -> None:
             (LeaseLabel(1, 1, stamp, "bbbbbb").render(), "conflict-lost")
         ]
         assert "of the same job 1" in decisions.release[0].detail
+
+
+def test_a_running_job_keeps_its_whole_lease_over_an_older_short_twin() -> None:
+    """A killed admission's twin landed on the anchor only; the job runs on that anchor under
+    both labels. Keeping the older twin would leave the 2-node job holding one token."""
+    running = replace(job(1, 2), status=JobStatus.IN_PROGRESS, runner_id=1)
+    stamp = int(NOW.timestamp())
+    short = LeaseLabel(1, 1, stamp - 1, "aaaaaa").render()  # older, on runner 1 alone
+    whole = LeaseLabel(1, 1, stamp, "bbbbbb").render()  # on runners 1 and 2
+    runners = pool("x", 3)
+    runners[0] = replace(
+        runners[0], busy=True, labels=(*runners[0].labels, short, whole, *running.gate_labels())
+    )
+    runners[1] = replace(runners[1], labels=(*runners[1].labels, whole))
+    decisions = plan(snapshot(runners, [running]), ON, NOW)
+    assert [(r.lease_label, r.reason.value) for r in decisions.release] == [
+        (short, "conflict-lost")
+    ]
 
 
 async def test_two_controllers_admitting_one_job_in_the_same_second_leave_one_lease() -> None:
