@@ -305,14 +305,30 @@ class Checker:
                     f"were {self._unmanaged.get(runner.id)}",
                 )
                 self._unmanaged[runner.id] = self._unmanaged_of(runner.labels)
+
         # 2. no runner in the committed leases of two jobs; a second committed lease label of
-        #    the same job (a killed or raced controller's copy) is a stray, not a second lease
+        #    the same job (a killed or raced controller's copy) is a stray, not a second lease.
+        #    Twins share their anchor, so a twin on other runners counts as committed too; the
+        #    job's own lease is the one it runs on, else a whole one, else the older.
+        def primacy(label: str) -> tuple[bool, bool, int, str]:
+            job = jobs.get(parsed[label].job_id)
+            runs_here = job is not None and job.status == "in_progress"
+            runs_here = runs_here and job is not None and job.runner_id in holders[label]
+            short = job is not None and len(holders[label]) < _nodes_of(job)
+            return (not runs_here, short, parsed[label].created_at, label)
+
+        twins: dict[int, list[str]] = defaultdict(list)
+        for label in holders:
+            if committed(label):
+                twins[parsed[label].job_id].append(label)
+        own = {min(labels, key=primacy) for labels in twins.values()}
         duplicates: set[tuple[int, str]] = set()
         for runner in runners.values():
+            for label in holders:
+                if runner.id in holders[label] and committed(label) and label not in own:
+                    duplicates.add((runner.id, label))
             mine = sorted(
-                (parsed[label].created_at, label)
-                for label in holders
-                if runner.id in holders[label] and committed(label)
+                (parsed[label].created_at, label) for label in own if runner.id in holders[label]
             )
             by_job: dict[int, list[str]] = defaultdict(list)
             for _, label in mine:
