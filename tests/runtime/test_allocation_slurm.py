@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,16 @@ from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import EXAMPLE as EXAMPLE_PATH
-from .conftest import assert_no_orphans, example_data, processes_with
+from .conftest import (
+    assert_no_orphans,
+    example_data,
+    hosts_of,
+    job_gone,
+    port_held,
+    processes_with,
+)
 
 pytestmark = pytest.mark.slurm
-
-PORT_HOLDER = (
-    "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',18100)); s.listen(); "
-    "print('bound', flush=True); time.sleep(120)"
-)
 
 
 @pytest.fixture(autouse=True)
@@ -38,32 +39,6 @@ def _cluster(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     # The runtime attaches when SLURM_JOB_ID is set; tests choose explicitly.
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
-
-
-def _job_gone(job_id: str | None, within: float = 20.0) -> bool:
-    assert job_id
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        info = slurm.show_job(job_id)
-        if info is None or info.state not in {"RUNNING", "PENDING", "CONFIGURING"}:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-@pytest.fixture
-def held_allocation() -> Iterator[Any]:
-    """An allocation made outside the runtime (as in a batch job), cancelled at the end."""
-    jobs: list[str] = []
-
-    def make(gpus: int = 8, nodes: int = 3) -> str:
-        job = slurm.salloc_no_shell(nodes=nodes, job_name="sg-test-held", gpus_per_node=gpus)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        slurm.scancel(job)
 
 
 def test_happy_path_on_three_nodes(runs_root: Path) -> None:
@@ -84,7 +59,7 @@ def test_happy_path_on_three_nodes(runs_root: Path) -> None:
     # endpoints here, so their metrics are read without a second step.
     assert [s["name"] for s in record["steps"]].count("probe") == 1
     assert run.probe_origin == result.hosts[0]
-    assert _job_gone(result.job_id)
+    assert job_gone(result.job_id)
     assert_no_orphans(run.run_id)
     again = run.cleanup()  # a second cleanup is a no-op that returns the same report
     assert again is run.cleanup() and again.actions == result.cleanup
@@ -123,33 +98,13 @@ def test_preflight_busy_port_names_node_and_port(
     runs_root: Path, held_allocation: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = held_allocation()
-    hosts = slurm.show_hostnames(slurm.show_job(job).nodelist)  # type: ignore[union-attr]
-    holder = subprocess.Popen(
-        slurm.srun_argv(
-            [
-                sys.executable,
-                "-c",
-                PORT_HOLDER,
-            ],
-            job_id=job,
-            nodelist=[hosts[1]],
-            step_name="sg-test-port-holder",
-            gres="none",
-        ),
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "bound"
+    hosts = hosts_of(job)
+    with port_held(job, hosts[1], 18100):
         monkeypatch.setenv("SLURM_JOB_ID", job)
         run, message = _failing_run(example_data(), runs_root, "preflight")
         assert f"node {hosts[1]}: check port: port 18100 is not bindable" in message
         assert _launched(run) == []
         assert_no_orphans(run.run_id)
-    finally:
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
 
 
 def test_preflight_unreadable_model_path(runs_root: Path) -> None:
@@ -158,7 +113,7 @@ def test_preflight_unreadable_model_path(runs_root: Path) -> None:
     run, message = _failing_run(data, runs_root, "preflight")
     assert "check model-path" in message and "/nonexistent/slurmgate-model" in message
     assert _launched(run) == []
-    assert _job_gone(run.job_id)
+    assert job_gone(run.job_id)
     assert_no_orphans(run.run_id)
 
 
@@ -182,7 +137,7 @@ def test_follower_death_fails_the_deployment_fast(runs_root: Path) -> None:
     assert re.search(
         r"rank-00001 exited with status 3|rank-00000 exited with status 1", pipe_log
     ), pipe_log
-    assert _job_gone(run.job_id)
+    assert job_gone(run.job_id)
     assert_no_orphans(run.run_id)
 
 
@@ -195,7 +150,7 @@ def test_readiness_timeout_fails_and_cleans_up(runs_root: Path) -> None:
     run, message = _failing_run(data, runs_root, "readiness")
     assert "not ready by the startup deadline" in message and "chat-replica-00000" in message
     assert time.monotonic() - t0 < 30
-    assert _job_gone(run.job_id)
+    assert job_gone(run.job_id)
     assert_no_orphans(run.run_id)
 
 
@@ -246,7 +201,7 @@ def test_sigterm_to_the_controller_mid_readiness_cleans_up(runs_root: Path, tmp_
     final = load_records(runs_root)[0]
     assert final.status == "failed" and final.cleanup_complete is True
     assert "Terminated: SIGTERM" in final.error
-    assert _job_gone(final.job_id)
+    assert job_gone(final.job_id)
     assert_no_orphans(record.run_id)
 
 
@@ -281,7 +236,7 @@ def test_signals_during_cleanup_neither_cut_it_short_nor_repeat_it(
     assert stderr.count("cleanup complete in") == 1, stderr
     final = load_records(runs_root)[0]
     assert final.status == "failed" and final.cleanup_complete is True, final
-    assert _job_gone(final.job_id)
+    assert job_gone(final.job_id)
     assert_no_orphans(run_id, within=15)
 
 
@@ -295,7 +250,7 @@ def test_reap_leftovers_after_a_sigkilled_controller(runs_root: Path, tmp_path: 
     assert records[0].job_id and records[0].status == "running"
     actions = reap_stale_runs(records).actions
     assert any(a.startswith(f"scancel {records[0].job_id}") for a in actions), actions
-    assert _job_gone(records[0].job_id)
+    assert job_gone(records[0].job_id)
     assert_no_orphans(record.run_id, within=15)
     assert reap_stale_runs(load_records(runs_root)).actions == []  # a second pass: nothing
 
@@ -319,7 +274,7 @@ def test_cleanup_during_a_long_stagger_returns_within_2s(runs_root: Path) -> Non
     chat_log = next(run.run_dir.glob("*-serve-chat.log")).read_text()
     assert "started lane chat-replica-00000-rank-00000" in chat_log
     assert "chat-replica-00001" not in chat_log  # the delayed lane never started
-    assert _job_gone(run.job_id)
+    assert job_gone(run.job_id)
     assert_no_orphans(run.run_id)
 
 
@@ -388,7 +343,7 @@ def test_runs_inside_a_batch_job_by_attaching_to_its_allocation(tmp_path: Path) 
         ]
     )
     try:
-        assert _job_gone(job, within=90), "the batch job did not finish"
+        assert job_gone(job, within=90), "the batch job did not finish"
         info = slurm.run(["scontrol", "show", "job", "-o", job], check=False).stdout
         log = out.read_text()
         assert "ExitCode=0:0" in info, log

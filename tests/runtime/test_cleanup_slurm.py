@@ -27,7 +27,7 @@ from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.spec import AllocationSpec
 from slurmgate.testbed import cluster
 
-from .conftest import assert_no_orphans
+from .conftest import assert_no_orphans, job_gone
 
 pytestmark = pytest.mark.slurm
 
@@ -85,17 +85,6 @@ def _spec_data(name: str, client: list[str], deployment: dict[str, Any]) -> dict
         "client": {"command": client, "dedicated_node": True},
         "deployments": [deployment],
     }
-
-
-def _job_gone(job_id: str | None, within: float = 30.0) -> bool:
-    assert job_id
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        info = slurm.show_job(job_id)
-        if info is None or not info.active:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def _process_state(pid: int) -> str:
@@ -182,7 +171,7 @@ def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
         if job_id:
             slurm.scancel(job_id)
     # With slurmctld back (and the cancel it had queued, or ours), nothing of the run is left.
-    assert _job_gone(job_id)
+    assert job_gone(job_id, within=30.0)
     assert_no_orphans(record.run_id, within=30)
 
 
@@ -228,5 +217,5 @@ def test_partial_startup_through_srun_cleans_the_first_lane(
     assert run.status == "failed" and run.cleaned
     record = json.loads(run.record_path.read_text())
     assert record["status"] == "failed" and record["cleanup_complete"] is True
-    assert _job_gone(run.job_id)
+    assert job_gone(run.job_id, within=30.0)
     assert_no_orphans(run.run_id)

@@ -4,12 +4,8 @@ serve steps, and client-side failures (preflight, endpoint, client) that clean u
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +15,7 @@ from slurmgate.runtime import slurm
 from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.spec import AllocationSpec
 
-from .conftest import assert_no_orphans
+from .conftest import assert_no_orphans, hosts_of, job_gone, port_held
 
 pytestmark = pytest.mark.slurm
 
@@ -79,23 +75,6 @@ def _cluster(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("SLURM_JOBID", raising=False)
 
 
-@pytest.fixture
-def held_allocation() -> Iterator[Any]:
-    """An allocation made outside the runtime (as in a batch job), cancelled at the end."""
-    jobs: list[str] = []
-
-    def make(nodes: int, gpus: int = 8) -> tuple[str, list[str]]:
-        job = slurm.salloc_no_shell(nodes=nodes, job_name="sg-test-held", gpus_per_node=gpus)
-        jobs.append(job)
-        info = slurm.show_job(job)
-        assert info is not None
-        return job, slurm.show_hostnames(info.nodelist)
-
-    yield make
-    for job in jobs:
-        slurm.scancel(job)
-
-
 def _deployment(name: str, command: list[str], **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
@@ -141,24 +120,14 @@ def _failed(run: AllocationRun, phase: str) -> str:
     return str(info.value)
 
 
-def _gone(job_id: str | None, within: float = 20.0) -> bool:
-    assert job_id
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        info = slurm.show_job(job_id)
-        if info is None or not info.active:
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_probes_run_on_the_client_host_and_a_client_exit_23_fails_the_run(
     runs_root: Path, held_allocation: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The controller (here, off the allocation) cannot get an answer from the lane; the
     client host can. Also: 8 visible GPUs serve a plan of 4, and the client's exit 23 fails
     the run, which cleans up without cancelling an allocation it does not own."""
-    job, hosts = held_allocation(nodes=2, gpus=8)
+    job = held_allocation(nodes=2, gpus=8)
+    hosts = hosts_of(job)
     monkeypatch.setenv("SLURM_JOB_ID", job)
     spec = _spec(
         "probe-origin",
@@ -219,7 +188,7 @@ def test_a_serve_step_ends_on_one_nodes_bad_exit(runs_root: Path) -> None:
     assert time.monotonic() - t0 < 20, message
     assert "required step serve-split exited with status" in message
     assert "not ready by the startup deadline" not in message
-    assert _gone(run.job_id)
+    assert job_gone(run.job_id)
     assert_no_orphans(run.run_id)
 
 
@@ -236,7 +205,7 @@ def test_an_endpoint_that_dies_mid_run_fails_the_run_at_once(runs_root: Path) ->
     assert "required step endpoint-chat exited with status" in message
     client_log = next(run.run_dir.glob("[0-9][0-9]-client.log")).read_text()
     assert "killed endpoint" in client_log  # the client was still waiting when the run ended
-    assert _gone(run.job_id)
+    assert job_gone(run.job_id)
     assert_no_orphans(run.run_id)
 
 
@@ -264,36 +233,16 @@ def test_a_client_preflight_that_exits_23_launches_nothing(runs_root: Path, tmp_
     message = _failed(run, "preflight")
     assert "preflight-client exited 23" in message and "client preflight: exit 23" in message
     assert [s.name for s in run.supervisor.steps] == ["preflight-client"]  # nothing else ran
-    assert _gone(run.job_id)
+    assert job_gone(run.job_id)
     assert_no_orphans(run.run_id)
 
 
 def test_a_busy_endpoint_port_fails_the_client_preflight(
     runs_root: Path, held_allocation: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job, hosts = held_allocation(nodes=1)
-    holder = subprocess.Popen(
-        slurm.srun_argv(
-            [
-                sys.executable,
-                "-c",
-                # SO_REUSEADDR: a TIME_WAIT left by an earlier run is no listener.
-                "import socket,time; s=socket.socket(); "
-                "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-                "s.bind(('0.0.0.0',17710)); s.listen(); print('bound', flush=True); "
-                "time.sleep(120)",
-            ],
-            job_id=job,
-            nodelist=hosts,
-            step_name="sg-test-port-holder",
-            gres="none",
-        ),
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "bound"
+    job = held_allocation(nodes=1)
+    hosts = hosts_of(job)
+    with port_held(job, hosts[0], 17710):
         monkeypatch.setenv("SLURM_JOB_ID", job)
         spec = _spec(
             "client-port",
@@ -309,6 +258,3 @@ def test_a_busy_endpoint_port_fails_the_client_preflight(
         assert f"node {hosts[0]}: check port: port 17710 is not bindable" in message
         assert [s.name for s in run.supervisor.steps] == ["preflight-client"]
         assert_no_orphans(run.run_id)
-    finally:
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
