@@ -26,17 +26,6 @@ def _client(emu: RunningEmulator) -> GitHubClient:
     return GitHubClient(scope, emu.token, min_write_interval_s=0, backoff_base_s=0.02)
 
 
-def _labels(emu: RunningEmulator, runner_id: int) -> set[str]:
-    with emu.state.lock:
-        return {name for name, _ in emu.state.runners[runner_id].labels}
-
-
-def _job(emu: RunningEmulator, job_id: int) -> tuple[str, int | None]:
-    with emu.state.lock:
-        job = emu.state.jobs[job_id]
-        return job.status, job.runner_id
-
-
 def _expired_lease(emu: RunningEmulator) -> tuple[int, str]:
     """A queued job whose lease (runners 1 and 2, anchor 1) waited too long: its anchor carries
     every gate label but is offline, so GitHub has not dispatched it yet."""
@@ -46,7 +35,7 @@ def _expired_lease(emu: RunningEmulator) -> tuple[int, str]:
     with emu.state.lock:
         emu.state.add_labels(emu.state.runners[1], [lease, *GATE])
         emu.state.add_labels(emu.state.runners[2], [lease])
-    assert _job(emu, job_id) == ("queued", None)
+    assert emu.job_placement(job_id) == ("queued", None)
     return job_id, lease
 
 
@@ -74,12 +63,12 @@ async def test_a_job_dispatched_while_its_lease_is_released_keeps_the_lease() ->
             )
             report = await reconcile_tick(direct_steps(client), SETTINGS)
             await dispatch
-        assert _job(emu, job_id) == ("in_progress", 1)
+        assert emu.job_placement(job_id) == ("in_progress", 1)
         # the running job's tokens stay counted: the lease label stays on both runners
         assert report.released == 0 and report.kept_started == 1, report.failures
-        assert lease in _labels(emu, 1) and lease in _labels(emu, 2)
+        assert lease in emu.runner_labels(1) and lease in emu.runner_labels(2)
         # its dispatch label went first and is not restored: the job runs and needs it no more
-        assert "ci-job-1.000-race" not in _labels(emu, 1)
+        assert "ci-job-1.000-race" not in emu.runner_labels(1)
         assert report.admitted == 0  # the pool is not over-admitted into the running lease
 
 
@@ -89,7 +78,7 @@ async def test_the_dispatch_label_goes_first_and_then_nothing_can_dispatch() -> 
         seen: dict[str, set[str]] = {}
 
         def look_then_come_online() -> None:
-            seen["anchor"] = _labels(emu, 1)
+            seen["anchor"] = emu.runner_labels(1)
             emu.admin.set_runner_status(1, "online")
 
         # The first removal lands and its answer hangs; the anchor comes online meanwhile.
@@ -103,7 +92,7 @@ async def test_the_dispatch_label_goes_first_and_then_nothing_can_dispatch() -> 
         assert {lease, "ci-attempt-1", "nodes:2"} <= seen["anchor"]
         # so GitHub could not dispatch to the anchor when it came online, and the lease went
         assert report.released == 1 and report.kept_started == 0, report.failures
-        assert lease not in _labels(emu, 1) | _labels(emu, 2)
+        assert lease not in emu.runner_labels(1) | emu.runner_labels(2)
         # the freed runners serve the same tick: the job is admitted again under a fresh lease
         assert report.admitted == 1
-        assert _job(emu, job_id)[0] == "in_progress"
+        assert emu.job_placement(job_id)[0] == "in_progress"

@@ -55,17 +55,6 @@ def _admit(job_id: int, stamp: float) -> Admit:
     )
 
 
-def _labels(emu: RunningEmulator, runner_id: int) -> set[str]:
-    with emu.state.lock:
-        return {name for name, _ in emu.state.runners[runner_id].labels}
-
-
-def _job(emu: RunningEmulator, job_id: int) -> tuple[str, int | None]:
-    with emu.state.lock:
-        job = emu.state.jobs[job_id]
-        return job.status, job.runner_id
-
-
 async def test_an_anchor_whose_answer_was_lost_after_dispatch_keeps_its_lease() -> None:
     """The anchor write lands and GitHub dispatches the job, but the answer never arrives and
     the client gives up. Unwinding then would strip a running job's lease; it must stand."""
@@ -77,9 +66,9 @@ async def test_an_anchor_whose_answer_was_lost_after_dispatch_keeps_its_lease() 
         async with _client(emu, timeout_s=0.3, max_retries=0) as client:
             outcome = await admit_lease(client, admit, fleet_size=3)
         assert outcome.admitted, outcome.reason
-        assert _job(emu, job_id) == ("in_progress", 1)
-        assert {admit.lease_label, *GATE} <= _labels(emu, 1)
-        assert admit.lease_label in _labels(emu, 2)
+        assert emu.job_placement(job_id) == ("in_progress", 1)
+        assert {admit.lease_label, *GATE} <= emu.runner_labels(1)
+        assert admit.lease_label in emu.runner_labels(2)
 
 
 async def test_an_anchor_past_its_deadline_is_given_up_before_it_is_written() -> None:
@@ -91,8 +80,10 @@ async def test_an_anchor_past_its_deadline_is_given_up_before_it_is_written() ->
         async with _client(emu) as client:
             outcome = await admit_lease(client, admit, fleet_size=3)
         assert not outcome.admitted and "LeaseLost" in outcome.reason
-        assert _job(emu, job_id) == ("queued", None)
-        assert not any(name.startswith("ci-") for name in _labels(emu, 1) | _labels(emu, 2))
+        assert emu.job_placement(job_id) == ("queued", None)
+        assert not any(
+            name.startswith("ci-") for name in emu.runner_labels(1) | emu.runner_labels(2)
+        )
 
 
 async def test_an_anchor_write_held_by_a_rate_limit_is_abandoned_at_the_deadline() -> None:
@@ -112,8 +103,10 @@ async def test_an_anchor_write_held_by_a_rate_limit_is_abandoned_at_the_deadline
                 )
             assert time.monotonic() - started < 2.5  # not the 3 s Retry-After
             await stack.unwind()
-        assert _job(emu, job_id) == ("queued", None)
-        assert not any(name.startswith("ci-") for name in _labels(emu, 1) | _labels(emu, 2))
+        assert emu.job_placement(job_id) == ("queued", None)
+        assert not any(
+            name.startswith("ci-") for name in emu.runner_labels(1) | emu.runner_labels(2)
+        )
 
 
 async def test_each_admission_is_stamped_when_it_starts_not_when_it_was_planned() -> None:
@@ -147,7 +140,7 @@ async def test_each_admission_is_stamped_when_it_starts_not_when_it_was_planned(
         assert report.admitted == 2, report.failures
         planned = [LeaseLabel.parse(a.lease_label).created_at for a in report.decisions.admit]
         assert planned_at[0] > planned[0] and planned_at[1] > planned_at[0]
-        assert _job(emu, first)[0] == _job(emu, second)[0] == "in_progress"
+        assert emu.job_placement(first)[0] == emu.job_placement(second)[0] == "in_progress"
 
 
 async def test_lease_ages_are_judged_from_when_the_read_began() -> None:
@@ -175,7 +168,7 @@ async def test_lease_ages_are_judged_from_when_the_read_began() -> None:
                 TickSteps(slow_read, direct.remove, direct.admit), SETTINGS, now=now
             )
         assert report.released == 0
-        assert lease in _labels(emu, 3)
+        assert lease in emu.runner_labels(3)
 
 
 async def test_a_twin_admission_under_the_same_label_leaves_the_running_lease_alone() -> None:
@@ -189,9 +182,9 @@ async def test_a_twin_admission_under_the_same_label_leaves_the_running_lease_al
             twin = await admit_lease(client, admit, fleet_size=3)
         assert first.admitted
         assert not twin.admitted and twin.reason.startswith("AlreadyRunning") and not twin.undone
-        assert _job(emu, job_id) == ("in_progress", 1)
-        assert {admit.lease_label, *GATE} <= _labels(emu, 1)
-        assert admit.lease_label in _labels(emu, 2)
+        assert emu.job_placement(job_id) == ("in_progress", 1)
+        assert {admit.lease_label, *GATE} <= emu.runner_labels(1)
+        assert admit.lease_label in emu.runner_labels(2)
 
 
 async def test_a_lease_whose_anchor_lost_some_job_labels_is_released_and_readmitted() -> None:
@@ -207,9 +200,9 @@ async def test_a_lease_whose_anchor_lost_some_job_labels_is_released_and_readmit
         async with _client(emu) as client:
             report = await reconcile_tick(direct_steps(client), SETTINGS)
         assert report.released == 1 and report.admitted == 1, report.failures
-        status, runner_id = _job(emu, job_id)
+        status, runner_id = emu.job_placement(job_id)
         assert status == "in_progress" and runner_id is not None
-        assert lease not in _labels(emu, 1) | _labels(emu, 2)
+        assert lease not in emu.runner_labels(1) | emu.runner_labels(2)
 
 
 async def test_the_second_to_verify_backs_off_even_when_it_is_older() -> None:

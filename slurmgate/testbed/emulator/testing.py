@@ -152,6 +152,17 @@ class RunningEmulator:
     def owner(self) -> str:
         return self.state.owner
 
+    def runner_labels(self, runner_id: int) -> set[str]:
+        """The runner's label names as the emulator holds them now."""
+        with self.state.lock:
+            return {name for name, _ in self.state.runners[runner_id].labels}
+
+    def job_placement(self, job_id: int) -> tuple[str, int | None]:
+        """The job's status and the runner it was dispatched to, if any."""
+        with self.state.lock:
+            job = self.state.jobs[job_id]
+            return job.status, job.runner_id
+
 
 @contextmanager
 def running_emulator(
