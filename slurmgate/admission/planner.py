@@ -70,7 +70,6 @@ from slurmgate.admission.model import (
 from slurmgate.admission.policies import SKIP_QUEUE_PRIORITY, policy_for
 from slurmgate.admission.settings import AdmissionSettings
 
-_NOT_STARTED = NOT_STARTED
 # Release reasons that read the lease's runners: a partial fleet cannot tell them apart from
 # a runner GitHub listed in a shape we could not read.
 _SEEN_BY_RUNNERS = frozenset(
@@ -331,7 +330,7 @@ def _releases(
             detail = f"no anchor after {age:.0f}s (grace {settings.orphan_grace_s:.0f}s)"
         elif (
             job is not None
-            and job.status in _NOT_STARTED
+            and job.status in NOT_STARTED
             and age > settings.queued_lease_limit_s(job.name)
         ):
             reason = ReleaseReason.EXPIRED_QUEUED
@@ -341,7 +340,7 @@ def _releases(
             )
         elif (
             job is not None
-            and job.status in _NOT_STARTED
+            and job.status in NOT_STARTED
             and lease.anchor_id is not None
             and requested is not None
             and lease.size < requested
@@ -350,7 +349,7 @@ def _releases(
             detail = f"holds {lease.size} runner(s), its job needs {requested}"
         elif (
             job is not None
-            and job.status in _NOT_STARTED
+            and job.status in NOT_STARTED
             and lease.anchor_id is not None
             and set(lease.anchor_labels) != set(job.gate_labels())
         ):

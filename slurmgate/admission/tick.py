@@ -142,7 +142,7 @@ async def reconcile_tick(
     report = TickReport(decisions, len(snapshot.runners), plan_s=plan_s, runtimes_learned=learned)
     log_removals(decisions, log)
     if steps.remove is not None:
-        await _remove(steps, steps.remove, decisions, report, log)
+        await _remove(steps.remove, steps.read_dispatch, decisions, report, log)
     if report.released or report.cleaned:
         # Freed runners still carried their labels in the first read; admit from a fresh read
         # so released capacity is reused in this tick, never guessed at.
@@ -196,11 +196,15 @@ def _timed_plan(
 
 
 async def _remove(
-    steps: TickSteps, remove: RemoveLabels, decisions: Decisions, report: TickReport, log: TickLog
+    remove: RemoveLabels,
+    read_dispatch: ReadDispatch | None,
+    decisions: Decisions,
+    report: TickReport,
+    log: TickLog,
 ) -> None:
     for release in decisions.release:
         try:
-            outcome = await release_lease(release, remove, steps.read_dispatch)
+            outcome = await release_lease(release, remove, read_dispatch)
         except Exception as exc:
             report.failures.append(f"release {release.lease_label}: {one_line(exc)}")
             continue
