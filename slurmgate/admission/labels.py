@@ -15,6 +15,9 @@ JOB_PREFIX = "ci-job-"
 ATTEMPT_PREFIX = "ci-attempt-"
 NODES_PREFIX = "nodes:"
 SKIP_QUEUE_PREFIX = "ci-skip-queue-pr-"
+MAX_PR_NUMBER = 2**31 - 1
+"""Largest pull request number a skip-queue label may carry (GitHub numbers issues and PRs as
+int32)."""
 
 # The job's own labels, which only the lease's anchor carries (what GitHub dispatches on).
 # A skip-queue job asks for `ci-skip-queue-pr-<PR>` in its runs-on, so its anchor must carry it.

@@ -34,7 +34,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from slurmgate.admission.labels import SKIP_QUEUE_PREFIX, attempt_label, fold, nodes_label
+from slurmgate.admission.labels import (
+    MAX_PR_NUMBER,
+    SKIP_QUEUE_PREFIX,
+    attempt_label,
+    fold,
+    nodes_label,
+)
 from slurmgate.ci.nodecount import NodeCountError, UnknownGpusPerNode, node_count
 from slurmgate.ci.priority import (
     DEFAULT_POLICY,
@@ -52,9 +58,6 @@ PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
 NODE_SLOT_FLAG = "NODE_SLOT_SCHEDULER_ENABLED"
 SELF_HOSTED = "self-hosted"
 SKIP_QUEUE_KEY = "skip-queue-pr"
-# GitHub numbers a repository's issues and PRs from 1 as int32; the controller reads no larger
-# number back from a ci-skip-queue-pr- label, so none larger may reach runs-on.
-MAX_PR_NUMBER = 2**31 - 1
 
 SpecKind = Literal["allocation", "row"]
 Mode = Literal["legacy", "priority", "node-slots"]

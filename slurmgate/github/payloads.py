@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic import ValidationError as PydanticValidationError
 
+from slurmgate.admission.labels import MAX_PR_NUMBER
 from slurmgate.admission.model import Job, JobStatus, Runner
 from slurmgate.errors import ExternalError
 from slurmgate.github.etags import EtagCache
@@ -46,8 +47,6 @@ MAX_LABELS = 256
 MAX_TEXT_LENGTH = 4096
 """Longest name, status or conclusion accepted; these only reach logs and the board."""
 MAX_ID = 2**63 - 1  # GitHub ids are int64
-MAX_ISSUE_NUMBER = 2**31 - 1
-"""Largest issue or pull request number accepted (GitHub numbers them as int32)."""
 BOT_SUFFIX = "[bot]"
 MAX_LOGIN_LENGTH = 39 + len(BOT_SUFFIX)
 """A user login is at most 39 characters; a GitHub App acts as `<app-slug>[bot]`."""
@@ -91,7 +90,7 @@ def _login(value: str) -> str:
 
 
 GitHubId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID)]
-IssueNumber = Annotated[int, Field(strict=True, ge=1, le=MAX_ISSUE_NUMBER)]
+IssueNumber = Annotated[int, Field(strict=True, ge=1, le=MAX_PR_NUMBER)]
 Login = Annotated[
     StrictStr, Field(min_length=1, max_length=MAX_LOGIN_LENGTH), AfterValidator(_login)
 ]

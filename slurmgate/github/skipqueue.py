@@ -26,12 +26,12 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from slurmgate.admission.labels import SKIP_QUEUE_PREFIX, LabelError, fold
+from slurmgate.admission.labels import MAX_PR_NUMBER, SKIP_QUEUE_PREFIX, LabelError, fold
 from slurmgate.admission.model import Job, JobStatus
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.github.client import GitHubError, JobSource
 from slurmgate.github.etags import EtagCache, StoredRecords
-from slurmgate.github.payloads import MAX_ISSUE_NUMBER, LabelEvent, ProblemMemory
+from slurmgate.github.payloads import LabelEvent, ProblemMemory
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def skip_queue_pr(job: Job) -> int | None:
         if not folded.startswith(SKIP_QUEUE_PREFIX):
             continue
         raw = folded[len(SKIP_QUEUE_PREFIX) :]
-        if not _PR_RE.match(raw) or not 1 <= int(raw) <= MAX_ISSUE_NUMBER:
+        if not _PR_RE.match(raw) or not 1 <= int(raw) <= MAX_PR_NUMBER:
             raise LabelError(
                 f"label {label!r} is not {SKIP_QUEUE_PREFIX}<pull request number>; "
                 "write e.g. ci-skip-queue-pr-123"

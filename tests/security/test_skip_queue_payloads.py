@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slurmgate.admission.labels import MAX_PR_NUMBER
 from slurmgate.github.payloads import (
-    MAX_ISSUE_NUMBER,
     LabelEvent,
     MalformedPayload,
     parse_label_event,
@@ -96,7 +96,7 @@ def test_anything_is_an_event_none_or_a_malformed_payload(value: Any) -> None:
 @given(value=JSON | st.fixed_dictionaries({"pull_requests": st.lists(JSON, max_size=3) | JSON}))
 def test_a_runs_pull_requests_are_numbers_or_nothing(value: Any) -> None:
     numbers = parse_run_pull_requests(value)
-    assert all(1 <= n <= MAX_ISSUE_NUMBER for n in numbers)
+    assert all(1 <= n <= MAX_PR_NUMBER for n in numbers)
 
 
 def test_run_pull_requests_and_membership_shapes() -> None:
