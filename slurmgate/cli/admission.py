@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from slurmgate.cli.common import fail
+
+if TYPE_CHECKING:
+    from slurmgate.github.scope import GitHubScope
 
 app = typer.Typer()
 
@@ -53,13 +56,16 @@ def reconcile(
         )
     if (repo is None) == (org is None):
         raise fail("pass exactly one of --repo OWNER/NAME or --org NAME")
-    _token("manage the runners (admin rights; any non-empty value for the emulator)")
+    token = _token("manage the runners (admin rights; any non-empty value for the emulator)")
     try:
         settings = AdmissionSettings()
     except ValidationError as exc:
         raise fail(f"bad admission settings in the environment: {exc}") from None
     for warning in settings.flag_warnings:  # the tick logs it too, in the flow run's log
         typer.echo(f"warning: {warning}", err=True)
+    # Before the flow: a wrong scope or token is then one line, not a failed flow run's
+    # traceback after the ~20 s a temporary Prefect server takes to start.
+    _check_access(_scope(api_url, repo, org), token)
     try:
         summary = prefect_layer.run_reconcile_tick(api_url, repo, org)
     except ScopeError as exc:
@@ -84,23 +90,21 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the board rows as JSON.")] = False,
 ) -> None:
     """The pool and lease board of a live GitHub scope (reads only; token from GITHUB_TOKEN)."""
-    from rich.console import Console
-    from rich.table import Table
-
     from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.github.access import explain
     from slurmgate.github.client import GitHubClient, GitHubError
-    from slurmgate.github.scope import GitHubScope
     from slurmgate.github.steps import direct_steps
 
     token = _token("read the runners")
+    scope = _scope(api_url, repo, org)
     try:
-        scope = GitHubScope(api_url=api_url, repo=repo, org=org)
         settings = AdmissionSettings()
-    except (ValidationError, ValueError) as exc:
-        raise fail(str(exc)) from None
+    except ValidationError as exc:
+        raise fail(f"bad admission settings in the environment: {exc}") from None
     for warning in settings.flag_warnings:
         typer.echo(f"warning: {warning}", err=True)
+    _check_access(scope, token)
 
     async def read() -> list[dict[str, Any]]:
         async with GitHubClient(scope, token) as client:
@@ -115,15 +119,65 @@ def status(
     try:
         rows = asyncio.run(read())
     except GitHubError as exc:
-        typer.echo(f"error: reading {scope.api_url} failed: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+        raise fail(explain(scope, exc), code=1) from None
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    print_board(rows)
+
+
+BOARD_COLUMNS = ("pool", "runners", "online", "leased", "busy_unleased", "free", "admitted_nodes")
+
+
+def print_board(rows: list[dict[str, Any]]) -> None:
+    """The board as a table, or one block per pool when the terminal is too narrow for the
+    table to show every pool name whole (a name folded mid-word reads as two pools)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    console = Console()
     table = Table(title="slurmgate pools")
-    columns = ["pool", "runners", "online", "leased", "busy_unleased", "free", "admitted_nodes"]
-    for name in [*columns, "blocked"]:
-        table.add_column(name, overflow="fold")
+    for name in BOARD_COLUMNS:
+        # headers wrap at their spaces; a pool name never wraps
+        table.add_column(name.replace("_", " "), no_wrap=name == "pool")
+    table.add_column("blocked", overflow="fold")
     for row in rows:
-        table.add_row(*(str(row.get(name, "")) for name in [*columns, "blocked"]))
-    Console().print(table)
+        table.add_row(*(str(row.get(name, "")) for name in [*BOARD_COLUMNS, "blocked"]))
+    # measured unbounded: rich clamps a measurement to the width it is given
+    unbounded = console.options.update_width(10_000)
+    if Measurement.get(console, unbounded, table).minimum <= console.width:
+        console.print(table)
+        return
+    for row in rows:
+        typer.echo(f"pool {row.get('pool', '')}")
+        typer.echo(
+            "  "
+            + ", ".join(
+                f"{name.replace('_', ' ')} {row.get(name, '')}" for name in BOARD_COLUMNS[1:]
+            )
+        )
+        if row.get("blocked"):
+            typer.echo(f"  blocked: {row['blocked']}")
+
+
+def _scope(api_url: str, repo: str | None, org: str | None) -> GitHubScope:
+    """The scope the options name; bad options are one line and exit 2."""
+    from slurmgate.github.scope import GitHubScope
+
+    try:
+        return GitHubScope(api_url=api_url, repo=repo, org=org)
+    except ValidationError as exc:
+        raise fail(
+            "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        ) from None
+
+
+def _check_access(scope: GitHubScope, token: str) -> None:
+    """One read of the scope's runners; a refusal is one line naming the fix, exit 1."""
+    from slurmgate.github.access import ScopeAccessError, check_access
+
+    try:
+        asyncio.run(check_access(scope, token))
+    except ScopeAccessError as exc:
+        raise fail(str(exc), code=1) from None

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 from pydantic import SecretStr
@@ -70,13 +70,22 @@ label events refused as unreadable, so it is not authorized to skip the queue)."
 class GitHubError(ExternalError):
     """A GitHub request that did not succeed. Carries no token and no httpx request object."""
 
-    def __init__(self, method: str, path: str, status: int | None, message: str) -> None:
+    def __init__(
+        self,
+        method: str,
+        template: str,
+        status: int | None,
+        message: str,
+        *,
+        path: str | None = None,
+    ) -> None:
         self.method = method
-        self.path = path
+        self.template = template  # what call counters and retry rules key on
+        self.path = path or template  # the request as sent, which is what a person can check
         self.status = status
         self.message = message
         super().__init__(
-            f"{method} {path} -> {status if status is not None else 'no response'}: {message}"
+            f"{method} {self.path} -> {status if status is not None else 'no response'}: {message}"
         )
 
 
@@ -109,9 +118,18 @@ class RateLimited(GitHubError):
     transient = True
 
     def __init__(
-        self, method: str, path: str, status: int | None, message: str, retry_after_s: float
+        self,
+        method: str,
+        template: str,
+        status: int | None,
+        message: str,
+        retry_after_s: float,
+        *,
+        path: str | None = None,
     ) -> None:
-        super().__init__(method, path, status, f"{message} (retry after {retry_after_s:.1f} s)")
+        super().__init__(
+            method, template, status, f"{message} (retry after {retry_after_s:.1f} s)", path=path
+        )
         self.retry_after_s = retry_after_s
 
 
@@ -609,6 +627,7 @@ class GitHubClient:
         conditional: bool = False,
     ) -> _Reply:
         write = method in _WRITE_METHODS
+        sent = _sent_path(url)
         cacheable = method == "GET"
         cache_key = str(self._http.build_request(method, url, params=params).url)
         secondary_hits = 0
@@ -631,7 +650,7 @@ class GitHubClient:
                 # Raised here, outside any `except`, so no httpx exception (which holds the
                 # request and its Authorization header) is chained to what the caller sees.
                 failure = response if isinstance(response, str) else str(content)
-                await self._back_off(method, template, None, failure, attempt)
+                await self._back_off(method, template, None, failure, attempt, sent)
                 attempt += 1
                 continue
             self._note_rate_limit(response.headers)
@@ -650,9 +669,10 @@ class GitHubClient:
                     template,
                     status,
                     f"response body is larger than {self.max_body_bytes} bytes; refused",
+                    path=sent,
                 )
             if 200 <= status < 300:
-                body = _json_body(content, method, template, status)
+                body = _json_body(content, method, template, status, sent)
                 etag = response.headers.get("etag")
                 if cacheable and etag and len(content) <= MAX_CACHED_BODY_BYTES:
                     entry = {"body": body, "link": response.headers.get("link", "")}
@@ -668,25 +688,25 @@ class GitHubClient:
                     ):
                         secondary_hits += 1
                     if attempt >= self.max_retries or wait > self.max_wait_s:
-                        raise RateLimited(method, template, status, message, wait)
+                        raise RateLimited(method, template, status, message, wait, path=sent)
                     log.warning(
                         "%s %s rate limited (%d); waiting %.2f s", method, template, status, wait
                     )
                     attempt += 1
                     await asyncio.sleep(wait)
                     continue
-                raise AuthError(method, template, status, message)
+                raise AuthError(method, template, status, message, path=sent)
             if status >= 500:
-                await self._back_off(method, template, status, message, attempt)
+                await self._back_off(method, template, status, message, attempt, sent)
                 attempt += 1
                 continue
             if status == 404:
-                raise NotFound(method, template, status, message)
+                raise NotFound(method, template, status, message, path=sent)
             if status == 422:
-                raise ValidationFailed(method, template, status, message)
+                raise ValidationFailed(method, template, status, message, path=sent)
             if status == 401:
-                raise AuthError(method, template, status, message)
-            raise GitHubError(method, template, status, message)
+                raise AuthError(method, template, status, message, path=sent)
+            raise GitHubError(method, template, status, message, path=sent)
 
     async def _send(
         self,
@@ -754,12 +774,18 @@ class GitHubClient:
         return None
 
     async def _back_off(
-        self, method: str, template: str, status: int | None, failure: str, attempt: int
+        self,
+        method: str,
+        template: str,
+        status: int | None,
+        failure: str,
+        attempt: int,
+        sent: str,
     ) -> None:
         """Wait before retrying a transient failure, or raise once the retries are spent."""
         if attempt >= self.max_retries:
             raise TransientError(
-                method, template, status, f"{failure} after {attempt + 1} attempts"
+                method, template, status, f"{failure} after {attempt + 1} attempts", path=sent
             )
         delay = self._backoff(attempt)
         answer = f" -> {status}" if status is not None else f": {failure}"
@@ -808,13 +834,20 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return (url.scheme, url.host, url.port or default)
 
 
-def _json_body(content: bytes, method: str, template: str, status: int) -> Any:
+def _json_body(content: bytes, method: str, template: str, status: int, sent: str) -> Any:
     if not content:
         return None
     try:
         return json.loads(content)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
-        raise MalformedResponse(method, template, status, "response body is not JSON") from None
+        raise MalformedResponse(
+            method, template, status, "response body is not JSON", path=sent
+        ) from None
+
+
+def _sent_path(url: str) -> str:
+    """The path of a request as sent (a next link is a whole URL), without its query."""
+    return urlsplit(url).path or url
 
 
 def _next_link(headers: httpx.Headers) -> str | None:

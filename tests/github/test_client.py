@@ -196,7 +196,10 @@ async def test_unknown_runner_is_not_found(make_client: MakeClient) -> None:
     gh = make_client()
     with pytest.raises(NotFound) as info:
         await gh.get_runner(999)
-    assert info.value.path == "/repos/{owner}/{repo}/actions/runners/{runner_id}"
+    # the message names the request as sent; counters and retry rules keep the template
+    assert info.value.path == "/repos/acme/gpu-ci/actions/runners/999"
+    assert "GET /repos/acme/gpu-ci/actions/runners/999 -> 404" in str(info.value)
+    assert info.value.template == "/repos/{owner}/{repo}/actions/runners/{runner_id}"
     assert info.value.method == "GET" and info.value.status == 404
     with pytest.raises(NotFound):
         await gh.add_labels(999, ["x"])

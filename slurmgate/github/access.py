@@ -1,0 +1,69 @@
+"""Check that a token can read a scope's runners, and say in one line why GitHub refused.
+
+A wrong repository, a mistyped token and a token without the runner permission all look alike
+from the tick (a 404 or a 401 deep in a flow run); commands call `check_access` first, so the
+person sees the request, the cause and the permission to grant, before anything else starts.
+"""
+
+from __future__ import annotations
+
+from pydantic import SecretStr
+
+from slurmgate.errors import ExternalError
+from slurmgate.github.client import AuthError, GitHubClient, GitHubError, RateLimited
+from slurmgate.github.scope import GitHubScope
+
+REPO_RUNNER_PERMISSIONS = (
+    'fine-grained "Administration: read and write" and "Actions: read" on the repository '
+    "(a classic token: the repo scope)"
+)
+ORG_RUNNER_PERMISSIONS = (
+    'the organisation permission "Self-hosted runners: read and write" '
+    "(a classic token: the admin:org scope)"
+)
+
+
+class ScopeAccessError(ExternalError):
+    """GitHub refused the scope's first read; the message names the request, cause and fix."""
+
+
+def runner_permissions(scope: GitHubScope) -> str:
+    """What a token needs to lease the scope's runners, as GitHub's settings page words it."""
+    return REPO_RUNNER_PERMISSIONS if scope.repo is not None else ORG_RUNNER_PERMISSIONS
+
+
+def explain(scope: GitHubScope, exc: GitHubError) -> str:
+    """One line for a failed request: what was asked, what GitHub said, and what fixes it."""
+    asked = f"{exc.method} {exc.path}"
+    needs = f"the token needs {runner_permissions(scope)}"
+    if exc.status is None:
+        return (
+            f"cannot reach {scope.api_url} ({asked}: {exc.message}); check the API URL "
+            "and that the server (GitHub, or the emulator) is up"
+        )
+    answered = f"GitHub answered {exc.status} for {asked}"
+    if isinstance(exc, RateLimited):
+        return f"{answered}: rate limited; retry in {exc.retry_after_s:.0f} s"
+    if exc.status == 404 and exc.path == scope.runners_path:
+        what = "repository" if scope.repo is not None else "organisation"
+        return f"{answered}: the {what} does not exist or the token cannot see it; {needs}"
+    if exc.status == 401:
+        return (
+            f"{answered}: the token is not valid (mistyped, expired or revoked); "
+            f"give a valid token; {needs}"
+        )
+    if isinstance(exc, AuthError) and exc.status == 403:
+        return f"{answered} ({exc.message}): the token lacks a permission; {needs}"
+    return f"{answered}: {exc.message}"
+
+
+async def check_access(scope: GitHubScope, token: str | SecretStr) -> int:
+    """Read the scope's runners once; their count, or ScopeAccessError with `explain`'s line.
+
+    One retry only: this is a person waiting at a prompt, and a server that is down stays down.
+    """
+    try:
+        async with GitHubClient(scope, token, max_retries=1, backoff_base_s=0.2) as client:
+            return len(await client.list_runners(conditional=False))
+    except GitHubError as exc:
+        raise ScopeAccessError(explain(scope, exc)) from None
