@@ -112,7 +112,10 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
     )
     registry.LIVE_RUNS[run.run_id] = run
     registry.RUNS_BY_FLOW_RUN[str(flow_run.id)] = run.run_id
-    log(f"run {run.run_id}: {spec.total_nodes} node(s), record {run.record_path}")
+    log(
+        f"run {run.run_id}: {spec.total_nodes} node(s); its record.json and one log per step "
+        f"(NN-<step>.log) are in {run.run_dir}"
+    )
     for reference in spec.secret_references():
         log(f"secret resolved on this host: {reference}")
     failure: BaseException | None = None

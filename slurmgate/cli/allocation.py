@@ -30,6 +30,7 @@ def allocation_run(
 ) -> None:
     """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
     from slurmgate.cli import prefect_layer
+    from slurmgate.runtime import slurm
     from slurmgate.runtime.spec import AllocationSpec, SpecError
 
     try:
@@ -37,6 +38,11 @@ def allocation_run(
     except SpecError as exc:
         typer.echo(f"error: invalid spec {spec}:\n{exc}", err=True)
         raise typer.Exit(code=2) from None
+    # Milliseconds now, instead of a Prefect traceback after the temporary server's ~20 s start.
+    try:
+        slurm.check_configured()
+    except slurm.SlurmError as exc:
+        raise fail(str(exc), code=1) from None
     # Prefect turns SIGTERM into its own exception during the run and re-delivers the signal
     # afterwards; exiting through SystemExit (not the default action) lets atexit stop the
     # ephemeral Prefect server instead of orphaning it.
@@ -45,7 +51,11 @@ def allocation_run(
         summary = prefect_layer.run_allocation(parsed, str(runs_dir) if runs_dir else None)
     except Exception as exc:
         raise fail(f"allocation run failed: {exc}", code=1) from None
-    typer.echo(f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}")
+    run_dir = Path(summary["record"]).parent
+    typer.echo(
+        f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}; "
+        f"its step logs and record.json are in {run_dir}"
+    )
 
 
 @app.command("reap", epilog="Example: slurmgate allocation reap")

@@ -14,28 +14,43 @@ app = typer.Typer(
 
 
 @app.command(
-    "up", epilog="Example: slurmgate cluster up --mode netns  (then: export SLURM_CONF=...)"
+    "up",
+    epilog="Example: slurmgate cluster up --mode netns  (slurmgate finds it from then on; "
+    "the printed export is for your own sinfo and srun)",
 )
 def cluster_up(
     mode: Annotated[str, typer.Option(help="netns (one IP per node) or uts.")] = "netns",
 ) -> None:
-    """Start the cluster (idempotent) and print the environment to use."""
+    """Start the cluster (idempotent), remember it for slurmgate, and print its SLURM_CONF."""
     from slurmgate.testbed.cluster import ClusterError, up
 
     try:
-        env = up(mode=mode)
+        env = up(mode=mode, record=True)
     except ClusterError as exc:
         raise fail(str(exc), code=1) from None
     typer.echo(env.exports())
 
 
 @app.command("down", epilog="Example: slurmgate cluster down")
-def cluster_down() -> None:
-    """Stop the cluster (safe when it is not running)."""
+def cluster_down(
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Stop the cluster even if `slurmgate cluster up` did not start it."
+        ),
+    ] = False,
+) -> None:
+    """Stop the cluster `slurmgate cluster up` started; others are left running unless --force."""
     from slurmgate.testbed.cluster import ClusterError, down
 
     try:
-        down()
+        result = down(only_if_started=not force, forget=True)
     except ClusterError as exc:
         raise fail(str(exc), code=1) from None
-    typer.echo("slurm-local cluster stopped")
+    if result.stopped:
+        typer.echo("slurm-local cluster stopped")
+    else:
+        typer.echo(
+            f"slurm-local cluster in {result.directory} left running: {result.reason} "
+            "(`slurmgate cluster down --force` stops it)"
+        )

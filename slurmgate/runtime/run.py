@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import math
@@ -54,9 +55,19 @@ DIRECT_METRICS_TIMEOUT_S = 2.0
 # The seed gives its client 32 CPUs; an allocation that holds fewer on the client node gets
 # them all (a step cannot ask for more than the job holds there).
 SEED_CLIENT_CPUS = 32
+# The client's output is copied into the run's log line by line up to this many lines, then
+# only its last lines: a benchmark that prints per request must not flood the Prefect log.
+CLIENT_ECHO_LINES = 400
+CLIENT_ECHO_TAIL_LINES = 20
+CLIENT_ECHO_LINE_CHARS = 2000
 _PREFLIGHT_LINE = re.compile(
     r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
 )
+# What slurmstepd says when a task's program cannot be executed, and Python without slurmgate.
+_EXEC_FAILED = re.compile(
+    r"slurmstepd(?:-(?P<node>[^:\s]+))?: error: execve\(\): (?P<path>[^:]+): (?P<reason>[^\n]*)"
+)
+_NO_SLURMGATE = re.compile(r"No module named '?slurmgate")
 # Not anchored: srun may run two tasks' lines together.
 _PREFLIGHT_OK_LINE = re.compile(rf"{PREFLIGHT_OK} host=(\S+?) cpus=(\d+) gpus=(\d+)")
 
@@ -97,6 +108,68 @@ def preflight_reports(log: str, planned: list[str], step: str) -> dict[str, Node
 def controller_on(host: str) -> bool:
     """Whether this process runs on `host` (e.g. inside the allocation, on its first node)."""
     return node_name() == host
+
+
+class OutputEcho:
+    """Copy a step's log into the run's log as it grows: whole lines, redacted, bounded.
+
+    A line rewritten with carriage returns (a progress bar) shows as its last state. Past
+    `limit` lines only the last `tail` are kept, and `finish` logs them with a count of the
+    lines it left out.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        emit: Callable[[str], None],
+        *,
+        limit: int = CLIENT_ECHO_LINES,
+        tail: int = CLIENT_ECHO_TAIL_LINES,
+    ) -> None:
+        self.path = path
+        self.emit = emit
+        self.limit = limit
+        self.offset = 0
+        self.partial = b""
+        self.echoed = 0
+        self.skipped = 0
+        self.held: collections.deque[str] = collections.deque(maxlen=tail)
+
+    def poll(self) -> None:
+        """Emit the whole lines written since the last poll."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(1 << 20)
+        except OSError:
+            return
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        for line in lines:
+            self._line(line)
+
+    def finish(self) -> None:
+        """Emit what is left: a last line without a newline, and the held tail."""
+        self.poll()
+        if self.partial:
+            self._line(self.partial)
+            self.partial = b""
+        if self.held:
+            if self.skipped:
+                self.emit(f"... {self.skipped} line(s) left out, the last {len(self.held)}:")
+            while self.held:
+                self.emit(self.held.popleft())
+
+    def _line(self, raw: bytes) -> None:
+        text = raw.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1]
+        text = text[:CLIENT_ECHO_LINE_CHARS]
+        if self.echoed < self.limit:
+            self.echoed += 1
+            self.emit(text)
+            return
+        if len(self.held) == self.held.maxlen:
+            self.skipped += 1
+        self.held.append(text)
 
 
 class RunFailed(ExternalError):
@@ -163,7 +236,7 @@ class AllocationRun:
         self.redact = self.credentials.redactor()
         self.run_id = run_id or new_run_id(spec.name)
         self.run_dir = (runs_root or default_runs_root()) / self.run_id
-        self.python = python or sys.executable
+        self.python = python or spec.python or sys.executable
         self.allocate_timeout_s = allocate_timeout_s
         self.poll_s = poll_s
         self.grace_s = grace_s
@@ -242,7 +315,9 @@ class AllocationRun:
             "SLURMGATE_RUN_ID": self.run_id,
             "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
         }
-        return step_env(os.environ, {**named, **(extra or {})})
+        # slurm.environ adds the SLURM_CONF `slurmgate cluster up` recorded, when none is set:
+        # srun needs it, and so does a step that runs Slurm commands itself.
+        return step_env(slurm.environ(), {**named, **(extra or {})})
 
     def _step_name(self, role: str) -> str:
         return f"{self.run_id}-{role}"
@@ -258,23 +333,41 @@ class AllocationRun:
             self.job_id = attached
             self.log(f"decision: attach to allocation {attached} (SLURM_JOB_ID is set)")
         else:
+            site = self.spec.slurm
+            options = "".join(
+                f", {name} {value}"
+                for name, value in (
+                    ("partition", site.partition),
+                    ("account", site.account),
+                    ("qos", site.qos),
+                )
+                if value
+            )
             self.log(
                 f"decision: no SLURM_JOB_ID, salloc {self.plan.total_nodes} node(s) "
-                f"with gpu:{self.spec.gpus_per_node}"
+                f"with gpu:{self.spec.gpus_per_node}{options}"
             )
             self.owned_allocation = True  # before the call: a late grant is still ours to cancel
             self.save()
             self.job_id = slurm.salloc_no_shell(
-                nodes=self.plan.total_nodes,
-                job_name=self.run_id,
-                gpus_per_node=self.spec.gpus_per_node,
-                time_limit=self.spec.time_limit,
-                timeout=self.allocate_timeout_s,
+                **self.salloc_request(), timeout=self.allocate_timeout_s
             )
         self.supervisor.job_id = self.job_id
         self.timings.mark("allocated", t0)
         self.save()
         return self.job_id
+
+    def salloc_request(self) -> dict[str, Any]:
+        """What `allocate` asks Slurm for when the run owns its allocation (`salloc_argv`)."""
+        return {
+            "nodes": self.plan.total_nodes,
+            "job_name": self.run_id,
+            "gpus_per_node": self.spec.gpus_per_node,
+            "time_limit": self.spec.time_limit,
+            "partition": self.spec.slurm.partition,
+            "account": self.spec.slurm.account,
+            "qos": self.spec.slurm.qos,
+        }
 
     def resolve(self) -> layout_mod.Layout:
         """Hosts in allocation order → a bound layout; the node count must match the plan."""
@@ -421,11 +514,36 @@ class AllocationRun:
         tail = step.log_tail(4000 + 200 * len(planned))
         if rc == 0:
             return preflight_reports(tail, planned, step.name)
+        problem = self.interpreter_problem(tail)
+        if problem:
+            raise RunFailed("preflight", problem)
         found = _PREFLIGHT_LINE.findall(tail)
         if found:
             host, check, message = found[0]
             raise RunFailed("preflight", f"node {host}: check {check}: {message}")
         raise RunFailed("preflight", f"{step.name} exited {rc}: {tail.strip()[-600:]}")
+
+    def interpreter_problem(self, log: str) -> str | None:
+        """The node-side interpreter could not run, or has no slurmgate: a message naming
+        the spec's `python` field and the fix; None for any other failure."""
+        exec_failed = _EXEC_FAILED.search(log)
+        if exec_failed and exec_failed.group("path") == self.python:
+            node = exec_failed.group("node") or "a node"
+            cause = f"cannot run on {node} ({exec_failed.group('reason').strip()})"
+        elif _NO_SLURMGATE.search(log):
+            cause = "has no slurmgate package on the nodes"
+        else:
+            return None
+        if self.spec.python:
+            return (
+                f"python: {self.python} {cause} — fix: set the spec's `python` to an "
+                "interpreter with slurmgate installed at that path on every node"
+            )
+        return (
+            f"python: the controller's interpreter {self.python} {cause} — fix: install the "
+            "same environment at the same path on the compute nodes, or set the spec's "
+            "`python` to one that is there"
+        )
 
     def launch(self) -> None:
         """One coordinated srun per deployment, one node worker per node, fail-fast."""
@@ -577,13 +695,22 @@ class AllocationRun:
             step_name=self._step_name("client"),
             required=False,
         )
+        # Its output reaches the run's log (the console and Prefect) as it comes; the whole
+        # of it stays in the step's log file.
+        echo = OutputEcho(step.log_path, lambda line: self.log(f"client| {line}"))
         try:
-            rc = self.supervisor.wait(step)
+            rc = self.supervisor.wait(step, on_poll=echo.poll)
         except StepFailed as exc:
-            raise RunFailed("client", str(exc)) from None
+            raise RunFailed("client", f"{exc}; its output: {step.log_path}") from None
+        finally:
+            echo.finish()
         if rc != 0:
-            raise RunFailed("client", f"client exited {rc}; log tail:\n{step.log_tail()}")
-        self.log("client succeeded")
+            raise RunFailed(
+                "client",
+                f"client exited {rc}; its output: {step.log_path}, which ends:\n"
+                + step.log_tail(600),
+            )
+        self.log(f"client succeeded; its output: {step.log_path}")
         return rc
 
     def collect_endpoint_metrics(self) -> dict[str, str]:

@@ -8,10 +8,18 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slurmgate.errors import ExternalError
 
 DEFAULT_TIMEOUT_S = 30.0
+# What every Slurm client command prints when it finds neither SLURM_CONF, nor
+# /etc/slurm/slurm.conf, nor a configless controller (DNS SRV record).
+NO_CONFIGURATION_MARK = "Could not establish a configuration source"
+NO_CONFIGURATION = (
+    "Slurm has no configuration: export SLURM_CONF=/path/to/slurm.conf, "
+    "or start the bundled cluster with `slurmgate cluster up`"
+)
 
 
 class SlurmError(ExternalError):
@@ -27,6 +35,32 @@ class SlurmError(ExternalError):
         super().__init__(f"`{shlex.join(self.argv)}` {message}{detail}")
 
 
+class SlurmNotConfigured(SlurmError):
+    """Slurm's client commands have no configuration source; the message is the fix."""
+
+    def __init__(self, argv: Sequence[str], stderr: str = "") -> None:
+        self.argv = list(argv)
+        self.stderr = stderr
+        self.timed_out = False
+        # One line with the fix: the argv and Slurm's four lines of DNS lookups add nothing.
+        ExternalError.__init__(self, NO_CONFIGURATION)
+
+
+def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (default: this process's environment), with the SLURM_CONF that `slurmgate
+    cluster up` recorded when `base` sets none: a SLURM_CONF the user set always wins."""
+    env = dict(os.environ if base is None else base)
+    if not env.get("SLURM_CONF"):
+        # Imported here: the node worker reaches this module through the supervisor and
+        # must start without pydantic; only a controller with no SLURM_CONF needs the record.
+        from slurmgate.runtime.slurm_config import recorded_slurm_conf
+
+        conf = recorded_slurm_conf()
+        if conf:
+            env["SLURM_CONF"] = conf
+    return env
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -34,14 +68,18 @@ def run(
     env: Mapping[str, str] | None = None,
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """Run one short Slurm command; raise SlurmError on timeout or (with check) non-zero exit."""
+    """Run one short Slurm command; raise SlurmError on timeout or (with check) non-zero exit.
+
+    Without a configuration source it raises SlurmNotConfigured even when `check` is off: an
+    empty answer would otherwise read as "no steps left" or "job gone".
+    """
     try:
         out = subprocess.run(
             list(argv),
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=dict(env) if env is not None else None,
+            env=environ(env),
             stdin=subprocess.DEVNULL,
             check=False,
         )
@@ -49,10 +87,25 @@ def run(
         stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         raise SlurmError(argv, f"timed out after {timeout:g} s", stderr, timed_out=True) from None
     except FileNotFoundError:
-        raise SlurmError(argv, "not found: is the Slurm client installed and on PATH?") from None
+        raise SlurmError(
+            argv,
+            "not found: install the Slurm client (Debian: slurm-client) and put it on PATH, or "
+            "start the bundled cluster with `slurmgate cluster up`",
+        ) from None
+    if out.returncode != 0 and NO_CONFIGURATION_MARK in out.stderr:
+        raise SlurmNotConfigured(argv, out.stderr)
     if check and out.returncode != 0:
         raise SlurmError(argv, f"exited {out.returncode}", out.stderr)
     return out
+
+
+def check_configured(*, timeout: float = 10.0) -> None:
+    """Raise SlurmNotConfigured (or SlurmError: no client) before anything slow starts.
+
+    One `scontrol ping`, which fails in milliseconds without a configuration source. A
+    controller that is down is not this check's business: the run reports it in context.
+    """
+    run(["scontrol", "ping"], timeout=timeout, check=False)
 
 
 def show_hostnames(nodelist: str, *, timeout: float = 10.0) -> list[str]:
@@ -125,22 +178,34 @@ _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _SUBMITTED = re.compile(r"Submitted batch job (\d+)")
 
 
-def salloc_no_shell(
+def salloc_argv(
     *,
     nodes: int,
     job_name: str,
     gpus_per_node: int = 0,
     time_limit: str | None = None,
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
     extra: Sequence[str] = (),
-    timeout: float = 120.0,
-) -> str:
-    """Request an allocation that holds the nodes without a shell; returns the job id."""
+) -> list[str]:
+    """The `salloc --no-shell` that holds the nodes; unset site options are left to Slurm."""
     argv = ["salloc", "--no-shell", f"--nodes={nodes}", f"--job-name={job_name}"]
     if gpus_per_node:
         argv.append(f"--gres=gpu:{gpus_per_node}")
     if time_limit:
         argv.append(f"--time={time_limit}")
+    for flag, value in (("partition", partition), ("account", account), ("qos", qos)):
+        if value:
+            argv.append(f"--{flag}={value}")
     argv += list(extra)
+    return argv
+
+
+def salloc_no_shell(*, timeout: float = 120.0, **request: Any) -> str:
+    """Request an allocation that holds the nodes without a shell (`salloc_argv`'s options);
+    returns the job id once Slurm grants it."""
+    argv = salloc_argv(**request)
     out = run(argv, timeout=timeout)
     m = _GRANTED.search(out.stderr) or _GRANTED.search(out.stdout)
     if not m:

@@ -46,6 +46,9 @@ SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|_KEY|AUTH_STRING)$|^PRE
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 _TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
+# Slurm names of partitions, accounts and QOSes (a partition may be a comma list): no spaces,
+# nothing that could read as another option.
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(,[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})*$")
 
 
 class SpecError(InputError):
@@ -265,6 +268,41 @@ class DeploymentSpec(_Strict):
         return groups * self.nodes_per_replica
 
 
+def _slurm_name(field: str, v: str | None, example: str) -> str | None:
+    if v is not None and not _SLURM_NAME.match(v):
+        raise _problem(
+            field,
+            f"{v!r} is not a Slurm {field} name",
+            f"use the name `sinfo`/`sacctmgr` shows, e.g. {example}",
+        )
+    return v
+
+
+class SlurmSpec(_Strict):
+    """Site options for the allocation the run requests itself (ignored inside SLURM_JOB_ID)."""
+
+    partition: str | None = Field(
+        default=None, description="salloc --partition (a comma list lets Slurm pick one)"
+    )
+    account: str | None = Field(default=None, description="salloc --account to charge")
+    qos: str | None = Field(default=None, description="salloc --qos")
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, v: str | None) -> str | None:
+        return _slurm_name("partition", v, "gpu or gpu,gpu-long")
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, v: str | None) -> str | None:
+        return _slurm_name("account", v, "my-project")
+
+    @field_validator("qos")
+    @classmethod
+    def _qos(cls, v: str | None) -> str | None:
+        return _slurm_name("qos", v, "normal")
+
+
 class AllocationSpec(_Strict):
     """The whole allocation: one client and one or more deployments."""
 
@@ -275,6 +313,12 @@ class AllocationSpec(_Strict):
     gpus_per_node: int = Field(default=8, ge=0, description="GPUs each node has")
     model_path: str | None = Field(default=None, description="checked readable on every node")
     time_limit: str = Field(default="03:55:00", description="[D-]HH:MM:SS for an owned allocation")
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+    python: str | None = Field(
+        default=None,
+        description="the interpreter the node workers, probe and endpoint steps run as, at "
+        "this path on every node, with slurmgate installed (default: the controller's own)",
+    )
     endpoint_token: SecretValue | None = Field(
         default=None,
         description="bearer token every logical endpoint requires (GET /health aside); the "
@@ -286,6 +330,18 @@ class AllocationSpec(_Strict):
     def _time_limit(cls, v: str) -> str:
         if not _TIME_LIMIT.match(v):
             raise _problem("time_limit", f"{v!r} is not a Slurm time", "use [D-]HH:MM:SS")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or any(c.isspace() for c in v)):
+            raise _problem(
+                "python",
+                f"{v!r} is not an absolute path",
+                "give the interpreter's full path on the compute nodes, e.g. "
+                "/shared/venvs/slurmgate/bin/python",
+            )
         return v
 
     @model_validator(mode="after")

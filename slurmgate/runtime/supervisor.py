@@ -266,11 +266,19 @@ class Supervisor:
                     s,
                 )
 
-    def wait(self, step: Step, timeout: float | None = None) -> int:
-        """Wait for `step` to exit; fail at once if a required peer exits first."""
+    def wait(
+        self,
+        step: Step,
+        timeout: float | None = None,
+        on_poll: Callable[[], None] | None = None,
+    ) -> int:
+        """Wait for `step` to exit; fail at once if a required peer exits first. `on_poll`
+        runs every poll (e.g. to copy the step's new output), and once more after it exits."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             rc = step.returncode()
+            if on_poll is not None:
+                on_poll()
             if rc is not None:
                 return rc
             self.check_required(exclude=step)
