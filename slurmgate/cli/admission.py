@@ -149,16 +149,24 @@ def print_board(rows: list[dict[str, Any]]) -> None:
     if Measurement.get(console, unbounded, table).minimum <= console.width:
         console.print(table)
         return
+
+    def lines(words: list[str], separator: str) -> list[str]:
+        """`words` joined by `separator` in lines of the console's width, never split."""
+        out = ["  "]
+        for word in words:
+            joined = out[-1] + (separator if out[-1].strip() else "") + word
+            if len(joined) <= console.width or not out[-1].strip():
+                out[-1] = joined
+            else:
+                out.append("    " + word)
+        return out
+
     for row in rows:
         typer.echo(f"pool {row.get('pool', '')}")
-        typer.echo(
-            "  "
-            + ", ".join(
-                f"{name.replace('_', ' ')} {row.get(name, '')}" for name in BOARD_COLUMNS[1:]
-            )
-        )
+        fields = [f"{name.replace('_', ' ')} {row.get(name, '')}" for name in BOARD_COLUMNS[1:]]
+        typer.echo("\n".join(lines(fields, ", ")))
         if row.get("blocked"):
-            typer.echo(f"  blocked: {row['blocked']}")
+            typer.echo("\n".join(lines(["blocked:", *str(row["blocked"]).split()], " ")))
 
 
 def _scope(api_url: str, repo: str | None, org: str | None) -> GitHubScope:

@@ -2,26 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from slurmgate.cli.common import fail
+from slurmgate.testbed.emulator.admin import (
+    DEFAULT_PORT,
+    DEFAULT_URL,
+    EmulatorAdmin,
+    EmulatorAdminError,
+)
 from slurmgate.testbed.emulator.state import EmulatorInputError, fleet_from_job_mix, parse_pool
 
 app = typer.Typer()
-
-
-@app.command(
-    "emulator",
+emulator_app = typer.Typer(
+    help=(
+        "Serve a GitHub API emulator holding a runner fleet (a real HTTP server), or drive a "
+        "running one: queue and complete jobs, take runners offline and back."
+    ),
     epilog=(
         "Example: slurmgate emulator --port 8787 --repo acme/gpu-ci "
         "--pool cluster:h100=8 --pool cluster:b200=18 --legacy 2"
     ),
 )
+app.add_typer(emulator_app, name="emulator")
+
+EmulatorUrl = Annotated[
+    str, typer.Option("--url", help="Base URL of the running emulator.", show_default=True)
+]
+
+
+@emulator_app.callback(invoke_without_command=True)
 def emulator(
-    port: Annotated[int, typer.Option(help="TCP port to listen on (0 picks a free one).")] = 8787,
+    ctx: typer.Context,
+    port: Annotated[
+        int, typer.Option(help="TCP port to listen on (0 picks a free one).")
+    ] = DEFAULT_PORT,
     repo: Annotated[
         str, typer.Option(help="The repository it serves, OWNER/NAME.")
     ] = "acme/gpu-ci",
@@ -58,9 +78,14 @@ def emulator(
     ] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="Seed of the random faults.")] = 0,
 ) -> None:
-    """Serve a GitHub API emulator holding a runner fleet (a real HTTP server)."""
+    """Serve a GitHub API emulator holding a runner fleet (a real HTTP server).
+
+    Without a command it serves until Ctrl-C; the commands below drive a running one.
+    """
     from slurmgate.testbed.emulator.server import run_emulator
 
+    if ctx.invoked_subcommand is not None:
+        return
     if not 0 <= port <= 65535:
         raise fail(f"--port {port} is not a TCP port; use 0..65535")
     if legacy < 0:
@@ -113,6 +138,102 @@ def emulator(
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise fail(f"cannot listen on {host}:{port} ({reason}); pick another --port") from None
+
+
+@contextmanager
+def _admin(url: str) -> Iterator[EmulatorAdmin]:
+    """An admin client of the emulator at `url`; its refusals are one line (unknown id: exit 2,
+    anything else, such as no emulator listening: exit 1)."""
+    if not url.startswith(("http://", "https://")):
+        raise fail(f"--url {url!r} is not an http(s) URL; e.g. {DEFAULT_URL}")
+    try:
+        with EmulatorAdmin(url) as admin:
+            yield admin
+    except EmulatorAdminError as exc:
+        raise fail(str(exc), code=2 if exc.status in (400, 404) else 1) from None
+
+
+def _labels(raw: str) -> list[str]:
+    labels = [label.strip() for label in raw.split(",") if label.strip()]
+    if not labels:
+        raise fail("--labels is empty; give the job's runs-on, e.g. self-hosted,cluster:h100")
+    return labels
+
+
+@emulator_app.command(
+    "queue",
+    epilog=(
+        "Example: slurmgate emulator queue --labels self-hosted,cluster:h100,nodes:10 "
+        "--duration 600"
+    ),
+)
+def queue(
+    labels: Annotated[
+        str, typer.Option(help="The job's runs-on labels, comma-separated.", show_default=False)
+    ],
+    duration: Annotated[
+        float, typer.Option(help="Seconds the job runs once GitHub dispatches it.")
+    ] = 600.0,
+    name: Annotated[str | None, typer.Option(help="The job's name.")] = None,
+    url: EmulatorUrl = DEFAULT_URL,
+) -> None:
+    """Queue a workflow job with these runs-on labels; prints its job id."""
+    if duration < 0:
+        raise fail(f"--duration {duration:g} is negative; give the seconds the job runs")
+    with _admin(url) as admin:
+        job = admin.add_job(_labels(labels), duration, name=name)
+    typer.echo(job["id"])
+
+
+@emulator_app.command(
+    "complete", epilog="Example: slurmgate emulator complete 50001 --conclusion failure"
+)
+def complete(
+    job_id: Annotated[int, typer.Argument(help="The job id `queue` printed.")],
+    conclusion: Annotated[
+        str, typer.Option(help="success, failure, cancelled, ... (GitHub's conclusions).")
+    ] = "success",
+    url: EmulatorUrl = DEFAULT_URL,
+) -> None:
+    """Finish a job now, as if its workflow ended, freeing its runner."""
+    with _admin(url) as admin:
+        if not any(job["id"] == job_id for job in admin.dump()["jobs"]):
+            raise fail(
+                f"no job {job_id} on the emulator at {url}; `slurmgate emulator jobs` lists them"
+            )
+        job = admin.complete_job(job_id, conclusion)
+    typer.echo(f"job {job['id']} {job['status']} ({job['conclusion']})")
+
+
+def _set_status(runner: str, url: str, status: str) -> None:
+    with _admin(url) as admin:
+        found = admin.set_runner_status(admin.runner_id(runner), status)
+    typer.echo(f"runner {found['id']} ({found['name']}) {found['status']}")
+
+
+RunnerArg = Annotated[str, typer.Argument(help="A runner id, or its name (e.g. h100-03).")]
+
+
+@emulator_app.command("offline", epilog="Example: slurmgate emulator offline h100-03")
+def offline(runner: RunnerArg, url: EmulatorUrl = DEFAULT_URL) -> None:
+    """Take a runner offline, as if its machine went away (it then counts as no capacity)."""
+    _set_status(runner, url, "offline")
+
+
+@emulator_app.command("online", epilog="Example: slurmgate emulator online h100-03")
+def online(runner: RunnerArg, url: EmulatorUrl = DEFAULT_URL) -> None:
+    """Bring a runner back online."""
+    _set_status(runner, url, "online")
+
+
+@emulator_app.command("jobs", epilog="Example: slurmgate emulator jobs")
+def jobs(url: EmulatorUrl = DEFAULT_URL) -> None:
+    """List the emulator's jobs: id, status, the runner GitHub dispatched it to, labels."""
+    with _admin(url) as admin:
+        listed: list[dict[str, Any]] = admin.dump()["jobs"]
+    for job in listed:
+        where = job.get("runner_name") or "-"
+        typer.echo(f"{job['id']}  {job['status']:<11}  {where:<12}  {','.join(job['labels'])}")
 
 
 @app.command(

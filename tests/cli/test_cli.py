@@ -94,6 +94,24 @@ def test_status_shows_the_board_of_a_live_scope() -> None:
         assert emu.admin.stats()["writes"] == 0
 
 
+def test_status_never_folds_a_pool_name() -> None:
+    """A narrow terminal used to fold a long pool name mid-word across table rows."""
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    pool = "cluster:h100-eu-west-reservation-long-name"
+    with running_emulator({pool.removeprefix("cluster:"): 3}) as emu:
+        for columns in ("60", "90", "200"):
+            out = run(
+                "status",
+                *("--api-url", emu.url, "--repo", emu.repo),
+                env={"GITHUB_TOKEN": emu.token, "COLUMNS": columns},
+            )
+            assert out.returncode == 0 and out.stderr == "", out.stderr
+            assert pool in out.stdout, out.stdout
+            assert all(len(line) <= int(columns) for line in out.stdout.splitlines())
+            assert ("┃ pool" in out.stdout) == (columns == "200")
+
+
 def test_reap_without_slurm_is_one_line_and_keeps_the_record(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
     record = {

@@ -148,3 +148,55 @@ def test_parse_pool_and_build_state() -> None:
     names = [r.name for r in state.runners.values()]
     assert names[0] == "x-01" and names[11] == "x-12" and names[12] == "legacy-01"
     assert all(not r.busy and r.status == "online" for r in state.runners.values())
+
+
+def test_emulator_verbs_drive_a_running_emulator() -> None:
+    """Queue, dispatch, offline/online and complete by hand, the way a newcomer drives it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmgate.cli", "emulator", "--port", "0", "--pool", "h100=2"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)", proc.stderr.readline())
+        assert match
+        url = match.group(1)
+        queued = _cli("emulator", "queue", "--url", url, "--labels", "self-hosted, cluster:h100")
+        assert queued.returncode == 0 and queued.stderr == "", queued.stderr
+        job_id = int(queued.stdout)
+        state = httpx.get(f"{url}/_emulator/state").json()
+        job = next(j for j in state["jobs"] if j["id"] == job_id)
+        assert job["labels"] == ["self-hosted", "cluster:h100"]
+        assert (job["status"], job["runner_name"]) == ("in_progress", "h100-01")
+        listed = _cli("emulator", "jobs", "--url", url).stdout
+        assert f"{job_id}  in_progress  h100-01" in listed
+
+        off = _cli("emulator", "offline", "h100-02", "--url", url)
+        assert off.returncode == 0 and off.stdout.strip() == "runner 2 (h100-02) offline"
+        assert httpx.get(f"{url}/_emulator/state").json()["runners"][1]["status"] == "offline"
+        assert _cli("emulator", "online", "2", "--url", url).stdout.strip().endswith("online")
+
+        done = _cli("emulator", "complete", str(job_id), "--conclusion", "failure", "--url", url)
+        assert done.stdout.strip() == f"job {job_id} completed (failure)"
+        state = httpx.get(f"{url}/_emulator/state").json()
+        assert next(j for j in state["jobs"] if j["id"] == job_id)["conclusion"] == "failure"
+
+        for args, code, fragment in [
+            (["offline", "h100-99"], 2, "no runner named 'h100-99'"),
+            (["complete", "12345"], 2, "no job 12345"),
+            (["queue", "--labels", " , "], 2, "--labels is empty"),
+        ]:
+            out = _cli("emulator", *args, "--url", url)
+            assert out.returncode == code and out.stderr.splitlines() == [
+                line for line in out.stderr.splitlines() if fragment in line
+            ], out.stderr
+            assert len(out.stderr.splitlines()) == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    gone = _cli("emulator", "queue", "--labels", "x", "--url", url)
+    assert gone.returncode == 1 and len(gone.stderr.splitlines()) == 1
+    assert f"cannot reach the emulator at {url}" in gone.stderr and "Traceback" not in gone.stderr
