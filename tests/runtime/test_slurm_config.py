@@ -1,0 +1,231 @@
+"""Where Slurm calls find their configuration, the site options of a spec, and the client echo.
+
+No cluster needed: the record is a file, the argv are rendered, and the Slurm client that runs
+without a configuration fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmgate.runtime import layout, slurm
+from slurmgate.runtime.run import AllocationRun, OutputEcho
+from slurmgate.runtime.slurm_config import (
+    BundledCluster,
+    cluster_record_path,
+    recorded_slurm_conf,
+    save_cluster,
+)
+from slurmgate.runtime.spec import AllocationSpec, SpecError
+
+from .conftest import EXAMPLE, example_data
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def no_slurm_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """No SLURM_CONF, and a state directory of the test's own: returns a slurm.conf path."""
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setenv("SLURMGATE_STATE_DIR", str(tmp_path / "state"))
+    conf = tmp_path / "etc" / "slurm.conf"
+    conf.parent.mkdir()
+    conf.write_text("ClusterName=test\n")
+    yield conf
+
+
+def _record(conf: Path, started: bool = True) -> None:
+    save_cluster(
+        BundledCluster(
+            slurm_conf=str(conf), directory=str(conf.parent.parent), started_by_up=started
+        )
+    )
+
+
+def test_the_recorded_conf_reaches_slurm_calls_and_steps_only_when_none_is_set(
+    no_slurm_conf: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert "SLURM_CONF" not in slurm.environ()
+    _record(no_slurm_conf)
+    assert oct(cluster_record_path().stat().st_mode & 0o777) == "0o600"
+    assert slurm.environ()["SLURM_CONF"] == str(no_slurm_conf)
+    # The step environments (srun's own, and the tasks') get it too.
+    run = AllocationRun(AllocationSpec.from_data(example_data()), runs_root=tmp_path / "runs")
+    assert run._base_env()["SLURM_CONF"] == str(no_slurm_conf)
+    # A SLURM_CONF the user set always wins.
+    monkeypatch.setenv("SLURM_CONF", "/site/slurm.conf")
+    assert slurm.environ()["SLURM_CONF"] == "/site/slurm.conf"
+    assert run._base_env()["SLURM_CONF"] == "/site/slurm.conf"
+
+
+def test_a_stale_or_untrusted_record_is_ignored(no_slurm_conf: Path) -> None:
+    _record(no_slurm_conf)
+    cluster_record_path().chmod(0o620)  # others could have pointed it anywhere
+    assert recorded_slurm_conf() is None
+    cluster_record_path().chmod(0o600)
+    assert recorded_slurm_conf() == str(no_slurm_conf)
+    no_slurm_conf.unlink()  # the cluster's directory is gone
+    assert recorded_slurm_conf() is None and "SLURM_CONF" not in slurm.environ()
+
+
+def _without_a_configuration() -> None:
+    if shutil.which("scontrol") is None:
+        pytest.skip("the Slurm client is not installed (Debian package slurm-client)")
+    if Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("this machine has a site /etc/slurm/slurm.conf")
+
+
+def test_no_configuration_is_one_line_with_the_fix(no_slurm_conf: Path) -> None:
+    _without_a_configuration()
+    with pytest.raises(slurm.SlurmNotConfigured) as caught:
+        slurm.check_configured()
+    assert str(caught.value) == slurm.NO_CONFIGURATION
+    # Even a call that does not check its exit code must not read it as an empty answer.
+    with pytest.raises(slurm.SlurmNotConfigured):
+        slurm.list_steps("1")
+
+
+def test_allocation_run_without_a_configuration_fails_fast_in_one_line(
+    no_slurm_conf: Path, tmp_path: Path
+) -> None:
+    _without_a_configuration()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", "allocation", "run", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=REPO,
+    )
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 1, out
+    assert out.stderr == f"error: {slurm.NO_CONFIGURATION}\n", out.stderr
+    assert out.stdout == ""
+    assert elapsed < 5, f"{elapsed:.1f} s: the check must come before Prefect starts"
+
+
+def test_cluster_down_leaves_a_cluster_it_did_not_start(
+    no_slurm_conf: Path, tmp_path: Path
+) -> None:
+    """The directory named is not a running cluster: nothing here can stop the suite's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SLURM_LOCAL_DIR"] = str(tmp_path / "elsewhere")
+
+    def down(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "slurmgate.cli", "cluster", "down", *flags],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    nothing = down()
+    assert nothing.returncode == 0 and nothing.stderr == "", nothing
+    assert nothing.stdout.count("\n") == 1 and "left running" in nothing.stdout
+    assert "`slurmgate cluster up` recorded no cluster" in nothing.stdout
+    _record(no_slurm_conf, started=False)
+    theirs = down()
+    assert "left running: it was already running when `slurmgate cluster up` ran" in theirs.stdout
+    assert "--force" in theirs.stdout
+    assert not cluster_record_path().exists()  # down forgets it either way
+    _record(no_slurm_conf, started=True)
+    ours = down()
+    assert ours.returncode == 0 and ours.stdout == "slurm-local cluster stopped\n", ours
+    assert down("--force").stdout == "slurm-local cluster stopped\n"
+
+
+# -- the spec's site options --------------------------------------------------------------------
+
+
+def _site_spec(**fields: object) -> AllocationSpec:
+    return AllocationSpec.from_data({**example_data(), **fields})
+
+
+def test_the_slurm_site_options_reach_salloc(tmp_path: Path) -> None:
+    spec = _site_spec(slurm={"partition": "gpu,gpu-long", "account": "proj-7", "qos": "high"})
+    run = AllocationRun(spec, runs_root=tmp_path)
+    argv = slurm.salloc_argv(**run.salloc_request())
+    assert argv[:2] == ["salloc", "--no-shell"]
+    assert {"--partition=gpu,gpu-long", "--account=proj-7", "--qos=high"} <= set(argv)
+    assert "--nodes=3" in argv and "--time=00:10:00" in argv
+    plain = slurm.salloc_argv(**AllocationRun(_site_spec(), runs_root=tmp_path).salloc_request())
+    assert not [a for a in plain if a.startswith(("--partition", "--account", "--qos"))]
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"slurm": {"partition": "gpu --exclusive"}}, "slurm.partition"),
+        ({"slurm": {"account": "-A"}}, "slurm.account"),
+        ({"slurm": {"qos": ""}}, "slurm.qos"),
+        ({"slurm": {"reservation": "x"}}, "slurm.reservation"),
+        ({"python": "python3"}, "python"),
+        ({"python": "/opt/my env/bin/python"}, "python"),
+    ],
+)
+def test_bad_site_options_name_the_field_and_the_fix(fields: dict[str, object], where: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        _site_spec(**fields)
+    field, message, fix = caught.value.problems[0]
+    assert field == where, caught.value
+    assert message and fix
+
+
+def test_the_spec_python_runs_every_node_side_step(tmp_path: Path) -> None:
+    python = "/shared/venvs/slurmgate/bin/python"
+    run = AllocationRun(_site_spec(python=python), runs_root=tmp_path)
+    run.job_id = "4242"
+    hosts = ["n1", "n2", "n3"]
+    run.layout = layout.bind(run.plan, hosts, {h: f"10.0.0.{i}" for i, h in enumerate(hosts)})
+    argv = run.worker_argv("preflight-chat", "preflight", ["n1"], None)
+    assert argv[argv.index("--") + 1 :][:3] == [python, "-m", "slurmgate.runtime.node_worker"]
+    # The lanes' own `python -m ...` commands find the same interpreter first on PATH.
+    assert run._base_env()["PATH"].split(os.pathsep)[0] == "/shared/venvs/slurmgate/bin"
+    default = AllocationRun(_site_spec(), runs_root=tmp_path)
+    assert default.python == sys.executable
+
+
+def test_an_interpreter_that_cannot_run_names_the_python_field(tmp_path: Path) -> None:
+    run = AllocationRun(_site_spec(python="/nowhere/bin/python"), runs_root=tmp_path)
+    log = (
+        "srun: error: node1: task 0: Exited with exit code 2\n"
+        "slurmstepd-node1: error: execve(): /nowhere/bin/python: No such file or directory\n"
+    )
+    problem = run.interpreter_problem(log)
+    assert problem is not None and problem.startswith("python: /nowhere/bin/python cannot run")
+    assert "node1" in problem and "No such file or directory" in problem and "fix:" in problem
+    assert run.interpreter_problem("SLURMGATE-PREFLIGHT host=node1 check=gpus: x") is None
+
+
+# -- the client's output ------------------------------------------------------------------------
+
+
+def test_the_echo_copies_whole_lines_as_they_come_then_only_the_tail(tmp_path: Path) -> None:
+    path = tmp_path / "client.log"
+    seen: list[str] = []
+    echo = OutputEcho(path, seen.append, limit=3, tail=2)
+    echo.poll()  # no file yet
+    with path.open("ab") as fh:
+        fh.write(b"one\ntw")
+        fh.flush()
+        echo.poll()
+        assert seen == ["one"]
+        fh.write(b"o\nbar 10%\rbar 100%\n")
+        fh.flush()
+        echo.poll()
+        assert seen == ["one", "two", "bar 100%"]
+        fh.write(b"a\nb\nc\nd\nno newline")
+    echo.finish()
+    assert seen[3:] == ["... 3 line(s) left out, the last 2:", "d", "no newline"]
