@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--org")
     args = parser.parse_args(argv)
     inline = InlineScope(args.api_url, args.repo, args.org) if args.api_url else None
+    # the commands' door: Prefect's telemetry defaults, then one line naming the API served to
+    from slurmgate.cli.prefect_layer import use_prefect_api
+    from slurmgate.errors import ExternalError
+
+    try:
+        use_prefect_api()
+    except ExternalError as exc:
+        parser.exit(1, f"error: {exc}\n")
     from prefect import serve
 
     deployments = build_deployments(

@@ -16,14 +16,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slurmgate.testbed.board import AdmissionTracker
+from slurmgate.cli.progress import progress
+from slurmgate.testbed.board import AdmissionTracker, counted
 from slurmgate.testbed.demo import (
     JOB_MIX,
+    TICK_WORDS,
     AdmissionResult,
     DemoError,
     DemoJob,
@@ -31,6 +33,7 @@ from slurmgate.testbed.demo import (
     Printer,
     RuntimeResult,
     api_calls,
+    command_started_at,
     draw_jobs,
     endpoint_totals,
     processes_with_env,
@@ -87,7 +90,8 @@ def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
             return False
 
     try:
-        wait_until(ready, 90, "the served reconcile deployment", proc)
+        with progress("prefect: serving the reconcile deployment (deployments/serve.py)"):
+            wait_until(ready, 90, "the served reconcile deployment", proc)
         yield name
     finally:
         stop_group(proc)
@@ -192,8 +196,9 @@ async def run_admission(
             break
         if time.monotonic() - started > timeout_s:
             problems.append(
-                f"admission timed out after {timeout_s:.0f} s with {len(waiting)} job(s) "
-                f"unfinished and {leases_left} lease(s) held"
+                f"admission timed out after {timeout_s:.0f} s with "
+                f"{counted(len(waiting), 'job')} unfinished and "
+                f"{counted(leases_left, 'lease')} held"
             )
             break
         await asyncio.sleep(max(0.0, min_tick_s - (time.monotonic() - tick_started)))
@@ -207,8 +212,8 @@ async def run_admission(
         emu.admin.cancel_job(job_id)  # what a person does with a job no pool can hold
     if flow_admitted != len(tracker.admitted):
         problems.append(
-            f"the flows report {flow_admitted} admission(s) but the fleet showed "
-            f"{len(tracker.admitted)} leased job(s)"
+            f"the flows report {counted(flow_admitted, 'admission')} but the fleet showed "
+            f"{counted(len(tracker.admitted), 'leased job')}"
         )
     return AdmissionResult(
         jobs=len(jobs),
@@ -309,8 +314,6 @@ def run_demo(options: DemoOptions) -> int:
     os.environ.setdefault("SLURMGATE_STATE_DIR", str(workdir / "state"))
     # Prefect in local mode, isolated: never the user's own ~/.prefect database
     os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         jobs = draw_jobs(
             load=options.load,
@@ -321,7 +324,6 @@ def run_demo(options: DemoOptions) -> int:
     except DemoError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    started = time.monotonic()
     adm = rt = None
     try:
         with contextmanager_chain(options.mode, workdir) as deployment:
@@ -333,7 +335,7 @@ def run_demo(options: DemoOptions) -> int:
     except DemoError as exc:
         print(f"demo: {exc} (logs in {workdir})", file=sys.stderr)
         return 1
-    lines = summary_lines(adm, rt, time.monotonic() - started)
+    lines = summary_lines(adm, rt, time.time() - command_started_at())
     if options.workdir is None:
         lines.insert(-1, f"run files (logs, records, summary.json): {workdir}")
     print("\n".join(lines), flush=True)
@@ -359,9 +361,27 @@ async def admission_part(
         printer.say(
             f"admission: emulator at {emu.url} with {sum(pools.values())} runners in "
             f"{len(pools)} pools ({', '.join(f'{p}={n}' for p, n in pools.items())}); "
-            f"{len(jobs)} jobs from the InferenceX mix; reconcile via {mode}"
+            f"{counted(len(jobs), 'job')} from the InferenceX mix; {TICK_WORDS[mode]}"
         )
         return await run_admission(emu, jobs, printer, mode=mode, deployment=deployment)
+
+
+def stop_sending_to_the_server() -> None:
+    """Send what Prefect still holds for the server (flow logs, events), then detach its API
+    log handlers: once the server stops, nothing may try to reach it, least of all at exit,
+    after the summary."""
+    import logging
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogHandler, APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    EventsWorker.drain_all(timeout=10)
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        if isinstance(logger, logging.Logger):
+            for handler in [h for h in logger.handlers if isinstance(h, APILogHandler)]:
+                logger.removeHandler(handler)
 
 
 @contextmanager
@@ -369,16 +389,31 @@ def contextmanager_chain(mode: str, workdir: Path) -> Iterator[str | None]:
     """Deployment mode: a local Prefect server and the served reconcile deployment.
     Direct mode: whatever PREFECT_API_URL names, or Prefect's ephemeral server."""
     if mode != "deployment":
+        from flows.prefect_api import use_prefect_api
+
+        use_prefect_api()
         yield None
         return
+    print(
+        "prefect: flow runs go to a Prefect server the demo starts (prefect server start, "
+        f"log in {workdir}); it stops, with its runs, when the demo ends",
+        file=sys.stderr,
+    )
     try:
-        with running_prefect_server(
-            workdir,
-            log=workdir / "prefect-server.log",
-            prefect_home=Path(os.environ.get("PREFECT_HOME") or workdir / "prefect"),
-        ) as server:
+        with ExitStack() as stack:
+            with progress("prefect: starting a temporary Prefect server"):
+                server = stack.enter_context(
+                    running_prefect_server(
+                        workdir,
+                        log=workdir / "prefect-server.log",
+                        prefect_home=Path(os.environ.get("PREFECT_HOME") or workdir / "prefect"),
+                    )
+                )
             os.environ["PREFECT_API_URL"] = server.api_url
-            with served_reconcile(workdir, server.api_url) as name:
-                yield name
+            try:
+                with served_reconcile(workdir, server.api_url) as name:
+                    yield name
+            finally:
+                stop_sending_to_the_server()
     except PrefectServerError as exc:
         raise DemoError(str(exc)) from None

@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+from slurmgate.cli.common import fail
+from slurmgate.errors import ExternalError
+
 app = typer.Typer()
 
 
@@ -55,6 +58,9 @@ def demo(
         live={Live.AUTO: None, Live.YES: True, Live.NO: False}[live],
         workdir=workdir,
     )
-    code = prefect_layer.run_demo(options)
+    try:
+        code = prefect_layer.run_demo(options)
+    except ExternalError as exc:  # the Prefect API it would use does not answer
+        raise fail(str(exc), code=1) from None
     if code:
         raise typer.Exit(code=code)

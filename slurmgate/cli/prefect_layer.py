@@ -1,7 +1,8 @@
 """The one door from the command line into the Prefect layer (`flows/`), imported on demand.
 
 The core never imports prefect, so that node workers and endpoints start fast; only the commands
-that run a flow come through here, and only when they run.
+that run a flow come through here, and only when they run. Importing it sets Prefect's defaults
+for our commands (telemetry off unless the user turned it on) before anything imports Prefect.
 """
 
 from __future__ import annotations
@@ -14,11 +15,29 @@ from typing import TYPE_CHECKING, Any
 # 7 s), which is exactly Prefect's default limit; set before Prefect reads its settings.
 EPHEMERAL_STARTUP_TIMEOUT_S = "90"
 
+# Prefect sends anonymous usage data unless told not to: offline its server logs an ERROR per
+# failed heartbeat, and on a fresh SQLite database the heartbeat's first write can collide with
+# the flow's own writes ("database is locked", a traceback). Off unless the user set them.
+TELEMETRY_OFF = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
 
 def _prefect_settings() -> None:
     os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_TIMEOUT_S
     )
+    for name, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(name, value)
+
+
+# Importing this module means a flow is about to run: whatever imports prefect next sees them.
+_prefect_settings()
+
+
+def use_prefect_api() -> None:
+    """Say on stderr which Prefect API this command's flow runs go to (`flows/prefect_api.py`)."""
+    from flows.prefect_api import use_prefect_api as announce
+
+    announce()
 
 
 if TYPE_CHECKING:
@@ -29,6 +48,7 @@ if TYPE_CHECKING:
 def run_reconcile_tick(api_url: str, repo: str | None, org: str | None) -> dict[str, Any]:
     """One tick of the `reconcile` flow on an inline scope (token from $GITHUB_TOKEN)."""
     _prefect_settings()
+    use_prefect_api()
     from flows.reconcile import reconcile
 
     return asyncio.run(reconcile(scope_block=None, api_url=api_url, repo=repo, org=org))
@@ -37,6 +57,7 @@ def run_reconcile_tick(api_url: str, repo: str | None, org: str | None) -> dict[
 def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]:
     """The `allocation` flow, in this process; raises when the run or its cleanup fails."""
     _prefect_settings()
+    use_prefect_api()
     from flows.allocation import allocation
 
     return allocation(spec=spec, runs_dir=runs_dir)
@@ -45,6 +66,10 @@ def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]
 def run_demo(options: DemoOptions) -> int:
     """The demo driver; its exit code."""
     _prefect_settings()
+    # The board is the demo's output: flow logs reach the console only from WARNING up (they
+    # all still reach the Prefect server and its UI).
+    for handler in ("CONSOLE", "CONSOLE_FLOW_RUNS"):
+        os.environ.setdefault(f"PREFECT_LOGGING_HANDLERS_{handler}_LEVEL", "WARNING")
     from flows.demo import run_demo as demo
 
     return demo(options)

@@ -241,7 +241,7 @@ class AdmissionTracker:
         self.released.update(ended)
         if ended:
             shown = ", ".join(str(j) for j in ended[:8]) + (" ..." if len(ended) > 8 else "")
-            events.append(f"released {len(ended)} lease(s) of finished jobs: {shown}")
+            events.append(f"released {counted(len(ended), 'lease')} of finished jobs: {shown}")
         self._leased_before = leased_jobs
 
         blocked = parse_board_blocked(board_rows)
@@ -297,6 +297,11 @@ class AdmissionTracker:
             never_fits=len(self.never_fits),
             backfills_total=len(self.backfills),
         )
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 lease`, `2 leases`: a count with its noun in the right number."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _bar(used: int, total: int, width: int = 20) -> Text:
@@ -364,7 +369,7 @@ def render_compact(view: TickView) -> str:
         more = f" +{len(state.blocked) - 4}" if len(state.blocked) > 4 else ""
         lines.append(
             f"  {state.pool:<14} {state.leased:>2}/{state.online:<2} leased "
-            f"({state.leases} leases, {state.running} running, peak "
+            f"({counted(state.leases, 'lease')}, {state.running} running, peak "
             f"{state.peak_utilization:.0%})" + (f" blocked: {blocked}{more}" if blocked else "")
         )
     lines.extend(f"  * {event}" for event in view.events)
