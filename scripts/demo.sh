@@ -2,15 +2,17 @@
 # `make demo`: set up, bring up what is missing (local Slurm, a private Prefect home), run the demo
 # driver (`slurmgate demo`, flows/demo.py), and leave nothing running. Extra arguments go to it.
 set -euo pipefail
+# the demo's `total time` is this whole command's, setup and the Slurm start included
+SLURMGATE_DEMO_STARTED_AT="$(date +%s.%N)"
+export SLURMGATE_DEMO_STARTED_AT
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/progress.sh
+. scripts/progress.sh
 # the demo needs no browser (only the UI test of `make test` does)
 SLURMGATE_WITH_BROWSER="${SLURMGATE_WITH_BROWSER:-0}" scripts/setup.sh
 VENV="${SLURMGATE_VENV:-.venv}"
 export PATH="$PWD/$VENV/bin:$PATH"
-export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
-# the live view is the demo's output; flow logs still reach the Prefect UI and its database
-export PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="${PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL:-WARNING}"
-export PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL="${PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL:-WARNING}"
+# (`slurmgate demo` itself turns Prefect's telemetry off and keeps flow logs off the console)
 
 work="$(mktemp -d -t slurmgate-demo.XXXXXX)"
 mkdir -p .slurmgate
@@ -60,8 +62,10 @@ if ! slurm_answers; then
             "run as root, or export SLURM_CONF for a cluster of yours" >&2
         exit 1
     fi
-    echo "[demo] starting the bundled local Slurm cluster (netns mode)" >&2
-    if ! SLURM_LOCAL_MODE=netns scripts/slurm-local/start.sh >"$work/slurm-start.log" 2>&1; then
+    # netns: each of the 4 nodes gets its own network namespace and IP on a private bridge, so
+    # model servers on different nodes may use the same ports, as on a real cluster
+    start_slurm() { SLURM_LOCAL_MODE=netns scripts/slurm-local/start.sh >"$work/slurm-start.log" 2>&1; }
+    if ! with_progress "[demo] starting the bundled local Slurm cluster (4 nodes on this machine, each in its own network namespace)" start_slurm; then
         echo "[demo] the local Slurm cluster did not start; log tail:" >&2
         tail -n 20 "$work/slurm-start.log" >&2
         exit 1
@@ -76,6 +80,7 @@ fi
 export PREFECT_HOME="$work/prefect"
 unset PREFECT_API_URL
 
+echo "[demo] running the demo (slurmgate demo): admission on a GitHub emulator, then the runtime on Slurm" >&2
 set +e
 python -m slurmgate.cli demo --workdir "$work" "$@"
 driver_rc=$?

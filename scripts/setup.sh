@@ -4,6 +4,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SLURMGATE_VENV:-.venv}"
 PY="${PYTHON:-python3}"
+# shellcheck source=scripts/progress.sh
+. scripts/progress.sh
+
+# What apt and pip print goes to a log, shown only when they fail: a successful setup is quiet.
+log="$(mktemp -t slurmgate-setup.XXXXXX)"
+trap 'rm -f "$log"' EXIT
+show_log() {
+    echo "[setup] $1 failed; its output:" >&2
+    tail -n 40 "$log" >&2
+    exit 1
+}
+
+apt_install() {
+    apt-get update -qq >>"$log" 2>&1
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >>"$log" 2>&1
+}
+
+pip_install() {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >>"$log" 2>&1
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" >>"$log" 2>&1
+}
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     need=()
@@ -16,9 +37,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         for pkg in chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
     fi
     if [ ${#need[@]} -gt 0 ]; then
-        echo "[setup] apt-get install ${need[*]}" >&2
-        apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+        with_progress "[setup] apt-get install ${need[*]}" apt_install "${need[@]}" ||
+            show_log "apt-get install"
     fi
 fi
 
@@ -28,8 +48,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "[setup] installing slurmgate and its dependencies into $VENV" >&2
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]"
+    with_progress "[setup] installing slurmgate and its dependencies into $VENV (pip)" pip_install ||
+        show_log "pip install"
     touch "$stamp"
 fi
