@@ -61,9 +61,11 @@ async def load_settings(policy_block: str | None) -> AdmissionSettings:
         return policy.to_settings()
     except ValueError as exc:
         raise ScopeError(
-            f"policy_block {policy_block!r} could not be loaded ({exc}); save one with "
-            f"AdmissionPolicyBlock(...).save({policy_block!r}), or pass policy_block=None "
-            "to read PRIORITY_SCHEDULER_ENABLED etc. from the environment"
+            f"policy_block {policy_block!r} could not be loaded ({exc}); save it with "
+            f"`slurmgate init --repo OWNER/NAME --name {policy_block}` (PREFECT_API_URL set), or "
+            f"`prefect block register -m blocks` and blocks.AdmissionPolicyBlock(...).save("
+            f"{policy_block!r}), or pass policy_block=None to read PRIORITY_SCHEDULER_ENABLED "
+            "etc. from the environment"
         ) from None
 
 

@@ -166,7 +166,9 @@ async def resolve_scope(
         block = await GitHubScopeBlock.aload(scope_block)
     except ValueError as exc:
         raise ScopeError(
-            f"scope_block {scope_block!r} could not be loaded ({exc}); save one with "
-            f"GitHubScopeBlock(repo=..., token=...).save({scope_block!r})"
+            f"scope_block {scope_block!r} could not be loaded ({exc}); save it with "
+            f"`slurmgate init --repo OWNER/NAME --name {scope_block}` (PREFECT_API_URL set), or "
+            f"`prefect block register -m blocks` and blocks.GitHubScopeBlock(repo=..., "
+            f"token=...).save({scope_block!r})"
         ) from None
     return block

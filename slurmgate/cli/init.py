@@ -1,0 +1,196 @@
+"""`slurmgate init`: save the GitHub scope and admission policy blocks the deployments load.
+
+The deployments in deployments/prefect.yaml name a `slurmgate-github-scope` and a
+`slurmgate-admission-policy` block called `default`; a worker without them fails its first run.
+This command saves both on the Prefect API the user configured, from a few flags, with the token
+from GITHUB_TOKEN or a hidden prompt (never from argv, where `ps` and shell history see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Annotated, Any, Literal
+
+import httpx
+import typer
+from pydantic import ValidationError
+
+from slurmgate.cli.common import fail
+
+app = typer.Typer()
+
+NEXT_STEP = (
+    "next: prefect work-pool create slurmgate --type process; "
+    "prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml; "
+    "prefect worker start --pool slurmgate"
+)
+
+
+def _one_line(exc: ValidationError) -> str:
+    return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+
+
+def _token() -> str:
+    token = os.environ.get("GITHUB_TOKEN", "").strip()
+    if token:
+        return token
+    if not sys.stdin.isatty():
+        raise fail(
+            "GITHUB_TOKEN is empty and there is no terminal to ask on; export GITHUB_TOKEN "
+            "(a token with admin rights on the runners)"
+        )
+    token = str(typer.prompt("GitHub token (input hidden)", hide_input=True)).strip()
+    if not token:
+        raise fail("the token is empty; give a GitHub token with admin rights on the runners")
+    return token
+
+
+def _check_prefect_api(url: str, auth_string: str | None) -> None:
+    """One GET of the API's /health, so an unreachable server is one line, not a client's
+    retries ending in a traceback."""
+    user, _, password = (auth_string or "").partition(":")
+    try:
+        response = httpx.get(
+            url.rstrip("/") + "/health",
+            auth=(user, password) if auth_string else None,
+            timeout=10.0,
+        )
+    except httpx.HTTPError as exc:
+        raise fail(
+            f"the Prefect API at {url} does not answer ({type(exc).__name__}); start it "
+            "(prefect server start) or point PREFECT_API_URL at a running server",
+            code=1,
+        ) from None
+    if response.status_code == 401:
+        raise fail(
+            f"the Prefect API at {url} wants credentials (401); set PREFECT_API_AUTH_STRING "
+            "to the server's user:password",
+            code=1,
+        )
+    if response.status_code != 200:
+        raise fail(
+            f"the Prefect API at {url} answered {response.status_code} to /health; is "
+            "PREFECT_API_URL the API's URL (ending in /api)?",
+            code=1,
+        )
+
+
+@app.command(
+    "init",
+    epilog=(
+        "Example: GITHUB_TOKEN=... PREFECT_API_URL=http://127.0.0.1:4200/api slurmgate init "
+        "--repo acme/gpu-ci --priority-scheduler --node-slot-scheduler"
+    ),
+)
+def init(
+    repo: Annotated[str | None, typer.Option(help="Runners of one repository, OWNER/NAME.")] = None,
+    org: Annotated[str | None, typer.Option(help="Runners of an organization, NAME.")] = None,
+    repos: Annotated[
+        str | None,
+        typer.Option(help="With --org: the repositories whose jobs are read, comma-separated."),
+    ] = None,
+    api_url: Annotated[
+        str, typer.Option(help="GitHub REST API base URL, or the emulator's URL.")
+    ] = "https://api.github.com",
+    priority_scheduler: Annotated[
+        bool,
+        typer.Option(
+            "--priority-scheduler/--no-priority-scheduler",
+            help="PRIORITY_SCHEDULER_ENABLED: admit queued jobs by runner leases.",
+        ),
+    ] = False,
+    node_slot_scheduler: Annotated[
+        bool,
+        typer.Option(
+            "--node-slot-scheduler/--no-node-slot-scheduler",
+            help="NODE_SLOT_SCHEDULER_ENABLED: size jobs by nodes:N (needs the priority one).",
+        ),
+    ] = False,
+    policy: Annotated[
+        Literal["greedy", "easy", "conservative"],
+        typer.Option(help="Admission policy (README: why easy is the default)."),
+    ] = "easy",
+    timeout_min: Annotated[
+        float | None,
+        typer.Option(help="A managed job's timeout in minutes (default 480).", show_default=False),
+    ] = None,
+    name: Annotated[
+        str, typer.Option(help="Block name; the deployments load `default`.")
+    ] = "default",
+    check: Annotated[
+        bool,
+        typer.Option(help="Read the scope's runners once with the token before saving."),
+    ] = True,
+) -> None:
+    """Save the GitHub scope (with its token) and the admission policy as Prefect blocks."""
+    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.cli import prefect_layer
+    from slurmgate.github.access import ScopeAccessError, check_access
+    from slurmgate.github.scope import GitHubScope
+
+    job_repos = tuple(r.strip() for r in (repos or "").split(",") if r.strip())
+    try:
+        scope = GitHubScope(api_url=api_url, repo=repo, org=org, repos=job_repos)
+    except ValidationError as exc:
+        raise fail(_one_line(exc)) from None
+    if node_slot_scheduler and not priority_scheduler:
+        raise fail(
+            "--node-slot-scheduler needs --priority-scheduler (NODE_SLOT_SCHEDULER_ENABLED=true "
+            "requires PRIORITY_SCHEDULER_ENABLED=true); add --priority-scheduler"
+        )
+    knobs: dict[str, Any] = {"policy": policy}
+    if timeout_min is not None:
+        knobs["timeout_min"] = timeout_min
+    try:  # the settings are the one definition of a valid knob; the block mirrors them
+        AdmissionSettings(**knobs)
+    except ValidationError as exc:
+        raise fail(_one_line(exc)) from None
+    policy_fields: dict[str, Any] = {
+        "priority_scheduler_enabled": priority_scheduler,
+        "node_slot_scheduler_enabled": node_slot_scheduler,
+        **knobs,
+    }
+
+    prefect_api = prefect_layer.configured_prefect_api()
+    if prefect_api is None:
+        raise fail(
+            "PREFECT_API_URL is not set, so the blocks would go to a temporary Prefect server "
+            "and vanish when this command exits; start a server (prefect server start) and "
+            "run `prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`, then run "
+            "slurmgate init again",
+            code=1,
+        )
+    api, auth_string = prefect_api
+    token = _token()
+    if check:
+        try:
+            asyncio.run(check_access(scope, token))
+        except ScopeAccessError as exc:
+            raise fail(f"{exc} (or pass --no-check to save anyway)", code=1) from None
+    _check_prefect_api(api, auth_string)
+    scope_fields: dict[str, Any] = {
+        "api_url": scope.api_url,
+        "repo": scope.repo,
+        "org": scope.org,
+        "repos": list(scope.repos),
+        "token": token,
+    }
+    try:
+        prefect_layer.save_slurmgate_blocks(name, scope_fields, policy_fields)
+    except Exception as exc:  # the Prefect client's failures have no common base class
+        raise fail(
+            f"saving the blocks on the Prefect API at {api} failed: {type(exc).__name__}: {exc}",
+            code=1,
+        ) from None
+    where = f"repo {scope.repo}" if scope.repo else f"org {scope.org}"
+    flags = (
+        f"priority scheduler {'on' if priority_scheduler else 'off'}, "
+        f"node slots {'on' if node_slot_scheduler else 'off'}, policy {policy}"
+    )
+    typer.echo(
+        f"saved slurmgate-github-scope/{name} ({where} on {scope.api_url}) and "
+        f"slurmgate-admission-policy/{name} ({flags}) on the Prefect API at {api}"
+    )
+    typer.echo(NEXT_STEP)

@@ -1,0 +1,110 @@
+"""`slurmgate init` saves the blocks the deployments load, on the Prefect API the user set."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmgate.testbed.emulator.testing import running_emulator
+from slurmgate.testbed.prefect_server import running_prefect_server
+
+REPO = Path(__file__).resolve().parents[2]
+
+# What a worker does with the reconcile deployment: the flow with the blocks named `default`.
+WORKER_TICK = """
+import asyncio, json
+from flows.reconcile import reconcile
+from slurmgate.github.scope import ScopeError
+
+summary = asyncio.run(reconcile(scope_block="default", policy_block="default",
+                                reap_allocations=False))
+try:
+    asyncio.run(reconcile(scope_block="missing", reap_allocations=False))
+    missing = "loaded"
+except ScopeError as exc:
+    missing = str(exc)
+print(json.dumps({"summary": summary, "missing": missing}))
+"""
+
+
+def run(
+    args: list[str], env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    base.pop("GITHUB_TOKEN", None)
+    return subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**base, "DO_NOT_TRACK": "1", **env},
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def init(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, "-m", "slurmgate.cli", "init", *args], env)
+
+
+def test_init_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
+    home = {"PREFECT_HOME": str(tmp_path / "prefect"), "GITHUB_TOKEN": "x"}
+    out = init("--repo", "acme/gpu-ci", env=home)
+    assert out.returncode == 1 and out.stdout == ""
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    assert "PREFECT_API_URL is not set" in out.stderr and "vanish" in out.stderr
+    # no token on the command line, where ps and the shell's history would see it
+    out = init("--repo", "acme/gpu-ci", "--token", "ghp_x", env=home)
+    assert out.returncode == 2 and "No such option" in out.stderr
+    out = init("--repo", "acme/gpu-ci", "--node-slot-scheduler", env=home)
+    assert out.returncode == 2 and "add --priority-scheduler" in out.stderr
+    # no GITHUB_TOKEN and no terminal to prompt on
+    out = init(
+        "--repo",
+        "acme/gpu-ci",
+        env={**home, "GITHUB_TOKEN": "", "PREFECT_API_URL": "http://127.0.0.1:9/api"},
+    )
+    assert out.returncode == 2 and "GITHUB_TOKEN is empty" in out.stderr, out.stderr
+
+
+@pytest.mark.serial
+def test_init_saves_the_blocks_a_worker_loads(tmp_path: Path) -> None:
+    with (
+        running_prefect_server(tmp_path / "server") as server,
+        running_emulator({"h100": 4}, token="sekrit") as emu,
+    ):
+        env = {"PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(tmp_path / "client")}
+        wrong = init(
+            "--repo", "nobody/nothing", "--api-url", emu.url, env={**env, "GITHUB_TOKEN": "sekrit"}
+        )
+        assert wrong.returncode == 1 and len(wrong.stderr.splitlines()) == 1, wrong.stderr
+        assert "GitHub answered 404 for GET /repos/nobody/nothing/actions/runners" in wrong.stderr
+
+        flags = ["--priority-scheduler", "--node-slot-scheduler"]
+        out = init(
+            "--repo", emu.repo, "--api-url", emu.url, *flags, env={**env, "GITHUB_TOKEN": "sekrit"}
+        )  # fmt: skip
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        assert out.stdout.startswith("saved slurmgate-github-scope/default (repo acme/gpu-ci")
+        assert "sekrit" not in out.stdout
+
+        job = emu.admin.add_job(["self-hosted", "cluster:h100", "nodes:3"], 600)["id"]
+        # the flags in the environment say off: the policy block's say on, and win
+        worker = run(
+            [sys.executable, "-c", WORKER_TICK],
+            {**env, "PRIORITY_SCHEDULER_ENABLED": "false", "NODE_SLOT_SCHEDULER_ENABLED": "false"},
+        )
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        result = json.loads(worker.stdout.strip().splitlines()[-1])
+        assert result["summary"]["admitted"] == 1, result
+        leased = [r for r in emu.admin.dump()["runners"] if any(
+            lb["name"].startswith("ci-lease-") for lb in r["labels"])]  # fmt: skip
+        assert len(leased) == 3, f"job {job} should hold 3 runners"
+        assert "slurmgate init --repo OWNER/NAME --name missing" in result["missing"]
+        assert "prefect block register -m blocks" in result["missing"]
