@@ -183,6 +183,13 @@ def test_bad_site_options_name_the_field_and_the_fix(fields: dict[str, object], 
     assert message and fix
 
 
+@pytest.mark.parametrize("path", sorted(EXAMPLE.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_spec_is_valid(path: Path) -> None:
+    spec = AllocationSpec.from_yaml(path)
+    if path.name == "site-vllm.yaml":  # the template for a real site uses the site fields
+        assert spec.python and spec.slurm.partition and spec.slurm.account and spec.slurm.qos
+
+
 def test_the_spec_python_runs_every_node_side_step(tmp_path: Path) -> None:
     python = "/shared/venvs/slurmgate/bin/python"
     run = AllocationRun(_site_spec(python=python), runs_root=tmp_path)
