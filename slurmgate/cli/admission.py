@@ -130,23 +130,24 @@ BOARD_COLUMNS = ("pool", "runners", "online", "leased", "busy_unleased", "free",
 
 
 def print_board(rows: list[dict[str, Any]]) -> None:
-    """The board as a table, or one block per pool when the terminal is too narrow for the
-    table to show every pool name whole (a name folded mid-word reads as two pools)."""
+    """The board as a table when it fits the terminal unwrapped, else one block per pool:
+    rich would otherwise fold a pool name or a reason mid-word (and a folded name reads as
+    two pools)."""
+    from rich import box
     from rich.console import Console
     from rich.measure import Measurement
     from rich.table import Table
 
     console = Console()
-    table = Table(title="slurmgate pools")
-    for name in BOARD_COLUMNS:
-        # headers wrap at their spaces; a pool name never wraps
-        table.add_column(name.replace("_", " "), no_wrap=name == "pool")
-    table.add_column("blocked", overflow="fold")
+    table = Table(title="slurmgate pools", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in [*BOARD_COLUMNS, "blocked"]:
+        table.add_column(name.replace("_", " "), no_wrap=True)
     for row in rows:
-        table.add_row(*(str(row.get(name, "")) for name in [*BOARD_COLUMNS, "blocked"]))
+        cells = [str(row.get(name, "")) for name in BOARD_COLUMNS]
+        table.add_row(*cells, "\n".join(str(row.get("blocked", "")).split("; ")))
     # measured unbounded: rich clamps a measurement to the width it is given
     unbounded = console.options.update_width(10_000)
-    if Measurement.get(console, unbounded, table).minimum <= console.width:
+    if Measurement.get(console, unbounded, table).maximum <= console.width:
         console.print(table)
         return
 

@@ -73,7 +73,7 @@ def test_init_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
     assert out.returncode == 2 and "GITHUB_TOKEN is empty" in out.stderr, out.stderr
 
 
-@pytest.mark.serial
+@pytest.mark.prefect_server
 def test_init_saves_the_blocks_a_worker_loads(tmp_path: Path) -> None:
     with (
         running_prefect_server(tmp_path / "server") as server,
