@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from prefect.artifacts import (
 )
 from prefect.exceptions import MissingContextError
 
+from slurmgate.errors import SlurmgateError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime.reaper import ReapTally, reap_stale_runs
 from slurmgate.runtime.records import default_runs_root, load_records
@@ -27,6 +29,27 @@ from slurmgate.runtime.run import AllocationRun
 LIVE_RUNS: dict[str, AllocationRun] = {}
 # flow-run id → run id, so the cancellation/crash hooks find the run to clean.
 RUNS_BY_FLOW_RUN: dict[str, str] = {}
+
+
+class KnownFailureTraceback(logging.Filter):
+    """Drop the traceback Prefect logs with a failed allocation flow run when the failure is
+    one of slurmgate's own errors: their message already names the cause and the fix, and a
+    traceback after it reads as a crash. Anything else (a bug) keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failure = record.exc_info[1] if record.exc_info else None
+        flow = str(getattr(record, "flow_name", ""))
+        if isinstance(failure, SlurmgateError) and flow.startswith("allocation"):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_known_failures() -> None:
+    """Install KnownFailureTraceback on Prefect's flow-run logger, once."""
+    logger = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, KnownFailureTraceback) for f in logger.filters):
+        logger.addFilter(KnownFailureTraceback())
 
 
 def log(message: str) -> None:

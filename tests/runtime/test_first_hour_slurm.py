@@ -3,7 +3,7 @@
 `slurmgate cluster up`, then `slurmgate allocation run examples/specs/local-stub.yaml` in a shell
 that never exported SLURM_CONF, shows the client's own output, and `cluster down` leaves the
 suite's cluster running (it was already up). And a spec whose `python` is not on the nodes fails
-its preflight in one line that names the field.
+its preflight in one line that names the field, with no traceback.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import pytest
 import yaml
 
 from slurmgate.runtime import slurm
-from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.records import load_records
 
 from .conftest import EXAMPLE, assert_no_orphans, example_data
 
@@ -74,19 +73,27 @@ def test_the_readme_walk_through_needs_no_export(
 
 
 def test_a_python_missing_on_the_nodes_fails_preflight_naming_the_field(
-    slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     data = example_data()
     data["python"] = "/nonexistent/venv/bin/python"
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(data))
-    run = AllocationRun(AllocationSpec.from_yaml(spec_path), runs_root=tmp_path / "runs")
-    with pytest.raises(RunFailed) as caught:
-        run.run()
-    message = str(caught.value)
-    assert message.startswith("preflight: python: /nonexistent/venv/bin/python cannot run on ")
-    assert "No such file or directory" in message and "fix: " in message
-    assert "\n" not in message
-    assert run.record().cleanup_complete is True
-    assert_no_orphans(run.run_id)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+    env["SLURMGATE_RUNS_DIR"] = str(tmp_path / "runs")
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env.pop("PREFECT_API_URL", None)
+    run = _slurmgate("allocation", "run", str(spec_path), env=env)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: allocation run failed: preflight: python: /nonexistent/venv/bin/python cannot "
+        "run on node"
+    ), out
+    assert "No such file or directory" in last and "fix: " in last
+    # The message says it all: no traceback after it, from us or from Prefect.
+    assert "Traceback" not in out, out
+    (record,) = load_records(tmp_path / "runs")
+    assert record.status == "failed" and record.cleanup_complete is True
+    assert_no_orphans(record.run_id)
