@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from slurmgate.cli.common import fail
 
 if TYPE_CHECKING:
+    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.github.scope import GitHubScope
 
 app = typer.Typer()
@@ -61,8 +62,7 @@ def reconcile(
         settings = AdmissionSettings()
     except ValidationError as exc:
         raise fail(f"bad admission settings in the environment: {exc}") from None
-    for warning in settings.flag_warnings:  # the tick logs it too, in the flow run's log
-        typer.echo(f"warning: {warning}", err=True)
+    _say_what_the_flags_do(settings)
     # Before the flow: a wrong scope or token is then one line, not a failed flow run's
     # traceback after the ~20 s a temporary Prefect server takes to start.
     _check_access(_scope(api_url, repo, org), token)
@@ -102,8 +102,7 @@ def status(
         settings = AdmissionSettings()
     except ValidationError as exc:
         raise fail(f"bad admission settings in the environment: {exc}") from None
-    for warning in settings.flag_warnings:
-        typer.echo(f"warning: {warning}", err=True)
+    _say_what_the_flags_do(settings)
     _check_access(scope, token)
 
     async def read() -> list[dict[str, Any]]:
@@ -168,6 +167,20 @@ def print_board(rows: list[dict[str, Any]]) -> None:
         typer.echo("\n".join(lines(fields, ", ")))
         if row.get("blocked"):
             typer.echo("\n".join(lines(["blocked:", *str(row["blocked"]).split()], " ")))
+
+
+def _say_what_the_flags_do(settings: AdmissionSettings) -> None:
+    """The flags' warnings (the tick logs them too, in the flow run's log), and a note when the
+    priority scheduler is off: the tick then admits nothing, which looks like a broken one."""
+    for warning in settings.flag_warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if not settings.flag_warnings and not settings.PRIORITY_SCHEDULER_ENABLED:
+        typer.echo(
+            "note: PRIORITY_SCHEDULER_ENABLED is off, so nothing is admitted (finished jobs' "
+            "leases are still released); export PRIORITY_SCHEDULER_ENABLED=true, and "
+            "NODE_SLOT_SCHEDULER_ENABLED=true to size jobs by their nodes:N label",
+            err=True,
+        )
 
 
 def _scope(api_url: str, repo: str | None, org: str | None) -> GitHubScope:

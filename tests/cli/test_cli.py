@@ -99,17 +99,25 @@ def test_status_never_folds_a_pool_name() -> None:
     from slurmgate.testbed.emulator.testing import running_emulator
 
     pool = "cluster:h100-eu-west-reservation-long-name"
+    flags = {"PRIORITY_SCHEDULER_ENABLED": "true", "NODE_SLOT_SCHEDULER_ENABLED": "true"}
     with running_emulator({pool.removeprefix("cluster:"): 3}) as emu:
+        emu.admin.add_job(["self-hosted", pool, "nodes:4"], 60)
         for columns in ("60", "90", "200"):
             out = run(
                 "status",
                 *("--api-url", emu.url, "--repo", emu.repo),
-                env={"GITHUB_TOKEN": emu.token, "COLUMNS": columns},
+                env={"GITHUB_TOKEN": emu.token, "COLUMNS": columns, **flags},
             )
             assert out.returncode == 0 and out.stderr == "", out.stderr
             assert pool in out.stdout, out.stdout
+            assert "larger-than-any-compatible-pool" in out.stdout, out.stdout
             assert all(len(line) <= int(columns) for line in out.stdout.splitlines())
             assert ("slurmgate pools" in out.stdout) == (columns == "200")  # the table
+        # with the flags off nothing is admitted or blocked: say so, instead of a silent board
+        out = run("status", "--api-url", emu.url, "--repo", emu.repo, env={"GITHUB_TOKEN": "x"})
+        assert out.returncode == 0
+        assert out.stderr.startswith("note: PRIORITY_SCHEDULER_ENABLED is off, so nothing")
+        assert len(out.stderr.splitlines()) == 1
 
 
 def test_reap_without_slurm_is_one_line_and_keeps_the_record(tmp_path: Path) -> None:
