@@ -46,13 +46,18 @@ class PrefectServerProcess:
 def server_env(
     prefect_home: Path, port: int, *, auth: str | None, database_url: str | None
 ) -> dict[str, str]:
-    """The server's environment: this one without any Prefect setting, then its own."""
+    """The server's environment: this one without any Prefect setting, then its own.
+
+    Telemetry is off, as in every command of ours, unless the user turned it on explicitly.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.setdefault("DO_NOT_TRACK", "1")
     env.update(
         PREFECT_HOME=str(prefect_home),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_ANALYTICS_ENABLED=os.environ.get(
+            "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
+        ),
         PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",  # one log line per 503 the server sends
-        DO_NOT_TRACK="1",
         PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",
     )
     if auth:
