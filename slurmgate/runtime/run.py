@@ -111,7 +111,8 @@ def controller_on(host: str) -> bool:
 
 
 class OutputEcho:
-    """Copy a step's log into the run's log as it grows: whole lines, redacted, bounded.
+    """Copy a step's log to `emit` as it grows: whole lines, bounded (the run's log, which
+    `emit` is, redacts them).
 
     A line rewritten with carriage returns (a progress bar) shows as its last state. Past
     `limit` lines only the last `tail` are kept, and `finish` logs them with a count of the
