@@ -62,10 +62,10 @@ def reconcile(
         settings = AdmissionSettings()
     except ValidationError as exc:
         raise fail(f"bad admission settings in the environment: {exc}") from None
-    _say_what_the_flags_do(settings)
     # Before the flow: a wrong scope or token is then one line, not a failed flow run's
     # traceback after the ~20 s a temporary Prefect server takes to start.
     _check_access(_scope(api_url, repo, org), token)
+    _say_what_the_flags_do(settings)
     try:
         summary = prefect_layer.run_reconcile_tick(api_url, repo, org)
     except ScopeError as exc:
@@ -102,8 +102,8 @@ def status(
         settings = AdmissionSettings()
     except ValidationError as exc:
         raise fail(f"bad admission settings in the environment: {exc}") from None
-    _say_what_the_flags_do(settings)
     _check_access(scope, token)
+    _say_what_the_flags_do(settings)
 
     async def read() -> list[dict[str, Any]]:
         async with GitHubClient(scope, token) as client:

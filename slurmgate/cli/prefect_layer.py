@@ -79,21 +79,15 @@ def configured_prefect_api() -> tuple[str, str | None] | None:
     """The Prefect API the user configured (PREFECT_API_URL from the environment or the active
     profile) with its auth string, or None: flows would then run on a temporary server."""
     _prefect_settings()
-    from prefect.settings import get_current_settings
+    from flows.blocks_setup import configured_prefect_api as configured
 
-    api = get_current_settings().api
-    if not api.url:
-        return None
-    return api.url, api.auth_string.get_secret_value() if api.auth_string else None
+    return configured()
 
 
 def save_slurmgate_blocks(name: str, scope: dict[str, Any], policy: dict[str, Any]) -> None:
     """Register slurmgate's block types and save the scope and policy blocks as `name`
     (replacing blocks of that name), on the configured Prefect API."""
     _prefect_settings()
-    from blocks import AdmissionPolicyBlock, GitHubScopeBlock, RuntimeHistoryBlock
+    from flows.blocks_setup import save_slurmgate_blocks as save
 
-    for block_type in (GitHubScopeBlock, AdmissionPolicyBlock, RuntimeHistoryBlock):
-        block_type.register_type_and_schema()
-    GitHubScopeBlock(**scope).save(name, overwrite=True)
-    AdmissionPolicyBlock(**policy).save(name, overwrite=True)
+    save(name, scope, policy)
