@@ -8,10 +8,12 @@ a `prefect server start` (what the README tells users to run) are started inside
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,28 @@ def test_flow_commands_offline_are_quiet_and_say_where_runs_go(tmp_path: Path) -
     # status reads GitHub directly and runs no flow: no Prefect at all
     assert api_lines("status") == []
     assert "h100" in outputs["status"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_says_what_starts_and_how_long_it_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmgate.cli import progress as progress_module
+
+    piped = io.StringIO()
+    with progress_module.progress("starting a thing", stream=piped):
+        pass
+    assert piped.getvalue() == "starting a thing… ready in 0 s\n"
+    # on a terminal the line grows while it waits: never a silent gap of more than a tick
+    monkeypatch.setattr(progress_module, "TICK_S", 0.05)
+    terminal = _Terminal()
+    with progress_module.progress("starting a thing", stream=terminal):
+        time.sleep(0.3)
+    text = terminal.getvalue()
+    assert text.startswith("starting a thing… 0 s…") and text.endswith(" ready in 0 s\n"), text
+    failed = io.StringIO()
+    with pytest.raises(RuntimeError), progress_module.progress("starting", stream=failed):
+        raise RuntimeError("boom")
+    assert failed.getvalue() == "starting… failed after 0 s\n"

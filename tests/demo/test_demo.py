@@ -4,6 +4,7 @@ emulator (non-tty rendering), the live view, and the runtime part on the real cl
 from __future__ import annotations
 
 import io
+import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -14,11 +15,21 @@ from rich.console import Console
 from flows.demo import run_admission, run_runtime
 from slurmgate.admission.labels import JobLabel
 from slurmgate.ci.priority import job_label
-from slurmgate.testbed.board import AdmissionTracker, parse_board_blocked, render_live
+from slurmgate.testbed.board import (
+    AdmissionTracker,
+    PoolState,
+    TickView,
+    parse_board_blocked,
+    render_compact,
+    render_live,
+)
 from slurmgate.testbed.demo import (
+    STARTED_AT_ENV,
+    AdmissionResult,
     DemoError,
     DemoJob,
     Printer,
+    command_started_at,
     draw_jobs,
     endpoint_totals,
     processes_with_env,
@@ -232,3 +243,47 @@ async def test_admission_through_the_served_reconcile_deployment(
 def test_bad_draw_arguments_name_the_flag(args: dict[str, float], field: str) -> None:
     with pytest.raises(DemoError, match=f"^{field} "):
         draw_jobs(**args)  # type: ignore[arg-type]
+
+
+def test_counts_read_in_the_right_number_and_total_time_is_the_whole_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one = AdmissionResult(
+        jobs=1,
+        ticks=1,
+        admitted=1,
+        admitted_by_flow=1,
+        released_by_flow=0,
+        completed=0,
+        never_fits={},
+        backfills=[
+            {
+                "job_id": 2,
+                "nodes": 1,
+                "pool": "p",
+                "past_job_id": 1,
+                "past_nodes": 2,
+                "past_score": "5.000",
+            }
+        ],
+        peak_utilization={"p": 0.5},
+        capacity={"p": 2},
+        api_calls=3,
+        api_calls_by_flow=3,
+        leases_left=1,
+        seconds=1.0,
+        mode="direct",
+    )
+    [line] = [s for s in summary_lines(one, None, 1.0) if s.startswith("admission")]
+    assert "1 job queued" in line and "1 backfill," in line and "1 tick in" in line
+    assert line.endswith("1 lease left")
+    two = AdmissionResult(**{**one.__dict__, "jobs": 2, "ticks": 2, "leases_left": 2})
+    [line] = [s for s in summary_lines(two, None, 1.0) if s.startswith("admission")]
+    assert "2 jobs queued" in line and "2 ticks in" in line and line.endswith("2 leases left")
+    view = TickView(1, 1.0, [PoolState("p", 2, 2, 2, leases=1)], [], 1, 0, 0, 3, 0, 0)
+    assert "(1 lease, 0 running" in render_compact(view)
+    # scripts/demo.sh stamps its own start: the total covers setup and the Slurm start
+    monkeypatch.setenv(STARTED_AT_ENV, str(time.time() - 300))
+    assert 299 < time.time() - command_started_at() < 310
+    monkeypatch.delenv(STARTED_AT_ENV)
+    assert 0 <= time.time() - command_started_at() < 24 * 3600  # this process's start
