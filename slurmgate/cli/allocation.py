@@ -67,8 +67,14 @@ def allocation_reap(
     """Cancel the Slurm jobs and steps of runs whose controller was killed."""
     from slurmgate.runtime.reaper import reap_stale_runs
     from slurmgate.runtime.records import load_records
+    from slurmgate.runtime.slurm import NO_CONFIGURATION
 
     tally = reap_stale_runs(load_records(runs_dir), wait_out_backoff=False, info=typer.echo)
+    if tally.slurm_error is not None and NO_CONFIGURATION in tally.slurm_error:
+        raise fail(
+            f"reap stopped: {NO_CONFIGURATION}; the run records are kept for the next reap",
+            code=1,
+        )
     if tally.slurm_error is not None:
         raise fail(
             f"reap stopped, Slurm did not answer ({tally.slurm_error}); the run records are "

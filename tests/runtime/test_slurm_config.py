@@ -6,6 +6,7 @@ without a configuration fails in milliseconds.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -113,6 +114,39 @@ def test_allocation_run_without_a_configuration_fails_fast_in_one_line(
     assert out.stderr == f"error: {slurm.NO_CONFIGURATION}\n", out.stderr
     assert out.stdout == ""
     assert elapsed < 5, f"{elapsed:.1f} s: the check must come before Prefect starts"
+
+
+def test_reap_without_a_configuration_says_how_to_give_it_one(
+    no_slurm_conf: Path, tmp_path: Path
+) -> None:
+    _without_a_configuration()
+    record = {
+        "run_id": "sg-noconf-1",
+        "status": "running",
+        "job_id": "4242",
+        "owned_allocation": True,
+        "controller_pid": 2**22 + 1,  # above pid_max: no such controller
+        "controller_host": os.uname().nodename,
+        "steps": [],
+    }
+    path = tmp_path / "runs" / "sg-noconf-1" / "record.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    cmd = [sys.executable, "-m", "slurmgate.cli", "allocation", "reap"]
+    out = subprocess.run(
+        [*cmd, "--runs-dir", str(path.parent.parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 1, out
+    assert out.stderr == (
+        f"error: reap stopped: {slurm.NO_CONFIGURATION}; the run records are kept for the "
+        "next reap\n"
+    )
+    assert json.loads(path.read_text())["status"] == "running"
 
 
 def test_cluster_down_leaves_a_cluster_it_did_not_start(
