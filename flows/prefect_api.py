@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 from slurmgate.cli.progress import progress
 from slurmgate.errors import ExternalError
@@ -20,6 +21,10 @@ TEMPORARY_SERVER = (
     "exits; set PREFECT_API_URL, and PREFECT_API_AUTH_STRING if the server has one, to keep them)"
 )
 API_LINE = "prefect: flow runs go to {where}"
+# How long a Prefect API that refuses connections may take to come up (a server just started);
+# SLURMGATE_PREFECT_API_WAIT_S=0 fails at once.
+API_WAIT_ENV = "SLURMGATE_PREFECT_API_WAIT_S"
+API_WAIT_S = 60.0
 
 
 class PrefectApiError(ExternalError):
@@ -38,28 +43,57 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _api_wait_s() -> float:
+    raw = os.environ.get(API_WAIT_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else API_WAIT_S
+    except ValueError:
+        raise PrefectApiError(
+            f"{API_WAIT_ENV}={raw!r} is not a number of seconds; unset it or give e.g. 60"
+        ) from None
+
+
+def _health(url: str, auth: tuple[str, str] | None) -> int:
+    import httpx
+
+    return httpx.get(url.rstrip("/") + "/health", auth=auth, timeout=10.0).status_code
+
+
 def _check_api(url: str, auth_string: str | None) -> None:
-    """Raise a one-line PrefectApiError unless `url`/health answers 200."""
+    """Raise a one-line PrefectApiError unless `url`/health answers 200. A server that refuses
+    connections may still be starting (`prefect server start --background` returns at once):
+    wait for it, with progress, up to API_WAIT_S."""
     import httpx
 
     user, _, password = (auth_string or "").partition(":")
     auth = (user, password) if auth_string else None
     fix = "start it (prefect server start) or point PREFECT_API_URL at a running server"
     try:
-        response = httpx.get(url.rstrip("/") + "/health", auth=auth, timeout=10.0)
+        try:
+            status = _health(url, auth)
+        except httpx.ConnectError:
+            with progress(f"prefect: waiting for the Prefect API at {url} to answer"):
+                deadline = time.monotonic() + _api_wait_s()
+                while True:
+                    if time.monotonic() > deadline:
+                        raise httpx.ConnectError("connection refused") from None
+                    time.sleep(1.0)
+                    try:
+                        status = _health(url, auth)
+                        break
+                    except httpx.ConnectError:
+                        pass
     except httpx.HTTPError as exc:
         raise PrefectApiError(
             f"the Prefect API at {url} does not answer ({type(exc).__name__}: {exc}); {fix}"
         ) from None
-    if response.status_code == 401:
+    if status == 401:
         raise PrefectApiError(
             f"the Prefect API at {url} wants credentials (401); set PREFECT_API_AUTH_STRING "
             "to the server's user:password"
         )
-    if response.status_code != 200:
-        raise PrefectApiError(
-            f"the Prefect API at {url} answered {response.status_code} to /health; {fix}"
-        )
+    if status != 200:
+        raise PrefectApiError(f"the Prefect API at {url} answered {status} to /health; {fix}")
 
 
 def use_prefect_api() -> None:

@@ -167,3 +167,25 @@ def test_progress_says_what_starts_and_how_long_it_took(monkeypatch: pytest.Monk
     with pytest.raises(RuntimeError), progress_module.progress("starting", stream=failed):
         raise RuntimeError("boom")
     assert failed.getvalue() == "starting… failed after 0 s\n"
+
+
+def test_a_prefect_api_that_does_not_answer_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    env = offline_env(tmp_path)
+    env.update(PREFECT_API_URL="http://127.0.0.1:9/api", SLURMGATE_PREFECT_API_WAIT_S="0")
+    done = subprocess.run(
+        [str(BIN / "slurmgate"), "demo", "--mode", "direct", "--skip-runtime", "--live", "no"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: the Prefect API at http://127.0.0.1:9/api does not answer (ConnectError: "
+        "connection refused); start it (prefect server start) or point PREFECT_API_URL at a "
+        "running server"
+    ], done.stderr
