@@ -22,10 +22,13 @@ def cluster_up(
     mode: Annotated[str, typer.Option(help="netns (one IP per node) or uts.")] = "netns",
 ) -> None:
     """Start the cluster (idempotent), remember it for slurmgate, and print its SLURM_CONF."""
+    from slurmgate.cli.progress import progress
     from slurmgate.testbed.cluster import ClusterError, up
 
     try:
-        env = up(mode=mode, record=True)
+        # The first start installs Debian's Slurm packages: a minute or more of silence else.
+        with progress("slurm-local: bringing up the bundled Slurm cluster", done="up"):
+            env = up(mode=mode, record=True)
     except ClusterError as exc:
         raise fail(str(exc), code=1) from None
     typer.echo(env.exports())
