@@ -313,7 +313,10 @@ class AllocationSpec(_Strict):
     gpus_per_node: int = Field(default=8, ge=0, description="GPUs each node has")
     model_path: str | None = Field(default=None, description="checked readable on every node")
     time_limit: str = Field(default="03:55:00", description="[D-]HH:MM:SS for an owned allocation")
-    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+    slurm: SlurmSpec = Field(
+        default_factory=SlurmSpec,
+        description="partition, account and QOS of the allocation a run requests itself",
+    )
     python: str | None = Field(
         default=None,
         description="the interpreter the node workers, probe and endpoint steps run as, at "
