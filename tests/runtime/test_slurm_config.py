@@ -248,6 +248,12 @@ def test_an_interpreter_that_cannot_run_names_the_python_field(tmp_path: Path) -
     assert problem is not None and problem.startswith("python: /nowhere/bin/python cannot run")
     assert "node1" in problem and "No such file or directory" in problem and "fix:" in problem
     assert run.interpreter_problem("SLURMGATE-PREFLIGHT host=node1 check=gpus: x") is None
+    bare = (
+        "/usr/bin/python3: Error while finding module specification for "
+        "'slurmgate.runtime.node_worker' (ModuleNotFoundError: No module named 'slurmgate')\n"
+    )
+    problem = run.interpreter_problem(bare)
+    assert problem is not None and problem.startswith("python: /nowhere/bin/python has no slurm")
 
 
 # -- the client's output ------------------------------------------------------------------------
