@@ -99,13 +99,29 @@ def run(
     return out
 
 
-def check_configured(*, timeout: float = 10.0) -> None:
-    """Raise SlurmNotConfigured (or SlurmError: no client) before anything slow starts.
+class SlurmControllerDown(SlurmError):
+    """Slurm has a configuration, but no controller of it answers; the message is the fix."""
 
-    One `scontrol ping`, which fails in milliseconds without a configuration source. A
-    controller that is down is not this check's business: the run reports it in context.
+
+def check_configured(*, timeout: float = 10.0) -> None:
+    """Before anything slow starts: raise SlurmNotConfigured without a configuration source,
+    SlurmControllerDown when no controller answers, SlurmError when there is no client.
+
+    One `scontrol ping`, which answers in milliseconds in all three cases. A backup
+    controller that is down while the primary is up is not a reason to stop.
     """
-    run(["scontrol", "ping"], timeout=timeout, check=False)
+    argv = ["scontrol", "ping"]
+    out = run(argv, timeout=timeout, check=False)
+    if out.returncode != 0 and " is UP" not in out.stdout:
+        status = " ".join(
+            line.strip() for line in out.stdout.splitlines() if line.startswith("Slurmctld")
+        )
+        conf = environ().get("SLURM_CONF") or "Slurm's default configuration"
+        raise SlurmControllerDown(
+            argv,
+            f"found no Slurm controller that answers ({status or 'no answer'}, from {conf}): "
+            "start slurmctld, or the bundled cluster with `slurmgate cluster up`",
+        )
 
 
 def show_hostnames(nodelist: str, *, timeout: float = 10.0) -> list[str]:

@@ -94,6 +94,26 @@ def test_no_configuration_is_one_line_with_the_fix(no_slurm_conf: Path) -> None:
         slurm.list_steps("1")
 
 
+def test_a_configuration_whose_controller_is_down_is_one_line_with_the_fix(
+    no_slurm_conf: Path,
+) -> None:
+    if shutil.which("scontrol") is None:
+        pytest.skip("the Slurm client is not installed (Debian package slurm-client)")
+    # Port 1: nothing listens there, so the controller is down at once.
+    no_slurm_conf.write_text(
+        "ClusterName=test\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n"
+        "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n"
+    )
+    _record(no_slurm_conf)  # what `cluster up` left, with the cluster since stopped
+    t0 = time.monotonic()
+    with pytest.raises(slurm.SlurmControllerDown) as caught:
+        slurm.check_configured()
+    assert time.monotonic() - t0 < 5
+    message = str(caught.value)
+    assert "is DOWN" in message and str(no_slurm_conf) in message and "\n" not in message
+    assert message.endswith("start slurmctld, or the bundled cluster with `slurmgate cluster up`")
+
+
 def test_allocation_run_without_a_configuration_fails_fast_in_one_line(
     no_slurm_conf: Path, tmp_path: Path
 ) -> None:
