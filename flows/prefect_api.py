@@ -8,6 +8,7 @@ server, starts it with progress on stderr (Prefect then reuses it and stops it a
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import sys
@@ -53,24 +54,26 @@ def _api_wait_s() -> float:
         ) from None
 
 
-def _health(url: str, auth: tuple[str, str] | None) -> int:
+def _probe(url: str, headers: dict[str, str]) -> int:
+    """The status of a one-flow read: /health would answer without credentials."""
     import httpx
 
-    return httpx.get(url.rstrip("/") + "/health", auth=auth, timeout=10.0).status_code
+    response = httpx.post(
+        url.rstrip("/") + "/flows/filter", json={"limit": 1}, headers=headers, timeout=10.0
+    )
+    return response.status_code
 
 
-def _check_api(url: str, auth_string: str | None) -> None:
-    """Raise a one-line PrefectApiError unless `url`/health answers 200. A server that refuses
+def _check_api(url: str, headers: dict[str, str]) -> None:
+    """Raise a one-line PrefectApiError unless `url` lets us read flows. A server that refuses
     connections may still be starting (`prefect server start --background` returns at once):
     wait for it, with progress, up to API_WAIT_S."""
     import httpx
 
-    user, _, password = (auth_string or "").partition(":")
-    auth = (user, password) if auth_string else None
     fix = "start it (prefect server start) or point PREFECT_API_URL at a running server"
     try:
         try:
-            status = _health(url, auth)
+            status = _probe(url, headers)
         except httpx.ConnectError:
             with progress(f"prefect: waiting for the Prefect API at {url} to answer"):
                 deadline = time.monotonic() + _api_wait_s()
@@ -79,7 +82,7 @@ def _check_api(url: str, auth_string: str | None) -> None:
                         raise httpx.ConnectError("connection refused") from None
                     time.sleep(1.0)
                     try:
-                        status = _health(url, auth)
+                        status = _probe(url, headers)
                         break
                     except httpx.ConnectError:
                         pass
@@ -87,13 +90,21 @@ def _check_api(url: str, auth_string: str | None) -> None:
         raise PrefectApiError(
             f"the Prefect API at {url} does not answer ({type(exc).__name__}: {exc}); {fix}"
         ) from None
-    if status == 401:
+    if status in (401, 403):
         raise PrefectApiError(
-            f"the Prefect API at {url} wants credentials (401); set PREFECT_API_AUTH_STRING "
-            "to the server's user:password"
+            f"the Prefect API at {url} refused our credentials ({status}); set "
+            "PREFECT_API_AUTH_STRING to the server's user:password (PREFECT_API_KEY for Prefect "
+            "Cloud)"
+        )
+    if status in (404, 405):
+        raise PrefectApiError(
+            f"{url} answered {status} to a read of its flows: not a Prefect API; point "
+            "PREFECT_API_URL at one, e.g. http://127.0.0.1:4200/api (it ends in /api)"
         )
     if status != 200:
-        raise PrefectApiError(f"the Prefect API at {url} answered {status} to /health; {fix}")
+        raise PrefectApiError(
+            f"the Prefect API at {url} answered {status} to a read of its flows; {fix}"
+        )
 
 
 def use_prefect_api() -> None:
@@ -105,8 +116,14 @@ def use_prefect_api() -> None:
     settings = get_current_settings()
     if settings.api.url:
         _say(API_LINE.format(where=f"the Prefect API at {settings.api.url}"))
-        auth = settings.api.auth_string
-        _check_api(settings.api.url, auth.get_secret_value() if auth else None)
+        # the credentials Prefect's own client sends: a basic auth string, or a Cloud API key
+        headers = {}
+        if settings.api.auth_string:
+            token = base64.b64encode(settings.api.auth_string.get_secret_value().encode())
+            headers["Authorization"] = f"Basic {token.decode()}"
+        elif settings.api.key:
+            headers["Authorization"] = f"Bearer {settings.api.key.get_secret_value()}"
+        _check_api(settings.api.url, headers)
         return
     _say(API_LINE.format(where=TEMPORARY_SERVER))
     prefect_logger = logging.getLogger("prefect")
