@@ -133,7 +133,9 @@ def down(
     cluster the suite itself started.
     """
     recorded = load_cluster()
-    env = _env(directory or (recorded.directory if recorded else None), None)
+    if directory is None and recorded is not None and "SLURM_LOCAL_DIR" not in os.environ:
+        directory = recorded.directory  # the one `up` brought up, unless told otherwise
+    env = _env(directory, None)
     directory = env["SLURM_LOCAL_DIR"]
     if forget:
         forget_cluster()
