@@ -114,6 +114,7 @@ def test_a_configuration_whose_controller_is_down_is_one_line_with_the_fix(
     assert message.endswith("start slurmctld, or the bundled cluster with `slurmgate cluster up`")
 
 
+@pytest.mark.serial  # a bound on wall-clock time, which a busy neighbour could stretch
 def test_allocation_run_without_a_configuration_fails_fast_in_one_line(
     no_slurm_conf: Path, tmp_path: Path
 ) -> None:
