@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from slurmgate.testbed.emulator.testing import running_emulator
 from slurmgate.testbed.prefect_server import running_prefect_server
 
 REPO = Path(__file__).resolve().parents[2]
+SLURMGATE = [sys.executable, "-m", "slurmgate.cli"]
 
 # What a worker does with the reconcile deployment: the flow with the blocks named `default`.
 WORKER_TICK = """
@@ -50,7 +55,7 @@ def run(
 
 
 def init(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return run([sys.executable, "-m", "slurmgate.cli", "init", *args], env)
+    return run([*SLURMGATE, "init", *args], env)
 
 
 def test_init_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
@@ -108,3 +113,43 @@ def test_init_saves_the_blocks_a_worker_loads(tmp_path: Path) -> None:
         assert len(leased) == 3, f"job {job} should hold 3 runners"
         assert "slurmgate init --repo OWNER/NAME --name missing" in result["missing"]
         assert "prefect block register -m blocks" in result["missing"]
+
+
+def test_the_token_is_asked_for_hidden_on_a_terminal(tmp_path: Path) -> None:
+    """No GITHUB_TOKEN: init asks on the terminal without echo; the typed token reaches GitHub
+    (the emulator accepts only it), and the command stops at the next step, an absent API."""
+    with running_emulator({"h100": 1}, token="typed-sekrit") as emu:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.pop("GITHUB_TOKEN", None)
+        env.update(PREFECT_HOME=str(tmp_path), PREFECT_API_URL="http://127.0.0.1:9/api")
+        argv = [*SLURMGATE, "init", "--repo", emu.repo, "--api-url", emu.url]
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: a new session whose terminal is the pty
+            os.chdir(REPO)
+            os.execve(sys.executable, argv, env)
+        seen = b""
+        answered = False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+            # answer once getpass has turned echo off: it writes the prompt's last space after
+            if not answered and seen.endswith(b"GitHub token (input hidden): "):
+                os.write(fd, b"typed-sekrit\n")
+                answered = True
+        else:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        text = seen.decode(errors="replace")
+        assert answered, text
+        assert "typed-sekrit" not in text  # never echoed
+        assert os.waitstatus_to_exitcode(status) == 1, text
+        assert "the Prefect API at http://127.0.0.1:9/api does not answer" in text, text
