@@ -690,7 +690,7 @@ class GitHubClient:
                     if attempt >= self.max_retries or wait > self.max_wait_s:
                         raise RateLimited(method, template, status, message, wait, path=sent)
                     log.warning(
-                        "%s %s rate limited (%d); waiting %.2f s", method, template, status, wait
+                        "%s %s rate limited (%d); waiting %.2f s", method, sent, status, wait
                     )
                     attempt += 1
                     await asyncio.sleep(wait)
@@ -789,7 +789,7 @@ class GitHubClient:
             )
         delay = self._backoff(attempt)
         answer = f" -> {status}" if status is not None else f": {failure}"
-        log.info("%s %s%s; retry in %.2f s", method, template, answer, delay)
+        log.info("%s %s%s; retry in %.2f s", method, sent, answer, delay)
         await asyncio.sleep(delay)
 
     def _backoff(self, attempt: int) -> float:
