@@ -140,6 +140,11 @@ def emulator(
         raise fail(f"cannot listen on {host}:{port} ({reason}); pick another --port") from None
 
 
+# `slurmgate emulator … &` followed at once by `slurmgate emulator queue …` is how people use it;
+# the server needs a few seconds to import and bind on a busy 2-core machine.
+EMULATOR_START_WAIT_S = 10.0
+
+
 @contextmanager
 def _admin(url: str) -> Iterator[EmulatorAdmin]:
     """An admin client of the emulator at `url`; its refusals are one line (unknown id: exit 2,
@@ -147,7 +152,7 @@ def _admin(url: str) -> Iterator[EmulatorAdmin]:
     if not url.startswith(("http://", "https://")):
         raise fail(f"--url {url!r} is not an http(s) URL; e.g. {DEFAULT_URL}")
     try:
-        with EmulatorAdmin(url) as admin:
+        with EmulatorAdmin(url, start_wait_s=EMULATOR_START_WAIT_S) as admin:
             yield admin
     except EmulatorAdminError as exc:
         raise fail(str(exc), code=2 if exc.status in (400, 404) else 1) from None

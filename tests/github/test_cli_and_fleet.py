@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -200,3 +201,54 @@ def test_emulator_verbs_drive_a_running_emulator() -> None:
     gone = _cli("emulator", "queue", "--labels", "x", "--url", url)
     assert gone.returncode == 1 and len(gone.stderr.splitlines()) == 1
     assert f"cannot reach the emulator at {url}" in gone.stderr and "Traceback" not in gone.stderr
+
+
+def test_a_verb_waits_for_an_emulator_that_is_still_starting() -> None:
+    """`slurmgate emulator … &` then `slurmgate emulator queue …` at once, as the README does:
+    the verb retries the refused connection until the server answers, instead of failing."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    queue = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slurmgate.cli",
+            "emulator",
+            "queue",
+            "--url",
+            url,
+            "--labels",
+            "self-hosted,cluster:h100",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.5)  # the verb has met a refused connection by now
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slurmgate.cli",
+            "emulator",
+            "--port",
+            str(port),
+            "--pool",
+            "h100=1",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        out, err = queue.communicate(timeout=30)
+        assert queue.returncode == 0 and err == "", err
+        job_id = int(out)
+        state = httpx.get(f"{url}/_emulator/state").json()
+        assert [j["id"] for j in state["jobs"]] == [job_id]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

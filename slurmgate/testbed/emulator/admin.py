@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, TypedDict, Unpack
 
 import httpx
@@ -32,9 +33,12 @@ class JobExtras(TypedDict, total=False):
 class EmulatorAdmin:
     """A small synchronous client for the `/_emulator/` admin API."""
 
-    def __init__(self, url: str = DEFAULT_URL) -> None:
+    def __init__(self, url: str = DEFAULT_URL, start_wait_s: float = 0.0) -> None:
+        """`start_wait_s`: how long a refused connection is retried, for an emulator that was
+        just started in the background and is still importing."""
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url + "/_emulator", timeout=10.0)
+        self._start_wait_s = start_wait_s
 
     def close(self) -> None:
         self._http.close()
@@ -46,14 +50,25 @@ class EmulatorAdmin:
         self.close()
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        try:
-            response = self._http.request(method, path, json=body)
-        except httpx.TransportError as exc:
+        deadline = time.monotonic() + self._start_wait_s
+        while True:
+            try:
+                response = self._http.request(method, path, json=body)
+                break
+            except httpx.ConnectError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                failure = "ConnectError"
+            except httpx.TransportError as exc:
+                failure = type(exc).__name__
+            waited = f", waited {self._start_wait_s:g} s" if self._start_wait_s else ""
             raise EmulatorAdminError(
-                f"cannot reach the emulator at {self.url} ({type(exc).__name__}); start one "
+                f"cannot reach the emulator at {self.url} ({failure}{waited}); start one "
                 "with `slurmgate emulator --pool cluster:NAME=COUNT`, or pass its --url",
                 None,
             ) from None
+        self._start_wait_s = 0.0  # it answered: later calls fail at once
         if response.status_code >= 400:
             try:
                 said = str(response.json().get("message", response.text))
