@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_readme import readme_command_list
+
 REPO = Path(__file__).resolve().parents[2]
 SLURMGATE = [sys.executable, "-m", "slurmgate.cli"]
 
@@ -32,10 +34,7 @@ def readme_commands() -> set[str]:
     text = (REPO / "README.md").read_text()
     code = re.findall(r"```.*?```", text, flags=re.S) + re.findall(r"`[^`\n]+`", text)
     found = {m for chunk in code for m in re.findall(r"\bslurmgate ([a-z][a-z-]+)", chunk)}
-    listed = re.search(r"## Command line\n\n(.*?)\n\n", text, flags=re.S)
-    assert listed, "the README lists the commands under '## Command line'"
-    found |= set(re.findall(r"`(?:slurmgate )?([a-z][a-z-]+)", listed.group(1)))
-    return found
+    return found | {command.split()[0] for command in readme_command_list()}
 
 
 @pytest.mark.parametrize("command", sorted(readme_commands()))
