@@ -50,6 +50,36 @@ SCRUBBED_PREFIXES = ("PREFECT_", "SLURM", "SLURMGATE_", "PYTEST", "VIRTUAL_ENV",
 SCRUBBED = {"DO_NOT_TRACK", "GITHUB_TOKEN", "PYTHONPATH", "PYTHONHOME"}
 
 
+# What the README's prose says each block shows, keyed by the block's first line: the run must
+# print it (regular expressions), so the prose cannot drift from what the commands do.
+CLAIMS: dict[str, list[str]] = {
+    "slurmgate emulator --pool cluster:h100=18 &": [
+        r'"admitted": 2, .*"blocked": 1',
+        r"runners 18, online 18, leased 18",
+        r"blocked: job 50002 \(9n\): no-free-capacity",
+        r"50001\s+in_progress",
+        r"50002\s+queued",
+        r"50003\s+in_progress",
+    ],
+    "slurmgate emulator complete 50001": [
+        r"release job=50001 .*reason=job-finished",
+        r'"admitted": 1',
+        r"50002\s+in_progress",
+    ],
+    "slurmgate cluster up": [
+        r"client\| client ok: 8 completions",
+        r"run sg-local-stub-\w+ succeeded on node1,node2,node3; its step logs and record.json",
+        r"left running: it was already running when `slurmgate cluster up` ran",
+    ],
+    "slurmgate init --api-url": [
+        r"saved slurmgate-github-scope/default .* and slurmgate-admission-policy/default",
+        r"Deployment 'reconcile/reconcile' successfully created",
+        r"release job=50002 .*reason=ci-job-ended",
+        r"Flow run finished successfully in 'Completed'",
+    ],
+}
+
+
 @dataclass(frozen=True)
 class ShellBlock:
     index: int
@@ -215,6 +245,16 @@ def test_every_readme_shell_block_runs_as_written(
             f"README block {block.index} ({block.section}) succeeded but printed errors:\n"
             + "\n".join(noisy[:10])
         )
+    first_lines = {block.body.strip().splitlines()[0]: block for block in runnable}
+    for first_line, claims in CLAIMS.items():
+        matching = [b for line, b in first_lines.items() if line.startswith(first_line)]
+        assert matching, f"no README block starts with {first_line!r} any more: update CLAIMS"
+        shown = by_block[str(matching[0].index)]
+        for claim in claims:
+            assert re.search(claim, shown), (
+                f"README block {matching[0].index} ({matching[0].section}) did not show "
+                f"{claim!r}; its output:\n{shown[-3000:]}"
+            )
     assert not left, f"the README's commands left {len(left)} process(es) running: " + "; ".join(
         f"{pid}: {command}" for pid, command in left.items()
     )
