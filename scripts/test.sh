@@ -40,16 +40,18 @@ fi
 cleanup() { if [ "$started_slurm" = 1 ]; then scripts/slurm-local/stop.sh >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT
 
-# Two passes: the tests that share the one cluster or time a wall-clock window run alone,
-# the rest on two xdist workers (most of them wait on servers and subprocesses, not the CPU).
+# Two passes: the tests that time a wall-clock window run alone; then everything else on three
+# xdist workers, of which one takes the Slurm tests one after another (their xdist group; they
+# share the one cluster) while two run the rest. Most tests wait on servers and subprocesses,
+# so three workers keep two cores busy.
 rc=0
 pass_() {  # pytest exits 5 when a pass selects nothing (arguments that name one file)
     local r=0
     python -m pytest -q -p no:cacheprovider --durations=12 "$@" || r=$?
     if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi
 }
-echo "== pytest: Slurm and timing tests, one at a time"
-pass_ -m "slurm or serial" "$@"
-echo "== pytest: the rest, on two workers"
-pass_ -m "not slurm and not serial" -n 2 "$@"
+echo "== pytest: timing tests, one at a time"
+pass_ -m "serial" "$@"
+echo "== pytest: the rest, on three workers (the Slurm tests in order on one of them)"
+pass_ -m "not serial" -n 3 --dist loadgroup "$@"
 exit "$rc"
