@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import SecretStr
 
 from slurmgate.errors import ExternalError
-from slurmgate.github.client import AuthError, GitHubClient, GitHubError, RateLimited
+from slurmgate.github.client import AuthError, GitHubError, RateLimited, client_for_scope
 from slurmgate.github.scope import GitHubScope
 
 REPO_RUNNER_PERMISSIONS = (
@@ -61,9 +61,11 @@ async def check_access(scope: GitHubScope, token: str | SecretStr) -> int:
     """Read the scope's runners once; their count, or ScopeAccessError with `explain`'s line.
 
     One retry only: this is a person waiting at a prompt, and a server that is down stays down.
+    Conditional, through the same ETag cache as the tick: on a steady fleet the check is a 304
+    and costs no primary quota, so an idle `reconcile --once` stays free.
     """
     try:
-        async with GitHubClient(scope, token, max_retries=1, backoff_base_s=0.2) as client:
-            return len(await client.list_runners(conditional=False))
+        async with client_for_scope(scope, token, max_retries=1, backoff_base_s=0.2) as client:
+            return len(await client.list_runners(conditional=True))
     except GitHubError as exc:
         raise ScopeAccessError(explain(scope, exc)) from None
