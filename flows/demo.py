@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "examples" / "specs" / "demo.yaml"
 DEMO_REPO = "acme/gpu-ci"
 SCOPE_BLOCK = "slurmgate-demo"
+PIPE_PROGRESS_S = 5.0
 FLAGS = {
     "PRIORITY_SCHEDULER_ENABLED": "true",
     "NODE_SLOT_SCHEDULER_ENABLED": "true",
@@ -163,12 +164,24 @@ async def run_admission(
         tick += 1
         tick_started = time.monotonic()
         running = asyncio.ensure_future(_tick(mode, emu.url, deployment))
-        while printer.live_mode and not running.done():
-            await asyncio.wait({running}, timeout=1.0)
-            if not running.done():
-                printer.show(
-                    tracker.peek(tick, emu.state.dump(), elapsed_s=time.monotonic() - started),
-                    running=True,
+        # A terminal gets the live board every second; a pipe or a log gets a line every
+        # PIPE_PROGRESS_S, so a long first tick is never silent.
+        while not running.done():
+            await asyncio.wait({running}, timeout=1.0 if printer.live_mode else PIPE_PROGRESS_S)
+            if running.done():
+                break
+            dump = emu.state.dump()
+            if printer.live_mode:
+                peek = tracker.peek(tick, dump, elapsed_s=time.monotonic() - started)
+                printer.show(peek, running=True)
+            else:
+                tracked = tracker.job_ids or set()
+                moved = sum(
+                    1 for j in dump["jobs"] if j["id"] in tracked and j["status"] != "queued"
+                )
+                printer.say(
+                    f"tick {tick} running: {counted(moved, 'job')} dispatched so far, "
+                    f"t={time.monotonic() - started:.0f}s"
                 )
         try:
             summary = await running

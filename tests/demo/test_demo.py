@@ -4,6 +4,7 @@ emulator (non-tty rendering), the live view, and the runtime part on the real cl
 from __future__ import annotations
 
 import io
+import re
 import time
 from collections import Counter
 from decimal import Decimal
@@ -114,9 +115,12 @@ async def test_admission_backfills_blocks_and_releases_consistently(
     [backfill] = result.backfills
     little, second = by_name["little"]["id"], by_name["second"]["id"]
     assert (backfill["job_id"], backfill["past_job_id"], backfill["tick"]) == (little, second, 1)
-    # non-tty: one compact block per tick, the backfill and the never-fit among the events
+    # non-tty: one compact block per tick (and "tick N running" lines while a slow one runs),
+    # the backfill and the never-fit among the events
     out = capsys.readouterr().out
-    assert out.count("\ntick ") + out.startswith("tick ") == result.ticks
+    assert len(re.findall(r"^tick \d+ t=", out, flags=re.M)) == result.ticks
+    running = re.findall(r"^tick (\d+) running: \d+ jobs? dispatched so far, t=\d+s$", out, re.M)
+    assert len(running) == len(re.findall(r"^tick \d+ running", out, flags=re.M))
     assert f"BACKFILL job {little} (1n, score 3.000) runs while job {second}" in out
     assert "can never run in wide: larger-than-any-compatible-pool" in out
 
