@@ -77,12 +77,10 @@ def prefect_harness() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that uses the bundled cluster is marked `slurm`, so `-m` selects it, and put
-    in one xdist group: with `--dist loadgroup` one worker runs them one after another (they
-    share the cluster's four nodes and fixed ports) while the other workers run the rest. The
-    test command runs `serial` tests (a wall-clock window) alone, before that."""
+    """Every test that uses the bundled cluster is marked `slurm`, so `-m` selects it. The test
+    command runs `serial` tests (a wall-clock window) alone, then the `slurm` tests one at a time
+    in one pytest process (they share the cluster's four nodes and fixed ports) beside the rest
+    on two xdist workers."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm-cluster"))
