@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import typer
 
+from slurmgate.testbed.demo import processes_with_env
+
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 
@@ -162,19 +164,11 @@ def _script(blocks: list[ShellBlock]) -> str:
 def _processes_with_home(home: Path) -> dict[int, str]:
     """Pid -> command line of each process whose environment holds HOME=home: everything the
     README's shell started."""
-    needle = f"HOME={home}".encode()
     found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            with contextlib.suppress(OSError):
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                found[int(entry.name)] = cmdline.decode(errors="replace")[:200]
+    for pid in processes_with_env("HOME", str(home)):
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            found[pid] = cmdline.decode(errors="replace")[:200]
     return found
 
 
