@@ -68,6 +68,7 @@ SOAK_POOLS = {"gb200-nv": 50, "gb300-nv": 50, "b300-nv": 50, "h200-dgxc": 50}
 # that matched on a prefix without its dash, or on a substring, would take one of these.
 DECOY_LABELS = ("ci-leases-audit", "ci-jobs", "nodes", "rack-ci-lease-7")
 EVIDENCE_KEPT = 12
+DRAIN_WALL_S = 60.0  # at the end, how long to wait for ticks in flight (and for a first tick)
 
 
 class SoakConfig(BaseModel):
@@ -641,10 +642,13 @@ def run_soak(
                 return
             with lock:
                 proc = victim.proc
+                if stop.is_set():
+                    return
                 if victim.in_tick_since is None or proc is None or proc.poll() is not None:
                     continue
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                victim.in_tick_since = None  # that tick never ends
                 kills += 1
                 first = False
             say(f"SIGKILL controller {victim.name} mid-tick")
@@ -663,7 +667,24 @@ def run_soak(
         for thread in threads:
             thread.start()
         end_at = checker.start + config.sim_s
-        while clock.now() < end_at:
+        drain_until: float | None = None
+        draining: dict[str, int] = {}  # controller -> its ticks when the soak's time ran out
+        while True:
+            if clock.now() >= end_at:
+                # Ticks in flight finish and count, so a short soak on a loaded machine, whose
+                # first tick can outlast it, still reports its ticks; no new jobs, no new kills.
+                if drain_until is None:
+                    stop.set()
+                    drain_until = time.monotonic() + DRAIN_WALL_S
+                    draining = {c.name: c.ticks for c in controllers if c.in_tick_since}
+                finished = all(
+                    c.ticks > draining[c.name] or c.in_tick_since is None
+                    for c in controllers
+                    if c.name in draining
+                )
+                ticked = sum(c.ticks for c in controllers) > 0
+                if (ticked and finished) or time.monotonic() > drain_until:
+                    break
             try:
                 controller, event = events.get(timeout=0.2)
             except queue.Empty:

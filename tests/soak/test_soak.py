@@ -29,3 +29,16 @@ def test_a_short_soak_breaks_no_invariant(tmp_path: Path) -> None:
     # counts a late one as a lease-not-released violation)
     assert report.jobs_completed > 0 and report.releases > 0
     assert report.kills_mid_tick >= 1 and report.kills_mid_tick == report.restarts
+
+
+def test_a_soak_shorter_than_a_controller_start_waits_for_its_ticks_in_flight() -> None:
+    # 120 simulated seconds at 400x is 0.3 s of wall time, less than a controller takes to
+    # import and make its first tick, as a loaded machine makes any short soak: the harness
+    # waits for the ticks in flight rather than reporting a soak of no ticks.
+    config = SoakConfig(
+        seed=5, sim_s=120.0, speed=400.0, runtime_scale=0.1, fault_rate=0.0, kill_mean_s=None
+    )
+    report = run_soak(config)
+    assert report.ticks >= 1 and report.checks >= report.ticks
+    assert report.violations_total == 0, report.evidence
+    assert report.kills_mid_tick == 0 and report.wall_s < 60
