@@ -21,6 +21,7 @@ from tasks.allocation import (
     quiet_known_failures,
     read_secret_block,
 )
+from tasks.load_reports import publish_load_reports
 
 quiet_known_failures()
 
@@ -73,6 +74,7 @@ def client_phase(run_id: str) -> int:
     finally:
         run.collect_endpoint_metrics()
         publish_endpoint_stats(run)
+        publish_load_reports(run.client_reports_dir, run.run_id)
 
 
 @flow(name="allocation-cleanup", validate_parameters=False)

@@ -181,6 +181,11 @@ class RunFailed(ExternalError):
         super().__init__(f"{phase}: {message}")
 
 
+# The client's reports directory (on the run's own directory): `slurmgate loadgen --chat` writes
+# its JSON report there, and the allocation flow publishes what it finds as artifacts.
+CLIENT_REPORTS_ENV = "SLURMGATE_RUN_REPORTS_DIR"
+
+
 def new_run_id(name: str) -> str:
     return f"sg-{name[:20]}-{secrets.token_hex(4)}"
 
@@ -277,6 +282,10 @@ class AllocationRun:
     @property
     def record_path(self) -> Path:
         return self.run_dir / RECORD_NAME
+
+    @property
+    def client_reports_dir(self) -> Path:
+        return self.run_dir / "client-reports"
 
     def record(self) -> RunRecord:
         report = getattr(self, "_cleanup_report", None)
@@ -674,6 +683,7 @@ class AllocationRun:
         env = {env_name(name): url for name, url in urls.items()}
         env["SLURMGATE_ENDPOINTS"] = json.dumps(urls, sort_keys=True)
         env["OPENAI_BASE_URL"] = next(iter(urls.values())) + "/v1"
+        env[CLIENT_REPORTS_ENV] = str(self.client_reports_dir)
         env.update(self.credentials.client_env)
         env.update(self._token_env())
         return env

@@ -494,6 +494,25 @@ class StubApp:
                     }
                     data = b"data: " + json.dumps(event).encode() + b"\n\n"
                     await send({"type": "http.response.body", "body": data, "more_body": True})
+                options = request.get("stream_options")
+                if isinstance(options, dict) and options.get("include_usage"):
+                    # OpenAI's last chunk: no choices, the usage (as vLLM sends it when asked)
+                    prompt = request.get("prompt") if not chat else request.get("messages")
+                    prompt_tokens = len(json.dumps(prompt).split()) if prompt else 0
+                    usage = {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": max_tokens,
+                        "total_tokens": prompt_tokens + max_tokens,
+                    }
+                    event = {"id": rid, "object": chunk_obj, "created": created, "model": model}
+                    data = json.dumps({**event, "choices": [], "usage": usage}).encode()
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b"data: " + data + b"\n\n",
+                            "more_body": True,
+                        }
+                    )
                 await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         state.request_done()
 

@@ -1,0 +1,85 @@
+"""The client's load reports as Prefect artifacts: a table and a latency histogram per report."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prefect.artifacts import create_image_artifact, create_table_artifact
+
+from slurmgate.testbed.histogram_png import data_uri, histogram_png
+from slurmgate.testbed.loadgen import ChatReport, read_reports
+from tasks.allocation import log, warn
+
+P50_COLOR = (40, 160, 60)
+P99_COLOR = (210, 50, 50)
+
+
+def artifact_key(label: str) -> str:
+    """``load-<label>``: Prefect keys hold only lowercase letters, digits and dashes."""
+    return "load-" + (re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:40] or "endpoint")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f} ms"
+
+
+def publish_report(report: ChatReport, run_id: str) -> None:
+    """One report: its table (``load-<label>``) and, when it has latencies, the end-to-end
+    latency histogram as an image artifact (``load-<label>-e2e``)."""
+    key = artifact_key(report.label)
+    how = (
+        f"{report.offered_rate:g} req/s {report.arrivals} arrivals"
+        if report.mode == "open"
+        else f"concurrency {report.concurrency}"
+    )
+    create_table_artifact(
+        table=report.table(),
+        key=key,
+        description=(
+            f"Streaming chat load on {report.label} in run {run_id}: {how}, prompt "
+            f"{report.prompt_tokens_dist} and output {report.output_tokens_dist} tokens, "
+            f"{report.elapsed:.1f} s"
+        ),
+    )
+    buckets = report.e2e_histogram
+    edges, counts = buckets.get("edges", []), buckets.get("counts", [])
+    if not counts or len(edges) != len(counts) + 1:
+        return
+    markers = [
+        (value, color)
+        for value, color in ((report.e2e["p50"], P50_COLOR), (report.e2e["p99"], P99_COLOR))
+        if value is not None
+    ]
+    png = histogram_png(counts, edges=edges, markers=markers)
+    create_image_artifact(
+        image_url=data_uri(png),
+        key=f"{key}-e2e",
+        description=(
+            f"End-to-end latency of {report.ok} requests on {report.label} (run {run_id}): "
+            f"{len(counts)} bars from {_ms(edges[0])} to {_ms(edges[-1])}; "
+            f"green line p50 {_ms(report.e2e['p50'])}, red line p99 {_ms(report.e2e['p99'])}"
+        ),
+    )
+
+
+def publish_load_reports(directory: Path, run_id: str) -> int:
+    """Publish every report the client wrote to ``directory`` (the run's reports directory);
+    never raises: the client's numbers are worth a warning, not a failed run. Returns how many
+    were published."""
+    try:
+        reports = read_reports(directory, warn)
+    except Exception as exc:  # an unreadable directory: say so and go on
+        warn(f"run {run_id}: client load reports not read: {type(exc).__name__}: {exc}")
+        return 0
+    published = 0
+    for report in reports:
+        try:
+            publish_report(report, run_id)
+            published += 1
+        except Exception as exc:
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            warn(f"run {run_id}: load report of {report.label} not published: {reason}")
+    if published:
+        log(f"run {run_id}: published {published} client load report(s) as artifacts")
+    return published

@@ -1,0 +1,76 @@
+"""A client's chat load reports become Prefect artifacts: a table and a latency histogram."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from prefect import flow
+from prefect.artifacts import Artifact
+
+from slurmgate.serving import ThreadedServer
+from slurmgate.testbed.loadgen import (
+    ChatLoadSpec,
+    Lengths,
+    report_path_in,
+    run_chat_load,
+    write_report,
+)
+from slurmgate.testbed.stub_server import StubApp, StubState, parse_settings
+from tasks.load_reports import publish_load_reports
+
+
+def test_each_report_is_a_table_and_an_e2e_histogram_image(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stub = StubApp(StubState(parse_settings(["--tokens-per-second", "1000"])))
+    with ThreadedServer(stub, lifespan="off") as server:
+        spec = ChatLoadSpec(
+            url=server.base_url,
+            concurrency=3,
+            duration=None,
+            requests=12,
+            output_tokens=Lengths.parse("uniform:4,12", "--output-tokens"),
+            label="Chat",
+        )
+        report = asyncio.run(run_chat_load(spec))
+    assert report.ok == 12
+    write_report(report, report_path_in(tmp_path, report.label))
+    (tmp_path / "loadgen-broken-1.json").write_text('{"label": "broken"')  # a cut-short file
+
+    @flow(name="publish-load-reports-test")
+    def publish() -> int:
+        return publish_load_reports(tmp_path, "sg-test-run")
+
+    assert publish() == 1
+    assert any("loadgen-broken-1.json skipped" in r.getMessage() for r in caplog.records)
+
+    table = Artifact.get("load-chat")
+    assert table is not None and table.type == "table"
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    by_metric = {row["metric"]: row for row in rows}
+    assert set(by_metric) >= {"TTFT (ms)", "ITL (ms)", "e2e (ms)", "requests/s", "429 (throttled)"}
+    assert by_metric["ok / sent"]["mean"] == "12 / 12"
+    assert float(by_metric["e2e (ms)"]["p99"]) == pytest.approx(report.e2e["p99"] * 1e3, abs=0.06)
+    assert "uniform:4,12" in (table.description or "")
+
+    image = Artifact.get("load-chat-e2e")
+    assert image is not None and image.type == "image"
+    url = str(image.data)
+    assert url.startswith("data:image/png;base64,")
+    png = base64.b64decode(url.split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (480, 180)  # IHDR: width, height
+    assert "12 requests" in (image.description or "")
+
+
+def test_no_reports_publish_nothing(tmp_path: Path) -> None:
+    @flow(name="publish-no-load-reports-test")
+    def publish() -> int:
+        return publish_load_reports(tmp_path / "missing", "sg-test-run")
+
+    assert publish() == 0
