@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgate.errors import InputError
+from slurmgate.runtime import engines
 
 
 class DeploymentShape(Protocol):
@@ -14,6 +15,8 @@ class DeploymentShape(Protocol):
 
     @property
     def name(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
     @property
     def command(self) -> Sequence[str]: ...
     @property
@@ -279,36 +282,9 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
 def lane_argv(
     spec: DeploymentShape, lane: LanePlan, master_addr: str, *, bind_host: str
 ) -> list[str]:
-    """The server argv: the spec's command plus the flags the layout decides."""
-    argv = list(spec.command)
-    if lane.rank == 0 and lane.port is not None:
-        argv += ["--host", bind_host, "--port", str(lane.port)]
-    argv += [
-        "--tensor-parallel-size",
-        str(spec.tensor_parallel),
-        "--pipeline-parallel-size",
-        str(spec.pipeline_parallel),
-    ]
-    if spec.enable_expert_parallel:
-        # vLLM's expert-parallel group is TP × DP of one server; a replica here is one server
-        # with DP 1, so its experts spread over exactly its tensor-parallel GPUs.
-        argv.append("--enable-expert-parallel")
-    if spec.nodes_per_replica > 1 and lane.rendezvous_port is not None:
-        argv += [
-            "--nnodes",
-            str(spec.nodes_per_replica),
-            "--node-rank",
-            str(lane.rank),
-            "--master-addr",
-            master_addr,
-            "--master-port",
-            str(lane.rendezvous_port),
-            "--distributed-timeout-seconds",
-            f"{spec.distributed_timeout_s:g}",
-        ]
-        if lane.rank > 0:
-            argv.append("--headless")
-    return argv
+    """The server argv: the spec's command plus the flags the layout decides, in the words of
+    the deployment's engine (`engines.EngineProfile.lane_argv`)."""
+    return engines.profile(spec.engine).lane_argv(spec, lane, master_addr, bind_host)
 
 
 def describe(layout: Layout) -> list[dict[str, str]]:

@@ -23,7 +23,7 @@ import httpx
 
 from slurmgate.errors import ExternalError
 from slurmgate.runtime.node_worker import node_name
-from slurmgate.runtime.readiness import fetch_text, probe_chain
+from slurmgate.runtime.readiness import ProbeItem, fetch_text, probe_chain, probe_item
 
 MAX_LINE_BYTES = 2 * 1024 * 1024  # a request or an answer line; longer is a protocol failure
 MAX_TEXT_CHARS = 512 * 1024  # a fetched document (an endpoint's /metrics) is cut to this
@@ -88,7 +88,9 @@ def answer(client: httpx.Client, request: Any) -> dict[str, Any]:
             return {"error": "probe is a list of URL lists"}
         if sum(len(c) for c in chains) > MAX_URLS:
             return {"error": f"at most {MAX_URLS} URLs per request"}
-        results = [probe_chain(client, [str(u) for u in c], timeout) for c in chains]
+        if any(probe_item(item) is None for c in chains for item in c):
+            return {"error": 'a probe item is a URL or {"url": URL, "lists": MODEL}'}
+        results = [probe_chain(client, c, timeout) for c in chains]
         return {"probe": [{"ok": ok, "why": why} for ok, why in results]}
     url = request.get("fetch")
     if isinstance(url, str):
@@ -167,7 +169,7 @@ class ProbeChannel:
             raise ProbeStepFailed(f"the probe step refused a request: {reply!r}")
         return reply
 
-    def probe(self, chains: list[list[str]], timeout: float) -> list[tuple[bool, str]]:
+    def probe(self, chains: list[list[ProbeItem]], timeout: float) -> list[tuple[bool, str]]:
         """Each chain of URLs probed in order on the step's node: (ready, why) per chain."""
         budget = timeout * sum(len(c) for c in chains) + 10.0  # each URL may take its timeout
         reply = self.request({"probe": chains, "timeout": timeout}, budget)

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from slurmgate.errors import ExternalError
 
 MAX_TEXT_CHARS = 1024 * 1024  # a fetched document (e.g. an endpoint's /metrics) is cut here
+MODELS_PATH = "/v1/models"
+MAX_MODELS_BYTES = 1024 * 1024  # a /v1/models page longer than this lists nothing we trust
+
+# One GET of a probe chain: a URL that must answer 200, or {"url": URL, "lists": MODEL}, a
+# /v1/models URL whose `data` must list MODEL ("" = any model). Plain JSON: it crosses to the
+# probe step.
+ProbeItem = str | dict[str, str]
 
 
 class ReadinessTimeout(ExternalError):
@@ -22,8 +30,10 @@ class ReadinessTimeout(ExternalError):
 class Target:
     """One URL that must answer 200 on `path` (and on /v1/models when `models` is set).
 
-    It is ready after `needed` good probes in a row: /health flaps while a server starts, and a
-    single good answer has admitted lanes that were still loading (see runtime-anchors).
+    With `lists_model` set, /v1/models must also list that model ("" = any model): an engine
+    whose /health answers before the model is served is not ready yet (the engine profile
+    decides, `engines.Probes`). It is ready after `needed` good probes in a row: /health flaps
+    while a server starts, and a single good answer has admitted lanes that were still loading.
     """
 
     name: str
@@ -31,6 +41,7 @@ class Target:
     path: str = "/health"
     deadline: float = 0.0  # time.monotonic()
     models: bool = True
+    lists_model: str | None = None
     needed: int = 1
     ready: bool = False
     streak: int = 0
@@ -43,15 +54,53 @@ class Target:
         if good and not self.ready:
             self.last = f"ready {self.streak}/{self.needed} probes in a row"
 
-    def urls(self) -> list[str]:
+    def urls(self) -> list[ProbeItem]:
         """What one probe GETs, in order: the readiness path, then /v1/models if asked."""
-        paths = [self.path] + (["/v1/models"] if self.models else [])
-        return [self.base_url + p for p in paths]
+        items: list[ProbeItem] = [self.base_url + self.path]
+        if self.models:
+            models = self.base_url + MODELS_PATH
+            items.append(
+                models if self.lists_model is None else {"url": models, "lists": self.lists_model}
+            )
+        return items
 
 
-def probe_chain(client: httpx.Client, urls: Sequence[str], timeout: float) -> tuple[bool, str]:
-    """GET each URL in order until one is not 200; (ready, why)."""
-    for url in urls:
+def probe_item(item: Any) -> tuple[str, str | None] | None:
+    """(url, model to find) of a chain item; None when it is neither form."""
+    if isinstance(item, str):
+        return item, None
+    if (
+        isinstance(item, dict)
+        and set(item) == {"url", "lists"}
+        and isinstance(item["url"], str)
+        and isinstance(item["lists"], str)
+    ):
+        return item["url"], item["lists"]
+    return None
+
+
+def listed_models(body: bytes) -> list[str] | None:
+    """The model ids of an OpenAI-style /v1/models answer; None when it is not one."""
+    if len(body) > MAX_MODELS_BYTES:
+        return None
+    try:
+        data = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(data, list):
+        return None
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def probe_chain(
+    client: httpx.Client, items: Sequence[ProbeItem], timeout: float
+) -> tuple[bool, str]:
+    """GET each URL in order until one is not 200 (or does not list its model); (ready, why)."""
+    for item in items:
+        parsed = probe_item(item)
+        if parsed is None:
+            return False, "malformed probe item"
+        url, model = parsed
         path = "/" + url.split("://", 1)[-1].partition("/")[2]
         try:
             r = client.get(url, timeout=timeout)
@@ -59,13 +108,20 @@ def probe_chain(client: httpx.Client, urls: Sequence[str], timeout: float) -> tu
             return False, f"{path}: {type(exc).__name__}"
         if r.status_code != 200:
             return False, f"{path}: HTTP {r.status_code}"
+        if model is not None:
+            ids = listed_models(r.content)
+            if ids is None:
+                return False, f"{path}: not a model list"
+            if not ids or (model and model not in ids):
+                wanted = repr(model)[:100] if model else "a model"
+                return False, f"{path}: does not list {wanted} yet"
     return True, "ready"
 
 
 class Prober(Protocol):
     """Runs probes somewhere: in this process, or in a step on the client host."""
 
-    def probe(self, chains: list[list[str]], timeout: float) -> list[tuple[bool, str]]: ...
+    def probe(self, chains: list[list[ProbeItem]], timeout: float) -> list[tuple[bool, str]]: ...
 
     def fetch(self, url: str, headers: dict[str, str], timeout: float) -> str | None: ...
 
@@ -76,7 +132,7 @@ class LocalProber:
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
 
-    def probe(self, chains: list[list[str]], timeout: float) -> list[tuple[bool, str]]:
+    def probe(self, chains: list[list[ProbeItem]], timeout: float) -> list[tuple[bool, str]]:
         return [probe_chain(self.client, chain, timeout) for chain in chains]
 
     def fetch(self, url: str, headers: dict[str, str], timeout: float) -> str | None:

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from slurmgate.errors import ExternalError, InputError
+from slurmgate.runtime import engines, readiness, slurm
 from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
 from slurmgate.runtime.node_worker import PREFLIGHT_OK, NodeSpec, WorkerSpec, node_name
@@ -582,6 +582,7 @@ class AllocationRun:
         targets: list[readiness.Target] = []
         for d in self.plan.deployments:
             dspec = self.spec.deployments[d.index]
+            models, lists_model = engines.profile(dspec.engine).models_probe(dspec.command)
             for lane, url in zip(d.heads, self.layout.head_urls(d), strict=True):
                 targets.append(
                     readiness.Target(
@@ -590,6 +591,8 @@ class AllocationRun:
                         path=dspec.readiness_path,
                         deadline=self.launched_at + lane.delay_s + dspec.startup_timeout_s,
                         needed=dspec.ready_probes,
+                        models=models,
+                        lists_model=lists_model,
                     )
                 )
         probe_timeout = min(d.probe_timeout_s for d in self.spec.deployments)
@@ -633,6 +636,8 @@ class AllocationRun:
                 max_waiting=dspec.backpressure.max_waiting_requests,
                 retry_after=dspec.backpressure.retry_after_s,
                 backend_health_path=dspec.readiness_path,
+                queue_waiting_metric=engines.profile(dspec.engine).queue.waiting,
+                queue_running_metric=engines.profile(dspec.engine).queue.running,
             )
             argv = [self.python, "-m", "slurmgate.runtime.endpoint", *config.argv()]
             self.supervisor.start(

@@ -13,30 +13,20 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from slurmgate.errors import InputError
+from slurmgate.runtime import engines
 from slurmgate.runtime.endpoint.config import TOKEN_ENV
 from slurmgate.runtime.layout import port_problems
 
-# Flags the launcher owns: a command that sets them itself would fight the layout.
-LAUNCHER_FLAGS = (
-    "--host",
-    "--port",
-    "--tensor-parallel-size",
-    "--pipeline-parallel-size",
-    "--nnodes",
-    "--node-rank",
-    "--master-addr",
-    "--master-port",
-    "--headless",
-    "--distributed-timeout-seconds",
-    "--enable-expert-parallel",
-    # A replica is one server on TP × PP GPUs; data parallelism is more replicas, not a flag.
-    "--data-parallel-size",
-)
+# Flags the launcher owns, per engine: a command that sets them itself would fight the layout.
+LAUNCHER_FLAGS: dict[str, tuple[str, ...]] = {
+    name: p.launcher_flags for name, p in engines.PROFILES.items()
+}
 # Environment names the runtime owns for every lane.
 RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMGATE_RUN_")
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", TOKEN_ENV)
@@ -165,6 +155,12 @@ class DeploymentSpec(_Strict):
     """One model deployment: replicas of TP×PP lanes, placed on whole nodes."""
 
     name: DeploymentName
+    engine: engines.EngineName = Field(
+        default="custom",
+        description="the model server: vllm, sglang or llamacpp use that engine's readiness "
+        "probes, queue metric and launch flags; custom is a server with vLLM's flags and "
+        "metric names whose /v1/models answers 200 (the stub server)",
+    )
     command: list[str] = Field(min_length=1, description="server argv base; the launcher appends")
     tensor_parallel: int = Field(default=1, ge=1)
     pipeline_parallel: int = Field(default=1, ge=1)
@@ -205,13 +201,16 @@ class DeploymentSpec(_Strict):
 
     @field_validator("command")
     @classmethod
-    def _command(cls, v: list[str]) -> list[str]:
+    def _command(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        engine = info.data.get("engine")
+        if engine is None:  # the engine itself was refused: that error says enough
+            return v
         for arg in v:
-            flag = arg.split("=", 1)[0]
-            if flag in LAUNCHER_FLAGS:
+            flag = engines.profile(engine).owned_flag(arg)
+            if flag is not None:
                 raise _problem(
                     "command",
-                    f"{flag} is set by the launcher from the layout",
+                    f"{flag} is set by the launcher from the layout (engine {engine})",
                     f"remove {flag} from the command",
                 )
         return v
@@ -223,6 +222,8 @@ class DeploymentSpec(_Strict):
 
     @model_validator(mode="after")
     def _topology(self) -> DeploymentSpec:
+        for field, message, fix in engines.profile(self.engine).problems(self):
+            raise _problem(field, message, fix)
         if self.pipeline_parallel != self.nodes_per_replica:
             raise _problem(
                 "pipeline_parallel",
@@ -303,6 +304,65 @@ class SlurmSpec(_Strict):
         return _slurm_name("qos", v, "normal")
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class HookSpec(_Strict):
+    """Shell commands a site runs on the controller's host around the run, with a time limit."""
+
+    commands: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        min_length=1,
+        max_length=32,
+        description="one bash script, in order; the first command that fails stops it",
+    )
+    timeout_s: float = Field(
+        default=600.0, gt=0, le=86400, description="then every process of the hook is stopped"
+    )
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict,
+        description="the hook's own variables (a credential as {secret: BLOCK} or {from_env: "
+        "NAME}); the hook sees no other variable that reads as a credential",
+    )
+
+    @field_validator("commands")
+    @classmethod
+    def _commands(cls, v: list[str]) -> list[str]:
+        for i, command in enumerate(v):
+            if "\0" in command:
+                raise _problem("commands", f"command {i} contains a NUL byte", "remove it")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, EnvValue]) -> dict[str, EnvValue]:
+        for key in v:
+            if not _ENV_NAME.match(key):
+                raise _problem("env", f"{key!r} is not a variable name", "use letters, digits, _")
+            if key.startswith("SLURMGATE_") or key == "SLURM_JOB_ID":
+                raise _problem("env", f"{key} is set by the runtime", f"remove {key}")
+        return _checked_env(v, lanes=False)
+
+
+class HooksSpec(_Strict):
+    """Site steps on the controller's host: `prolog` before preflight, `epilog` after cleanup."""
+
+    prolog: HookSpec | None = Field(
+        default=None,
+        description="after the allocation is granted and before the preflight: a failure "
+        "stops the run before anything is launched",
+    )
+    epilog: HookSpec | None = Field(
+        default=None,
+        description="after cleanup, on every path; a failure is reported in the run's "
+        "result and record but does not fail the run",
+    )
+
+    def named(self) -> dict[str, HookSpec]:
+        """The hooks the spec sets, by name."""
+        hooks = {"prolog": self.prolog, "epilog": self.epilog}
+        return {name: hook for name, hook in hooks.items() if hook is not None}
+
+
 class AllocationSpec(_Strict):
     """The whole allocation: one client and one or more deployments."""
 
@@ -326,6 +386,11 @@ class AllocationSpec(_Strict):
         default=None,
         description="bearer token every logical endpoint requires (GET /health aside); the "
         "client gets it as SLURMGATE_ENDPOINT_TOKEN",
+    )
+    hooks: HooksSpec = Field(
+        default_factory=HooksSpec,
+        description="site shell steps on the controller's host: prolog before the preflight, "
+        "epilog after cleanup, each with its timeout; their output goes to the run's log",
     )
 
     @field_validator("time_limit")
@@ -384,6 +449,7 @@ class AllocationSpec(_Strict):
         envs = [("client.env", self.client.env)] + [
             (f"deployments[{i}].env", d.env) for i, d in enumerate(self.deployments)
         ]
+        envs += [(f"hooks.{name}.env", hook.env) for name, hook in self.hooks.named().items()]
         for where, env in envs:
             found += [
                 f"{where}.{k}: {describe_secret(v)}"

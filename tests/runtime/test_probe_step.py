@@ -122,3 +122,19 @@ def test_the_step_exits_when_no_request_comes() -> None:
     finally:
         for fd in (requests_r, requests_w, answers_r, answers_w):
             os.close(fd)
+
+
+def test_a_probe_can_ask_that_the_models_page_lists_a_model(
+    step: tuple[subprocess.Popen[bytes], ProbeChannel], server_url: str
+) -> None:
+    # An engine profile's readiness (vLLM, SGLang): /v1/models answering 200 with no model in
+    # it is not ready. The item travels as JSON to the step, which applies the same check.
+    _, channel = step
+    channel.hello(timeout=30)
+    models = server_url + "/v1/models"
+    verdicts = channel.probe(
+        [[server_url + "/health", {"url": models, "lists": ""}], [models]], timeout=1.0
+    )
+    assert verdicts == [(False, "/v1/models: does not list a model yet"), (True, "ready")]
+    with pytest.raises(ProbeStepFailed, match="refused a request"):
+        channel.probe([[{"url": models}]], timeout=1.0)  # type: ignore[list-item]

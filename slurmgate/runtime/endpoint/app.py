@@ -46,10 +46,10 @@ from starlette.routing import Route
 from yarl import URL
 
 from slurmgate.runtime.endpoint.backpressure import (
-    METRICS_QUERY,
     Lane,
     QueuePolicy,
     Sampler,
+    metrics_query,
     start_samplers,
 )
 from slurmgate.runtime.endpoint.config import DEFAULT_PROG, EndpointConfig, parse_config
@@ -296,7 +296,14 @@ class Endpoint:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         samplers = [
-            Sampler(lane, self._read_metrics, cfg.sample_interval, cfg.metrics_timeout)
+            Sampler(
+                lane,
+                self._read_metrics,
+                cfg.sample_interval,
+                cfg.metrics_timeout,
+                waiting_metric=cfg.queue_waiting_metric,
+                running_metric=cfg.queue_running_metric,
+            )
             for lane in self.lanes
         ]
         self._sampler_tasks = start_samplers(samplers)
@@ -319,7 +326,8 @@ class Endpoint:
     async def _read_metrics(self, lane: Lane) -> str | None:
         assert self.control is not None
         path = lane.url + self.config.backend_metrics_path
-        async with self.control.get(URL(path + METRICS_QUERY, encoded=True)) as resp:
+        query = metrics_query(self.config.queue_waiting_metric, self.config.queue_running_metric)
+        async with self.control.get(URL(path + query, encoded=True)) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"GET {path} answered {resp.status}")
             return await resp.text()

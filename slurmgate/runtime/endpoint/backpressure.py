@@ -1,4 +1,8 @@
-"""Per-lane queue backpressure: sample each lane's vLLM queue depth, decide if it takes work.
+"""Per-lane queue backpressure: sample each lane's queue depth, decide if it takes work.
+
+The queue is two Prometheus gauges of the lane's engine: requests waiting and requests running
+(vLLM's names by default; the endpoint's config carries the deployment's engine's names, see
+``engines.EngineProfile.queue``).
 
 Each lane has one background sampler task that scrapes the lane's Prometheus ``/metrics`` every
 ``interval`` seconds. Routing never waits on a scrape: it reads the cached sample. A missing
@@ -24,7 +28,7 @@ off. A scrape past ``timeout`` is overdue but not abandoned: its late answer is 
 real queue, and it is awaited up to ``give_up_after``. Meanwhile the last answered sample stays in
 force while it is fresh; once it is stale and a scrape is still overdue (or gave up), the lane
 counts as saturated until a scrape answers again. A scrape that fails fast (refused, HTTP error,
-unparsable page, no vLLM metric) still fails open: health probes, not queue samples, take a dead
+unparsable page, no queue metric) still fails open: health probes, not queue samples, take a dead
 lane out of rotation.
 """
 
@@ -40,39 +44,50 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 WAITING_METRIC = "vllm:num_requests_waiting"
-WAITING_METRIC_UNDERSCORE = "vllm_num_requests_waiting"
 RUNNING_METRIC = "vllm:num_requests_running"
-RUNNING_METRIC_UNDERSCORE = "vllm_num_requests_running"
-_STEMS = ("num_requests_waiting", "num_requests_running")
-# prometheus-client servers (vLLM's /metrics among them) honour name[] and send only these.
-METRICS_QUERY = "?" + "&".join(
-    f"name%5B%5D={name}"
-    for name in (
-        WAITING_METRIC,
-        WAITING_METRIC_UNDERSCORE,
-        RUNNING_METRIC,
-        RUNNING_METRIC_UNDERSCORE,
-    )
-)
+
+
+def underscore(name: str) -> str:
+    """The spelling of a metric name without colons (how some exporters write it)."""
+    return name.replace(":", "_")
+
+
+def metrics_query(waiting: str = WAITING_METRIC, running: str = RUNNING_METRIC) -> str:
+    """The /metrics query asking for only the two gauges, in both spellings.
+
+    prometheus-client servers (vLLM's and SGLang's /metrics among them) honour name[] and send
+    only these; a server that ignores the query (llama.cpp's) sends its whole page.
+    """
+    names = (waiting, underscore(waiting), running, underscore(running))
+    return "?" + "&".join(f"name%5B%5D={name}" for name in dict.fromkeys(names))
+
+
+METRICS_QUERY = metrics_query()
+WAITING_METRIC_UNDERSCORE = underscore(WAITING_METRIC)
+RUNNING_METRIC_UNDERSCORE = underscore(RUNNING_METRIC)
 
 Clock = Callable[[], float]
 MetricsReader = Callable[["Lane"], Awaitable[str | None]]
 
 
-def queue_sample(metrics_text: str) -> tuple[float | None, float | None]:
+def queue_sample(
+    metrics_text: str, waiting: str = WAITING_METRIC, running: str = RUNNING_METRIC
+) -> tuple[float | None, float | None]:
     """(waiting, running): each summed over all its samples, None when the metric is absent.
 
-    vLLM exposes one sample per engine (data-parallel rank) or model; they are summed, never
-    overwritten. An underscore spelling is used only when the colon form is absent, so a server
-    that exports both is not counted twice. Non-finite and negative values are ignored.
+    vLLM exposes one sample per engine (data-parallel rank) or model, SGLang one per DP rank;
+    they are summed, never overwritten. An underscore spelling is used only when the colon form
+    is absent, so a server that exports both is not counted twice. Non-finite and negative
+    values are ignored.
     """
     # A vLLM page is ~100 KB of histograms: parsing all of it costs ~20 ms, 10 times a second,
     # per lane. Only the lines of the two families matter, so only they go to the parser.
+    stems = {underscore(name).split("_", 1)[-1] for name in (waiting, running)}
     relevant = "\n".join(
-        line for line in metrics_text.splitlines() if any(s in line for s in _STEMS)
+        line for line in metrics_text.splitlines() if any(s in line for s in stems)
     )
+    wanted = {waiting, underscore(waiting), running, underscore(running)}
     sums: dict[str, float] = {}
-    wanted = (WAITING_METRIC, WAITING_METRIC_UNDERSCORE, RUNNING_METRIC, RUNNING_METRIC_UNDERSCORE)
     for family in text_string_to_metric_families(relevant + "\n"):
         if family.name not in wanted:
             continue
@@ -83,18 +98,15 @@ def queue_sample(metrics_text: str) -> tuple[float | None, float | None]:
             else:
                 sums.setdefault(family.name, 0.0)
 
-    def pick(colon: str, underscore: str) -> float | None:
-        return sums[colon] if colon in sums else sums.get(underscore)
+    def pick(name: str) -> float | None:
+        return sums[name] if name in sums else sums.get(underscore(name))
 
-    return (
-        pick(WAITING_METRIC, WAITING_METRIC_UNDERSCORE),
-        pick(RUNNING_METRIC, RUNNING_METRIC_UNDERSCORE),
-    )
+    return pick(waiting), pick(running)
 
 
-def queue_depth(metrics_text: str) -> float | None:
-    """Sum of ``vllm:num_requests_waiting`` over all its samples, or None when it is absent."""
-    return queue_sample(metrics_text)[0]
+def queue_depth(metrics_text: str, waiting: str = WAITING_METRIC) -> float | None:
+    """Sum of the waiting gauge over all its samples, or None when it is absent."""
+    return queue_sample(metrics_text, waiting)[0]
 
 
 @dataclass(eq=False)
@@ -218,6 +230,8 @@ class Sampler:
     timeout: float = 0.2
     clock: Clock = field(default=time.monotonic)
     give_up_after: float | None = None
+    waiting_metric: str = WAITING_METRIC
+    running_metric: str = RUNNING_METRIC
 
     async def sample_once(self) -> None:
         lane = self.lane
@@ -237,7 +251,11 @@ class Sampler:
             if lane.scrape_overdue:
                 # A late page shows the queue as the backend saw it when it finally answered.
                 taken_at, active_then = self.clock(), lane.sent
-            depth, running = queue_sample(text) if text is not None else (None, None)
+            depth, running = (
+                queue_sample(text, self.waiting_metric, self.running_metric)
+                if text is not None
+                else (None, None)
+            )
         except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
             raise
         except Exception as exc:  # any scrape or parse error: fail open, keep sampling

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +22,8 @@ from pydantic import (
 DEFAULT_PROG = "python -m slurmgate.runtime.endpoint"
 # The bearer token comes from the environment only: argv is world-readable in /proc and `ps`.
 TOKEN_ENV = "SLURMGATE_ENDPOINT_TOKEN"
+# A Prometheus metric name (the exposition format's rule).
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")
 # Every setting past name, listen and backends: its flag is --NAME-WITH-DASHES.
 TUNING_FLAGS: dict[str, type] = {
     "max_waiting": int,
@@ -40,6 +43,8 @@ TUNING_FLAGS: dict[str, type] = {
     "keepalive_timeout": float,
     "backend_health_path": str,
     "backend_metrics_path": str,
+    "queue_waiting_metric": str,
+    "queue_running_metric": str,
 }
 
 
@@ -81,6 +86,16 @@ class EndpointConfig(BaseModel):
     )
     backend_health_path: str = "/health"
     backend_metrics_path: str = "/metrics"
+    queue_waiting_metric: str = Field(
+        default="vllm:num_requests_waiting",
+        description="the backends' Prometheus gauge of waiting requests (the queue the limit "
+        "applies to); the deployment's engine decides it",
+    )
+    queue_running_metric: str = Field(
+        default="vllm:num_requests_running",
+        description="the backends' Prometheus gauge of running requests (what a saturated "
+        "lane can run at once)",
+    )
     pool_size: int = Field(default=256, ge=1, description="pooled upstream connections in all")
     keepalive_timeout: float = Field(
         default=4.0,
@@ -115,6 +130,16 @@ class EndpointConfig(BaseModel):
     def _absolute_path(cls, value: str) -> str:
         if not value.startswith("/") or any(c in value for c in " ?#"):
             raise ValueError(f"{value!r} must be an absolute path like /health, without a query")
+        return value
+
+    @field_validator("queue_waiting_metric", "queue_running_metric")
+    @classmethod
+    def _metric_name(cls, value: str) -> str:
+        if not _METRIC_NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a Prometheus metric name: use letters, digits, _ and :, "
+                "e.g. vllm:num_requests_waiting"
+            )
         return value
 
     @model_validator(mode="after")

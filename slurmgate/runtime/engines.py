@@ -1,0 +1,359 @@
+"""Model-server engine profiles: each engine's readiness probes, queue metric and launch flags.
+
+A deployment names its engine (`DeploymentSpec.engine`); the runtime asks the engine's profile
+what to append to the spec's command on each lane (`lane_argv`), which flags the command must
+leave to the launcher, how to tell a lane is ready, which Prometheus gauges hold its queue for
+backpressure, and where the command names a model path that preflight checks on every node.
+Pure policy: no I/O, standard library only (node workers and endpoints import the runtime).
+
+`custom` is today's contract (the stub server speaks it): vLLM's flag vocabulary and metric
+names, and `readiness_path` then `/v1/models` answering 200.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+EngineName = Literal["custom", "vllm", "sglang", "llamacpp"]
+MODELS_PATH = "/v1/models"
+# A Prometheus metric name (the exposition format's rule).
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+class EngineDeployment(Protocol):
+    """What a profile reads of a deployment (`spec.DeploymentSpec` is one)."""
+
+    @property
+    def command(self) -> Sequence[str]: ...
+    @property
+    def tensor_parallel(self) -> int: ...
+    @property
+    def pipeline_parallel(self) -> int: ...
+    @property
+    def nodes_per_replica(self) -> int: ...
+    @property
+    def distributed_timeout_s(self) -> float: ...
+    @property
+    def enable_expert_parallel(self) -> bool: ...
+
+
+class EngineLane(Protocol):
+    """What a profile reads of one lane (`layout.LanePlan` is one)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def rendezvous_port(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class QueueMetrics:
+    """The Prometheus gauges of a lane's queue: requests waiting, and requests running."""
+
+    waiting: str
+    running: str
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What "ready" means: the health path answers 200, then (when `models`) /v1/models does,
+    and (when `lists_model`) its `data` lists the served model: the one the command names
+    with a served-name flag, else any model."""
+
+    models: bool
+    lists_model: bool
+
+    def describe(self, health: str = "readiness_path (default /health)") -> str:
+        steps = [f"{health} answers 200"]
+        if self.models and self.lists_model:
+            steps.append(f"{MODELS_PATH} lists the served model")
+        elif self.models:
+            steps.append(f"{MODELS_PATH} answers 200")
+        return ", then ".join(steps)
+
+
+Problem = tuple[str, str, str]  # (field, message, fix), as spec.SpecError words them
+Render = Callable[[EngineDeployment, EngineLane, str, str], list[str]]
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One engine: how the runtime launches, probes and samples it."""
+
+    name: EngineName
+    summary: str
+    docs: tuple[str, ...]  # where the flags, probes and metric names below come from
+    probes: Probes
+    queue: QueueMetrics
+    launcher_flags: tuple[str, ...]  # flags the launcher sets: a command must not
+    render: Render
+    model_flags: tuple[str, ...] = ()  # flags whose value is the model (a path or a hub id)
+    model_after: str | None = None  # a subcommand whose first operand is the model (`serve`)
+    served_name_flags: tuple[str, ...] = ()  # flags naming the model id /v1/models lists
+    multi_node: bool = True
+    expert_parallel: bool = True
+
+    def lane_argv(
+        self, spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
+    ) -> list[str]:
+        """The lane's argv: the spec's command plus the flags the layout decides."""
+        return self.render(spec, lane, master_addr, bind_host)
+
+    def problems(self, spec: EngineDeployment) -> list[Problem]:
+        """What this engine cannot run of the deployment, as (field, message, fix)."""
+        found: list[Problem] = []
+        if not self.multi_node and spec.nodes_per_replica > 1:
+            found.append(
+                (
+                    "nodes_per_replica",
+                    f"engine {self.name} runs a replica on one node only (it has no "
+                    f"multi-node launch), but nodes_per_replica={spec.nodes_per_replica}",
+                    "set nodes_per_replica: 1 and pipeline_parallel: 1, and add replicas "
+                    "for more throughput",
+                )
+            )
+        if not self.expert_parallel and spec.enable_expert_parallel:
+            found.append(
+                (
+                    "enable_expert_parallel",
+                    f"engine {self.name} has no expert-parallel flag",
+                    "turn enable_expert_parallel off",
+                )
+            )
+        return found
+
+    def models_probe(self, command: Sequence[str]) -> tuple[bool, str | None]:
+        """For `readiness.Target`: whether a probe GETs /v1/models, and the model its answer
+        must list ("" = any model; None = answering 200 is enough)."""
+        if not self.probes.lists_model:
+            return self.probes.models, None
+        return self.probes.models, self.served_model(command) or ""
+
+    def owned_flag(self, arg: str) -> str | None:
+        """The launcher-owned flag `arg` sets (as `--flag` or `--flag=value`), else None."""
+        flag = arg.split("=", 1)[0]
+        return flag if flag in self.launcher_flags else None
+
+    def served_model(self, command: Sequence[str]) -> str | None:
+        """The model id the command asks the server to list, when a served-name flag names it."""
+        return _flag_value(command, self.served_name_flags)
+
+    def model_path(self, command: Sequence[str]) -> str | None:
+        """The model the command loads when it is an absolute path (a hub id is not a path)."""
+        value = _flag_value(command, self.model_flags)
+        if value is None and self.model_after is not None:
+            value = _operand_after(command, self.model_after)
+        return value if value is not None and value.startswith("/") else None
+
+
+def _flag_value(command: Sequence[str], flags: tuple[str, ...]) -> str | None:
+    for i, arg in enumerate(command):
+        name, eq, value = arg.partition("=")
+        if name in flags and arg.startswith("--") and eq:
+            return value
+        if arg in flags and i + 1 < len(command):
+            return command[i + 1]
+    return None
+
+
+def _operand_after(command: Sequence[str], word: str) -> str | None:
+    if word not in command:
+        return None
+    rest = command[list(command).index(word) + 1 :]
+    return rest[0] if rest and not rest[0].startswith("-") else None
+
+
+def _vllm_argv(
+    spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
+) -> list[str]:
+    # The stub server parses exactly these flags, so `custom` keeps them byte for byte.
+    argv = list(spec.command)
+    if lane.rank == 0 and lane.port is not None:
+        argv += ["--host", bind_host, "--port", str(lane.port)]
+    argv += [
+        "--tensor-parallel-size",
+        str(spec.tensor_parallel),
+        "--pipeline-parallel-size",
+        str(spec.pipeline_parallel),
+    ]
+    if spec.enable_expert_parallel:
+        # vLLM's expert-parallel group is TP × DP of one server; a replica here is one server
+        # with DP 1, so its experts spread over exactly its tensor-parallel GPUs.
+        argv.append("--enable-expert-parallel")
+    if spec.nodes_per_replica > 1 and lane.rendezvous_port is not None:
+        # vLLM's multi-node launch without Ray: every node gets the same sizes, its rank and
+        # the head's address; followers run headless (no API server).
+        argv += [
+            "--nnodes",
+            str(spec.nodes_per_replica),
+            "--node-rank",
+            str(lane.rank),
+            "--master-addr",
+            master_addr,
+            "--master-port",
+            str(lane.rendezvous_port),
+            "--distributed-timeout-seconds",
+            f"{spec.distributed_timeout_s:g}",
+        ]
+        if lane.rank > 0:
+            argv.append("--headless")
+    return argv
+
+
+def _sglang_argv(
+    spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
+) -> list[str]:
+    argv = list(spec.command)
+    if lane.rank == 0 and lane.port is not None:
+        argv += ["--host", bind_host, "--port", str(lane.port)]
+    # SGLang's sizes are the replica's totals: TP within a node here, PP one stage per node
+    # (with nnodes = pp_size each node holds one pipeline stage of tp_size GPUs).
+    argv += ["--tp-size", str(spec.tensor_parallel), "--pp-size", str(spec.pipeline_parallel)]
+    if spec.enable_expert_parallel:
+        argv += ["--ep-size", str(spec.tensor_parallel)]
+    if spec.nodes_per_replica > 1 and lane.rendezvous_port is not None:
+        host = f"[{master_addr}]" if ":" in master_addr else master_addr
+        argv += [
+            "--nnodes",
+            str(spec.nodes_per_replica),
+            "--node-rank",
+            str(lane.rank),
+            "--dist-init-addr",
+            f"{host}:{lane.rendezvous_port}",
+            "--dist-timeout",
+            str(math.ceil(spec.distributed_timeout_s)),
+        ]
+    return argv
+
+
+def _llamacpp_argv(
+    spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
+) -> list[str]:
+    # One process per replica on one node; a lane with several GPUs is split by llama.cpp's
+    # own --split-mode (layers by default), which needs no launcher flag.
+    argv = list(spec.command)
+    if lane.port is not None:
+        argv += ["--host", bind_host, "--port", str(lane.port)]
+    return [*argv, "--metrics"]  # /metrics is off unless asked for
+
+
+VLLM_QUEUE = QueueMetrics(waiting="vllm:num_requests_waiting", running="vllm:num_requests_running")
+# Flags the vLLM-style launch sets, and flags that would change a replica's shape.
+_CUSTOM_FLAGS = (
+    "--host",
+    "--port",
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--headless",
+    "--distributed-timeout-seconds",
+    "--enable-expert-parallel",
+    # A replica is one server on TP × PP GPUs; data parallelism is more replicas, not a flag.
+    "--data-parallel-size",
+)
+# vLLM also has short forms, and the other data-parallel flags of its multi-node launch.
+_VLLM_FLAGS = (
+    *_CUSTOM_FLAGS,
+    "-tp",
+    "-pp",
+    "-dp",
+    "--data-parallel-size-local",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--data-parallel-start-rank",
+)
+
+CUSTOM = EngineProfile(
+    name="custom",
+    summary="any server that speaks the stub's contract: vLLM's flags and queue metric names",
+    docs=("https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html",),
+    probes=Probes(models=True, lists_model=False),
+    queue=VLLM_QUEUE,
+    launcher_flags=_CUSTOM_FLAGS,
+    render=_vllm_argv,
+)
+
+VLLM = EngineProfile(
+    name="vllm",
+    summary="vLLM's OpenAI-compatible server (`vllm serve`)",
+    docs=(
+        "https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html",
+        "https://docs.vllm.ai/en/latest/usage/metrics.html",
+    ),
+    probes=Probes(models=True, lists_model=True),
+    queue=VLLM_QUEUE,
+    launcher_flags=_VLLM_FLAGS,
+    render=_vllm_argv,
+    model_flags=("--model",),
+    model_after="serve",
+    served_name_flags=("--served-model-name",),
+)
+
+SGLANG = EngineProfile(
+    name="sglang",
+    summary="SGLang's server (`python -m sglang.launch_server`)",
+    docs=(
+        "https://docs.sglang.ai/advanced_features/server_arguments.html",
+        "https://docs.sglang.ai/references/multi_node_deployment/multi_node.html",
+        "https://docs.sglang.ai/references/production_metrics.html",
+    ),
+    probes=Probes(models=True, lists_model=True),
+    queue=QueueMetrics(waiting="sglang:num_queue_reqs", running="sglang:num_running_reqs"),
+    launcher_flags=(
+        "--host",
+        "--port",
+        "--tp",
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--pp",
+        "--pp-size",
+        "--pipeline-parallel-size",
+        "--ep",
+        "--ep-size",
+        "--expert-parallel-size",
+        "--dp",
+        "--dp-size",
+        "--data-parallel-size",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--nccl-init-addr",
+        "--dist-timeout",
+    ),
+    render=_sglang_argv,
+    model_flags=("--model-path", "--model"),
+    served_name_flags=("--served-model-name",),
+)
+
+LLAMACPP = EngineProfile(
+    name="llamacpp",
+    summary="llama.cpp's HTTP server (`llama-server`), one node per replica",
+    docs=("https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",),
+    # /health answers 503 while the model loads and 200 once it can serve.
+    probes=Probes(models=False, lists_model=False),
+    queue=QueueMetrics(
+        waiting="llamacpp:requests_deferred", running="llamacpp:requests_processing"
+    ),
+    launcher_flags=("--host", "--port", "--metrics"),
+    render=_llamacpp_argv,
+    model_flags=("-m", "--model"),
+    served_name_flags=("-a", "--alias"),
+    multi_node=False,
+    expert_parallel=False,
+)
+
+PROFILES: dict[str, EngineProfile] = {p.name: p for p in (CUSTOM, VLLM, SGLANG, LLAMACPP)}
+
+
+def profile(name: str) -> EngineProfile:
+    """The profile of an engine name the spec accepted."""
+    return PROFILES[name]
