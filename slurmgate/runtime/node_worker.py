@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -57,6 +57,13 @@ class WorkerSpec:
     model_path: str | None
     grace_s: float
     nodes: list[NodeSpec]
+    # Absolute model paths the deployment's command loads, as its engine profile reads them
+    # (`--model /models/x`): checked like model_path, so a missing checkpoint fails preflight.
+    model_paths: list[str] = field(default_factory=list)
+
+    def checked_paths(self) -> list[str]:
+        """Every model path preflight checks, each once, the spec's own first."""
+        return list(dict.fromkeys(p for p in [self.model_path, *self.model_paths] if p))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +72,7 @@ class WorkerSpec:
             "name": self.name,
             "gpus_per_node": self.gpus_per_node,
             "model_path": self.model_path,
+            "model_paths": self.model_paths,
             "grace_s": self.grace_s,
             "nodes": [
                 {
@@ -106,7 +114,11 @@ class WorkerSpec:
 
     @classmethod
     def from_json(cls, data: Any) -> WorkerSpec:
-        _keys(data, {"v", "run_id", "name", "gpus_per_node", "model_path", "grace_s", "nodes"})
+        _keys(
+            data,
+            {"v", "run_id", "name", "gpus_per_node", "model_path", "grace_s", "nodes"},
+            optional=frozenset({"model_paths"}),
+        )
         if data["v"] != 1:
             raise WorkerSpecError(f"spec version {data['v']!r} is not supported")
         nodes = []
@@ -153,11 +165,15 @@ class WorkerSpec:
             model_path=data["model_path"],
             grace_s=float(data["grace_s"]),
             nodes=nodes,
+            model_paths=[
+                _typed(p, str, "model_paths[]")
+                for p in _typed(data.get("model_paths", []), list, "model_paths")
+            ],
         )
 
 
-def _keys(obj: Any, expected: set[str]) -> None:
-    if not isinstance(obj, dict) or set(obj) != expected:
+def _keys(obj: Any, expected: set[str], optional: frozenset[str] = frozenset()) -> None:
+    if not isinstance(obj, dict) or not expected <= set(obj) <= expected | optional:
         got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
         raise WorkerSpecError(f"expected keys {sorted(expected)}, got {got}")
 
@@ -258,8 +274,7 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
             ) from None
         finally:
             sock.close()
-    if spec.model_path:
-        path = spec.model_path
+    for path in spec.checked_paths():
         if not os.path.exists(path):
             raise PreflightFailed(node.host, "model-path", f"{path} does not exist")
         mode = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)

@@ -38,7 +38,7 @@ from slurmgate.runtime.records import (
     controller_identity,
     default_runs_root,
 )
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.spec import AllocationSpec, DeploymentSpec
 from slurmgate.runtime.stepenv import step_env
 from slurmgate.runtime.supervisor import (
     DEFER,
@@ -426,6 +426,7 @@ class AllocationRun:
             model_path=self.spec.model_path,
             grace_s=min(self.grace_s, 10.0),
             nodes=nodes,
+            model_paths=_command_model_paths(dspec),
         )
 
     def _client_worker_spec(self) -> WorkerSpec:
@@ -972,6 +973,12 @@ class AllocationRun:
             cleanup=list(self._cleanup_report.actions if self._cleanup_report else []),
             record_path=str(self.record_path),
         )
+
+
+def _command_model_paths(dspec: DeploymentSpec) -> list[str]:
+    """The absolute model path the deployment's command loads, as its engine reads it."""
+    path = engines.profile(dspec.engine).model_path(dspec.command)
+    return [path] if path else []
 
 
 def layout_lane(lane: layout_mod.LanePlan, argv: list[str], env: dict[str, str]) -> Any:

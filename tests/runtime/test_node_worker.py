@@ -56,6 +56,7 @@ def _spec(token: str, lanes: list[LaneSpec], **kw: object) -> WorkerSpec:
         model_path=kw.get("model_path"),  # type: ignore[arg-type]
         grace_s=2.0,
         nodes=[NodeSpec(host=HOST, ports=list(kw.get("ports", [])), lanes=lanes)],  # type: ignore[call-overload]
+        model_paths=list(kw.get("model_paths", [])),  # type: ignore[call-overload]
     )
 
 
@@ -179,6 +180,8 @@ def test_lane_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None
     [
         ({"gpus": 8}, "0,1", "gpu-count"),
         ({"model_path": "/nonexistent/model"}, "0,1", "model-path"),
+        # the engine's model flag in the command (`vllm serve /models/x`), checked the same way
+        ({"model_paths": ["/nonexistent/checkpoint"]}, "0,1", "model-path"),
     ],
 )
 def test_preflight_failures_name_node_and_check(kw: dict, gpus: str, check: str) -> None:
@@ -267,3 +270,12 @@ def test_a_task_on_another_node_than_planned_is_a_hostname_failure() -> None:
         f"SLURMGATE-PREFLIGHT host=node7 check=hostname: task 0 runs on node7 but the plan "
         f"puts it on {HOST}"
     ) in out.stderr
+
+
+def test_the_commands_model_paths_travel_and_an_older_spec_without_them_still_decodes() -> None:
+    spec = _spec("tok", [], model_path="/a", model_paths=["/b", "/a"])
+    again = WorkerSpec.decode(spec.encode())
+    assert again.model_paths == ["/b", "/a"] and again.checked_paths() == ["/a", "/b"]
+    data = spec.to_json()
+    del data["model_paths"]
+    assert WorkerSpec.from_json(data).checked_paths() == ["/a"]
