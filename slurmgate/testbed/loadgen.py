@@ -743,7 +743,10 @@ async def run_chat_load(
     budget = spec.requests if spec.requests is not None else math.inf
     open_loop = spec.rate is not None
     limit = spec.max_in_flight if open_loop else spec.concurrency
-    connector = aiohttp.TCPConnector(limit=limit)
+    # A connection per request: every simulated user is its own client, and a server that
+    # closes its connection after a stream (llama.cpp's does) never meets a stale reused one
+    # (aiohttp fails that request with "Can not write request body").
+    connector = aiohttp.TCPConnector(limit=limit, force_close=True)
     timeout = aiohttp.ClientTimeout(total=spec.timeout, sock_read=spec.idle_timeout)
 
     async def honour(result: ChatResult) -> None:
