@@ -51,16 +51,23 @@ def test_allocation_through_the_api_completes_with_its_artifacts(
     served: PrefectServer, tmp_path: Path
 ) -> None:
     runs_root = tmp_path / "runs"
-    run = served.create_run(
-        "allocation/allocation",
-        {"spec": runtime_helpers.example_data(), "runs_dir": str(runs_root)},
+    spec = runtime_helpers.example_data()
+    # The example's client, then a short streaming chat load whose report the flow publishes.
+    chat_load = (
+        'python -c "$1" && exec python -m slurmgate.cli loadgen "$SLURMGATE_ENDPOINT_CHAT" '
+        "--chat --requests 6 --concurrency 2 --output-tokens 8"
     )
+    spec["client"]["command"] = ["sh", "-c", chat_load, "client", spec["client"]["command"][2]]
+    run = served.create_run("allocation/allocation", {"spec": spec, "runs_dir": str(runs_root)})
     done = served.wait_state(run["id"], FINAL, timeout=150)
     assert done["state"]["type"] == "COMPLETED", served.logs(run["id"])
 
     artifacts = served.artifacts(served.run_family(run["id"]))
-    assert {a["key"] for a in artifacts} >= ARTIFACTS, [a["key"] for a in artifacts]
+    keys = {a["key"] for a in artifacts}
+    assert keys >= ARTIFACTS | {"load-chat", "load-chat-e2e"}, sorted(keys)
     by_key = {a["key"]: a for a in artifacts}
+    assert by_key["load-chat"]["type"] == "table" and "TTFT" in str(by_key["load-chat"]["data"])
+    assert str(by_key["load-chat-e2e"]["data"]).startswith("data:image/png;base64,")
     assert "chat" in str(by_key["allocation-layout"]["data"])
     assert float(by_key["allocation-readiness"]["data"]) == 100.0
     (record,) = load_records(runs_root)
