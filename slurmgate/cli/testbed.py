@@ -315,6 +315,13 @@ def loadgen(
             show_default=False,
         ),
     ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            help="With --chat: seconds one request may take in all (a minute of silence "
+            "mid-stream also ends it)."
+        ),
+    ] = 300.0,
 ) -> None:
     """Drive an endpoint at a set concurrency; report throughput, latency percentiles and 429s.
 
@@ -345,6 +352,7 @@ def loadgen(
             seed=seed,
             label=label,
             report=report,
+            timeout=timeout,
         )
         return
     for name, value in (("--rate", rate), ("--label", label), ("--report", report)):
@@ -395,6 +403,7 @@ def _chat_load(
     seed: int,
     label: str | None,
     report: Path | None,
+    timeout: float,
 ) -> None:
     """`loadgen --chat`: run, print the table (or JSON), write the report where asked."""
     import asyncio
@@ -420,6 +429,8 @@ def _chat_load(
             honour_retry_after=honour_retry_after,
             label=label or lg.label_for(url, os.environ.get("SLURMGATE_ENDPOINTS")),
             headers={"authorization": f"Bearer {token}"} if token else {},
+            timeout=timeout,
+            idle_timeout=min(timeout, 60.0),
         )
         spec.check()
     except lg.LoadInputError as exc:

@@ -383,6 +383,7 @@ async def test_the_command_sends_the_endpoint_token_from_the_environment() -> No
         (["--chat", "--prompt-tokens", "uniform:9"], "--prompt-tokens"),
         (["--chat", "--output-tokens", "0"], "--output-tokens"),
         (["--chat", "--rate", "-1"], "--rate"),
+        (["--chat", "--timeout", "0"], "--timeout"),
         (["--rate", "5"], "--rate belongs to the streaming chat mode; add --chat"),
     ],
 )
