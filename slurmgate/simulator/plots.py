@@ -21,9 +21,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - depends on the environment
-        raise PlotError(
-            "--plot needs matplotlib: pip install 'slurmgate[dev]' (or pip install matplotlib)"
-        ) from None
+        raise PlotError("--plot needs matplotlib: pip install 'slurmgate[plots]'") from None
     return plt
 
 

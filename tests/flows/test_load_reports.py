@@ -64,7 +64,7 @@ def test_each_report_is_a_table_and_an_e2e_histogram_image(
     assert url.startswith("data:image/png;base64,")
     png = base64.b64decode(url.split(",", 1)[1])
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert struct.unpack(">II", png[16:24]) == (480, 180)  # IHDR: width, height
+    assert struct.unpack(">II", png[16:24]) == (480, 192)  # IHDR: 6 x 2.4 inches at 80 dpi
     assert "12 requests" in (image.description or "")
 
 
