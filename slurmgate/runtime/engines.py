@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -98,12 +98,24 @@ class EngineProfile:
     served_name_flags: tuple[str, ...] = ()  # flags naming the model id /v1/models lists
     multi_node: bool = True
     expert_parallel: bool = True
+    # The variable that tells the engine which address its node advertises to the other ranks
+    # (on a multi-NIC node its own guess may be an interface the others cannot reach).
+    host_ip_env: str | None = None
+    # Consecutive ports a multi-node replica's head uses from its rendezvous port on.
+    rendezvous_span: int = 1
 
     def lane_argv(
         self, spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
     ) -> list[str]:
         """The lane's argv: the spec's command plus the flags the layout decides."""
         return self.render(spec, lane, master_addr, bind_host)
+
+    def lane_env(self, bind_host: str, spec_env: Collection[str] = ()) -> dict[str, str]:
+        """What the launcher adds to a lane's environment: the node's address, which the lane
+        also binds, unless the spec's own env sets the variable."""
+        if self.host_ip_env is None or self.host_ip_env in spec_env:
+            return {}
+        return {self.host_ip_env: bind_host}
 
     def problems(self, spec: EngineDeployment) -> list[Problem]:
         """What this engine cannot run of the deployment, as (field, message, fix)."""
@@ -229,7 +241,7 @@ def _sglang_argv(
             "--dist-timeout",
             str(math.ceil(spec.distributed_timeout_s)),
         ]
-    return argv
+    return [*argv, "--enable-metrics"]  # /metrics (the queue gauges) is off unless asked for
 
 
 def _llamacpp_argv(
@@ -288,6 +300,7 @@ VLLM = EngineProfile(
     docs=(
         "https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html",
         "https://docs.vllm.ai/en/latest/usage/metrics.html",
+        "https://docs.vllm.ai/en/latest/configuration/env_vars.html",
     ),
     probes=Probes(models=True, lists_model=True),
     queue=VLLM_QUEUE,
@@ -296,6 +309,7 @@ VLLM = EngineProfile(
     model_flags=("--model",),
     model_after="serve",
     served_name_flags=("--served-model-name",),
+    host_ip_env="VLLM_HOST_IP",
 )
 
 SGLANG = EngineProfile(
@@ -305,6 +319,7 @@ SGLANG = EngineProfile(
         "https://docs.sglang.ai/advanced_features/server_arguments.html",
         "https://docs.sglang.ai/references/multi_node_deployment/multi_node.html",
         "https://docs.sglang.ai/references/production_metrics.html",
+        "https://docs.sglang.ai/references/environment_variables.html",
     ),
     probes=Probes(models=True, lists_model=True),
     queue=QueueMetrics(waiting="sglang:num_queue_reqs", running="sglang:num_running_reqs"),
@@ -328,10 +343,15 @@ SGLANG = EngineProfile(
         "--dist-init-addr",
         "--nccl-init-addr",
         "--dist-timeout",
+        "--enable-metrics",
     ),
     render=_sglang_argv,
     model_flags=("--model-path", "--model"),
     served_name_flags=("--served-model-name",),
+    host_ip_env="SGLANG_HOST_IP",
+    # With nnodes > 1 SGLang opens its ZMQ sockets on the --dist-init-addr port + 1 … + 6
+    # (PortArgs.init_new in python/sglang/srt/server_args.py).
+    rendezvous_span=7,
 )
 
 LLAMACPP = EngineProfile(

@@ -76,6 +76,9 @@ class LanePlan:
     rendezvous_node: int  # allocation node index of the replica's rank-0 node
     rendezvous_port: int | None  # only for multi-node replicas
     delay_s: float
+    # Ports the engine opens from rendezvous_port on (SGLang's internal sockets follow its
+    # --dist-init-addr port): the next lane's rendezvous starts past them.
+    rendezvous_span: int = 1
 
     @property
     def process_id(self) -> str:
@@ -95,9 +98,10 @@ class NodePlan:
     def ports(self) -> tuple[int, ...]:
         ports = {p for lane in self.lanes for p in (lane.port,) if p is not None}
         ports |= {
-            lane.rendezvous_port
+            lane.rendezvous_port + i
             for lane in self.lanes
             if lane.rendezvous_port is not None and lane.rank == 0
+            for i in range(lane.rendezvous_span)
         }
         return tuple(sorted(ports))
 
@@ -211,6 +215,7 @@ def plan(spec: AllocationShape) -> AllocationPlan:
 def _deployment_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[NodePlan, ...]:
     lanes = d.lanes_for(node_gpus)
     npr = d.nodes_per_replica
+    span = engines.profile(d.engine).rendezvous_span
     groups = -(-d.replicas // lanes)
     out: list[NodePlan] = []
     for group in range(groups):
@@ -231,10 +236,11 @@ def _deployment_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[N
                         gpus=tuple(range(slot * d.tensor_parallel, (slot + 1) * d.tensor_parallel)),
                         port=d.base_port + slot if rank == 0 else None,
                         rendezvous_node=head_node,
-                        rendezvous_port=d.rendezvous_base_port + slot if npr > 1 else None,
+                        rendezvous_port=d.rendezvous_base_port + slot * span if npr > 1 else None,
                         delay_s=launch_delay(
                             replica, d.lead_boot_standoff_s, d.rank_launch_stagger_s
                         ),
+                        rendezvous_span=span,
                     )
                 )
             out.append(
@@ -271,9 +277,12 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
                 if lane.port is not None:
                     claim(n.node, lane.port, f"deployments[{d.index}].base_port")
                 if lane.rendezvous_port is not None and lane.rank == 0:
-                    claim(
-                        n.node, lane.rendezvous_port, f"deployments[{d.index}].rendezvous_base_port"
-                    )
+                    for i in range(lane.rendezvous_span):
+                        claim(
+                            n.node,
+                            lane.rendezvous_port + i,
+                            f"deployments[{d.index}].rendezvous_base_port",
+                        )
     for d in p.deployments:
         claim(p.client_node, d.endpoint_port, f"deployments[{d.index}].endpoint_port")
     return problems

@@ -412,8 +412,10 @@ class AllocationRun:
                 master = self.layout.address(lane.rendezvous_node)
                 argv = layout_mod.lane_argv(dspec, lane, master, bind_host=address)
                 # The deployment's env travels in the step's environment, never in argv
-                # (argv is world-readable in /proc and may hold tokens).
-                lanes.append(layout_lane(lane, argv, {}))
+                # (argv is world-readable in /proc and may hold tokens); a lane's own env is
+                # only what its engine needs per node (the address it advertises).
+                env = engines.profile(dspec.engine).lane_env(address, dspec.env)
+                lanes.append(layout_lane(lane, argv, env))
             nodes.append(
                 NodeSpec(
                     host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes, address=address

@@ -85,18 +85,21 @@ def test_custom_renders_todays_vllm_style_argv_byte_for_byte() -> None:
 
 def test_sglang_renders_its_own_multi_node_flags() -> None:
     spec = _spec("sglang", command=["python", "-m", "sglang.launch_server"])
-    head, _, follower, _ = _argvs(spec)
+    head, head1, follower, _ = _argvs(spec)
+    # SGLang's sockets follow the --dist-init-addr port (+1 … +6): the next lane starts past them
+    assert head1[head1.index("--dist-init-addr") + 1] == "n0:19007"
+    assert layout.plan(spec).deployments[0].nodes[0].ports == (18000, 18001, *range(19000, 19014))
     assert head == [
         "python", "-m", "sglang.launch_server", "--host", "n0", "--port", "18000",
         "--tp-size", "4", "--pp-size", "2",
         "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "n0:19000",
-        "--dist-timeout", "600",
+        "--dist-timeout", "600", "--enable-metrics",
     ]  # fmt: skip
     # a follower has no HTTP server and no --headless: SGLang's ranks > 0 never serve HTTP
     assert follower[3:] == [
         "--tp-size", "4", "--pp-size", "2",
         "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "n0:19000",
-        "--dist-timeout", "600",
+        "--dist-timeout", "600", "--enable-metrics",
     ]  # fmt: skip
 
 
