@@ -68,9 +68,10 @@ class Probes:
 
     models: bool
     lists_model: bool
+    health_note: str = ""  # what the health path answers before it is 200
 
-    def describe(self, health: str = "readiness_path (default /health)") -> str:
-        steps = [f"{health} answers 200"]
+    def describe(self, health: str = "`readiness_path` (default /health)") -> str:
+        steps = [f"{health} answers 200" + (f" ({self.health_note})" if self.health_note else "")]
         if self.models and self.lists_model:
             steps.append(f"{MODELS_PATH} lists the served model")
         elif self.models:
@@ -103,6 +104,7 @@ class EngineProfile:
     host_ip_env: str | None = None
     # Consecutive ports a multi-node replica's head uses from its rendezvous port on.
     rendezvous_span: int = 1
+    note: str = ""  # for docs/spec.md: what a reader of the spec should know besides the above
 
     def lane_argv(
         self, spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
@@ -286,7 +288,8 @@ _VLLM_FLAGS = (
 
 CUSTOM = EngineProfile(
     name="custom",
-    summary="any server that speaks the stub's contract: vLLM's flags and queue metric names",
+    summary="Any server with vLLM's flags and queue metric names whose /v1/models answers 200, "
+    "like the stub server (`python -m slurmgate.testbed.stub_server`)",
     docs=("https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html",),
     probes=Probes(models=True, lists_model=False),
     queue=VLLM_QUEUE,
@@ -352,14 +355,14 @@ SGLANG = EngineProfile(
     # With nnodes > 1 SGLang opens its ZMQ sockets on the --dist-init-addr port + 1 … + 6
     # (PortArgs.init_new in python/sglang/srt/server_args.py).
     rendezvous_span=7,
+    note="The nodes of rank ≥ 1 serve no HTTP; only the head is probed and routed to.",
 )
 
 LLAMACPP = EngineProfile(
     name="llamacpp",
     summary="llama.cpp's HTTP server (`llama-server`), one node per replica",
     docs=("https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",),
-    # /health answers 503 while the model loads and 200 once it can serve.
-    probes=Probes(models=False, lists_model=False),
+    probes=Probes(models=False, lists_model=False, health_note="503 while the model loads"),
     queue=QueueMetrics(
         waiting="llamacpp:requests_deferred", running="llamacpp:requests_processing"
     ),
@@ -369,6 +372,8 @@ LLAMACPP = EngineProfile(
     served_name_flags=("-a", "--alias"),
     multi_node=False,
     expert_parallel=False,
+    note="`tensor_parallel` is the number of GPUs one lane sees; llama.cpp spreads the model "
+    "over them by its own `--split-mode` (layers by default), so no flag is appended.",
 )
 
 PROFILES: dict[str, EngineProfile] = {p.name: p for p in (CUSTOM, VLLM, SGLANG, LLAMACPP)}

@@ -154,43 +154,91 @@ class ClientSpec(_Strict):
 class DeploymentSpec(_Strict):
     """One model deployment: replicas of TP×PP lanes, placed on whole nodes."""
 
-    name: DeploymentName
+    name: DeploymentName = Field(
+        description="lowercase letters, digits and dashes; names the endpoint "
+        "(SLURMGATE_ENDPOINT_<NAME>), the steps and the logs"
+    )
     engine: engines.EngineName = Field(
         default="custom",
         description="the model server: vllm, sglang or llamacpp use that engine's readiness "
         "probes, queue metric and launch flags; custom is a server with vLLM's flags and "
         "metric names whose /v1/models answers 200 (the stub server)",
     )
-    command: list[str] = Field(min_length=1, description="server argv base; the launcher appends")
-    tensor_parallel: int = Field(default=1, ge=1)
-    pipeline_parallel: int = Field(default=1, ge=1)
-    replicas: int = Field(default=1, ge=1)
-    nodes_per_replica: int = Field(default=1, ge=1)
+    command: list[str] = Field(
+        min_length=1,
+        description="the server's argv; the launcher appends the engine's layout flags (a "
+        "command that sets one of them is refused), and an absolute model path in it is "
+        "checked on every node",
+    )
+    tensor_parallel: int = Field(
+        default=1, ge=1, description="GPUs of one replica on each of its nodes"
+    )
+    pipeline_parallel: int = Field(
+        default=1, ge=1, description="pipeline stages of one replica, one per node"
+    )
+    replicas: int = Field(default=1, ge=1, description="independent copies behind the endpoint")
+    nodes_per_replica: int = Field(
+        default=1, ge=1, description="nodes one replica spans; equals pipeline_parallel"
+    )
     lanes_per_node: int | None = Field(
         default=None, ge=1, description="replicas sharing a node group; default fills the GPUs"
     )
     gpus_per_node: int | None = Field(
         default=None, ge=0, description="GPUs this deployment uses per node (≤ the node's)"
     )
-    base_port: int = Field(default=18000, ge=1024, le=65535)
-    rendezvous_base_port: int = Field(default=19000, ge=1024, le=65535)
-    endpoint_port: int = Field(default=17000, ge=1024, le=65535)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
-    distributed_timeout_s: float = Field(default=600.0, gt=0)
-    probe_timeout_s: float = Field(default=1.0, gt=0)
+    base_port: int = Field(
+        default=18000, ge=1024, le=65535, description="HTTP port of lane 0's head; lane L: +L"
+    )
+    rendezvous_base_port: int = Field(
+        default=19000,
+        ge=1024,
+        le=65535,
+        description="a multi-node replica's rendezvous port on its head node (lane 0; the "
+        "next lanes follow, spaced by what the engine opens there)",
+    )
+    endpoint_port: int = Field(
+        default=17000,
+        ge=1024,
+        le=65535,
+        description="the logical endpoint's port on the client node",
+    )
+    startup_timeout_s: float = Field(
+        default=900.0, gt=0, description="seconds a lane has to become ready, after its delay"
+    )
+    distributed_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="the engine's rendezvous timeout across a replica's nodes "
+        "(≤ startup_timeout_s)",
+    )
+    probe_timeout_s: float = Field(default=1.0, gt=0, description="timeout of one readiness GET")
     ready_probes: int = Field(
         default=2, ge=1, le=100, description="good readiness probes in a row before a lane is ready"
     )
-    readiness_path: str = "/health"
+    readiness_path: str = Field(
+        default="/health",
+        description="the health path a lane answers 200 on once it can serve (each engine's "
+        "profile adds its own /v1/models check); the endpoint probes it too",
+    )
     enable_expert_parallel: bool = Field(
         default=False,
         description="shard the MoE experts over the replica's tensor-parallel GPUs (vLLM "
         "--enable-expert-parallel: expert-parallel size = tensor_parallel here); one node only",
     )
-    lead_boot_standoff_s: float = Field(default=60.0, ge=0)
-    rank_launch_stagger_s: float = Field(default=5.0, ge=0)
-    backpressure: BackpressureSpec = Field(default_factory=BackpressureSpec)
-    env: dict[str, EnvValue] = Field(default_factory=dict)
+    lead_boot_standoff_s: float = Field(
+        default=60.0, ge=0, description="seconds replica 0 boots alone before replica 1 starts"
+    )
+    rank_launch_stagger_s: float = Field(
+        default=5.0, ge=0, description="then replica i starts i × this later"
+    )
+    backpressure: BackpressureSpec = Field(
+        default_factory=BackpressureSpec,
+        description="the endpoint's per-lane queue limit, read from the engine's queue metric",
+    )
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict,
+        description="this deployment's lanes only: plain values or secret references",
+    )
 
     @field_validator("readiness_path")
     @classmethod
@@ -307,16 +355,19 @@ class SlurmSpec(_Strict):
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+MAX_HOOK_COMMANDS = 32
+MAX_HOOK_COMMAND_CHARS = 4096
+MAX_HOOK_TIMEOUT_S = 86400.0
+
+
 class HookSpec(_Strict):
     """Shell commands a site runs on the controller's host around the run, with a time limit."""
 
-    commands: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
-        min_length=1,
-        max_length=32,
-        description="one bash script, in order; the first command that fails stops it",
+    commands: list[str] = Field(
+        description="one bash script, in order; the first command that fails stops it"
     )
     timeout_s: float = Field(
-        default=600.0, gt=0, le=86400, description="then every process of the hook is stopped"
+        default=600.0, description="then every process of the hook is stopped (≤ 86400)"
     )
     env: dict[str, EnvValue] = Field(
         default_factory=dict,
@@ -327,9 +378,36 @@ class HookSpec(_Strict):
     @field_validator("commands")
     @classmethod
     def _commands(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise _problem("commands", "is empty", "give at least one shell command")
+        if len(v) > MAX_HOOK_COMMANDS:
+            raise _problem(
+                "commands",
+                f"{len(v)} commands, more than {MAX_HOOK_COMMANDS}",
+                "put them in a script on the host and call it",
+            )
         for i, command in enumerate(v):
+            if not command.strip():
+                raise _problem("commands", f"command {i} is empty", "remove it")
+            if len(command) > MAX_HOOK_COMMAND_CHARS:
+                raise _problem(
+                    "commands",
+                    f"command {i} is longer than {MAX_HOOK_COMMAND_CHARS} characters",
+                    "put it in a script on the host and call it",
+                )
             if "\0" in command:
                 raise _problem("commands", f"command {i} contains a NUL byte", "remove it")
+        return v
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout(cls, v: float) -> float:
+        if not 0 < v <= MAX_HOOK_TIMEOUT_S:
+            raise _problem(
+                "timeout_s",
+                f"{v:g} is not a time limit in seconds",
+                f"give seconds above 0, at most {MAX_HOOK_TIMEOUT_S:g} (a day)",
+            )
         return v
 
     @field_validator("env")
@@ -337,7 +415,9 @@ class HookSpec(_Strict):
     def _env(cls, v: dict[str, EnvValue]) -> dict[str, EnvValue]:
         for key in v:
             if not _ENV_NAME.match(key):
-                raise _problem("env", f"{key!r} is not a variable name", "use letters, digits, _")
+                raise _problem(
+                    "env", f"{key!r} is not a variable name", "use letters, digits and _"
+                )
             if key.startswith("SLURMGATE_") or key == "SLURM_JOB_ID":
                 raise _problem("env", f"{key} is set by the runtime", f"remove {key}")
         return _checked_env(v, lanes=False)
@@ -356,6 +436,17 @@ class HooksSpec(_Strict):
         description="after cleanup, on every path; a failure is reported in the run's "
         "result and record but does not fail the run",
     )
+
+    @field_validator("prolog", "epilog", mode="before")
+    @classmethod
+    def _shape(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, str | list):
+            raise _problem(
+                str(info.field_name),
+                "is not a mapping",
+                f"write it as {info.field_name}: {{commands: [COMMAND, ...], timeout_s: 600}}",
+            )
+        return v
 
     def named(self) -> dict[str, HookSpec]:
         """The hooks the spec sets, by name."""
