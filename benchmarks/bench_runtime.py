@@ -3,6 +3,12 @@
 Run after `slurmgate cluster up` (SLURM_CONF exported):
     .venv/bin/python benchmarks/bench_runtime.py [--repeat 3] [--smoke] [--results-dir DIR]
 Writes benchmarks/results/runtime.json and runtime.md. `--smoke` makes one round instead of 3.
+
+The llama.cpp arm runs a real engine (llama.cpp's server through xllamacpp, on a generated tiny
+GGUF whose load takes a few tenths of a second): two replicas through slurmgate (`engine:
+llamacpp`) to all lanes ready, beside the same command started by hand with a bare
+`srun -N2` and polled for /health 200. Both include the engine's own start (spawn to /health
+200 on this machine, measured too), so their difference is what slurmgate adds.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from slurmgate.runtime import slurm
 from slurmgate.runtime.records import RunRecord, load_records
 from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.spec import AllocationSpec
-from slurmgate.testbed.localproc import free_port
+from slurmgate.testbed.llamacpp_server import launch_command
+from slurmgate.testbed.localproc import free_port, stop_group
+from slurmgate.testbed.tiny_gguf import MODEL_NAME, write_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,25 +56,112 @@ def four_node_spec(hang: bool = False) -> dict[str, Any]:
 def stub_startup_s() -> float:
     """The stub's own start: spawn to /health 200, on this machine, outside Slurm."""
     port = free_port()
+    return local_startup_s(
+        [sys.executable, "-m", "slurmgate.testbed.stub_server", "--port", str(port)], port
+    )
+
+
+def local_startup_s(argv: list[str], port: int) -> float:
+    """A server's own start: spawn to /health 200, on this machine, outside Slurm."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmgate.testbed.stub_server", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    return time.perf_counter() - t0
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() - t0 > 30:
-                raise RuntimeError("stub did not start")
-            time.sleep(0.01)
+        wait_healthy([f"http://127.0.0.1:{port}"], t0, proc)
+        return time.perf_counter() - t0
     finally:
-        proc.terminate()
-        proc.wait()
+        stop_group(proc)
+
+
+def wait_healthy(urls: list[str], t0: float, proc: subprocess.Popen[bytes]) -> None:
+    """Poll every URL's /health every 10 ms until each has answered 200 once."""
+    pending = set(urls)
+    with httpx.Client(trust_env=False, timeout=0.5) as client:
+        while pending:
+            for url in sorted(pending):
+                try:
+                    if client.get(url + "/health").status_code == 200:
+                        pending.discard(url)
+                except httpx.HTTPError:
+                    pass
+            if not pending:
+                return
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+            if time.perf_counter() - t0 > 60:
+                raise RuntimeError(f"not healthy within 60 s: {sorted(pending)}")
+            time.sleep(0.01)
+
+
+LLAMA_NODES = 2
+LLAMA_PORT = 18520
+
+
+def llama_command(model: Path) -> list[str]:
+    """The llama.cpp lane's command, the same for both arms (the launcher adds host and port)."""
+    return [*launch_command(model, python=sys.executable), "-a", MODEL_NAME, "-lv", "1"]
+
+
+def llama_spec(model: Path) -> dict[str, Any]:
+    """Two llama.cpp replicas on two nodes, the client (`true`) beside the first."""
+    return {
+        "schema_version": 1,
+        "name": "bench-llamacpp",
+        "gpus_per_node": 8,
+        "time_limit": "00:05:00",
+        "client": {"command": ["true"], "cpus": 1},
+        "deployments": [
+            {
+                "name": "llm",
+                "engine": "llamacpp",
+                "command": llama_command(model),
+                "replicas": LLAMA_NODES,
+                "gpus_per_node": 1,
+                "base_port": LLAMA_PORT,
+                "endpoint_port": 17520,
+                "startup_timeout_s": 60,
+                "distributed_timeout_s": 30,
+                "lead_boot_standoff_s": 0,
+                "rank_launch_stagger_s": 0,
+            }
+        ],
+    }
+
+
+def llama_bare_srun_s(model: Path) -> float:
+    """The same server by hand: `srun -N2` of the same command, until both answer /health 200."""
+    nodes = sorted(slurm.sinfo_states())[-LLAMA_NODES:]
+    addresses = slurm.node_addresses(nodes)
+    name = f"sg-bench-llamacpp-bare-{os.getpid()}"
+    argv = [
+        "srun", f"--nodes={LLAMA_NODES}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
+        f"--job-name={name}", "--time=5",
+        *llama_command(model), "--host", "0.0.0.0", "--port", str(LLAMA_PORT), "--metrics",
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        wait_healthy([f"http://{addresses[n]}:{LLAMA_PORT}" for n in nodes], t0, proc)
+        return time.perf_counter() - t0
+    finally:
+        stop_group(proc)
+        slurm.scancel_by_name(name)
+
+
+def llama_start_to_ready_s(model: Path, runs_root: Path) -> float:
+    """Through slurmgate: controller start to both llama.cpp lanes ready, then cleanup."""
+    run = AllocationRun(
+        AllocationSpec.from_data(llama_spec(model)), runs_root=runs_root, log=lambda m: None
+    )
+    t0 = time.perf_counter()
+    try:
+        run.until_ready()
+        return time.perf_counter() - t0
+    finally:
+        run.finish(None)
 
 
 def bare_srun_s() -> float:
@@ -167,6 +262,11 @@ def main() -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     flow_start_to_ready_s(tmp / "warmup")  # starts the ephemeral Prefect server once
 
+    # 100 000 extra vocabulary entries: llama.cpp's own load takes a few tenths of a second.
+    model = write_tiny_model(tmp / "tiny.gguf", extra_tokens=100_000)
+    llama_port = free_port()
+    llama_local, llama_bare, llama_ready = [], [], []
+
     stub, srun, ready, cleanup, cancel, via_flow = [], [], [], [], [], []
     for i in range(args.repeat):
         stub.append(stub_startup_s())
@@ -176,13 +276,27 @@ def main() -> int:
         cleanup.append(r["cleanup_s"])
         cancel.append(cancel_to_clean_s(tmp / f"cancel-{i}", hang_spec))
         via_flow.append(flow_start_to_ready_s(tmp / f"flow-{i}"))
+        llama_local.append(
+            local_startup_s(
+                [*llama_command(model), "--port", str(llama_port), "--metrics"], llama_port
+            )
+        )
+        llama_bare.append(llama_bare_srun_s(model))
+        llama_ready.append(llama_start_to_ready_s(model, tmp / f"llama-{i}"))
         print(
             f"round {i + 1}: stub {stub[-1]:.3f}s srun -N4 {srun[-1]:.3f}s "
             f"ready {ready[-1]:.3f}s (flow {via_flow[-1]:.3f}s) cleanup {cleanup[-1]:.3f}s "
-            f"cancel→clean {cancel[-1]:.3f}s",
+            f"cancel→clean {cancel[-1]:.3f}s | llama.cpp: own start {llama_local[-1]:.3f}s "
+            f"bare srun -N2 → /health 200 {llama_bare[-1]:.3f}s "
+            f"slurmgate → ready {llama_ready[-1]:.3f}s",
             flush=True,
         )
     overhead = median(ready) - median(stub)
+    llama_own = median(llama_local)
+    llama_overhead = median(llama_ready) - llama_own
+    llama_bare_overhead = median(llama_bare) - llama_own
+    # srun's own part is tens of milliseconds; a non-positive one would be noise, not a ratio
+    llama_ratio = llama_overhead / llama_bare_overhead if llama_bare_overhead > 0 else None
     result: dict[str, Any] = {
         "cluster": "slurm-local netns, 4 nodes, one 2-core machine",
         "repeat": args.repeat,
@@ -195,6 +309,16 @@ def main() -> int:
         "prefect_flow_overhead_over_bare_srun": (median(via_flow) - median(stub)) / median(srun),
         "cleanup_after_success_s": median(cleanup),
         "cancel_to_clean_s": median(cancel),
+        "llamacpp": {
+            "replicas": LLAMA_NODES,
+            "engine_own_startup_s": llama_own,
+            "bare_srun_to_health_200_s": median(llama_bare),
+            "slurmgate_start_to_all_lanes_ready_s": median(llama_ready),
+            "slurmgate_overhead_s": llama_overhead,
+            "bare_srun_overhead_s": llama_bare_overhead,
+            "slurmgate_minus_bare_srun_s": median(llama_ready) - median(llama_bare),
+            "overhead_over_bare_srun": llama_ratio,
+        },
         "samples": {
             "stub_startup_s": stub,
             "bare_srun_N4_true_s": srun,
@@ -202,6 +326,9 @@ def main() -> int:
             "cleanup_after_success_s": cleanup,
             "cancel_to_clean_s": cancel,
             "prefect_flow_start_to_all_lanes_ready_s": via_flow,
+            "llamacpp_engine_own_startup_s": llama_local,
+            "llamacpp_bare_srun_to_health_200_s": llama_bare,
+            "llamacpp_slurmgate_start_to_all_lanes_ready_s": llama_ready,
         },
         "smoke": args.smoke,
     }
@@ -223,6 +350,25 @@ def main() -> int:
         f"| flow overhead ÷ bare srun | {(median(via_flow) - median(stub)) / median(srun):.1f}× |",
         f"| cleanup after success (2 serve steps + owned allocation) | {median(cleanup):.3f} |",
         f"| SIGTERM mid-readiness → controller gone, allocation over | {median(cancel):.3f} |",
+        "",
+        f"## A real engine: llama.cpp, {LLAMA_NODES} replicas on {LLAMA_NODES} nodes",
+        "",
+        "llama.cpp's own server (xllamacpp) on a generated tiny GGUF; both arms run the same "
+        "command and include the engine's start.",
+        "",
+        "| measurement | seconds |",
+        "|---|---|",
+        f"| engine's own start (spawn → /health 200, this machine, no Slurm) | {llama_own:.3f} |",
+        f"| bare `srun -N{LLAMA_NODES}` of the same command → every /health 200 "
+        f"| {median(llama_bare):.3f} |",
+        "| slurmgate (`engine: llamacpp`): controller start → all lane heads ready (salloc, "
+        f"resolve, preflight, launch, 2 good probes in a row) | {median(llama_ready):.3f} |",
+        f"| slurmgate − bare srun | {median(llama_ready) - median(llama_bare):.3f} |",
+        f"| slurmgate overhead = ready − engine's own start | {llama_overhead:.3f} |",
+        f"| bare srun overhead = srun ready − engine's own start | {llama_bare_overhead:.3f} |",
+        "| **llama.cpp: overhead ÷ bare srun overhead** | **"
+        + (f"{llama_ratio:.1f}×" if llama_ratio is not None else "n/a (srun overhead ≤ 0)")
+        + "** |",
         "",
         *([SMOKE_NOTE, ""] if args.smoke else []),
     ]
