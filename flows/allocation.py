@@ -21,6 +21,7 @@ from tasks.allocation import (
     quiet_known_failures,
     read_secret_block,
 )
+from tasks.hooks import run_site_hook
 from tasks.load_reports import publish_load_reports
 
 quiet_known_failures()
@@ -32,11 +33,13 @@ def _run(run_id: str) -> AllocationRun:
 
 @flow(name="allocation-preflight", validate_parameters=False)
 def preflight_phase(run_id: str) -> list[str]:
-    """Attach or allocate, resolve the hosts, then preflight the client and every node."""
+    """Attach or allocate, resolve the hosts, run the site's prolog, then preflight the client
+    and every node."""
     run = _run(run_id)
     run.allocate()
     run.resolve()
     publish_layout(run)
+    run.prolog()
     run.preflight()
     return list(run.layout.hosts) if run.layout else []
 
@@ -114,6 +117,7 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
         log=log,
         on_progress=Progress(run_id),
         resolve_secret=read_secret_block,
+        hook_runner=run_site_hook,
     )
     registry.LIVE_RUNS[run.run_id] = run
     registry.RUNS_BY_FLOW_RUN[str(flow_run.id)] = run.run_id
@@ -149,4 +153,5 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
         "hosts": result.hosts,
         "timings": result.timings,
         "record": result.record_path,
+        "hooks": result.hooks,
     }

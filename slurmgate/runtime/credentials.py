@@ -69,6 +69,7 @@ class RunCredentials:
     client_env: dict[str, str] = field(default_factory=dict)
     deployment_env: tuple[dict[str, str], ...] = ()
     endpoint_token: str | None = None
+    hook_env: dict[str, dict[str, str]] = field(default_factory=dict)
     secret_values: frozenset[str] = frozenset()
 
     @classmethod
@@ -83,6 +84,10 @@ class RunCredentials:
             env = resolve_env(f"deployments[{i}].env", d.env, resolver)
             secrets |= {env[k] for k, v in d.env.items() if not isinstance(v, str)}
             deployments.append(env)
+        hooks = {}
+        for name, hook in spec.hooks.named().items():
+            hooks[name] = resolve_env(f"hooks.{name}.env", hook.env, resolver)
+            secrets |= {hooks[name][k] for k, v in hook.env.items() if not isinstance(v, str)}
         token = None
         if spec.endpoint_token is not None:
             token = resolve_secret("endpoint_token", spec.endpoint_token, resolver)
@@ -93,6 +98,7 @@ class RunCredentials:
             client_env=client,
             deployment_env=tuple(deployments),
             endpoint_token=token,
+            hook_env=hooks,
             secret_values=frozenset(secrets),
         )
 

@@ -28,6 +28,7 @@ from slurmgate.runtime import engines, readiness, slurm
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
+from slurmgate.runtime.hooks import HookInvocation, HookOutcome, HookRunner, run_plain
 from slurmgate.runtime.node_worker import PREFLIGHT_OK, NodeSpec, WorkerSpec, node_name
 from slurmgate.runtime.probe_step import HELLO_TIMEOUT_S, ProbeChannel, ProbeStepFailed
 from slurmgate.runtime.records import (
@@ -208,6 +209,7 @@ class RunResult:
     endpoint_metrics: dict[str, str]
     cleanup: list[str]
     record_path: str
+    hooks: dict[str, str] = field(default_factory=dict)  # hook name -> what it did, in words
 
 
 @dataclass
@@ -234,6 +236,7 @@ class AllocationRun:
         log: Callable[[str], None] | None = None,
         on_progress: Callable[[str, int, int], None] | None = None,
         resolve_secret: SecretResolver | None = None,
+        hook_runner: HookRunner | None = None,
     ) -> None:
         self.spec = spec
         # Resolved here, on the client host, before anything starts: an unknown reference
@@ -272,6 +275,11 @@ class AllocationRun:
         self._cleanup_lock = threading.RLock()
         self._cleanup_state = "open"
         self._cleanup_report: CleanupReport | None = None
+        # Site hooks run on this host; without a runner from the Prefect layer, the core's own.
+        self._hook_runner = hook_runner or (
+            lambda invocation: run_plain(invocation, lambda line: self.log(line))
+        )
+        self.hooks: dict[str, HookOutcome] = {}
         self.save()
 
     # -- bookkeeping -----------------------------------------------------------------------
@@ -300,6 +308,7 @@ class AllocationRun:
             error=self.redact(self.error) if self.error else None,
             **controller_identity(),
             cleanup_complete=report.complete if report else None,
+            hooks={n: o.model_dump(mode="json") for n, o in getattr(self, "hooks", {}).items()},
             steps=(
                 [StepRecord(**step) for step in self.supervisor.records()]
                 if hasattr(self, "supervisor")
@@ -478,6 +487,54 @@ class AllocationRun:
             stdin_data=ws.encode().encode(),
             **step,
         )
+
+    def run_hook(self, name: str, extra: dict[str, str] | None = None) -> HookOutcome | None:
+        """Run the spec's hook `name` on this host under its guard (None when unset)."""
+        hook = self.spec.hooks.named().get(name)
+        if hook is None:
+            return None
+        named = {"SLURMGATE_HOOK": name, "SLURMGATE_RUN_DIR": str(self.run_dir)}
+        if self.job_id:
+            named["SLURM_JOB_ID"] = self.job_id
+        if self.layout:
+            named["SLURMGATE_HOSTS"] = ",".join(self.layout.hosts)
+            named["SLURMGATE_CLIENT_HOST"] = self.layout.client_host
+        env = self._base_env({**named, **(extra or {}), **self.credentials.hook_env[name]})
+        invocation = HookInvocation(
+            name, self.run_dir, list(hook.commands), env, hook.timeout_s,
+            secrets=sorted(self.credentials.secret_values),
+        )  # fmt: skip
+        self.log(f"hook {name}: {len(hook.commands)} command(s), {hook.timeout_s:g} s at most")
+        try:
+            self._hook_runner(invocation)
+        except Exception as exc:  # the runner itself failed: the outcome file says the rest
+            self.log(f"hook {name}: its runner failed: {type(exc).__name__}: {exc}")
+        outcome = self.hooks[name] = invocation.outcome()
+        self.save()
+        self.log(f"hook {name} {outcome.describe()}; its output: {invocation.log_path}")
+        if not outcome.ok and name == "prolog":
+            raise RunFailed(
+                "prolog",
+                f"the prolog {outcome.describe()}; nothing was launched. Its output "
+                f"({invocation.log_path}) ends:\n{self.redact(invocation.log_tail())}",
+            )
+        return outcome
+
+    def prolog(self) -> None:
+        """The site's prolog, once the hosts are known and before the preflight: a failure
+        stops the run before anything is launched."""
+        if "prolog" in self.spec.hooks.named():
+            self._enter("prolog")
+            self.run_hook("prolog")
+
+    def epilog(self) -> None:
+        """The site's epilog, after cleanup: its failure is reported, never raised."""
+        if "epilog" not in self.spec.hooks.named() or "epilog" in self.hooks:
+            return
+        outcome = "failed" if self.error else "succeeded"
+        if self._cleanup_report is not None and not self._cleanup_report.complete:
+            outcome = "cleanup-failed"
+        self.run_hook("epilog", {"SLURMGATE_RUN_OUTCOME": outcome})
 
     def preflight(self) -> None:
         """Client (zero GPU) first, then every node of every deployment; nothing heavy starts."""
@@ -880,6 +937,7 @@ class AllocationRun:
             self.log(
                 f"cleanup {'complete' if report.complete else 'FAILED'} in {report.seconds:.2f} s"
             )
+            self.epilog()  # bounded by its timeout; signals still wait
             return report
 
     def _release(self, report: CleanupReport) -> None:
@@ -923,6 +981,7 @@ class AllocationRun:
         """Allocate, resolve, preflight and launch, then wait for every lane; its seconds."""
         self.allocate()
         self.resolve()
+        self.prolog()
         self.preflight()
         self.launch()
         return self.wait_ready()
@@ -974,6 +1033,7 @@ class AllocationRun:
             endpoint_metrics=dict(self.endpoint_metrics),
             cleanup=list(self._cleanup_report.actions if self._cleanup_report else []),
             record_path=str(self.record_path),
+            hooks={name: outcome.describe() for name, outcome in self.hooks.items()},
         )
 
 
