@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--parallel {args.parallel}: give at least 1 slot")
     if not Path(args.model).is_file():
         parser.error(f"--model {args.model}: no such file; give the path of a GGUF model")
+    # llama.cpp colours its log on a terminal (srun's output can be one); lane logs are files.
+    os.environ.setdefault("NO_COLOR", "1")
     try:
         import xllamacpp  # type: ignore[import-untyped]
     except ImportError:

@@ -145,3 +145,26 @@ def write_tiny_model(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m slurmgate.testbed.tiny_gguf PATH [--extra-tokens N]`: write it, say where."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmgate.testbed.tiny_gguf", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("path", type=Path, help="where to write the GGUF file")
+    parser.add_argument("--extra-tokens", type=int, default=0, help="grow the vocabulary")
+    parser.add_argument("--context-length", type=int, default=512)
+    args = parser.parse_args(argv)
+    if args.extra_tokens < 0 or args.context_length < 8:
+        parser.error("--extra-tokens must be at least 0 and --context-length at least 8")
+    path = write_tiny_model(
+        args.path, extra_tokens=args.extra_tokens, context_length=args.context_length
+    )
+    print(f"{path} ({path.stat().st_size} bytes, model {MODEL_NAME})")
+
+
+if __name__ == "__main__":
+    main()

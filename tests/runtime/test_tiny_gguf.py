@@ -162,3 +162,31 @@ def test_bad_head_shape_names_the_fields(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="n_head_kv"):
         write_tiny_model(tmp_path / "m.gguf", n_embd=64, n_head=4, n_head_kv=3)
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_the_command_writes_a_llama_gguf_with_its_tokenizer(tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    path = tmp_path / "cli.gguf"
+    done = subprocess.run(
+        [sys.executable, "-m", "slurmgate.testbed.tiny_gguf", str(path), "--extra-tokens", "10"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert str(path) in done.stdout
+    reader = GGUFReader(path)
+    fields = reader.fields
+
+    def text(key: str) -> str:
+        field = fields[key]
+        return bytes(field.parts[field.data[0]]).decode()
+
+    assert text("general.architecture") == "llama"
+    assert text("tokenizer.ggml.model") == "llama"
+    assert "tokenizer.chat_template" in fields
+    # <unk> <s> </s>, 256 bytes, "▁", 94 printable characters, 52 "▁"-letters, 10 extra words
+    assert len(fields["tokenizer.ggml.tokens"].data) == 3 + 256 + 1 + 94 + 52 + 10
+    assert {t.name for t in reader.tensors} >= {"token_embd.weight", "output.weight"}
