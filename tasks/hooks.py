@@ -8,6 +8,7 @@ import shlex
 from prefect_shell import ShellOperation
 
 from slurmgate.runtime.hooks import HookInvocation, start_watchdog
+from tasks.allocation import warn
 
 
 def run_site_hook(invocation: HookInvocation) -> None:
@@ -32,3 +33,6 @@ def run_site_hook(invocation: HookInvocation) -> None:
             pass  # a non-zero exit: what happened is in the guard's result file
         finally:
             watchdog.cancel()
+    outcome = invocation.outcome()
+    if not outcome.ok:  # a warning in the flow run's log: a failed epilog does not fail the run
+        warn(f"hook {invocation.name} {outcome.describe()}; its output: {invocation.log_path}")

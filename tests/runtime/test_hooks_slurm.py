@@ -3,6 +3,7 @@ a failing prolog, a hanging epilog, and a flow process SIGKILLed while its prolo
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -35,9 +36,11 @@ def _marker() -> str:
     return f"hook-marker-{secrets.token_hex(4)}"
 
 
-def _prefect_log_lines(since: datetime, needle: str, within: float = 15.0) -> list[str]:
-    """Messages of the Prefect API's logs since `since` that contain `needle` (logs reach the
-    server in batches: wait for them a little)."""
+def _prefect_log_lines(
+    since: datetime, needle: str, within: float = 15.0, level: int = 0
+) -> list[str]:
+    """Messages of the Prefect API's logs since `since`, at `level` or above, that contain
+    `needle` (logs reach the server in batches: wait for them a little)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterTimestamp
 
@@ -47,7 +50,7 @@ def _prefect_log_lines(since: datetime, needle: str, within: float = 15.0) -> li
             logs = client.read_logs(
                 log_filter=LogFilter(timestamp=LogFilterTimestamp(after_=since)), limit=200
             )
-            found = [log.message for log in logs if needle in log.message]
+            found = [log.message for log in logs if needle in log.message and log.level >= level]
             if found or time.monotonic() >= deadline:
                 return found
             time.sleep(0.5)
@@ -100,6 +103,7 @@ def test_a_hanging_epilog_is_stopped_at_its_timeout_and_the_result_says_so(
             "env": {"HOOK_MARKER": marker},
         },
     }
+    since = datetime.now(UTC) - timedelta(seconds=1)
     summary = allocation(spec=AllocationSpec.from_data(data), runs_dir=str(runs_root))
     assert summary["hooks"]["prolog"].startswith("succeeded"), summary
     assert summary["hooks"]["epilog"].startswith("timed out after 2.0 s"), summary
@@ -110,6 +114,8 @@ def test_a_hanging_epilog_is_stopped_at_its_timeout_and_the_result_says_so(
     hooks = record.model_extra["hooks"] if record.model_extra else {}
     assert hooks["epilog"]["timed_out"] is True
     assert_no_orphans(record.run_id)
+    # A site sees it: a warning in the flow run's log on the Prefect server.
+    assert _prefect_log_lines(since, "hook epilog timed out after 2.0 s", level=logging.WARNING)
 
 
 CLI = ["-m", "slurmgate.cli", "allocation", "run"]
