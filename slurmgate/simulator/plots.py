@@ -1,4 +1,4 @@
-"""Charts of replays (matplotlib, the plots extra): wait CDFs, wide-job waits, one pool's Gantt day."""
+"""Charts of replays (matplotlib, `plots` extra): wait CDFs, wide-job waits, a pool's Gantt day."""
 
 from __future__ import annotations
 
