@@ -154,4 +154,5 @@ def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, A
         "timings": result.timings,
         "record": result.record_path,
         "hooks": result.hooks,
+        "hooks_failed": result.hooks_failed,
     }

@@ -134,6 +134,9 @@ def publish_record(run: AllocationRun) -> None:
         lines[4:4] = [f"- error: {rec.error}"]  # redacted by the run
     for s in rec.steps:
         lines.append(f"| {s.name} | {s.step_id or '-'} | {s.pgid} | {s.returncode} |")
+    if rec.hooks:
+        lines += ["", "| site hook | outcome |", "|---|---|"]
+        lines += [f"| {name} | {outcome.describe()} |" for name, outcome in rec.hooks.items()]
     try:
         create_markdown_artifact(
             markdown=run.redact("\n".join(lines)),

@@ -52,6 +52,12 @@ def allocation_run(
     except Exception as exc:
         raise fail(f"allocation run failed: {exc}", code=1) from None
     run_dir = Path(summary["record"]).parent
+    for name, words in summary.get("hooks", {}).items():
+        failed = name in summary.get("hooks_failed", [])
+        # A failed epilog does not fail the run, so this line is where the person sees it.
+        typer.echo(
+            f"{'warning: ' if failed else ''}hook {name} {words} (hook-{name}.log)", err=failed
+        )
     typer.echo(
         f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}; "
         f"its step logs and record.json are in {run_dir}"

@@ -27,9 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pydantic import BaseModel
-
-from slurmgate.runtime.records import process_start_ticks
+from slurmgate.runtime.records import HookOutcome, process_start_ticks
 from slurmgate.runtime.redact import Redactor
 
 GRACE_S = 2.0  # SIGTERM to SIGKILL; under prefect-shell's 5 s before it kills the guard itself
@@ -41,38 +39,6 @@ LINE_CHARS = 2000
 TIMED_OUT = 124  # as timeout(1)
 PARENT_GONE = 125
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-class HookOutcome(BaseModel):
-    """What one hook did: its exit status, or why it was stopped."""
-
-    name: str
-    returncode: int | None = None
-    timed_out: bool = False
-    stopped_by: str | None = None  # "timeout", "signal", "parent exited"
-    seconds: float = 0.0
-    leftovers: int = 0  # processes still running after the hook's shell exited: stopped
-    log: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and self.stopped_by is None
-
-    def describe(self) -> str:
-        """One line: `succeeded in 1.2 s`, `exited 3 in …`, `timed out after 2 s …`."""
-        if self.timed_out:
-            text = f"timed out after {self.seconds:.1f} s; all its processes were stopped"
-        elif self.stopped_by:
-            text = f"stopped ({self.stopped_by}) after {self.seconds:.1f} s"
-        elif self.returncode == 0:
-            text = f"succeeded in {self.seconds:.1f} s"
-        elif self.returncode is None:
-            text = "did not report (its guard died)"
-        else:
-            text = f"exited {self.returncode} after {self.seconds:.1f} s"
-        if self.leftovers:
-            text += f"; {self.leftovers} process(es) it left running were stopped"
-        return text
 
 
 @dataclass

@@ -126,6 +126,38 @@ class StepRecord(BaseModel):
     returncode: int | None = None
 
 
+class HookOutcome(BaseModel):
+    """What one hook did: its exit status, or why it was stopped."""
+
+    name: str
+    returncode: int | None = None
+    timed_out: bool = False
+    stopped_by: str | None = None  # "timeout", "signal", "parent exited"
+    seconds: float = 0.0
+    leftovers: int = 0  # processes still running after the hook's shell exited: stopped
+    log: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.stopped_by is None
+
+    def describe(self) -> str:
+        """One line: `succeeded in 1.2 s`, `exited 3 in …`, `timed out after 2 s …`."""
+        if self.timed_out:
+            text = f"timed out after {self.seconds:.1f} s; all its processes were stopped"
+        elif self.stopped_by:
+            text = f"stopped ({self.stopped_by}) after {self.seconds:.1f} s"
+        elif self.returncode == 0:
+            text = f"succeeded in {self.seconds:.1f} s"
+        elif self.returncode is None:
+            text = "did not report (its guard died)"
+        else:
+            text = f"exited {self.returncode} after {self.seconds:.1f} s"
+        if self.leftovers:
+            text += f"; {self.leftovers} process(es) it left running were stopped"
+        return text
+
+
 class RunRecord(BaseModel):
     """The record.json of one run. Unknown keys are kept, so older and newer files round-trip.
 
@@ -148,6 +180,7 @@ class RunRecord(BaseModel):
     controller_host: str | None = None  # absent in the oldest records: taken as this host
     cleanup_complete: bool | None = None
     steps: list[StepRecord] = Field(default_factory=list)
+    hooks: dict[str, HookOutcome] = Field(default_factory=dict)  # the site's prolog and epilog
     # written by a reaper
     status_before_reap: RunStatus | None = None
     reaped_at: float | None = None

@@ -28,11 +28,12 @@ from slurmgate.runtime import engines, readiness, slurm
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
-from slurmgate.runtime.hooks import HookInvocation, HookOutcome, HookRunner, run_plain
+from slurmgate.runtime.hooks import HookInvocation, HookRunner, run_plain
 from slurmgate.runtime.node_worker import PREFLIGHT_OK, NodeSpec, WorkerSpec, node_name
 from slurmgate.runtime.probe_step import HELLO_TIMEOUT_S, ProbeChannel, ProbeStepFailed
 from slurmgate.runtime.records import (
     RECORD_NAME,
+    HookOutcome,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -210,6 +211,7 @@ class RunResult:
     cleanup: list[str]
     record_path: str
     hooks: dict[str, str] = field(default_factory=dict)  # hook name -> what it did, in words
+    hooks_failed: list[str] = field(default_factory=list)  # hooks that did not succeed
 
 
 @dataclass
@@ -308,7 +310,7 @@ class AllocationRun:
             error=self.redact(self.error) if self.error else None,
             **controller_identity(),
             cleanup_complete=report.complete if report else None,
-            hooks={n: o.model_dump(mode="json") for n, o in getattr(self, "hooks", {}).items()},
+            hooks=dict(getattr(self, "hooks", {})),
             steps=(
                 [StepRecord(**step) for step in self.supervisor.records()]
                 if hasattr(self, "supervisor")
@@ -1034,6 +1036,7 @@ class AllocationRun:
             cleanup=list(self._cleanup_report.actions if self._cleanup_report else []),
             record_path=str(self.record_path),
             hooks={name: outcome.describe() for name, outcome in self.hooks.items()},
+            hooks_failed=[name for name, outcome in self.hooks.items() if not outcome.ok],
         )
 
 

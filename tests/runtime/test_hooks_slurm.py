@@ -78,8 +78,7 @@ def test_a_failing_prolog_launches_nothing_and_the_error_has_its_output(
     (record,) = load_records(runs_root)
     assert record.steps == []  # no srun of any kind was started
     assert record.status == "failed" and record.cleanup_complete is True
-    hooks = record.model_extra["hooks"] if record.model_extra else {}
-    assert hooks["prolog"]["returncode"] == 4 and hooks["epilog"]["returncode"] == 0
+    assert record.hooks["prolog"].returncode == 4 and record.hooks["epilog"].returncode == 0
     epilog_log = (runs_root / record.run_id / "hook-epilog.log").read_text()
     assert "epilog after a run that failed" in epilog_log
     assert job_gone(record.job_id)
@@ -107,13 +106,17 @@ def test_a_hanging_epilog_is_stopped_at_its_timeout_and_the_result_says_so(
     summary = allocation(spec=AllocationSpec.from_data(data), runs_dir=str(runs_root))
     assert summary["hooks"]["prolog"].startswith("succeeded"), summary
     assert summary["hooks"]["epilog"].startswith("timed out after 2.0 s"), summary
+    assert summary["hooks_failed"] == ["epilog"], summary
     assert seen.read_text().split() == [str(summary["job_id"]), ",".join(summary["hosts"])]
     assert_no_orphans(marker, within=3.0)
     (record,) = load_records(runs_root)
     assert record.status == "succeeded"  # the epilog's failure is reported, not the run's
-    hooks = record.model_extra["hooks"] if record.model_extra else {}
-    assert hooks["epilog"]["timed_out"] is True
+    assert record.hooks["epilog"].timed_out is True
     assert_no_orphans(record.run_id)
+    from prefect.artifacts import Artifact
+
+    artifact = Artifact.get("allocation-record")
+    assert artifact is not None and "| epilog | timed out after 2.0 s" in str(artifact.data)
     # A site sees it: a warning in the flow run's log on the Prefect server.
     assert _prefect_log_lines(since, "hook epilog timed out after 2.0 s", level=logging.WARNING)
 
@@ -217,3 +220,34 @@ def test_sigterm_during_the_prolog_stops_it_cleans_up_and_runs_the_epilog(
             flow.wait()
         kill_marked(marker)
         reap_stale_runs(load_records(runs_root), wait_out_backoff=False)
+
+
+def test_the_command_line_warns_of_a_failed_epilog_on_a_run_that_succeeded(
+    prefect_harness: None, tmp_path: Path
+) -> None:
+    # A failed epilog does not fail the run: the command's own output is where a person sees it.
+    from prefect.settings import PREFECT_API_URL
+
+    data = example_data()
+    data["hooks"] = {
+        "prolog": {"commands": ["true"]},
+        "epilog": {"commands": ["echo collecting logs", "exit 3"]},
+    }
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
+    ran = subprocess.run(
+        [sys.executable, *CLI, str(spec), "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert "hook prolog succeeded in" in ran.stdout
+    warning = [line for line in ran.stderr.splitlines() if line.startswith("warning: hook")]
+    assert warning and warning[0].startswith("warning: hook epilog exited 3 after"), ran.stderr
+    assert "(hook-epilog.log)" in warning[0]
+    assert " succeeded on " in ran.stdout.splitlines()[-1]
