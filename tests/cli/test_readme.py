@@ -71,6 +71,8 @@ CLAIMS: dict[str, list[str]] = {
     "slurmgate cluster up": [
         r"client\| client ok: 8 completions",
         r"run sg-local-stub-\w+ succeeded on node1,node2,node3; its step logs and record.json",
+        r"client\| stream: \d+ chunks, then \[DONE\]",
+        r"run sg-llamacpp-local-\w+ succeeded on node1,node2; its step logs and record.json",
         r"left running: it was already running when `slurmgate cluster up` ran",
     ],
     "slurmgate init --api-url": [
