@@ -214,11 +214,13 @@ def committed_state() -> dict[str, tuple[int, int]]:
 
 
 def active_bench_jobs() -> set[str]:
-    """Slurm jobs of the benchmark's spec (`sg-local-stub-*`) that are still queued or running."""
+    """Slurm jobs the runtime benchmark starts (its stub and llama.cpp specs through slurmgate,
+    and its bare `srun` arms) that are still queued or running."""
     out = subprocess.run(
         ["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=30, check=True
     )
-    return {line for line in out.stdout.splitlines() if " sg-local-stub-" in line}
+    names = (" sg-local-stub-", " sg-llamacpp", " sg-bench-")
+    return {line for line in out.stdout.splitlines() if any(n in line for n in names)}
 
 
 COMMANDS = readme_benchmark_commands()
