@@ -17,6 +17,7 @@ from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
 from slurmgate.github.scope import ScopeError
+from slurmgate.github.steps import slurm_capacity_step
 from tasks.allocation import reap_crashed_allocations
 from tasks.github import (
     add_anchor_labels_task,
@@ -166,6 +167,9 @@ async def reconcile(
         remove=remove_labels_task,
         admit=lease_subflow,
         read_dispatch=read_dispatch_task,
+        # Slurm's nodes for the pools mapped to partitions; a failed read counts runners only
+        # (one warning), so it is not a retried task
+        read_capacity=slurm_capacity_step(settings),
     )
     async with scope.get_client() as client, bound_client(client):
         history = await load_history(logger)

@@ -1,12 +1,15 @@
 """Capacity while a plan is made: pools, free runners, running leases and their time profile.
 
 `FleetState` is what the policies query and consume; the planner builds one per plan from a
-snapshot, and the simulator keeps one across its events.
+snapshot, and the simulator keeps one across its events. Where a pool is mapped to a Slurm
+partition, its `NodeCapacity` (read by an adapter, `runtime/slurm_capacity.py`) caps what the
+runners offer: usable capacity = min(free runners, nodes Slurm can give a managed job now).
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,6 +22,95 @@ DEFAULT_ESTIMATE = Estimate(480 * 60.0, 480 * 60.0)
 
 LEGACY = "(legacy)"
 """Board name of the runners without a `cluster:` label; they serve 1-node jobs only."""
+
+
+@dataclass(frozen=True, slots=True)
+class MissingNodes:
+    """Nodes of a pool's partition that cannot run a managed job now, and why (one word)."""
+
+    why: str  # "drained", "down", "held by jobs outside slurmgate", "reserved (maint)", ...
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    """What Slurm says about one pool's partition: the nodes a managed job could get.
+
+    `idle` nodes can take a new managed job now; `managed` nodes are allocated to managed jobs
+    (their leases already count them); `missing` are the rest, grouped by why. `returns` are
+    (time, nodes) when Slurm expects missing nodes back: the end times of outside jobs and of
+    reservations, which the reservation policies add to their time profile.
+    """
+
+    partition: str
+    idle: int
+    managed: int = 0
+    missing: tuple[MissingNodes, ...] = ()
+    returns: tuple[tuple[float, int], ...] = ()
+
+    @property
+    def usable(self) -> int:
+        """Nodes that run a managed job now or could: idle, or already ours."""
+        return self.idle + self.managed
+
+    @property
+    def total(self) -> int:
+        return self.usable + sum(len(group.nodes) for group in self.missing)
+
+    def reasons(self) -> list[str]:
+        """One phrase per group of missing nodes: "2 nodes drained in partition gpu: node[3-4]"."""
+        return [
+            f"{len(group.nodes)} node{'s' if len(group.nodes) != 1 else ''} {group.why} in "
+            f"partition {self.partition}: {compact_hostlist(group.nodes)}"
+            if group.nodes
+            else group.why
+            for group in self.missing
+        ]
+
+    def summary(self) -> str:
+        """The board's line: usable nodes of the partition, and why the others are missing."""
+        head = f"{self.usable}/{self.total} nodes usable in partition {self.partition}"
+        return "; ".join([head, *self.reasons()])
+
+
+_NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<number>\d+)$")
+
+
+def compact_hostlist(names: Iterable[str]) -> str:
+    """Slurm's compact form of a node list: node1,node2,node3,gpu07 -> gpu07,node[1-3].
+
+    Names sharing a prefix and a digit width fold into ranges (zero padding is kept, as Slurm
+    writes it); names without a trailing number stay as they are.
+    """
+    plain: list[str] = []
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for name in sorted(set(names)):
+        match = _NUMBERED.match(name)
+        if match is None:
+            plain.append(name)
+            continue
+        digits = match["number"]
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups[(match["prefix"], width)].append(int(digits))
+    parts = list(plain)
+    for (prefix, width), numbers in sorted(groups.items()):
+        numbers.sort()
+        spans: list[str] = []
+        start = prev = numbers[0]
+        for number in [*numbers[1:], None]:
+            if number is not None and number == prev + 1:
+                prev = number
+                continue
+            spans.append(
+                f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}"
+            )
+            if number is not None:
+                start = prev = number
+        if len(numbers) == 1:
+            parts.append(f"{prefix}{spans[0]}")
+        else:
+            parts.append(f"{prefix}[{','.join(spans)}]")
+    return ",".join(sorted(parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +137,7 @@ class PoolState:
     free: list[int]  # free runner ids, sorted
     admitted: int = 0
     blocked: int = 0
+    slurm: NodeCapacity | None = None  # None: runner-only capacity (no partition, or unread)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +265,35 @@ class FleetState:
         else:
             self.legacy_admitted -= len(runner_ids)
 
-    def available(self, pool: str) -> int:
-        """Runners of `pool` a job could take now: free tokens, within online capacity."""
+    def headroom(self, pool: str) -> int:
+        """Nodes a new admission may take in `pool`: online runners not in use, and where the
+        pool has a partition, nodes Slurm can give a managed job now.
+
+        In Slurm terms: usable (idle or ours) nodes not held by a lease, and never more than
+        the idle ones not taken by this plan (a lease whose job has not allocated yet holds
+        idle nodes; a managed allocation without a lease does not free any).
+        """
         state = self.pools[pool]
-        return max(0, min(len(state.free), state.online - state.in_use))
+        room = state.online - state.in_use
+        if state.slurm is not None:
+            room = min(room, state.slurm.usable - state.in_use, state.slurm.idle - state.admitted)
+        return max(0, room)
+
+    def slurm_short(self, pool: str, nodes: int) -> bool:
+        """True when the runners could take `nodes` now but Slurm's nodes cannot."""
+        state = self.pools[pool]
+        return state.slurm is not None and state.online - state.in_use >= nodes > self.headroom(
+            pool
+        )
+
+    def available(self, pool: str) -> int:
+        """Runners of `pool` a job could take now: free tokens, within online capacity (and
+        within the nodes Slurm can give, for a pool with a partition)."""
+        return min(len(self.pools[pool].free), self.headroom(pool))
 
     def profile(self, pool: str) -> Profile:
-        """Free runners of `pool` from now on, as running leases are expected to end."""
+        """Free runners of `pool` from now on, as running leases are expected to end (and, for
+        a pool with a partition, as Slurm expects outside jobs and reservations to end)."""
         ends = [
             (
                 expected_end(lease.started_s, lease.estimate, self.now_s, self.extension_s),
@@ -186,7 +301,13 @@ class FleetState:
             )
             for lease in self.running.get(pool, {}).values()
         ]
-        return Profile(self.now_s, self.available(pool), self.pools[pool].online, ends)
+        state = self.pools[pool]
+        cap = state.online
+        if state.slurm is not None:
+            # an end Slurm already passed (a job over its limit, being killed) is "soon", not now
+            ends += [(max(end, self.now_s + 1.0), nodes) for end, nodes in state.slurm.returns]
+            cap = min(cap, state.slurm.usable + sum(n for _, n in state.slurm.returns))
+        return Profile(self.now_s, self.available(pool), cap, ends)
 
 
 class Profile:

@@ -350,6 +350,7 @@ class PoolRow:
     free: int
     admitted_nodes: int
     blocked: int
+    slurm: str = ""  # a pool with a partition: usable nodes, and why the others are missing
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +390,7 @@ class Decisions:
                     "free": row.free,
                     "admitted_nodes": row.admitted_nodes,
                     "blocked": "; ".join(blocked.pop(row.pool, [])),
+                    "slurm": row.slurm,
                 }
             )
         for pool, jobs in sorted(blocked.items()):
@@ -402,6 +404,7 @@ class Decisions:
                     "free": 0,
                     "admitted_nodes": 0,
                     "blocked": "; ".join(jobs),
+                    "slurm": "",
                 }
             )
         return rows

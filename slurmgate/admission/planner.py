@@ -24,7 +24,7 @@ it is the default.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -33,6 +33,7 @@ from slurmgate.admission.capacity import (
     LEGACY,
     FleetState,
     JobRequest,
+    NodeCapacity,
     Placement,
     PoolState,
     RunningLease,
@@ -139,6 +140,7 @@ def plan(
     *,
     history: RuntimeHistory | None = None,
     estimate: EstimateFn | None = None,
+    slurm: Mapping[str, NodeCapacity] | None = None,
 ) -> Decisions:
     """Decide which leases to create, which to release and which stray labels to clean.
 
@@ -163,6 +165,10 @@ def plan(
     - Reservation policies (easy, conservative) see each kept lease end at its job's
       `started_at` (now, if not started) plus its estimate; `history` feeds learned estimates,
       `estimate` replaces the estimator altogether (the simulator passes the trace's).
+    - `slurm` (pool -> what Slurm says of its partition) makes Slurm the final authority for
+      those pools: an admission also needs the nodes (`FleetState.headroom`), a job the runners
+      would take but Slurm cannot is blocked naming the missing nodes, and the reservation
+      policies see outside jobs' and reservations' end times. Other pools count runners only.
     """
     policy = policy_for(settings)
     estimate = estimate or estimator_for(settings, history)
@@ -207,6 +213,9 @@ def plan(
         _cleans(runners, facts, leases, work)
 
     fleet = _fleet_state(runners, facts, kept, settings, now_s)
+    for pool, capacity in (slurm or {}).items():
+        if pool in fleet.pools:
+            fleet.pools[pool].slurm = capacity
     _running_leases(fleet, kept, jobs, settings, estimate)
     placements: list[Placement] = []
     if settings.PRIORITY_SCHEDULER_ENABLED:
@@ -616,6 +625,7 @@ def _board(
                 free=len(state.free),
                 admitted_nodes=state.in_use,
                 blocked=state.blocked,
+                slurm=state.slurm.summary() if state.slurm is not None else "",
             )
         )
     legacy = per_pool.get(None, [])

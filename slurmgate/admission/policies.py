@@ -288,8 +288,7 @@ def fit_now(
     fitting: list[tuple[int, str, frozenset[int] | None]] = []
     vetoed: str | None = None
     for pool, allowed in possible:
-        state = fleet.pools[pool]
-        if state.in_use + nodes > state.online:
+        if fleet.headroom(pool) < nodes:
             continue
         count = fleet.free_count(pool, allowed)
         if count >= nodes:
@@ -311,14 +310,18 @@ def fit_now(
     pool, allowed = min(possible, key=lambda e: (-fleet.free_count(e[0], e[1]), e[0]))
     state = fleet.pools[pool]
     free_count = fleet.free_count(pool, allowed)
-    return Blocked(
-        job.id,
-        nodes,
-        pool,
-        BlockReason.NO_CAPACITY,
+    detail = (
         f"needs {nodes}, {pool} has {free_count} free of {state.online} online "
-        f"({state.in_use} in use)",
+        f"({state.in_use} in use)"
     )
+    if state.slurm is not None and fleet.slurm_short(pool, nodes):
+        # the runners would take it: say what Slurm lacks, node by node
+        why = "; ".join(state.slurm.reasons()) or "its nodes are taken by leases"
+        detail = (
+            f"needs {nodes}, Slurm can give {fleet.headroom(pool)} in partition "
+            f"{state.slurm.partition} now ({why}); {pool} has {free_count} free runners"
+        )
+    return Blocked(job.id, nodes, pool, BlockReason.NO_CAPACITY, detail)
 
 
 def _never_fits(

@@ -5,13 +5,32 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PolicyName = Literal["greedy", "easy", "conservative"]
 """The admission policies a deployment can choose (the simulator adds its `fcfs` baseline)."""
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 EstimatesName = Literal["timeout", "learned"]
+
+
+class PoolPartition(BaseModel):
+    """Where a `cluster:<pool>`'s jobs run in Slurm: a partition, optionally narrowed to nodes
+    with a feature, or to one reservation's nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: str = Field(min_length=1, max_length=200, description="Slurm partition name.")
+    feature: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Only nodes with this feature (AvailableFeatures) count, e.g. mi300x.",
+    )
+    reservation: str | None = Field(
+        default=None,
+        max_length=200,
+        description="The managed jobs run in this reservation: only its nodes count.",
+    )
 
 
 def _knob(name: str, default: Any, description: str, **bounds: Any) -> Any:
@@ -34,7 +53,8 @@ class AdmissionSettings(BaseSettings):
     `SLURMGATE_DEFAULT_PRIORITY`, and for the reservation policies `SLURMGATE_ESTIMATES`,
     `SLURMGATE_TIMEOUT_MIN`, `SLURMGATE_TIMEOUT_OVERRIDES`, `SLURMGATE_ESTIMATE_QUANTILE`,
     `SLURMGATE_ESTIMATE_MIN_SAMPLES`, `SLURMGATE_OVERRUN_EXTENSION_S` and
-    `SLURMGATE_RESERVATION_DEPTH`. Keyword arguments use the field names.
+    `SLURMGATE_RESERVATION_DEPTH`; Slurm as the capacity authority is
+    `SLURMGATE_POOL_PARTITIONS`. Keyword arguments use the field names.
 
     With `PRIORITY_SCHEDULER_ENABLED` false the planner is inert for admission: it admits and
     cleans nothing, and only releases leases whose job finished or vanished, so switching the
@@ -170,6 +190,16 @@ class AdmissionSettings(BaseSettings):
         min_length=1,
         max_length=100,
     )
+    pool_partitions: dict[str, PoolPartition] = _knob(
+        "pool_partitions",
+        {},
+        "Slurm as the capacity authority: each cluster:<pool> (key, with or without the "
+        "cluster: prefix) mapped to its partition, optionally a feature and a reservation "
+        '(env SLURMGATE_POOL_PARTITIONS as JSON, e.g. {"mi300": {"partition": "gpu", '
+        '"feature": "mi300x"}} or {"mi300": "gpu"}). A mapped pool admits no more nodes than '
+        "Slurm can give a managed job now; unmapped pools count runners only. When Slurm does "
+        "not answer, every pool counts runners only for that tick (one warning).",
+    )
     default_priority: Decimal = _knob(
         "default_priority",
         Decimal("1.000"),
@@ -187,6 +217,25 @@ class AdmissionSettings(BaseSettings):
                     "a positive number of minutes"
                 )
         return {word.casefold(): minutes for word, minutes in value.items()}
+
+    @field_validator("pool_partitions", mode="before")
+    @classmethod
+    def _partitions(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        pools: dict[str, Any] = {}
+        for key, target in value.items():
+            pool = str(key).strip().casefold()
+            name = pool.removeprefix("cluster:")
+            if not name or any(c.isspace() for c in name):
+                raise ValueError(
+                    f"pool_partitions key {key!r} must be a pool name such as mi300 or "
+                    "cluster:mi300 (SLURMGATE_POOL_PARTITIONS)"
+                )
+            if isinstance(target, str):
+                target = {"partition": target}
+            pools[f"cluster:{name}"] = target
+        return pools
 
     @field_validator("skip_queue_team")
     @classmethod

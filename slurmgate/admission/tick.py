@@ -9,11 +9,12 @@ protocol, so all three do the same work.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.labels import LeaseLabel, new_nonce
 from slurmgate.admission.leases import (
@@ -29,6 +30,8 @@ from slurmgate.errors import ExternalError, one_line
 
 ReadSnapshot = Callable[[], Awaitable[Snapshot]]
 AdmitJob = Callable[[Admit, int], Awaitable[AdmitOutcome]]  # the admit and the fleet size
+ReadCapacity = Callable[[], Awaitable[Mapping[str, NodeCapacity]]]
+"""What Slurm says of each mapped pool's partition (`runtime/slurm_capacity.py` reads it)."""
 
 
 class TickLog(Protocol):
@@ -53,12 +56,15 @@ class TickSteps:
 
     `read_dispatch` re-reads a lease's job and anchor right before a release of a job that may
     still be dispatched (`leases.release_lease`); without it such a release is not re-checked.
+    `read_capacity` reads Slurm's nodes for the pools mapped to partitions, with every snapshot
+    read; without it (or when it fails: fail-open, one warning a tick) capacity is runners only.
     """
 
     read_snapshot: ReadSnapshot
     remove: RemoveLabels | None = None
     admit: AdmitJob | None = None
     read_dispatch: ReadDispatch | None = None
+    read_capacity: ReadCapacity | None = None
 
     @property
     def read_only(self) -> bool:
@@ -137,8 +143,9 @@ async def reconcile_tick(
     # slow read would let a lease another controller anchored meanwhile pass the orphan grace.
     read_at = now()
     snapshot = await steps.read_snapshot()
+    slurm = _Capacity(steps.read_capacity, log)
     learned = history.learn(snapshot.jobs, settings.node_slots) if history is not None else 0
-    decisions, plan_s = _timed_plan(snapshot, settings, history, lambda: read_at)
+    decisions, plan_s = _timed_plan(snapshot, settings, history, lambda: read_at, await slurm())
     report = TickReport(decisions, len(snapshot.runners), plan_s=plan_s, runtimes_learned=learned)
     log_removals(decisions, log)
     if steps.remove is not None:
@@ -148,7 +155,7 @@ async def reconcile_tick(
         # so released capacity is reused in this tick, never guessed at.
         read_at = now()
         snapshot = await steps.read_snapshot()
-        decisions, plan_s = _timed_plan(snapshot, settings, history, lambda: read_at)
+        decisions, plan_s = _timed_plan(snapshot, settings, history, lambda: read_at, await slurm())
         report.decisions, report.fleet_size = decisions, len(snapshot.runners)
         report.plan_s += plan_s
         for deferred in (*decisions.release, *decisions.clean):
@@ -184,14 +191,38 @@ def restamped(admit: Admit, at: datetime, nonce: str | None = None) -> Admit:
     return replace(admit, lease_label=label.render())
 
 
+class _Capacity:
+    """The tick's Slurm capacity reads: fail-open (runner-only capacity) with one warning a
+    tick. Only this read fails open; the lease protocol never does."""
+
+    def __init__(self, read: ReadCapacity | None, log: TickLog) -> None:
+        self.read = read
+        self.log = log
+        self.warned = False
+
+    async def __call__(self) -> Mapping[str, NodeCapacity] | None:
+        if self.read is None:
+            return None
+        try:
+            return await self.read()
+        except Exception as exc:
+            if not self.warned:
+                self.warned = True
+                self.log.warning(
+                    "slurm capacity unread (%s): this tick counts runners only", one_line(exc)
+                )
+            return None
+
+
 def _timed_plan(
     snapshot: Snapshot,
     settings: AdmissionSettings,
     history: RuntimeHistory | None,
     now: Callable[[], datetime],
+    slurm: Mapping[str, NodeCapacity] | None = None,
 ) -> tuple[Decisions, float]:
     started = time.perf_counter()
-    decisions = plan(snapshot, settings, now(), history=history)
+    decisions = plan(snapshot, settings, now(), history=history, slurm=slurm)
     return decisions, round(time.perf_counter() - started, 6)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
 
+from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.leases import (
     AdmitOutcome,
     DispatchCheck,
@@ -14,9 +16,10 @@ from slurmgate.admission.leases import (
 )
 from slurmgate.admission.model import Admit, Snapshot
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.admission.tick import TickSteps
+from slurmgate.admission.tick import ReadCapacity, TickSteps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.snapshot import take_snapshot
+from slurmgate.runtime.slurm_capacity import read_pool_capacity
 
 
 def direct_steps(
@@ -24,13 +27,15 @@ def direct_steps(
 ) -> TickSteps:
     """Read with `take_snapshot`; remove and admit with the core lease protocol (N + 1 writes a
     lease). `read_only` plans and writes nothing, as `slurmgate status` does; `settings` lets
-    the read verify skip-queue jobs (without them none is)."""
+    the read verify skip-queue jobs (without them none is) and, where it maps pools to
+    partitions, reads Slurm's nodes with every snapshot (`slurm_capacity_step`)."""
 
     async def read() -> Snapshot:
         return await take_snapshot(client, settings=settings)
 
+    capacity = slurm_capacity_step(settings)
     if read_only:
-        return TickSteps(read)
+        return TickSteps(read, read_capacity=capacity)
 
     async def remove(pairs: Sequence[tuple[int, Sequence[str]]]) -> RemovalOutcome:
         return await remove_labels(client, pairs)
@@ -41,4 +46,19 @@ def direct_steps(
     async def dispatch(job_id: int, anchor_id: int | None) -> DispatchCheck:
         return await read_dispatch(client, job_id, anchor_id)
 
-    return TickSteps(read, remove=remove, admit=admit, read_dispatch=dispatch)
+    return TickSteps(
+        read, remove=remove, admit=admit, read_dispatch=dispatch, read_capacity=capacity
+    )
+
+
+def slurm_capacity_step(settings: AdmissionSettings | None) -> ReadCapacity | None:
+    """The tick's Slurm read for the settings' pool partitions (None when none is mapped): the
+    Slurm commands run in a thread, so the tick's event loop keeps serving."""
+    if settings is None or not settings.pool_partitions:
+        return None
+    partitions = dict(settings.pool_partitions)
+
+    async def read_capacity() -> Mapping[str, NodeCapacity]:
+        return await asyncio.to_thread(read_pool_capacity, partitions)
+
+    return read_capacity

@@ -1,0 +1,389 @@
+"""Slurm as the capacity authority, without Slurm: the capacity maths, the reason wording, what
+the adapter reads from Slurm's own text, the settings, and the tick's fail-open read."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from admission_kit import NOW, admitted, blocked, job, lease_runners, pool, snapshot
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from slurmgate.admission.capacity import MissingNodes, NodeCapacity, compact_hostlist
+from slurmgate.admission.leases import RemovalOutcome
+from slurmgate.admission.model import BlockReason, JobStatus, Snapshot
+from slurmgate.admission.planner import plan
+from slurmgate.admission.settings import AdmissionSettings, PoolPartition
+from slurmgate.admission.tick import TickSteps, reconcile_tick
+from slurmgate.github.steps import slurm_capacity_step
+from slurmgate.runtime.slurm import SlurmError
+from slurmgate.runtime.slurm_capacity import (
+    HELD_OUTSIDE,
+    expand_hostlist,
+    is_managed_job,
+    node_capacity,
+    parse_jobs,
+    parse_nodes,
+    parse_reservations,
+    read_pool_capacity,
+)
+
+
+def cfg(**knobs: Any) -> AdmissionSettings:
+    return AdmissionSettings.model_validate(
+        {
+            "PRIORITY_SCHEDULER_ENABLED": True,
+            "NODE_SLOT_SCHEDULER_ENABLED": True,
+            "estimates": "timeout",
+            "reserve_after_s": 0,
+            "pool_partitions": {"x": "debug"},
+            **knobs,
+        }
+    )
+
+
+DRAINED = NodeCapacity("debug", idle=2, missing=(MissingNodes("drained", ("node3", "node4")),))
+
+
+# ---- node lists ------------------------------------------------------------------------------
+
+
+def test_node_lists_fold_into_slurm_ranges_and_expand_back() -> None:
+    names = ["node1", "node2", "node3", "node7", "node10", "gpu08", "gpu09", "login"]
+    assert compact_hostlist(names) == "gpu[08-09],login,node[1-3,7,10]"
+    assert compact_hostlist(["node4"]) == "node4"
+    assert sorted(expand_hostlist("gpu[08-09],login,node[1-3,7,10]")) == sorted(names)
+    assert expand_hostlist("a-[01-02]b,c") == ["a-01b", "a-02b", "c"]
+
+
+@given(st.sets(st.integers(min_value=0, max_value=300), min_size=1, max_size=40))
+def test_compact_then_expand_is_the_same_set(numbers: set[int]) -> None:
+    names = {f"node{n}" for n in numbers}
+    assert set(expand_hostlist(compact_hostlist(names))) == names
+
+
+# ---- the capacity maths ----------------------------------------------------------------------
+
+
+def test_drained_nodes_block_the_wide_job_with_their_names_while_a_narrow_one_fits() -> None:
+    snap = snapshot(pool("x", 4), [job(1, 3, score="5.000"), job(2, 2, score="1.000")])
+    d = plan(snap, cfg(), NOW, slurm={"cluster:x": DRAINED})
+    assert admitted(d) == {2: 2}
+    assert blocked(d) == {1: BlockReason.NO_CAPACITY}
+    (wide,) = d.blocked
+    assert "2 nodes drained in partition debug: node[3-4]" in wide.detail
+    assert "Slurm can give 2" in wide.line()
+    (row,) = d.board_rows()
+    assert (
+        row["slurm"]
+        == "2/4 nodes usable in partition debug; 2 nodes drained in partition debug: node[3-4]"
+    )
+    # without Slurm's word the runners alone would have taken the wide job
+    assert admitted(plan(snap, cfg(), NOW)) == {1: 3}
+
+
+def test_unmapped_pools_and_an_unread_slurm_count_runners_only() -> None:
+    snap = snapshot(pool("x", 4) + pool("y", 4, start=5), [job(1, 4, pool_name="y")])
+    d = plan(snap, cfg(), NOW, slurm={"cluster:x": NodeCapacity("debug", idle=0)})
+    assert admitted(d) == {1: 4}
+    assert {r["pool"]: r["slurm"] for r in d.board_rows()} == {
+        "cluster:x": "0/0 nodes usable in partition debug",
+        "cluster:y": "",
+    }
+
+
+@pytest.mark.parametrize(
+    ("leased", "idle", "managed", "room"),
+    [
+        (0, 4, 0, 4),  # all idle
+        (2, 4, 0, 2),  # a lease whose job has not allocated yet holds two idle nodes
+        (2, 2, 2, 2),  # the lease's job allocated its two nodes: they are ours, not missing
+        (0, 2, 2, 2),  # a managed allocation without a lease frees no idle node
+        (2, 1, 2, 1),  # one node went elsewhere
+        (0, 0, 0, 0),
+    ],
+)
+def test_usable_capacity_is_the_smaller_of_free_runners_and_slurm_nodes(
+    leased: int, idle: int, managed: int, room: int
+) -> None:
+    runners = pool("x", 4)
+    jobs = [job(50, 2, status="in_progress")] if leased else []  # type: ignore[arg-type]
+    if leased:
+        runners = lease_runners(runners, jobs[0], [1, 2])
+    snap = snapshot(runners, [*jobs, *(job(i, 1) for i in range(1, 5))])
+    missing = 4 - idle - managed
+    capacity = NodeCapacity(
+        "debug",
+        idle=idle,
+        managed=managed,
+        missing=(MissingNodes("down", tuple(f"n{i}" for i in range(missing))),) if missing else (),
+    )
+    d = plan(snap, cfg(), NOW, slurm={"cluster:x": capacity})
+    assert sum(admitted(d).values()) == room
+
+
+@given(
+    idle=st.integers(0, 6),
+    managed=st.integers(0, 6),
+    leased=st.integers(0, 3),
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    policy=st.sampled_from(["greedy", "easy", "conservative"]),
+)
+def test_no_plan_admits_more_than_slurm_can_give(
+    idle: int, managed: int, leased: int, sizes: list[int], policy: str
+) -> None:
+    runners = pool("x", 6)
+    running = job(99, leased, status="in_progress") if leased else None  # type: ignore[arg-type]
+    if running is not None:
+        runners = lease_runners(runners, running, list(range(1, leased + 1)))
+    queued = [job(i, n) for i, n in enumerate(sizes, start=1)]
+    snap = snapshot(runners, [*queued, *([running] if running else [])])
+    capacity = NodeCapacity("debug", idle=idle, managed=managed)
+    d = plan(snap, cfg(policy=policy), NOW, slurm={"cluster:x": capacity})
+    taken = sum(admitted(d).values())
+    assert taken <= max(0, min(idle, idle + managed - leased))
+
+
+def test_easy_reserves_the_wide_job_at_the_end_slurm_reports_for_an_outside_job() -> None:
+    """Two nodes are held by an outside job that Slurm says ends in 600 s: the 4-node top job
+    is reserved then, and an 8-hour 2-node job may not start in front of it."""
+    held = NodeCapacity(
+        "debug",
+        idle=2,
+        missing=(MissingNodes(HELD_OUTSIDE, ("node3", "node4")),),
+        returns=((NOW.timestamp() + 600, 2),),
+    )
+    snap = snapshot(pool("x", 4), [job(1, 4, score="5.000"), job(2, 2, score="1.000")])
+    d = plan(snap, cfg(policy="easy"), NOW, slurm={"cluster:x": held})
+    assert admitted(d) == {}
+    reasons = {b.job_id: b for b in d.blocked}
+    assert "reserved cluster:x in 600s" in reasons[1].detail
+    assert "held by jobs outside slurmgate in partition debug: node[3-4]" in reasons[1].detail
+    assert reasons[2].reason == BlockReason.RESERVED
+    # an outside job without an end Slurm can promise: no reservation, the 2-node job backfills
+    unknown = NodeCapacity("debug", idle=2, missing=held.missing)
+    d = plan(snap, cfg(policy="easy"), NOW, slurm={"cluster:x": unknown})
+    assert admitted(d) == {2: 2}
+
+
+# ---- what Slurm says, as its commands print it -----------------------------------------------
+
+NODES = "\n".join(
+    f"NodeName={name} Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 AvailableFeatures={features} "
+    f"ActiveFeatures={features} OS=Linux 6.1 #1 SMP State={state} Partitions={parts} "
+    f"Reason={reason}"
+    for name, state, parts, features, reason in [
+        ("node1", "IDLE", "debug", "(null)", "(null)"),
+        ("node2", "MIXED", "debug", "(null)", "(null)"),
+        ("node3", "IDLE+DRAIN", "debug", "(null)", "maint [root@2026-12-02T12:00:00]"),
+        ("node4", "ALLOCATED+DRAIN", "debug", "(null)", "x"),
+        ("node5", "DOWN+NOT_RESPONDING", "debug,gpu", "mi300x", "(null)"),
+        ("node6", "IDLE+RESERVED", "debug,gpu", "mi300x", "(null)"),
+        ("node7", "ALLOCATED", "debug,gpu", "mi300x", "(null)"),
+        ("node8", "IDLE+MAINT+RESERVED", "gpu", "mi300x,ib", "(null)"),
+        ("node9", "IDLE", "gpu", "h100", "(null)"),
+        ("node10", "IDLE", "gpu", "mi300x", "(null)"),
+    ]
+)
+RESERVATIONS = (
+    "ReservationName=other StartTime=2026-12-02T12:00:00 EndTime=2026-12-02T13:00:00 "
+    "Duration=01:00:00 Nodes=node[6,10] NodeCnt=2 CoreCnt=16 Features=(null) "
+    "PartitionName=(null) Flags=SPEC_NODES Users=daemon Accounts=(null) State=ACTIVE\n"
+    "ReservationName=later StartTime=2027-01-01T00:00:00 EndTime=2027-01-02T00:00:00 "
+    "Nodes=node1 State=INACTIVE\n"
+    "ReservationName=maint StartTime=2026-12-02T12:00:00 EndTime=INFINITE Nodes=node8 "
+    "Flags=MAINT,SPEC_NODES State=ACTIVE\n"
+)
+SEP = "\x1f"
+JOBS = "\n".join(
+    SEP.join(fields)
+    for fields in [
+        ("101", "2026-12-02T12:30:00", "node2", "sg-demo-1a2b3c4d", "(null)"),
+        ("102", "Unknown", "node4", "sg-demo-ffff0000", "(null)"),
+        ("103", "2026-12-02T12:45:00", "node7", "someone|else", "a note"),
+        ("104", "2026-12-02T12:50:00", "node[9-10]", "wrapped", "by slurmgate"),
+    ]
+)
+
+
+def test_the_adapter_reads_node_states_reservations_and_jobs_as_slurm_prints_them() -> None:
+    nodes, reservations, jobs = (
+        parse_nodes(NODES),
+        parse_reservations(RESERVATIONS),
+        parse_jobs(JOBS),
+    )
+    assert [r.name for r in reservations] == ["other", "maint"]  # the inactive one holds nothing
+    assert [(j.job_id, j.managed) for j in jobs] == [
+        ("101", True), ("102", True), ("103", False), ("104", True)
+    ]  # fmt: skip
+    assert jobs[3].nodes == ("node9", "node10")
+    debug = node_capacity(PoolPartition(partition="debug"), nodes, reservations, jobs)
+    assert (debug.idle, debug.managed) == (1, 1)  # node1; node2 runs sg-demo-...
+    assert debug.reasons() == [
+        "1 node down in partition debug: node5",
+        "1 node drained in partition debug: node3",
+        "1 node draining in partition debug: node4",
+        f"1 node {HELD_OUTSIDE} in partition debug: node7",
+        "1 node reserved (other) in partition debug: node6",
+    ]
+    # node7 comes back when job 103 ends, node6 when the reservation ends
+    assert [n for _, n in debug.returns] == [1, 1]
+    mi300 = node_capacity(
+        PoolPartition(partition="gpu", feature="mi300x"), nodes, reservations, jobs
+    )
+    assert (mi300.idle, mi300.managed, mi300.total) == (0, 0, 5)  # node9 is an h100
+    assert "1 node in maintenance in partition gpu: node8" in mi300.reasons()
+    assert "2 nodes reserved (other) in partition gpu: node[6,10]" in mi300.reasons()
+    inside = node_capacity(
+        PoolPartition(partition="gpu", feature="mi300x", reservation="other"),
+        nodes,
+        reservations,
+        jobs,
+    )
+    # in the pool's own reservation: node6 is idle, node10 runs job 104 (commented slurmgate)
+    assert (inside.idle, inside.managed) == (1, 1)
+    assert "1 node outside reservation other in partition gpu: node7" in inside.reasons()
+    nowhere = node_capacity(PoolPartition(partition="nope"), nodes, reservations, jobs)
+    assert nowhere.usable == 0
+    assert "partition nope has no node in Slurm" in nowhere.summary()
+
+
+def test_managed_jobs_are_named_by_the_runtime_or_commented() -> None:
+    assert is_managed_job("sg-llama-0a1b2c3d")
+    assert is_managed_job("anything", "run by SlurmGate")
+    assert not is_managed_job("sgx-other", "")
+
+
+# ---- settings --------------------------------------------------------------------------------
+
+
+def test_pool_partitions_come_from_the_environment_as_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "SLURMGATE_POOL_PARTITIONS",
+        '{"MI300": {"partition": "gpu", "feature": "mi300x", "reservation": null}, '
+        '"cluster:x": "debug"}',
+    )
+    assert AdmissionSettings().pool_partitions == {
+        "cluster:mi300": PoolPartition(partition="gpu", feature="mi300x"),
+        "cluster:x": PoolPartition(partition="debug"),
+    }
+    monkeypatch.setenv("SLURMGATE_POOL_PARTITIONS", '{"x": {"partiton": "gpu"}}')
+    with pytest.raises(ValidationError, match=re.escape("pool_partitions.cluster:x.partition")):
+        AdmissionSettings()
+    monkeypatch.setenv("SLURMGATE_POOL_PARTITIONS", '{"a b": "gpu"}')
+    with pytest.raises(ValidationError, match="pool_partitions key 'a b' must be a pool name"):
+        AdmissionSettings()
+
+
+def test_the_policy_block_carries_pool_partitions() -> None:
+    from blocks import AdmissionPolicyBlock
+
+    block = AdmissionPolicyBlock(
+        priority_scheduler_enabled=True,
+        pool_partitions={"mi300": {"partition": "gpu", "reservation": "ci"}},
+    )
+    settings = block.to_settings()
+    assert settings.pool_partitions == {
+        "cluster:mi300": PoolPartition(partition="gpu", reservation="ci")
+    }
+    assert AdmissionPolicyBlock.from_settings(settings).to_settings() == settings
+
+
+# ---- fail-open -------------------------------------------------------------------------------
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelno, record.getMessage()))
+
+
+def _logger() -> tuple[logging.Logger, Lines]:
+    log = logging.getLogger(f"slurm-capacity-test-{os.getpid()}-{id(object())}")
+    log.propagate = False
+    handler = Lines()
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return log, handler
+
+
+async def _tick_with(read_capacity: Any, settings: AdmissionSettings) -> tuple[Any, Lines]:
+    """A tick over 6 runners: a finished job's lease on two of them is released first, so
+    the tick reads (and asks Slurm) twice; then a 3-node job is placed."""
+    done = job(7, 2, status=JobStatus.COMPLETED)
+    first = snapshot(lease_runners(pool("x", 6), done, [5, 6]), [done, job(1, 3)])
+    reads = [first, snapshot(pool("x", 6), [done, job(1, 3)])]
+
+    async def read() -> Snapshot:
+        return reads.pop(0) if len(reads) > 1 else reads[0]
+
+    async def remove(pairs: Sequence[tuple[int, Sequence[str]]]) -> RemovalOutcome:
+        return RemovalOutcome(tuple((rid, x) for rid, labels in pairs for x in labels), ())
+
+    log, lines = _logger()
+    steps = TickSteps(read, remove=remove, read_capacity=read_capacity)
+    report = await reconcile_tick(steps, settings, log=log)
+    assert report.released == 1
+    return report, lines
+
+
+async def test_slurm_not_answering_falls_back_to_runner_only_capacity_with_one_warning() -> None:
+    calls = 0
+
+    async def broken() -> dict[str, NodeCapacity]:
+        nonlocal calls
+        calls += 1
+        raise SlurmError(["scontrol", "show", "node", "-o"], "timed out after 10 s")
+
+    report, lines = await _tick_with(broken, cfg())
+    assert admitted(report.decisions) == {1: 3}  # fail-open: the runners decide
+    warnings = [msg for level, msg in lines.lines if level == logging.WARNING]
+    assert warnings == [
+        "slurm capacity unread (SlurmError: `scontrol show node -o` timed out after 10 s): "
+        "this tick counts runners only"
+    ]
+    assert calls == 2  # asked with each read, warned once
+
+
+async def test_a_missing_slurm_client_or_configuration_fails_open_through_the_real_adapter(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = cfg()
+    step = slurm_capacity_step(settings)
+    assert step is not None and slurm_capacity_step(cfg(pool_partitions={})) is None
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol, no sinfo
+    with pytest.raises(SlurmError, match="not found: install the Slurm client"):
+        read_pool_capacity(settings.pool_partitions)
+    report, lines = await _tick_with(step, settings)
+    assert admitted(report.decisions) == {1: 3}
+    assert next(m for lvl, m in lines.lines if lvl == logging.WARNING).startswith(
+        "slurm capacity unread (SlurmError: `scontrol show node -o` not found"
+    )
+    monkeypatch.undo()
+    if shutil.which("scontrol") is None:
+        pytest.skip("the Slurm client is not installed: no dead controller to ask")
+    # a configuration whose controller nobody serves (port 9, discard): Slurm answers
+    # "Unable to contact slurm controller" in about a second
+    dead = tmp_path / "slurm.conf"
+    dead.write_text(
+        "ClusterName=dead\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n"
+        "MessageTimeout=2\nNodeName=n1 CPUs=1\nPartitionName=debug Nodes=n1\n"
+    )
+    monkeypatch.setenv("SLURM_CONF", str(dead))
+    report, lines = await _tick_with(step, settings)
+    assert admitted(report.decisions) == {1: 3}
+    (warning,) = [m for lvl, m in lines.lines if lvl == logging.WARNING]
+    assert "Unable to contact slurm controller" in warning
