@@ -1,0 +1,182 @@
+"""Slurm as the capacity authority on the bundled cluster: four emulator runners of cluster:x are
+partition debug's node[1-4]. Two nodes drained, held by an outside job, or reserved for someone
+else block a 3-node job with that reason while a 2-node job is admitted; once Slurm gives them
+back, the next tick admits the 3-node job. Every test gives the cluster back as it found it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from flowcheck import jobs_by_id, wait_for
+
+from slurmgate.admission.settings import AdmissionSettings, PoolPartition
+from slurmgate.admission.tick import TickReport, reconcile_tick
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.scope import GitHubScope
+from slurmgate.github.steps import direct_steps
+from slurmgate.runtime import slurm
+from slurmgate.runtime.slurm_capacity import read_pool_capacity
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
+
+SETTINGS = AdmissionSettings(
+    PRIORITY_SCHEDULER_ENABLED=True,
+    NODE_SLOT_SCHEDULER_ENABLED=True,
+    orphan_grace_s=0,
+    pool_partitions={"x": "debug"},
+)
+HELD = "node[3-4]"
+OUTSIDE_JOB = "outside-hold"
+RESERVATION = "other-team"
+
+
+def labels(token: str, score: str, nodes: int) -> list[str]:
+    return ["self-hosted", "cluster:x", f"nodes:{nodes}", f"ci-job-{score}-{token}", "ci-attempt-1"]
+
+
+def states() -> dict[str, str]:
+    return slurm.sinfo_states()
+
+
+def busy(*nodes: str) -> bool:
+    """Every node runs a job (a one-CPU job leaves its node `mixed`)."""
+    now = states()
+    return all(now.get(n) in ("allocated", "mixed") for n in nodes)
+
+
+def wait_idle(nodes: tuple[str, ...] = ("node1", "node2", "node3", "node4")) -> None:
+    deadline = time.monotonic() + 60
+    while not all(states().get(n) == "idle" for n in nodes):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nodes not idle after 60 s: {states()}")
+        time.sleep(0.25)
+
+
+@pytest.fixture
+def cluster(slurm_cluster: dict[str, str]) -> Iterator[None]:
+    """Four idle nodes before and after, whatever the test did to them."""
+    wait_idle()
+    try:
+        yield
+    finally:
+        slurm.run(["scontrol", "update", f"nodename={HELD}", "state=resume"], check=False)
+        slurm.scancel_by_name(OUTSIDE_JOB)
+        slurm.run(["scontrol", "delete", f"reservation={RESERVATION}"], check=False)
+        wait_idle()
+
+
+def client_for(emu: RunningEmulator) -> GitHubClient:
+    return GitHubClient(
+        GitHubScope(api_url=emu.url, repo=emu.repo),
+        emu.token,
+        backoff_base_s=0.01,
+        backoff_cap_s=0.02,
+    )  # type: ignore[arg-type]
+
+
+async def tick(emu: RunningEmulator) -> TickReport:
+    async with client_for(emu) as client:
+        return await reconcile_tick(direct_steps(client, settings=SETTINGS), SETTINGS)
+
+
+async def blocked_then_admitted(give_back: str, why: str) -> None:
+    """The scenario every test shares, once the test has taken node[3-4] away: the first tick
+    admits the 2-node job and blocks the 3-node one naming `why`; `give_back` returns the nodes
+    and, once the 2-node job has finished, the next tick admits the 3-node job."""
+    with running_emulator({"x": 4}) as emu:
+        wide = emu.admin.add_job(labels("wide", "5.000", 3), duration_s=0.3)["id"]
+        narrow = emu.admin.add_job(labels("narrow", "1.000", 2), duration_s=0.3)["id"]
+        first = await tick(emu)
+        assert [a.job_id for a in first.decisions.admit] == [narrow]
+        assert first.admitted == 1
+        (blocked,) = first.decisions.blocked
+        assert blocked.job_id == wide
+        assert f"2 nodes {why} in partition debug: {HELD}" in blocked.line()
+        (row,) = first.decisions.board_rows()
+        assert row["slurm"] == (
+            f"2/4 nodes usable in partition debug; 2 nodes {why} in partition debug: {HELD}"
+        )
+        _give_back(give_back)
+        done = lambda: jobs_by_id(emu.admin.dump())[narrow]["status"] == "completed"  # noqa: E731
+        wait_for(done, timeout_s=20, what="the 2-node job to run and finish")
+        second = await tick(emu)
+        assert (second.released, [a.job_id for a in second.decisions.admit]) == (1, [wide])
+        assert second.admitted == 1 and second.decisions.blocked == ()
+        (row,) = second.decisions.board_rows()
+        assert row["slurm"] == "4/4 nodes usable in partition debug"
+
+
+def _give_back(command: str) -> None:
+    if command == "resume":
+        slurm.run(["scontrol", "update", f"nodename={HELD}", "state=resume"])
+    elif command == "scancel":
+        slurm.scancel_by_name(OUTSIDE_JOB)
+    elif command == "delete":
+        slurm.run(["scontrol", "delete", f"reservation={RESERVATION}"])
+    wait_idle()
+
+
+async def test_drained_nodes_block_the_wide_job_until_they_are_resumed(cluster: None) -> None:
+    slurm.run(["scontrol", "update", f"nodename={HELD}", "state=drain", "reason=slurmgate-test"])
+    await blocked_then_admitted("resume", "drained")
+
+
+async def test_an_outside_job_on_two_nodes_blocks_the_wide_job_until_it_ends(
+    cluster: None,
+) -> None:
+    slurm.sbatch(
+        ["-N2", f"-w{HELD}", f"-J{OUTSIDE_JOB}", "--time=5", "-o/dev/null", "--wrap=sleep 300"]
+    )
+    wait_for(
+        lambda: busy("node3", "node4"),
+        timeout_s=30,
+        what="the outside job to hold node3 and node4",
+    )
+    # Slurm's end time for it (its 5-minute limit) is where capacity comes back
+    (capacity,) = read_pool_capacity({"cluster:x": PoolPartition(partition="debug")}).values()
+    ((end_s, nodes),) = capacity.returns
+    assert nodes == 2 and 0 < end_s - time.time() <= 5 * 60
+    await blocked_then_admitted("scancel", "held by jobs outside slurmgate")
+
+
+async def test_a_reservation_for_someone_else_blocks_the_wide_job_until_it_is_deleted(
+    cluster: None,
+) -> None:
+    slurm.run(
+        [
+            "scontrol",
+            "create",
+            "reservation",
+            f"reservationname={RESERVATION}",
+            f"nodes={HELD}",
+            "starttime=now",
+            "duration=10",
+            "users=daemon",
+        ]
+    )
+    await blocked_then_admitted("delete", f"reserved ({RESERVATION})")
+
+
+async def test_a_managed_allocation_counts_as_ours_not_as_missing(cluster: None) -> None:
+    """A job named like the runtime's salloc (`sg-...`) is the managed path: its nodes are not
+    missing (its lease counts them), and no idle node is left for a new job."""
+    slurm.sbatch(
+        ["-N2", f"-w{HELD}", f"-J{OUTSIDE_JOB}", "--time=5", "-o/dev/null", "--wrap=sleep 300"]
+    )
+    managed = slurm.sbatch(
+        ["-N2", "-wnode[1-2]", "-Jsg-test-0a1b2c3d", "--time=5", "-o/dev/null", "--wrap=sleep 300"]
+    )
+    try:
+        wait_for(
+            lambda: busy("node1", "node2", "node3", "node4"),
+            timeout_s=30,
+            what="both jobs running",
+        )
+        (capacity,) = read_pool_capacity({"cluster:x": PoolPartition(partition="debug")}).values()
+        assert (capacity.idle, capacity.managed, capacity.usable) == (0, 2, 2)
+        assert capacity.reasons() == [
+            f"2 nodes held by jobs outside slurmgate in partition debug: {HELD}"
+        ]
+    finally:
+        slurm.scancel(managed)
