@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.settings import (
@@ -15,6 +15,7 @@ from slurmgate.admission.settings import (
     PolicyName,
     PoolPartition,
 )
+from slurmgate.github.app_auth import GitHubAppCredentials
 from slurmgate.github.client import GitHubClient, client_for_scope
 from slurmgate.github.scope import GitHubScope
 
@@ -26,14 +27,18 @@ class _SlurmgateBlock(Block):
 
 
 class GitHubScopeBlock(_SlurmgateBlock):
-    """Where slurmgate reads runners and jobs: a GitHub API, a repository or org, a token.
+    """Where slurmgate reads runners and jobs: a GitHub API, a repository or org, and how to
+    authenticate: a token, or a GitHub App (its id, private key and, optionally, installation id).
 
-    The token is a secret: it is masked in the UI and API, and never logged.
+    The token and the App's private key are secrets: masked in the UI and API, never logged.
 
     Examples:
         ```python
         from blocks import GitHubScopeBlock
         GitHubScopeBlock(repo="acme/bench", token="ghp_...").save("BLOCK_NAME")
+        # or as a GitHub App:
+        # GitHubScopeBlock(repo="acme/bench", app_id=123456,
+        #                  app_private_key=open("app.pem").read()).save("BLOCK_NAME")
         scope = GitHubScopeBlock.load("BLOCK_NAME")
         async with scope.get_client() as github:
             runners = await github.list_runners()
@@ -62,8 +67,31 @@ class GitHubScopeBlock(_SlurmgateBlock):
             "(runners are org-wide, workflow jobs belong to repositories)."
         ),
     )
-    token: SecretStr = Field(
-        description="GitHub token with admin rights on the repository's or org's runners.",
+    # a refused value must not be echoed back in the error (it may be the token or the key)
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "GitHub token with admin rights on the repository's or org's runners; "
+            "leave empty to authenticate as a GitHub App (app_id, app_private_key)."
+        ),
+    )
+    app_id: int | None = Field(
+        default=None,
+        gt=0,
+        description="GitHub App id (the App's settings page: 'App ID'), instead of a token.",
+    )
+    app_private_key: SecretStr | None = Field(
+        default=None,
+        description="The GitHub App's private key: the text of the .pem file GitHub generated.",
+    )
+    app_installation_id: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "The App's installation id; empty: looked up from the organization or repository."
+        ),
     )
     min_write_interval_s: float = Field(
         default=1.0,
@@ -80,7 +108,25 @@ class GitHubScopeBlock(_SlurmgateBlock):
     @model_validator(mode="after")
     def _valid_scope(self) -> GitHubScopeBlock:
         self.scope()  # the core's GitHubScope is the one definition of a valid scope
+        self.credentials()
         return self
+
+    def credentials(self) -> SecretStr | GitHubAppCredentials:
+        """The token, or the GitHub App credentials; raises ValueError naming the field."""
+        app_fields = (self.app_id, self.app_private_key, self.app_installation_id)
+        if self.token is not None and self.token.get_secret_value().strip():
+            if any(value is not None for value in app_fields):
+                raise ValueError(
+                    "set either token or the GitHub App fields (app_id, app_private_key), "
+                    "not both; clear the one you do not use"
+                )
+            return self.token
+        if self.app_id is None or self.app_private_key is None:
+            raise ValueError(
+                "no credentials: set token (a GitHub token with admin rights on the runners), "
+                "or app_id and app_private_key (a GitHub App installed on the repository or org)"
+            )
+        return GitHubAppCredentials(self.app_id, self.app_private_key, self.app_installation_id)
 
     def scope(self) -> GitHubScope:
         """The scope this block names; raises ValueError naming the field and the fix."""
@@ -106,7 +152,7 @@ class GitHubScopeBlock(_SlurmgateBlock):
             "max_retries": self.request_retries,
             **overrides,
         }
-        return client_for_scope(self.scope(), self.token, **options)
+        return client_for_scope(self.scope(), self.credentials(), **options)
 
 
 def _knob(name: str) -> Any:

@@ -150,8 +150,16 @@ async def run_admission(
     released its lease (or `max_ticks`/`timeout_s` pass), following the fleet with the tracker."""
     from blocks import GitHubScopeBlock
 
+    # The controller authenticates as a GitHub App, as a site's should: the emulator registers
+    # one, installed on the demo's owner, and hands out its private key; each flow run's client
+    # trades the App's JWT for an installation token (looked up, cached, refreshed).
+    app = emu.admin.create_app()
     await GitHubScopeBlock(
-        api_url=emu.url, repo=emu.repo, token=emu.token, min_write_interval_s=0
+        api_url=emu.url,
+        repo=emu.repo,
+        app_id=app["app_id"],
+        app_private_key=app["private_key"],
+        min_write_interval_s=0,
     ).save(SCOPE_BLOCK, overwrite=True)
     ids = [emu.admin.add_job(j.labels, j.duration_s, name=j.row_id)["id"] for j in jobs]
     emu.admin.reset_stats()

@@ -28,7 +28,7 @@ MEMBER = "package/generated/api.github.com.json"
 TARBALL_SHA256 = "71a18407dd5e8464f4e0525daf03deabbe65abd9287d6adc7b5d98f516cd0d0c"
 DESCRIPTION_SHA256 = "829b4bebb19a53133289f7b0bc819f4f1118115821db2ca9f25e9ee995a7da2a"
 OUTPUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "runners-subset.json"
-SUBSET_VERSION = "1.2.0"
+SUBSET_VERSION = "1.3.0"
 
 WANT: dict[str, list[str]] = {
     "/orgs/{org}/actions/runners": ["get"],
@@ -48,6 +48,10 @@ WANT: dict[str, list[str]] = {
     # skip-queue authorization: who labelled the PR, and whether they are in the team
     "/repos/{owner}/{repo}/issues/{issue_number}/events": ["get"],
     "/orgs/{org}/teams/{team_slug}/memberships/{username}": ["get"],
+    # GitHub App authentication: an installation token, and the installation of an org or repo
+    "/app/installations/{installation_id}/access_tokens": ["post"],
+    "/orgs/{org}/installation": ["get"],
+    "/repos/{owner}/{repo}/installation": ["get"],
 }
 
 
@@ -132,7 +136,7 @@ def cut(full: dict[str, Any]) -> dict[str, Any]:
         "openapi": full["openapi"],
         "info": {
             "version": SUBSET_VERSION,
-            "title": "GitHub v3 REST API - runners, workflow jobs and skip-queue subset",
+            "title": "GitHub v3 REST API - runners, workflow jobs, skip-queue and App token subset",
             "description": "Subset of GitHub's REST API OpenAPI description "
             "(github/rest-api-description, descriptions/api.github.com/api.github.com.json). "
             "See SOURCE.md next to this file.",

@@ -28,6 +28,11 @@ from slurmgate.admission.leases import (
 from slurmgate.admission.model import Admit, Snapshot
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import is_transient
+from slurmgate.github.app_auth import (
+    AppCredentialsError,
+    GitHubAppCredentials,
+    credentials_from_env,
+)
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import ScopeError
 from slurmgate.github.snapshot import take_snapshot
@@ -128,14 +133,28 @@ async def resolve_scope(
     repo: str | None = None,
     org: str | None = None,
 ) -> GitHubScopeBlock:
-    """The scope block named `scope_block`, or an inline scope with the token from GITHUB_TOKEN."""
+    """The scope block named `scope_block`, or an inline scope with the token from GITHUB_TOKEN
+    (or the GitHub App the $SLURMGATE_GITHUB_APP_* variables name)."""
     if api_url or repo or org:
-        token = os.environ.get(GITHUB_TOKEN_ENV, "").strip()
-        if not token:
+        try:
+            credentials = credentials_from_env(os.environ)
+        except AppCredentialsError as exc:
+            raise ScopeError(str(exc)) from None
+        if credentials is None:
             raise ScopeError(
                 f"an inline scope (api_url/repo/org) reads its token from ${GITHUB_TOKEN_ENV}, "
-                "which is empty; export GITHUB_TOKEN or use a saved scope block"
+                "which is empty; export GITHUB_TOKEN (or SLURMGATE_GITHUB_APP_ID and "
+                "SLURMGATE_GITHUB_APP_PRIVATE_KEY_FILE) or use a saved scope block"
             )
+        auth: dict[str, Any] = (
+            {
+                "app_id": credentials.app_id,
+                "app_private_key": credentials.private_key,
+                "app_installation_id": credentials.installation_id,
+            }
+            if isinstance(credentials, GitHubAppCredentials)
+            else {"token": credentials}
+        )
         pacing: dict[str, Any] = {}
         for env, field in (
             (WRITE_INTERVAL_ENV, "min_write_interval_s"),
@@ -149,7 +168,7 @@ async def resolve_scope(
                 api_url=api_url or "https://api.github.com",
                 repo=repo,
                 org=org,
-                token=token,
+                **auth,
                 **pacing,
             )
         except ValueError as exc:

@@ -13,7 +13,10 @@ from pydantic import ValidationError
 from slurmgate.cli.common import fail
 
 if TYPE_CHECKING:
+    from pydantic import SecretStr
+
     from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.github.app_auth import GitHubAppCredentials
     from slurmgate.github.scope import GitHubScope
 
 app = typer.Typer()
@@ -23,11 +26,20 @@ Repo = Annotated[str | None, typer.Option(help="Repository scope, OWNER/NAME.")]
 Org = Annotated[str | None, typer.Option(help="Organization scope, NAME.")]
 
 
-def _token(purpose: str) -> str:
-    token = os.environ.get("GITHUB_TOKEN", "").strip()
-    if not token:
-        raise fail(f"GITHUB_TOKEN is empty; export a token that can {purpose}")
-    return token
+def _token(purpose: str) -> SecretStr | GitHubAppCredentials:
+    """$GITHUB_TOKEN, or the GitHub App the $SLURMGATE_GITHUB_APP_* variables name."""
+    from slurmgate.github.app_auth import AppCredentialsError, credentials_from_env
+
+    try:
+        credentials = credentials_from_env(os.environ)
+    except AppCredentialsError as exc:
+        raise fail(str(exc)) from None
+    if credentials is None:
+        raise fail(
+            f"GITHUB_TOKEN is empty; export a token that can {purpose}, or authenticate as a "
+            "GitHub App with SLURMGATE_GITHUB_APP_ID and SLURMGATE_GITHUB_APP_PRIVATE_KEY_FILE"
+        )
+    return credentials
 
 
 @app.command(
@@ -93,6 +105,7 @@ def status(
     from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.github.access import explain
+    from slurmgate.github.app_auth import AppAuthError
     from slurmgate.github.client import GitHubClient, GitHubError
     from slurmgate.github.steps import direct_steps
 
@@ -119,6 +132,8 @@ def status(
         rows = asyncio.run(read())
     except GitHubError as exc:
         raise fail(explain(scope, exc), code=1) from None
+    except AppAuthError as exc:
+        raise fail(str(exc), code=1) from None
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -195,7 +210,7 @@ def _scope(api_url: str, repo: str | None, org: str | None) -> GitHubScope:
         ) from None
 
 
-def _check_access(scope: GitHubScope, token: str) -> None:
+def _check_access(scope: GitHubScope, token: SecretStr | GitHubAppCredentials) -> None:
     """One read of the scope's runners; a refusal is one line naming the fix, exit 1."""
     from slurmgate.github.access import ScopeAccessError, check_access
 

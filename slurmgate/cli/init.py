@@ -3,7 +3,9 @@
 The deployments in deployments/prefect.yaml name a `slurmgate-github-scope` and a
 `slurmgate-admission-policy` block called `default`; a worker without them fails its first run.
 This command saves both on the Prefect API the user configured, from a few flags, with the token
-from GITHUB_TOKEN or a hidden prompt (never from argv, where `ps` and shell history see it).
+from GITHUB_TOKEN or a hidden prompt (never from argv, where `ps` and shell history see it), or
+with a GitHub App's credentials: its id, and its private key read from a file (--app-private-key-
+file) or from $SLURMGATE_GITHUB_APP_PRIVATE_KEY(_FILE), never from the command line.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
 import typer
 from pydantic import ValidationError
 
 from slurmgate.cli.common import fail
+
+if TYPE_CHECKING:
+    from slurmgate.github.app_auth import GitHubAppCredentials
 
 app = typer.Typer()
 
@@ -45,6 +51,38 @@ def _token() -> str:
     if not token:
         raise fail("the token is empty; give a GitHub token with admin rights on the runners")
     return token
+
+
+def _app_credentials(
+    app_id: int | None, installation_id: int | None, key_file: Path | None
+) -> GitHubAppCredentials | None:
+    """The App the flags name, over the $SLURMGATE_GITHUB_APP_* variables; None for neither."""
+    from slurmgate.github.app_auth import (
+        APP_ID_ENV,
+        APP_INSTALLATION_ID_ENV,
+        APP_PRIVATE_KEY_ENV,
+        APP_PRIVATE_KEY_FILE_ENV,
+        AppCredentialsError,
+        app_credentials_from_env,
+    )
+
+    env = dict(os.environ)
+    if app_id is not None:
+        env[APP_ID_ENV] = str(app_id)
+    if installation_id is not None:
+        env[APP_INSTALLATION_ID_ENV] = str(installation_id)
+    if key_file is not None:
+        env[APP_PRIVATE_KEY_FILE_ENV] = str(key_file)
+        env.pop(APP_PRIVATE_KEY_ENV, None)
+    try:
+        credentials = app_credentials_from_env(env)
+    except AppCredentialsError as exc:
+        message = str(exc).replace(f"${APP_ID_ENV}", f"--app-id (${APP_ID_ENV})")
+        message = message.replace(
+            f"${APP_PRIVATE_KEY_FILE_ENV}", f"--app-private-key-file (${APP_PRIVATE_KEY_FILE_ENV})"
+        )
+        raise fail(message) from None
+    return credentials
 
 
 def _check_prefect_api(url: str, auth_string: str | None) -> None:
@@ -118,8 +156,29 @@ def init(
         bool,
         typer.Option(help="Read the scope's runners once with the token before saving."),
     ] = True,
+    app_id: Annotated[
+        int | None,
+        typer.Option(
+            help="Authenticate as this GitHub App instead of a token (or SLURMGATE_GITHUB_APP_ID).",
+            show_default=False,
+        ),
+    ] = None,
+    app_private_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The App's .pem private key file (or SLURMGATE_GITHUB_APP_PRIVATE_KEY_FILE).",
+            show_default=False,
+        ),
+    ] = None,
+    app_installation_id: Annotated[
+        int | None,
+        typer.Option(
+            help="The App's installation id; looked up from the repo or org when not given.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Save the GitHub scope (with its token) and the admission policy as Prefect blocks."""
+    """Save the GitHub scope (with its token or GitHub App) and the admission policy as blocks."""
     from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.cli import prefect_layer
     from slurmgate.github.access import ScopeAccessError, check_access
@@ -158,19 +217,29 @@ def init(
             code=1,
         )
     api, auth_string = prefect_api
-    token = _token()
+    app_credentials = _app_credentials(app_id, app_installation_id, app_private_key_file)
+    credentials = app_credentials if app_credentials is not None else _token()
     if check:
         try:
-            asyncio.run(check_access(scope, token))
+            asyncio.run(check_access(scope, credentials))
         except ScopeAccessError as exc:
             raise fail(f"{exc} (or pass --no-check to save anyway)", code=1) from None
     _check_prefect_api(api, auth_string)
+    auth: dict[str, Any] = (
+        {
+            "app_id": app_credentials.app_id,
+            "app_private_key": app_credentials.private_key,
+            "app_installation_id": app_credentials.installation_id,
+        }
+        if app_credentials is not None
+        else {"token": credentials}
+    )
     scope_fields: dict[str, Any] = {
         "api_url": scope.api_url,
         "repo": scope.repo,
         "org": scope.org,
         "repos": list(scope.repos),
-        "token": token,
+        **auth,
     }
     try:
         prefect_layer.save_slurmgate_blocks(name, scope_fields, policy_fields)
@@ -181,6 +250,8 @@ def init(
             code=1,
         ) from None
     where = f"repo {scope.repo}" if scope.repo else f"org {scope.org}"
+    if app_credentials is not None:
+        where += f", as GitHub App {app_credentials.app_id}"
     flags = (
         f"priority scheduler {'on' if priority_scheduler else 'off'}, "
         f"node slots {'on' if node_slot_scheduler else 'off'}, policy {policy}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import SecretStr
 
 from slurmgate.errors import ExternalError
+from slurmgate.github.app_auth import AppAuthError, GitHubAppCredentials
 from slurmgate.github.client import AuthError, GitHubError, RateLimited, client_for_scope
 from slurmgate.github.scope import GitHubScope
 
@@ -57,7 +58,7 @@ def explain(scope: GitHubScope, exc: GitHubError) -> str:
     return f"{answered}: {exc.message}"
 
 
-async def check_access(scope: GitHubScope, token: str | SecretStr) -> int:
+async def check_access(scope: GitHubScope, token: str | SecretStr | GitHubAppCredentials) -> int:
     """Read the scope's runners once; their count, or ScopeAccessError with `explain`'s line.
 
     One retry only: this is a person waiting at a prompt, and a server that is down stays down.
@@ -69,3 +70,5 @@ async def check_access(scope: GitHubScope, token: str | SecretStr) -> int:
             return len(await client.list_runners(conditional=True))
     except GitHubError as exc:
         raise ScopeAccessError(explain(scope, exc)) from None
+    except AppAuthError as exc:  # the App's JWT or its installation token was refused
+        raise ScopeAccessError(str(exc)) from None

@@ -35,6 +35,7 @@ from pydantic import SecretStr
 
 from slurmgate.admission.model import Job, JobStatus, Runner
 from slurmgate.errors import ExternalError, NotFoundError
+from slurmgate.github.app_auth import GitHubAppAuth, GitHubAppCredentials, shared_provider
 from slurmgate.github.etags import EtagCache, FileEtagCache, MemoryEtagCache
 from slurmgate.github.payloads import (
     LabelEvent,
@@ -199,7 +200,7 @@ class GitHubClient:
     def __init__(
         self,
         scope: GitHubScope,
-        token: str | SecretStr,
+        token: str | SecretStr | GitHubAppCredentials,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         etag_cache: EtagCache | None = None,
@@ -213,11 +214,18 @@ class GitHubClient:
         max_body_bytes: int = MAX_BODY_BYTES,
         max_pages: int = MAX_PAGES,
     ) -> None:
-        secret = token if isinstance(token, SecretStr) else SecretStr(token)
-        if not secret.get_secret_value().strip():
-            raise ValueError("token is empty; pass a GitHub token (e.g. from GITHUB_TOKEN)")
+        # A GitHub App's installation token comes from the httpx auth plug-in (refreshed
+        # before it expires, and once on a 401); a plain token is set on each request here.
+        self.app_auth: GitHubAppAuth | None = None
+        self._token: SecretStr | None = None
+        if isinstance(token, GitHubAppCredentials):
+            self.app_auth = GitHubAppAuth(shared_provider(token, scope, transport=transport))
+        else:
+            secret = token if isinstance(token, SecretStr) else SecretStr(token)
+            if not secret.get_secret_value().strip():
+                raise ValueError("token is empty; pass a GitHub token (e.g. from GITHUB_TOKEN)")
+            self._token = secret
         self.scope = scope
-        self._token = secret
         self.etag_cache: EtagCache = etag_cache if etag_cache is not None else MemoryEtagCache()
         self.min_write_interval_s = min_write_interval_s
         self.max_retries = max_retries
@@ -238,6 +246,7 @@ class GitHubClient:
             base_url=scope.api_url,
             follow_redirects=False,  # a redirect must not carry the token to another host
             transport=transport,
+            auth=self.app_auth,
             timeout=timeout_s,
             headers={
                 "Accept": "application/vnd.github+json",
@@ -247,6 +256,8 @@ class GitHubClient:
         )
 
     def __repr__(self) -> str:
+        if self.app_auth is not None:
+            return f"GitHubClient(scope={self.scope!r}, app_id={self.app_auth.provider.app_id})"
         return f"GitHubClient(scope={self.scope!r}, token=SecretStr('**********'))"
 
     __str__ = __repr__
@@ -633,7 +644,11 @@ class GitHubClient:
         secondary_hits = 0
         attempt = 0
         while True:
-            headers = {"Authorization": f"Bearer {self._token.get_secret_value()}"}
+            headers = (
+                {"Authorization": f"Bearer {self._token.get_secret_value()}"}
+                if self._token is not None
+                else {}
+            )
             cached = self.etag_cache.get(cache_key) if cacheable and conditional else None
             if cached is not None and not (isinstance(cached[1], dict) and "body" in cached[1]):
                 cached = None  # an entry in an older or foreign format: read afresh
@@ -884,7 +899,9 @@ def etag_cache_for(scope: GitHubScope) -> FileEtagCache:
     return FileEtagCache(state_dir() / f"etags-{key}.json")
 
 
-def client_for_scope(scope: GitHubScope, token: str | SecretStr, **options: Any) -> GitHubClient:
+def client_for_scope(
+    scope: GitHubScope, token: str | SecretStr | GitHubAppCredentials, **options: Any
+) -> GitHubClient:
     """A client for `scope` with its file ETag cache (kept across processes); `options` go to
     GitHubClient, e.g. min_write_interval_s and max_retries."""
     options.setdefault("etag_cache", etag_cache_for(scope))

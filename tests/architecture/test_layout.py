@@ -212,6 +212,7 @@ def test_every_module_says_its_job_in_its_first_docstring_line() -> None:
 # A distribution's import name, where the two differ.
 IMPORT_NAMES = {"pydantic-settings": "pydantic_settings", "prometheus-client": "prometheus_client"}
 IMPORT_NAMES |= {"pyyaml": "yaml", "uvicorn[standard]": "uvicorn", "prefect-shell": "prefect_shell"}
+IMPORT_NAMES |= {"PyJWT[crypto]": "jwt"}
 
 
 def test_every_runtime_dependency_is_imported() -> None:

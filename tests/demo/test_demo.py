@@ -92,7 +92,10 @@ async def test_admission_backfills_blocks_and_releases_consistently(
         )
         dump = emu.admin.dump()
         stats = emu.admin.stats()
+        apps = emu.admin.app_stats()
     assert result.problems == []
+    # the flows authenticated as the demo's GitHub App: one installation token, nothing refused
+    assert (apps["apps"], apps["tokens_issued"], apps["tokens_refused"]) == (1, 1, 0)
     by_name = {j["name"]: j for j in dump["jobs"]}
     ran = {n for n, j in by_name.items() if j["conclusion"] == "success"}
     assert ran == {"top", "second", "little"}

@@ -193,3 +193,31 @@ class EmulatorAdmin:
     def set_team_member(self, team_slug: str, login: str, state: str | None = "active") -> None:
         """Make `login` an active or pending member of the owner's team, or no member (None)."""
         self._call("PUT", f"/teams/{team_slug}/members/{login}", {"state": state})
+
+    def create_app(
+        self,
+        *,
+        account: str | None = None,
+        public_key: str | None = None,
+        token_ttl_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Register a GitHub App installed on `account` (the emulator's owner by default):
+        {"app_id", "installation_id", "slug", "account", and "private_key" (PEM) unless
+        `public_key` was given}."""
+        body: dict[str, Any] = {"account": account, "public_key": public_key}
+        if token_ttl_s is not None:
+            body["token_ttl_s"] = token_ttl_s
+        result: dict[str, Any] = self._call("POST", "/apps", body)
+        return result
+
+    def expire_app_tokens(self, after_requests: int = 0) -> dict[str, Any]:
+        """Expire every installation token now, or after `after_requests` more requests."""
+        result: dict[str, Any] = self._call(
+            "POST", "/apps/expire-tokens", {"after_requests": after_requests}
+        )
+        return result
+
+    def app_stats(self) -> dict[str, Any]:
+        """Apps, installations, tokens issued and refused, JWTs refused."""
+        result: dict[str, Any] = self._call("GET", "/apps")
+        return result

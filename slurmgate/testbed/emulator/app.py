@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from slurmgate.testbed.emulator.apps import app_admin_routes, app_routes
 from slurmgate.testbed.emulator.state import (
     API_DOCS,
     EmuJob,
@@ -372,7 +373,12 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() not in ("bearer", "token") or not token.strip():
             return _error_response(state, ApiError(401, "Requires authentication"))
-        if state.token is not None and not hmac.compare_digest(token.strip(), state.token):
+        installation_token = state.apps.check_token(token.strip())  # None: not a ghs_ token
+        if installation_token is False or (
+            installation_token is None
+            and state.token is not None
+            and not hmac.compare_digest(token.strip(), state.token)
+        ):
             return _error_response(state, ApiError(401, "Bad credentials"))
         latency = state.take_fault("latency", method, path)
         if latency is not None and not await _stall(latency.latency_ms / 1000):
@@ -746,7 +752,13 @@ def create_app(state: EmulatorState, *, tick_s: float = 0.1) -> Starlette:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    app = Starlette(routes=[*github_routes(state), *admin_routes(state)], lifespan=lifespan)
+    routes = [
+        *github_routes(state),
+        *app_routes(state),
+        *admin_routes(state),
+        *app_admin_routes(state, "/_emulator"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.emulator = state
     return app
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from slurmgate.errors import InputError
 from slurmgate.github.scope import is_repo
+from slurmgate.testbed.emulator.apps import AppRegistry
 
 READ_ONLY = "read-only"
 CUSTOM = "custom"
@@ -217,6 +218,7 @@ class EmulatorState:
         self.owner, self.repo_name = repo.split("/")
         self.token = token
         self.clock = clock
+        self.apps = AppRegistry(clock)  # GitHub Apps, installations, installation tokens
         self.lock = threading.RLock()
         self.runners: dict[int, EmuRunner] = {}
         self.jobs: dict[int, EmuJob] = {}

@@ -1,0 +1,357 @@
+"""GitHub App authentication against the emulator: the JWT, installation tokens, their refresh,
+the emulator's App endpoints (validated against GitHub's OpenAPI), and what a wrong key says.
+
+GitHub's rules: https://docs.github.com/en/apps/creating-github-apps/authenticating-with-a-
+github-app/generating-a-json-web-token-jwt-for-a-github-app (RS256, `iat` 60 s in the past,
+`exp` at most 10 minutes ahead, `iss` the App id) and .../authenticating-as-a-github-app-
+installation (`POST /app/installations/{installation_id}/access_tokens`, one-hour tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from pydantic import SecretStr
+
+from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.admission.tick import reconcile_tick
+from slurmgate.errors import SlurmgateError
+from slurmgate.github.access import ScopeAccessError, check_access
+from slurmgate.github.app_auth import (
+    APP_ID_ENV,
+    APP_INSTALLATION_ID_ENV,
+    APP_PRIVATE_KEY_ENV,
+    APP_PRIVATE_KEY_FILE_ENV,
+    AppAuthError,
+    AppCredentialsError,
+    GitHubAppCredentials,
+    InstallationTokenProvider,
+    credentials_from_env,
+)
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.scope import GitHubScope
+from slurmgate.github.steps import direct_steps
+from slurmgate.testbed.emulator.apps import new_private_key
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
+
+Validate = Callable[[httpx.Response], None]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = AdmissionSettings(
+    PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True, orphan_grace_s=0
+)
+
+
+def job_labels(nodes: int, token: str) -> list[str]:
+    return ["self-hosted", "cluster:a", f"nodes:{nodes}", f"ci-job-1.000-{token}", "ci-attempt-1"]
+
+
+def key_body(pem: str) -> str:
+    """The base64 middle of a PEM key: what a leak of the key would show."""
+    return "".join(line for line in pem.splitlines() if "-----" not in line)
+
+
+@pytest.fixture
+def app_emu() -> Iterator[tuple[RunningEmulator, dict[str, Any]]]:
+    """An emulator (pool a: 4 runners) with one App installed on its owner."""
+    with running_emulator({"a": 4}) as emu:
+        yield emu, emu.admin.create_app()
+
+
+def credentials(app: dict[str, Any], **overrides: Any) -> GitHubAppCredentials:
+    return GitHubAppCredentials(
+        overrides.get("app_id", app["app_id"]),
+        SecretStr(overrides.get("private_key", app["private_key"])),
+        overrides.get("installation_id"),
+    )
+
+
+def test_the_jwt_is_what_github_asks_for() -> None:
+    pem = new_private_key()
+    creds = GitHubAppCredentials(123456, SecretStr(pem))
+    now = int(time.time())
+    token = creds.jwt(now)
+    public = serialization.load_pem_private_key(pem.encode(), None).public_key()
+    assert jwt.get_unverified_header(token)["alg"] == "RS256"
+    claims = jwt.decode(token, public, algorithms=["RS256"], options={"verify_exp": False})  # type: ignore[arg-type]
+    assert claims == {"iat": now - 60, "exp": now + 540, "iss": "123456"}
+    assert claims["exp"] - now <= 600
+
+
+async def test_installation_token_is_looked_up_issued_and_used(
+    app_emu: tuple[RunningEmulator, dict[str, Any]],
+) -> None:
+    emu, app = app_emu
+    for scope in (
+        GitHubScope(api_url=emu.url, repo=emu.repo),
+        GitHubScope(api_url=emu.url, org=emu.owner, repos=(emu.repo,)),
+    ):
+        async with GitHubClient(scope, credentials(app)) as gh:
+            assert len(await gh.list_runners()) == 4
+            assert gh.app_auth is not None
+            # no installation id given: found from the repository or the organization
+            assert gh.app_auth.provider.installation_id == app["installation_id"]
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), credentials(app)) as gh:
+        await gh.list_runners()  # a later client (the next tick) shares the cached token
+    stats = emu.admin.app_stats()
+    assert stats["tokens_issued"] == 2  # one per lookup target (the repo, the org), not per client
+    assert stats["tokens_refused"] == stats["jwts_refused"] == 0
+
+
+async def test_token_is_cached_and_refreshed_five_minutes_before_it_expires() -> None:
+    offset = [0.0]  # time passes for both sides: the emulator and the controller
+
+    def clock() -> float:
+        return time.time() + offset[0]
+
+    with running_emulator({"a": 1}, clock=clock) as emu:
+        app = emu.admin.create_app()
+        provider = InstallationTokenProvider(
+            credentials(app, installation_id=app["installation_id"]),
+            GitHubScope(api_url=emu.url, repo=emu.repo),
+            clock=clock,
+        )
+        first, fresh = await provider.token()
+        assert fresh and first.startswith("ghs_")
+        offset[0] = 3600 - 300 - 30  # 5 1/2 minutes before the hour's token expires: cached
+        assert await provider.token() == (first, False)
+        offset[0] = 3600 - 300 + 30  # under 5 minutes left: a new one
+        second, fresh = await provider.token()
+        assert fresh and second != first and provider.issued == 2
+        assert emu.admin.app_stats()["tokens_issued"] == 2
+
+
+async def test_a_token_that_expires_mid_tick_is_refreshed_and_the_tick_completes(
+    app_emu: tuple[RunningEmulator, dict[str, Any]],
+) -> None:
+    emu, app = app_emu
+    job = emu.admin.add_job(job_labels(2, "mid"), duration_s=600)["id"]
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), credentials(app)) as gh:
+        await gh.list_runners()  # the token is issued and cached
+        emu.admin.expire_app_tokens(after_requests=2)  # GitHub drops it two requests later
+        report = await reconcile_tick(direct_steps(gh), SETTINGS)
+    assert report.failures == [] and report.admitted == 1
+    assert emu.job_placement(job)[0] in ("queued", "in_progress")
+    stats = emu.admin.app_stats()
+    assert stats["tokens_issued"] == 2 and stats["tokens_refused"] >= 1
+    leased = [
+        r for r in emu.admin.dump()["runners"] if any("ci-lease-" in x["name"] for x in r["labels"])
+    ]
+    assert len(leased) == 2
+
+
+@pytest.mark.parametrize("skew_s", [30.0, -30.0])
+async def test_thirty_seconds_of_clock_skew_still_works(skew_s: float) -> None:
+    with running_emulator({"a": 2}, clock=lambda: time.time() + skew_s) as emu:
+        app = emu.admin.create_app()
+        scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+        assert await check_access(scope, credentials(app)) == 2
+        assert emu.admin.app_stats()["jwts_refused"] == 0
+
+
+async def test_a_clock_far_off_is_refused_with_the_apps_id() -> None:
+    """The emulator's JWT check is real: 2 minutes behind, `iat` lies in its future."""
+    with running_emulator({"a": 2}, clock=lambda: time.time() - 120) as emu:
+        app = emu.admin.create_app()
+        with pytest.raises(ScopeAccessError) as caught:
+            await check_access(GitHubScope(api_url=emu.url, repo=emu.repo), credentials(app))
+    assert f"GitHub App {app['app_id']}" in str(caught.value)
+    assert "'Issued at' claim" in str(caught.value)
+
+
+async def test_a_wrong_key_is_one_line_naming_the_app_and_the_fix(
+    app_emu: tuple[RunningEmulator, dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    emu, app = app_emu
+    other = new_private_key()
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ScopeAccessError) as caught:
+        await check_access(
+            GitHubScope(api_url=emu.url, repo=emu.repo), credentials(app, private_key=other)
+        )
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith(f"GitHub App {app['app_id']}: GitHub refused the App's signed JWT")
+    assert "401" in line and "SLURMGATE_GITHUB_APP_PRIVATE_KEY_FILE" in line
+    assert "generate a private key" in line
+    chained: BaseException | None = caught.value
+    while chained is not None:  # nothing from httpx (which holds the JWT) is chained
+        assert isinstance(chained, SlurmgateError) and chained.__cause__ is None
+        chained = chained.__context__
+    for secret in (key_body(other), key_body(app["private_key"]), "eyJ"):
+        assert secret not in line and secret not in caplog.text
+
+
+async def test_no_secret_in_reprs_errors_or_logs(
+    app_emu: tuple[RunningEmulator, dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    emu, app = app_emu
+    caplog.set_level(logging.DEBUG)
+    creds = credentials(app)
+    shown: list[str] = [repr(creds), str(creds)]
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), creds) as gh:
+        await gh.list_runners()
+        emu.admin.expire_app_tokens()
+        await gh.list_runners(conditional=False)  # a 401, a refresh and the retry
+        assert gh.app_auth is not None
+        shown += [repr(gh), str(gh), repr(gh.app_auth), repr(gh.app_auth.provider)]
+        shown += [repr(gh.app_auth.provider._token)]
+        try:
+            await gh.get_runner(999)
+        except Exception as exc:  # a NotFound from GitHub: its text must be clean too
+            shown += [str(exc), repr(exc)]
+    tokens = list(emu.state.apps.tokens)
+    assert len(tokens) == 2
+    text = "\n".join(shown) + caplog.text
+    assert "refreshing it" in caplog.text  # the refresh was logged, without the token
+    for secret in [*tokens, key_body(app["private_key"]), "eyJ", "BEGIN RSA"]:
+        assert secret not in text
+
+
+def test_bad_credentials_name_the_field_without_the_key() -> None:
+    with pytest.raises(AppCredentialsError, match="app_private_key of GitHub App 7 is not"):
+        GitHubAppCredentials(7, SecretStr("-----BEGIN RSA PRIVATE KEY-----\nnot-a-key\n"))
+    with pytest.raises(AppCredentialsError, match="app_id 0 is not a GitHub App id"):
+        GitHubAppCredentials(0, SecretStr(new_private_key()))
+    with pytest.raises(AppCredentialsError) as caught:
+        GitHubAppCredentials(7, SecretStr("secret-text-that-is-no-key"))
+    assert "secret-text" not in str(caught.value)
+
+
+def test_credentials_from_the_environment(tmp_path: Path) -> None:
+    pem = new_private_key()
+    key_file = tmp_path / "app.pem"
+    key_file.write_text(pem)
+    assert credentials_from_env({}) is None
+    token = credentials_from_env({"GITHUB_TOKEN": "ghp_x"})
+    assert isinstance(token, SecretStr) and token.get_secret_value() == "ghp_x"
+    app = credentials_from_env(
+        {
+            APP_ID_ENV: "42",
+            APP_PRIVATE_KEY_FILE_ENV: str(key_file),
+            APP_INSTALLATION_ID_ENV: "9",
+            "GITHUB_TOKEN": "ghp_x",  # the App wins
+        }
+    )
+    assert isinstance(app, GitHubAppCredentials)
+    assert (app.app_id, app.installation_id) == (42, 9)
+    inline = credentials_from_env({APP_ID_ENV: "42", APP_PRIVATE_KEY_ENV: pem.replace("\n", "\\n")})
+    assert isinstance(inline, GitHubAppCredentials) and inline.fingerprint == app.fingerprint
+    with pytest.raises(AppCredentialsError, match=f"\\${APP_ID_ENV} is empty"):
+        credentials_from_env({APP_PRIVATE_KEY_FILE_ENV: str(key_file)})
+    with pytest.raises(AppCredentialsError, match="has no private key"):
+        credentials_from_env({APP_ID_ENV: "42"})
+    with pytest.raises(AppCredentialsError, match="cannot be read"):
+        credentials_from_env({APP_ID_ENV: "42", APP_PRIVATE_KEY_FILE_ENV: str(tmp_path / "no")})
+    with pytest.raises(AppCredentialsError, match="not a positive number"):
+        credentials_from_env({APP_ID_ENV: "abc", APP_PRIVATE_KEY_FILE_ENV: str(key_file)})
+
+
+async def test_an_app_not_installed_on_the_org_names_the_fix(
+    app_emu: tuple[RunningEmulator, dict[str, Any]],
+) -> None:
+    emu, _ = app_emu
+    elsewhere = emu.admin.create_app(account="someone-else")
+    with pytest.raises(AppAuthError) as caught:
+        async with GitHubClient(
+            GitHubScope(api_url=emu.url, org=emu.owner, repos=(emu.repo,)), credentials(elsewhere)
+        ) as gh:
+            await gh.list_runners()
+    assert str(caught.value) == (
+        f"GitHub App {elsewhere['app_id']} is not installed on the organization {emu.owner} "
+        f"(GET /orgs/{emu.owner}/installation -> 404); install the App there (the App's "
+        f"settings > Install App), or set ${APP_INSTALLATION_ID_ENV} / the block's "
+        "app_installation_id"
+    )
+
+
+def test_emulator_app_endpoints_validate_against_the_openapi(
+    app_emu: tuple[RunningEmulator, dict[str, Any]], validate: Validate
+) -> None:
+    emu, app = app_emu
+    creds = credentials(app)
+    signed = {"Authorization": f"Bearer {creds.jwt()}"}
+    wrong = {"Authorization": f"Bearer {credentials(app, private_key=new_private_key()).jwt()}"}
+    installation = app["installation_id"]
+    with httpx.Client(base_url=emu.url, timeout=10) as api:
+        calls = [
+            (api.get(f"/repos/{emu.repo}/installation", headers=signed), 200),
+            (api.get(f"/orgs/{emu.owner}/installation", headers=signed), 200),
+            (api.post(f"/app/installations/{installation}/access_tokens", headers=signed), 201),
+            (api.post(f"/app/installations/{installation}/access_tokens", headers=wrong), 401),
+            (api.post("/app/installations/1/access_tokens", headers=signed), 404),
+        ]
+        for response, expect in calls:
+            assert response.status_code == expect, response.text
+            validate(response)
+        assert calls[0][0].json()["id"] == installation
+        token = calls[2][0].json()["token"]
+        assert token.startswith("ghs_") and calls[2][0].json()["expires_at"].endswith("Z")
+        runners = f"/repos/{emu.repo}/actions/runners"
+        assert api.get(runners, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        emu.admin.expire_app_tokens()
+        for bearer in (token, "ghs_never-issued"):
+            refused = api.get(runners, headers={"Authorization": f"Bearer {bearer}"})
+            # (the subset's runner listing declares no 401, so only its body is checked here)
+            assert refused.status_code == 401 and refused.json()["message"] == "Bad credentials"
+
+
+def _cli(
+    command: str, emu: RunningEmulator, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "GITHUB_TOKEN"}
+    return subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", command, "--api-url", emu.url, "--repo", emu.repo]
+        + (["--once"] if command == "reconcile" else []),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=REPO_ROOT,
+        env={**base, **env},
+    )
+
+
+@pytest.mark.parametrize("command", ["reconcile", "status"])
+def test_commands_with_a_wrong_app_key_fail_in_one_line(
+    app_emu: tuple[RunningEmulator, dict[str, Any]], tmp_path: Path, command: str
+) -> None:
+    emu, app = app_emu
+    wrong = tmp_path / "wrong.pem"
+    wrong.write_text(new_private_key())
+    out = _cli(command, emu, {APP_ID_ENV: str(app["app_id"]), APP_PRIVATE_KEY_FILE_ENV: str(wrong)})
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(  # the installation is looked up first, with the JWT
+        f"error: GitHub App {app['app_id']}: GitHub refused the App's signed JWT (GET "
+        f"/repos/{emu.repo}/installation -> 401: A JSON web token could not be decoded)"
+    )
+    assert "SLURMGATE_GITHUB_APP_PRIVATE_KEY_FILE" in lines[0]
+    assert key_body(wrong.read_text()) not in out.stderr + out.stdout
+
+
+def test_status_authenticates_as_the_app(
+    app_emu: tuple[RunningEmulator, dict[str, Any]], tmp_path: Path
+) -> None:
+    emu, app = app_emu
+    key = tmp_path / "app.pem"
+    key.write_text(app["private_key"])
+    env = {
+        APP_ID_ENV: str(app["app_id"]),
+        APP_PRIVATE_KEY_FILE_ENV: str(key),
+        "PRIORITY_SCHEDULER_ENABLED": "true",
+    }
+    out = _cli("status", emu, {**env, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "cluster:a" in out.stdout
+    assert emu.admin.app_stats()["tokens_issued"] >= 1
