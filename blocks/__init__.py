@@ -67,6 +67,13 @@ class GitHubScopeBlock(_SlurmgateBlock):
             "(runners are org-wide, workflow jobs belong to repositories)."
         ),
     )
+    all_repos: bool = Field(
+        default=False,
+        description=(
+            "With an org scope and no repos: read jobs from every repository the token or "
+            "App installation can see (GET /orgs/{org}/repos), one shared pool."
+        ),
+    )
     # a refused value must not be echoed back in the error (it may be the token or the key)
     model_config = ConfigDict(hide_input_in_errors=True)
 
@@ -132,7 +139,11 @@ class GitHubScopeBlock(_SlurmgateBlock):
         """The scope this block names; raises ValueError naming the field and the fix."""
         try:
             return GitHubScope(
-                api_url=self.api_url, repo=self.repo, org=self.org, repos=tuple(self.repos)
+                api_url=self.api_url,
+                repo=self.repo,
+                org=self.org,
+                repos=tuple(self.repos),
+                all_repos=self.all_repos,
             )
         except ValidationError as exc:
             raise ValueError(

@@ -35,7 +35,7 @@ from slurmgate.github.app_auth import (
 )
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import ScopeError
-from slurmgate.github.snapshot import take_snapshot
+from slurmgate.github.snapshot import EventReads, take_snapshot
 
 # The client is bound per flow run and never passed as a parameter: Prefect serialises flow
 # parameters for the API, and a client object would carry the token there.
@@ -85,8 +85,10 @@ _task_options: dict[str, Any] = {
 @task(name="read-snapshot", **_task_options)
 async def read_snapshot(settings: AdmissionSettings | None = None) -> Snapshot:
     """Runners, active jobs and every lease's job, read conditionally; with `settings`, the
-    queued skip-queue jobs verified (`github/skipqueue.py`)."""
-    return await take_snapshot(current_client(), settings=settings)
+    queued skip-queue jobs verified (`github/skipqueue.py`). When the webhook relay keeps a
+    job-event store, the jobs come from it (`EventReads`; a full read every K reads)."""
+    events = EventReads.configured()
+    return await take_snapshot(current_client(), settings=settings, events=events)
 
 
 @task(name="add-lease-labels", task_run_name="add-lease-labels-j{admit.job_id}", **_task_options)

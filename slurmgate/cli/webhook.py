@@ -57,6 +57,14 @@ def webhook(
     max_connections: Annotated[
         int | None, typer.Option(help="Open connections served at once (503). Default 64.")
     ] = None,
+    job_store: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SLURMGATE_JOB_STORE",
+            help="Also write each job's state to this SQLite job-event store, which the "
+            "reconcile tick on this host reads its jobs from (give it the same path).",
+        ),
+    ] = None,
 ) -> None:
     """Relay signed GitHub workflow_job webhooks into Prefect events (github.workflow_job.*).
 
@@ -91,6 +99,7 @@ def webhook(
             prefect_api_url=prefect_api_url,
             prefect_auth_string=auth,  # type: ignore[arg-type]
             max_age_s=max_age,
+            job_store=job_store,
             **{name: value for name, value in limits.items() if value is not None},
         )
     except ValidationError as exc:

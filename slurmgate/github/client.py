@@ -48,7 +48,7 @@ from slurmgate.github.payloads import (
     parse_runner,
     parse_team_membership,
 )
-from slurmgate.github.scope import GitHubScope
+from slurmgate.github.scope import GitHubScope, is_repo
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ MAX_CACHED_BODY_BYTES = 2 * 1024 * 1024
 """Larger bodies are not kept in the ETag cache, which lives in one file across processes."""
 MAX_PAGES = 100
 """Most pages one listing follows: 10,000 runners, runs or jobs."""
+REPOS_TTL_S = 60.0
+"""How long an all-repos scope's repository list is reused before it is read again."""
 MAX_EVENT_PAGES = 10
 """Most pages of one pull request's issue events read: 1,000 events (a PR with more has its
 label events refused as unreadable, so it is not authorized to skip the queue)."""
@@ -239,6 +241,7 @@ class GitHubClient:
         self.unreadable_runners = 0  # runners the last listing left out as malformed
         self.calls = CallCounter()
         self._rate_limit: RateLimit | None = None
+        self._repos_read: tuple[float, tuple[str, ...]] | None = None
         self._last_write = 0.0
         self._write_lock = asyncio.Lock()
         self._origin = _origin(httpx.URL(scope.api_url))
@@ -366,7 +369,7 @@ class GitHubClient:
         """Workflow runs with `status` (queued / in_progress) of one repo, or of every job repo."""
         template = "/repos/{owner}/{repo}/actions/runs"
         runs: list[dict[str, Any]] = []
-        for name in (repo,) if repo else self.scope.job_repos:
+        for name in (repo,) if repo else await self.job_repos():
             pages = await self._paginate(
                 template,
                 f"/repos/{name}/actions/runs",
@@ -401,7 +404,7 @@ class GitHubClient:
         job is then unknown, which is not the same as gone.
         """
         template = "/repos/{owner}/{repo}/actions/jobs/{job_id}"
-        for name in (repo,) if repo else self.scope.job_repos:
+        for name in (repo,) if repo else await self.job_repos():
             try:
                 reply = await self._call(
                     "GET", template, f"/repos/{name}/actions/jobs/{int(job_id)}"
@@ -414,6 +417,17 @@ class GitHubClient:
                 self._skip(exc)
                 raise MalformedResponse("GET", template, reply.status, str(exc)) from None
         return None
+
+    async def get_run_pull_requests(self, run_id: int, *, repo: str) -> frozenset[int]:
+        """The pull requests a workflow run is for (conditional); empty for a push or a fork's
+        PR. Raises MalformedResponse when the answer is not a run."""
+        template = "/repos/{owner}/{repo}/actions/runs/{run_id}"
+        reply = await self._call(
+            "GET", template, f"/repos/{repo}/actions/runs/{int(run_id)}", conditional=True
+        )
+        if not isinstance(reply.body, dict):
+            raise MalformedResponse("GET", template, reply.status, "the run is not an object")
+        return parse_run_pull_requests(reply.body)
 
     async def list_active_jobs(self) -> list[Job]:
         """Queued and in-progress jobs of every job repo (active runs first, then their jobs).
@@ -430,7 +444,7 @@ class GitHubClient:
         pull requests), keyed by job id."""
         jobs: dict[int, Job] = {}
         sources: dict[int, JobSource] = {}
-        for name in self.scope.job_repos:
+        for name in await self.job_repos():
             seen: set[int] = set()
             for status in ("queued", "in_progress"):
                 try:
@@ -458,6 +472,39 @@ class GitHubClient:
                             jobs[job.id] = job
                             sources[job.id] = source
         return sorted(jobs.values(), key=lambda j: j.id), sources
+
+    async def job_repos(self) -> tuple[str, ...]:
+        """The repositories whose runs and jobs are read: the scope's own, or with `all_repos`
+        every repository `GET /orgs/{org}/repos` lists (conditional, so an unchanged list costs
+        304s; archived and disabled ones and items of the wrong shape are passed over)."""
+        if not self.scope.all_repos:
+            return self.scope.job_repos
+        if self._repos_read is not None and time.monotonic() - self._repos_read[0] < REPOS_TTL_S:
+            return self._repos_read[1]
+        template = "/orgs/{org}/repos"
+        pages = await self._paginate(
+            template, f"/orgs/{self.scope.org}/repos", {"per_page": PER_PAGE}, True
+        )
+        owner = (self.scope.org or "").casefold()
+        names: list[str] = []
+        for number, page in enumerate(pages, start=1):
+            if not isinstance(page, list) or len(page) > PER_PAGE:
+                raise MalformedResponse(
+                    "GET", template, 200, f"page {number} is not a list of at most 100 repositories"
+                )
+            for item in page:
+                name = item.get("full_name") if isinstance(item, dict) else None
+                if not isinstance(name, str) or not is_repo(name):
+                    self.problems.report("repository", str(name)[:100], "no OWNER/NAME", "skipped")
+                    continue
+                if name.partition("/")[0].casefold() != owner:
+                    continue  # another owner's repository is not this scope's
+                if item.get("archived") is True or item.get("disabled") is True:
+                    continue  # no workflow runs there
+                names.append(name)
+        found = tuple(dict.fromkeys(names))
+        self._repos_read = (time.monotonic(), found)
+        return found
 
     # ---- pull requests and teams (skip-queue authorization) ----
 

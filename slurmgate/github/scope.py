@@ -49,7 +49,9 @@ class GitHubScope(BaseModel):
     """Where the runners live: one repository (`repo`) or one organization (`org`).
 
     Runs and jobs are always repository-scoped; with `org`, `repos` names the repositories whose
-    workflow runs are scanned for jobs.
+    workflow runs are scanned for jobs, or `all_repos` reads them from GitHub
+    (`GET /orgs/{org}/repos`: every repository the token or App installation can see). Either
+    way the org's runners are one shared pool.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -58,6 +60,7 @@ class GitHubScope(BaseModel):
     repo: str | None = None
     org: str | None = None
     repos: tuple[str, ...] = ()
+    all_repos: bool = False
 
     @field_validator("api_url")
     @classmethod
@@ -112,7 +115,21 @@ class GitHubScope(BaseModel):
                 "set exactly one of repo (OWNER/NAME, runners of one repository) "
                 "or org (runners of an organization)"
             )
+        if self.all_repos and self.org is None:
+            raise ValueError("all_repos needs an org scope; with repo, list others in repos")
+        if self.all_repos and self.repos:
+            raise ValueError(
+                "set either repos (a list) or all_repos (every repository the token can see), "
+                "not both"
+            )
         return self
+
+    def covers(self, full_name: str) -> bool:
+        """True when jobs of repository `full_name` (OWNER/NAME) belong to this scope."""
+        wanted = full_name.casefold()
+        if self.all_repos:
+            return wanted.partition("/")[0] == (self.org or "").casefold()
+        return wanted in {name.casefold() for name in (self.repo or "", *self.repos)}
 
     @property
     def runners_path(self) -> str:
@@ -129,13 +146,19 @@ class GitHubScope(BaseModel):
 
     @property
     def job_repos(self) -> tuple[str, ...]:
-        """The repositories whose runs and jobs are read (never empty)."""
+        """The repositories whose runs and jobs are read (never empty). With `all_repos` they
+        are GitHub's to tell: ask the client (`GitHubClient.job_repos()`)."""
         if self.repo is not None:
             return (self.repo, *[r for r in self.repos if r != self.repo])
+        if self.all_repos:
+            raise ValueError(
+                f"org scope {self.org!r} reads its repositories from GitHub (all_repos); "
+                "use GitHubClient.job_repos()"
+            )
         if not self.repos:
             # GitHub has no org-wide job listing; silently reading no jobs would admit nothing.
             raise ValueError(
                 f"org scope {self.org!r} has no repos to read jobs from; "
-                "set repos=(OWNER/NAME, ...) on the GitHub scope"
+                "set repos=(OWNER/NAME, ...) or all_repos=true on the GitHub scope"
             )
         return self.repos

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Protocol
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot, leases_from_fleet
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.github.client import JobSource, MalformedResponse
-from slurmgate.github.skipqueue import SkipQueueAuthorizer, SkipQueueClient
+from slurmgate.github.client import GitHubError, JobSource, MalformedResponse, state_dir
+from slurmgate.github.jobstore import JobEventStore, store_path
+from slurmgate.github.scope import GitHubScope
+from slurmgate.github.skipqueue import SkipQueueAuthorizer, SkipQueueClient, skip_queue_pr
+
+log = logging.getLogger(__name__)
 
 
 class SnapshotClient(SkipQueueClient, Protocol):
@@ -19,10 +30,59 @@ class SnapshotClient(SkipQueueClient, Protocol):
 
     async def read_active_jobs(self) -> tuple[list[Job], dict[int, JobSource]]: ...
 
-    async def get_job(self, job_id: int) -> Job | None: ...
+    async def get_job(self, job_id: int, *, repo: str | None = None) -> Job | None: ...
+
+    async def get_run_pull_requests(self, run_id: int, *, repo: str) -> frozenset[int]: ...
 
     @property
     def unreadable_runners(self) -> int: ...
+
+    @property
+    def scope(self) -> GitHubScope: ...
+
+
+class EventReadSettings(BaseSettings):
+    """How the tick uses the relay's job events (environment `SLURMGATE_<NAME>`)."""
+
+    model_config = SettingsConfigDict(env_prefix="SLURMGATE_", extra="ignore")
+
+    full_read_every: int = Field(
+        default=10,
+        ge=1,
+        le=10_000,
+        description="With job events, every K-th snapshot read polls every run (the repair "
+        "path for missed deliveries); 1 polls every time (env SLURMGATE_FULL_READ_EVERY).",
+    )
+    event_recheck_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A job whose queued state nobody confirmed for this long is read by id "
+        "(env SLURMGATE_EVENT_RECHECK_S, seconds).",
+    )
+    job_store: Path | None = Field(
+        default=None,
+        description="The relay's job-event store (env SLURMGATE_JOB_STORE; default "
+        "job-events.sqlite in the state directory). Without the file the tick polls.",
+    )
+
+
+@dataclass(frozen=True)
+class EventReads:
+    """Job events as the primary source: the store, and when to fall back to reading GitHub."""
+
+    store: JobEventStore
+    full_read_every: int = 10
+    recheck_after_s: float = 120.0
+
+    @classmethod
+    def configured(cls, settings: EventReadSettings | None = None) -> EventReads | None:
+        """The relay's store, when there is one (else None: the tick polls as it always has)."""
+        chosen = settings or EventReadSettings()
+        path = chosen.job_store or store_path(state_dir())
+        store = JobEventStore.existing(Path(os.path.expanduser(path)))
+        if store is None:
+            return None
+        return cls(store, chosen.full_read_every, chosen.event_recheck_s)
 
 
 async def take_snapshot(
@@ -30,6 +90,7 @@ async def take_snapshot(
     *,
     clock: Callable[[], datetime] | None = None,
     settings: AdmissionSettings | None = None,
+    events: EventReads | None = None,
 ) -> Snapshot:
     """One read of the fleet and the jobs, conditional (ETag) wherever GitHub allows it.
 
@@ -46,9 +107,23 @@ async def take_snapshot(
 
     With `settings`, queued skip-queue jobs are verified (`skipqueue.SkipQueueAuthorizer`,
     whose failed lookups only leave a job unverified); without, none is.
+
+    With `events`, the jobs come from the relay's job-event store instead of a listing of every
+    active run (`jobs_from_events`), and every `full_read_every`-th read polls as above and
+    brings the store in line with what it listed. A lease job the store has is taken from it
+    (a completed event releases its lease without a read); only one it lacks is read by id.
     """
     runners = await client.list_runners(conditional=True)
-    active, sources = await client.read_active_jobs()
+    stored: dict[int, Job] = {}
+    if events is not None and not events.store.full_read_due(events.full_read_every):
+        active, sources = await jobs_from_events(client, events, settings is not None)
+    else:
+        active, sources = await client.read_active_jobs()
+        if events is not None:
+            listed = [(job, sources[job.id].repo) for job in active if job.id in sources]
+            missed = events.store.replace_active(listed, client.scope.covers)
+            if missed:
+                log.info("full read: %d job(s) the events left active have ended", missed)
     jobs = {job.id: job for job in active}
     skip_queue: frozenset[int] = frozenset()
     if settings is not None:
@@ -56,7 +131,13 @@ async def take_snapshot(
         skip_queue = await SkipQueueAuthorizer(client, settings).authorized(queued, sources)
     leases, _ = leases_from_fleet(runners)
     missing: set[int] = set()
-    for job_id in sorted({lease.job_id for lease in leases} - set(jobs)):
+    unseen = {lease.job_id for lease in leases} - set(jobs)
+    if events is not None and unseen:
+        for job_id, item in events.store.latest(unseen).items():
+            if item.job.status is JobStatus.COMPLETED:
+                stored[job_id] = item.job
+        jobs.update(stored)
+    for job_id in sorted(unseen - set(stored)):
         try:
             job = await client.get_job(job_id)
         except MalformedResponse:
@@ -78,3 +159,43 @@ async def take_snapshot(
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+async def jobs_from_events(
+    client: SnapshotClient, events: EventReads, verify_skip_queue: bool
+) -> tuple[list[Job], dict[int, JobSource]]:
+    """The scope's active jobs as the relay's events left them, repaired where they are stale.
+
+    A queued job whose state nobody confirmed for `recheck_after_s` (no in_progress came) is
+    read by id and the answer stored: a missed delivery costs one read, not a full poll. A
+    queued skip-queue job gets its run's pull requests read (conditional), which the
+    `workflow_job` delivery does not carry, so that authorization can check it.
+    """
+    now = events.store.clock()
+    jobs: list[Job] = []
+    sources: dict[int, JobSource] = {}
+    for item in events.store.active(client.scope.covers):
+        job = item.job
+        if not job.active:
+            continue  # waiting for an approval, say: its queued delivery comes later
+        if job.status is JobStatus.QUEUED and now - item.seen_at > events.recheck_after_s:
+            try:
+                fresh = await client.get_job(job.id, repo=item.repo)
+            except MalformedResponse:
+                fresh = job  # unknown is not gone: keep what the event said
+            if fresh is None:
+                events.store.forget([job.id])
+                continue
+            events.store.record(fresh, item.repo, source="read")
+            if not fresh.active:
+                continue
+            job = fresh
+        pull_requests: frozenset[int] = frozenset()
+        if verify_skip_queue and job.status is JobStatus.QUEUED and skip_queue_pr(job):
+            try:
+                pull_requests = await client.get_run_pull_requests(job.run_id, repo=item.repo)
+            except GitHubError as exc:  # unverified for this read, asked again next read
+                log.warning("run %s of job %s unreadable: %s", job.run_id, job.id, exc)
+        jobs.append(job)
+        sources[job.id] = JobSource(item.repo, pull_requests)
+    return jobs, sources

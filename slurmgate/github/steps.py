@@ -18,20 +18,25 @@ from slurmgate.admission.model import Admit, Snapshot
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import ReadCapacity, TickSteps
 from slurmgate.github.client import GitHubClient
-from slurmgate.github.snapshot import take_snapshot
+from slurmgate.github.snapshot import EventReads, take_snapshot
 from slurmgate.runtime.slurm_capacity import read_pool_capacity
 
 
 def direct_steps(
-    client: GitHubClient, *, read_only: bool = False, settings: AdmissionSettings | None = None
+    client: GitHubClient,
+    *,
+    read_only: bool = False,
+    settings: AdmissionSettings | None = None,
+    events: EventReads | None = None,
 ) -> TickSteps:
     """Read with `take_snapshot`; remove and admit with the core lease protocol (N + 1 writes a
-    lease). `read_only` plans and writes nothing, as `slurmgate status` does; `settings` lets
+    lease); `events` reads the jobs from the relay's job-event store (without, every read
+    polls). `read_only` plans and writes nothing, as `slurmgate status` does; `settings` lets
     the read verify skip-queue jobs (without them none is) and, where it maps pools to
     partitions, reads Slurm's nodes with every snapshot (`slurm_capacity_step`)."""
 
     async def read() -> Snapshot:
-        return await take_snapshot(client, settings=settings)
+        return await take_snapshot(client, settings=settings, events=events)
 
     capacity = slurm_capacity_step(settings)
     if read_only:

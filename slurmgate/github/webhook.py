@@ -24,7 +24,11 @@ small starlette app sits between GitHub and Prefect's `POST /api/events`:
    nothing. The id alone is not enough, because the signature does not cover it: a captured
    body replayed under fresh ids would otherwise post again. After a restart the memory is
    empty, and the freshness window (5) is what still bounds a replay;
-7. the event `github.workflow_job.<action>` is posted with a short timeout (well inside GitHub's
+7. with a `job_store`, the job's state is written to the job-event store (`jobstore.py`) that
+   the reconcile tick reads its jobs from; a job past the store's bounds is not stored (one
+   warning), and a store that cannot be written costs only the store (the tick's full read
+   repairs it), never the Prefect event;
+8. the event `github.workflow_job.<action>` is posted with a short timeout (well inside GitHub's
    10 s answer rule). If Prefect does not take it, the answer is 503 and the delivery is
    forgotten, so a redelivery can succeed.
 
@@ -44,6 +48,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
@@ -63,7 +68,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from slurmgate.admission.model import Job, JobStatus
 from slurmgate.errors import InputError
+from slurmgate.github.jobstore import JobEventStore
 from slurmgate.github.scope import is_repo
 from slurmgate.serving import ThreadedServer
 
@@ -127,6 +134,11 @@ class RelaySettings(BaseModel):
     )
     max_connections: int = Field(
         default=64, ge=1, description="Open connections served at once (503 beyond)."
+    )
+    job_store: Path | None = Field(
+        default=None,
+        description="The job-event store the reconcile tick reads its jobs from (SQLite; "
+        "usually job-events.sqlite in the state directory). None: events only go to Prefect.",
     )
 
     @field_validator("secret")
@@ -241,6 +253,7 @@ class WorkflowJob(BaseModel):
     started_at: datetime | None = None
     completed_at: datetime | None = None
     runner_name: str | None = None
+    runner_id: StrictInt | None = None
 
 
 class DeliveryRepository(BaseModel):
@@ -319,6 +332,32 @@ def check_fresh(
         raise StaleDelivery(f"delivery is {age:.0f} s old (limit {max_age_s:.0f} s)")
     if age < -skew_s:
         raise StaleDelivery(f"delivery is dated {-age:.0f} s in the future")
+
+
+def job_of(delivery: WorkflowJobDelivery) -> Job | None:
+    """The delivery's job as the planner reads jobs, or None when it lacks what a job needs
+    (run id, attempt, name, creation time) or its status is not one slurmgate knows."""
+    job = delivery.workflow_job
+    try:
+        status = JobStatus(job.status or delivery.action)
+    except ValueError:
+        return None
+    if job.run_id is None or job.created_at is None or status is JobStatus.UNKNOWN:
+        return None
+    return Job(
+        id=job.id,
+        run_id=job.run_id,
+        run_attempt=job.run_attempt or 1,
+        name=job.name or str(job.id),
+        labels=tuple(job.labels or ()),
+        status=status,
+        created_at=_utc(job.created_at),
+        conclusion=job.conclusion,
+        runner_id=job.runner_id,
+        runner_name=job.runner_name,
+        started_at=_utc(job.started_at) if job.started_at else None,
+        completed_at=_utc(job.completed_at) if job.completed_at else None,
+    )
 
 
 def repo_resource_id(full_name: str) -> str:
@@ -482,7 +521,10 @@ def create_app(
         "too_large": 0,
         "too_slow": 0,
         "busy": 0,
+        "stored": 0,
+        "not_stored": 0,
     }
+    store = JobEventStore(settings.job_store) if settings.job_store is not None else None
     refusal_stat = {
         "too-large": "too_large",
         "head-too-large": "too_large",
@@ -558,6 +600,8 @@ def create_app(
             stats["duplicates"] += 1
             log.info("duplicate delivery=%s ignored", delivery)
             return answer(200, "duplicate", duplicate=True)
+        if store is not None:
+            await keep(parsed, delivery)
         assert poster is not None, "the relay runs inside its lifespan"
         try:
             await poster.post([event])
@@ -577,6 +621,19 @@ def create_app(
             delivery,
         )
         return answer(202, "posted", event=event["event"], id=event["id"])
+
+    async def keep(parsed: WorkflowJobDelivery, delivery: str) -> None:
+        """Write the job's state to the store (in a thread: SQLite blocks)."""
+        assert store is not None
+        job = job_of(parsed)
+        try:
+            kept = job is not None and await asyncio.to_thread(
+                store.record, job, parsed.repository.full_name
+            )
+        except Exception as exc:  # sqlite3 or OS errors: the tick's full read repairs it
+            log.warning("delivery=%s: job store not written: %s", delivery, type(exc).__name__)
+            kept = False
+        stats["stored" if kept else "not_stored"] += 1
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True, **stats})

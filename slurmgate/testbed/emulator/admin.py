@@ -28,6 +28,7 @@ class JobExtras(TypedDict, total=False):
     name: str | None
     run_id: int | None
     pull_request: int | None
+    repo: str | None
 
 
 class EmulatorAdmin:

@@ -29,6 +29,7 @@ from slurmgate.testbed.emulator.state import (
     EmuJob,
     EmulatorInputError,
     EmulatorState,
+    EmuRun,
     EmuRunner,
     FaultPlan,
 )
@@ -84,11 +85,16 @@ def _check_scope(request: Request, state: EmulatorState) -> None:
     if "org" in params:
         if params["org"].casefold() != state.owner.casefold():
             raise ApiError(404, "Not Found")
-    elif "owner" in params and (
-        params["owner"].casefold() != state.owner.casefold()
-        or params["repo"].casefold() != state.repo_name.casefold()
-    ):
+    elif "owner" in params and state.known_repo(f"{params['owner']}/{params['repo']}") is None:
         raise ApiError(404, "Not Found")
+
+
+def _in_repo(request: Request, state: EmulatorState, run: EmuRun) -> EmuRun:
+    """The run, or GitHub's 404 when it belongs to another repository than the path's."""
+    path_repo = state.known_repo(f"{request.path_params['owner']}/{request.path_params['repo']}")
+    if path_repo != state.run_repo(run):
+        raise ApiError(404, "Not Found")
+    return run
 
 
 def _int_param(request: Request, name: str) -> int:
@@ -247,7 +253,12 @@ async def remove_label(request: Request, state: EmulatorState) -> tuple[int, Any
 async def list_runs(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
     wanted = request.query_params.get("status")
     with state.lock:
-        runs = sorted(state.runs.values(), key=lambda r: r.id, reverse=True)
+        home = state.known_repo(f"{request.path_params['owner']}/{request.path_params['repo']}")
+        runs = sorted(
+            (r for r in state.runs.values() if state.run_repo(r) == home),
+            key=lambda r: r.id,
+            reverse=True,
+        )
         if wanted:
             runs = [r for r in runs if wanted in state.run_status(r)]
         return _page(request, runs, "workflow_runs", state.run_json)
@@ -255,7 +266,11 @@ async def list_runs(request: Request, state: EmulatorState) -> tuple[int, Any, d
 
 async def get_run(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
     with state.lock:
-        return 200, state.run_json(_found(state.runs, request, "run_id")), {}
+        return (
+            200,
+            state.run_json(_in_repo(request, state, _found(state.runs, request, "run_id"))),
+            {},
+        )
 
 
 async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
@@ -263,7 +278,7 @@ async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, An
     if flt not in ("latest", "all"):
         raise ApiError(422, "Validation Failed", [f"filter {flt!r} is not latest or all"])
     with state.lock:
-        run = _found(state.runs, request, "run_id")
+        run = _in_repo(request, state, _found(state.runs, request, "run_id"))
         attempt = request.path_params.get("attempt_number")
         jobs = sorted((j for j in state.jobs.values() if j.run_id == run.id), key=lambda j: j.id)
         if attempt is not None:
@@ -278,7 +293,16 @@ async def list_run_jobs(request: Request, state: EmulatorState) -> tuple[int, An
 
 async def get_job(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
     with state.lock:
-        return 200, state.job_json(_found(state.jobs, request, "job_id")), {}
+        job = _found(state.jobs, request, "job_id")
+        _in_repo(request, state, state.runs[job.run_id])
+        return 200, state.job_json(job), {}
+
+
+async def list_org_repos(request: Request, state: EmulatorState) -> tuple[int, Any, dict[str, str]]:
+    """GET /orgs/{org}/repos: a bare JSON array of the organization's repositories."""
+    with state.lock:
+        chunk, headers = _paginate(request, list(state.repo_names))
+        return 200, [state.repository_json(name) for name in chunk], headers
 
 
 async def list_issue_events(
@@ -477,6 +501,7 @@ def github_routes(state: EmulatorState) -> list[BaseRoute]:
             ["GET"],
         ),
         _api(state, REPO_ACTIONS + "/jobs/{job_id}", get_job, ["GET"]),
+        _api(state, "/orgs/{org}/repos", list_org_repos, ["GET"]),
         _api(
             state, "/repos/{owner}/{repo}/issues/{issue_number}/events", list_issue_events, ["GET"]
         ),
@@ -528,9 +553,12 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
             run_id = None if run_id is None else int(run_id)
             pull_request = body.get("pull_request")
             pull_request = None if pull_request is None else int(pull_request)
+            repo = body.get("repo")
+            if repo is not None and not isinstance(repo, str):
+                raise TypeError
         except (TypeError, ValueError):
             raise EmulatorInputError(
-                "duration_s must be a number, run_id and pull_request integers"
+                "duration_s must be a number, run_id and pull_request integers, repo OWNER/NAME"
             ) from None
         job = state.add_job(
             body.get("labels"),  # type: ignore[arg-type]  # validated by add_job
@@ -538,6 +566,7 @@ def admin_routes(state: EmulatorState) -> list[BaseRoute]:
             name=body.get("name"),
             run_id=run_id,
             pull_request=pull_request,
+            repo=repo,
         )
         return 201, {"id": job.id, "run_id": job.run_id}
 

@@ -87,6 +87,7 @@ class EmuRun:
     updated_at: float
     run_number: int
     pull_requests: list[int] = field(default_factory=list)
+    repo: str = ""  # OWNER/NAME; empty is the emulator's first repository
 
 
 @dataclass
@@ -212,10 +213,21 @@ class EmulatorState:
         webhook_urls: list[str] | None = None,
         webhook_secret: str | None = None,
         fault_plan: FaultPlan | None = None,
+        repos: list[str] | tuple[str, ...] = (),
     ) -> None:
         if not is_repo(repo):
             raise EmulatorInputError(f"repo {repo!r} is not OWNER/NAME; write it like acme/gpu-ci")
         self.owner, self.repo_name = repo.split("/")
+        # more repositories of the same owner: runs and jobs live in one of them
+        self.repo_names: list[str] = [repo]
+        for extra in repos:
+            if not is_repo(extra) or extra.split("/")[0].casefold() != self.owner.casefold():
+                raise EmulatorInputError(
+                    f"repos entry {extra!r} is not {self.owner}/NAME; every repository of the "
+                    "emulator has the same owner"
+                )
+            if extra.casefold() not in {name.casefold() for name in self.repo_names}:
+                self.repo_names.append(extra)
         self.token = token
         self.clock = clock
         self.apps = AppRegistry(clock)  # GitHub Apps, installations, installation tokens
@@ -252,7 +264,7 @@ class EmulatorState:
         self.listeners: list[JobListener] = []
         self.job_events: list[tuple[str, int]] = []
         self._user_json: dict[str, Any] | None = None
-        self._repository_json: dict[str, Any] | None = None
+        self._repository_json: dict[str, dict[str, Any]] = {}
         self._queued: set[int] = set()
         self._running: set[int] = set()
         # skip-queue authorization: label events per PR number, members per team slug
@@ -263,6 +275,14 @@ class EmulatorState:
     @property
     def repo(self) -> str:
         return f"{self.owner}/{self.repo_name}"
+
+    def known_repo(self, full_name: str) -> str | None:
+        """The emulator's spelling of repository `full_name` (case-insensitive), or None."""
+        wanted = full_name.casefold()
+        return next((name for name in self.repo_names if name.casefold() == wanted), None)
+
+    def run_repo(self, run: EmuRun) -> str:
+        return run.repo or self.repo
 
     # ---- fleet ----
 
@@ -366,9 +386,16 @@ class EmulatorState:
         name: str | None = None,
         run_id: int | None = None,
         pull_request: int | None = None,
+        repo: str | None = None,
     ) -> EmuJob:
         """Queue a job in run `run_id` (a new run if absent); `pull_request` makes a new run one
-        for that PR number, as a `pull_request` event's run is."""
+        for that PR number, as a `pull_request` event's run is; `repo` puts a new run in
+        another of the emulator's repositories."""
+        home = self.repo if repo is None else self.known_repo(repo)
+        if home is None:
+            raise EmulatorInputError(
+                f"repo {repo!r} is not one of the emulator's repositories; add it with repos=[...]"
+            )
         if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
             raise EmulatorInputError("labels must be a list of non-empty strings (the runs-on)")
         if not labels:
@@ -382,6 +409,7 @@ class EmulatorState:
             run = self.runs.get(run_id)
             if run is None:
                 run = EmuRun(run_id, f"workflow-{run_id}", 1, now, now, len(self.runs) + 1)
+                run.repo = "" if home == self.repo else home
                 if pull_request is not None:
                     self._check_issue_number(pull_request)
                     run.pull_requests.append(pull_request)
@@ -529,7 +557,7 @@ class EmulatorState:
         return {
             "action": action,
             "workflow_job": self.job_json(job),
-            "repository": self.repository_json(),
+            "repository": self.repository_json(self.run_repo(self.runs[job.run_id])),
             "sender": self.user_json(),
         }
 
@@ -773,21 +801,22 @@ class EmulatorState:
             "labels": [self.label_json(n, k) for n, k in runner.labels],
         }
 
-    def _api(self, suffix: str) -> str:
-        return f"https://api.github.com/repos/{self.repo}{suffix}"
+    def _api(self, suffix: str, repo: str | None = None) -> str:
+        return f"https://api.github.com/repos/{repo or self.repo}{suffix}"
 
     def job_json(self, job: EmuJob) -> dict[str, Any]:
         run = self.runs[job.run_id]
         sha = hashlib.sha1(f"{run.id}".encode()).hexdigest()
+        home = self.run_repo(run)
         return {
             "id": job.id,
             "run_id": job.run_id,
-            "run_url": self._api(f"/actions/runs/{job.run_id}"),
+            "run_url": self._api(f"/actions/runs/{job.run_id}", home),
             "run_attempt": job.run_attempt,
             "node_id": f"CR_{job.id}",
             "head_sha": sha,
-            "url": self._api(f"/actions/jobs/{job.id}"),
-            "html_url": f"https://github.com/{self.repo}/actions/runs/{job.run_id}/job/{job.id}",
+            "url": self._api(f"/actions/jobs/{job.id}", home),
+            "html_url": f"https://github.com/{home}/actions/runs/{job.run_id}/job/{job.id}",
             "status": job.status,
             "conclusion": job.conclusion,
             "created_at": _iso(job.created_at),
@@ -796,7 +825,7 @@ class EmulatorState:
             "completed_at": _iso(job.completed_at),
             "name": job.name,
             "steps": [],
-            "check_run_url": self._api(f"/check-runs/{job.id}"),
+            "check_run_url": self._api(f"/check-runs/{job.id}", home),
             "labels": list(job.labels),
             "runner_id": job.runner_id,
             "runner_name": job.runner_name,
@@ -811,10 +840,11 @@ class EmulatorState:
             self._user_json = self.simple_user_json(self.owner, user_id=1, kind="Organization")
         return self._user_json
 
-    def repository_json(self) -> dict[str, Any]:
-        if self._repository_json is None:
-            self._repository_json = self._build_repository_json()
-        return self._repository_json
+    def repository_json(self, repo: str | None = None) -> dict[str, Any]:
+        name = repo or self.repo
+        if name not in self._repository_json:
+            self._repository_json[name] = self._build_repository_json(name)
+        return self._repository_json[name]
 
     @staticmethod
     def simple_user_json(
@@ -883,8 +913,10 @@ class EmulatorState:
             "base": {"ref": "main", "sha": sha, "repo": repo},
         }
 
-    def _build_repository_json(self) -> dict[str, Any]:
-        api = f"https://api.github.com/repos/{self.repo}"
+    def _build_repository_json(self, repo: str) -> dict[str, Any]:
+        api = f"https://api.github.com/repos/{repo}"
+        # the first repository keeps GitHub's example id; the others get stable ids of their own
+        repo_id = 1296269 + self.repo_names.index(repo) if repo in self.repo_names else 1296269
         urls = {
             f"{key}_url": f"{api}/{suffix}"
             for key, suffix in {
@@ -927,13 +959,13 @@ class EmulatorState:
             }.items()
         }
         return {
-            "id": 1296269,
-            "node_id": "R_1296269",
-            "name": self.repo_name,
-            "full_name": self.repo,
+            "id": repo_id,
+            "node_id": f"R_{repo_id}",
+            "name": repo.split("/")[1],
+            "full_name": repo,
             "owner": self.user_json(),
             "private": True,
-            "html_url": f"https://github.com/{self.repo}",
+            "html_url": f"https://github.com/{repo}",
             "description": "slurmgate emulator repository",
             "fork": False,
             "url": api,
@@ -943,7 +975,8 @@ class EmulatorState:
     def run_json(self, run: EmuRun) -> dict[str, Any]:
         status, conclusion = self.run_status(run)
         sha = hashlib.sha1(f"{run.id}".encode()).hexdigest()
-        repo = self.repository_json()
+        home = self.run_repo(run)
+        repo = self.repository_json(home)
         return {
             "id": run.id,
             "name": run.name,
@@ -960,22 +993,22 @@ class EmulatorState:
             "status": status,
             "conclusion": conclusion,
             "workflow_id": 1,
-            "url": self._api(f"/actions/runs/{run.id}"),
-            "html_url": f"https://github.com/{self.repo}/actions/runs/{run.id}",
+            "url": self._api(f"/actions/runs/{run.id}", home),
+            "html_url": f"https://github.com/{home}/actions/runs/{run.id}",
             "pull_requests": [self.pull_request_json(n) for n in run.pull_requests],
             "created_at": _iso(run.created_at),
             "updated_at": _iso(run.updated_at),
             "run_started_at": _iso(run.created_at),
             "actor": self.user_json(),
             "triggering_actor": self.user_json(),
-            "jobs_url": self._api(f"/actions/runs/{run.id}/jobs"),
-            "logs_url": self._api(f"/actions/runs/{run.id}/logs"),
-            "check_suite_url": self._api(f"/check-suites/{run.id}"),
-            "artifacts_url": self._api(f"/actions/runs/{run.id}/artifacts"),
-            "cancel_url": self._api(f"/actions/runs/{run.id}/cancel"),
-            "rerun_url": self._api(f"/actions/runs/{run.id}/rerun"),
+            "jobs_url": self._api(f"/actions/runs/{run.id}/jobs", home),
+            "logs_url": self._api(f"/actions/runs/{run.id}/logs", home),
+            "check_suite_url": self._api(f"/check-suites/{run.id}", home),
+            "artifacts_url": self._api(f"/actions/runs/{run.id}/artifacts", home),
+            "cancel_url": self._api(f"/actions/runs/{run.id}/cancel", home),
+            "rerun_url": self._api(f"/actions/runs/{run.id}/rerun", home),
             "previous_attempt_url": None,
-            "workflow_url": self._api("/actions/workflows/1"),
+            "workflow_url": self._api("/actions/workflows/1", home),
             "head_commit": {
                 "id": sha,
                 "tree_id": sha,

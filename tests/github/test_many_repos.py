@@ -1,0 +1,225 @@
+"""Many repositories: an org scope over a list or over every repository, and job events (the
+relay's job-event store) as the tick's primary source of job state, with polling as repair."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.admission.tick import reconcile_tick
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.jobstore import JobEventStore
+from slurmgate.github.scope import GitHubScope
+from slurmgate.github.snapshot import EventReads, EventReadSettings, take_snapshot
+from slurmgate.github.steps import direct_steps
+from slurmgate.github.webhook import job_of, parse_delivery
+from slurmgate.testbed.emulator.state import EmuJob
+from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
+
+SETTINGS = AdmissionSettings(
+    PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True, orphan_grace_s=0
+)
+REPOS = ["acme/gpu-ci", "acme/serving", "acme/training"]
+JOB_READS = (
+    "GET /repos/{owner}/{repo}/actions/runs",
+    "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
+    "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
+)
+
+
+def labels(nodes: int, token: str) -> list[str]:
+    return ["self-hosted", "cluster:a", f"nodes:{nodes}", f"ci-job-1.000-{token}", "ci-attempt-1"]
+
+
+@contextmanager
+def org_emulator(runners: int = 6) -> Iterator[RunningEmulator]:
+    with running_emulator({"a": runners}, repo=REPOS[0], repos=REPOS[1:]) as emu:
+        yield emu
+
+
+def org_client(emu: RunningEmulator, **scope: object) -> GitHubClient:
+    return GitHubClient(GitHubScope(api_url=emu.url, org="acme", **scope), emu.token)  # type: ignore[arg-type]
+
+
+def job_reads(emu: RunningEmulator) -> int:
+    requests = emu.admin.stats()["requests"]
+    return sum(requests.get(name, 0) for name in JOB_READS)
+
+
+class Relayed:
+    """The emulator's workflow_job deliveries, parsed as the relay parses them, into a store;
+    `drop` names jobs whose deliveries get lost on the way."""
+
+    def __init__(self, emu: RunningEmulator, store: JobEventStore) -> None:
+        self.emu, self.store = emu, store
+        self.drop: set[int] = set()
+        emu.state.listeners.append(self.deliver)
+
+    def deliver(self, action: str, job: EmuJob) -> None:
+        if job.id in self.drop:
+            return
+        body = json.dumps(self.emu.state.webhook_payload(action, job)).encode()
+        delivery = parse_delivery(body)
+        parsed = job_of(delivery)
+        assert parsed is not None
+        self.store.record(parsed, delivery.repository.full_name)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobEventStore:
+    return JobEventStore(tmp_path / "job-events.sqlite")
+
+
+# ---- org scope --------------------------------------------------------------------------------
+
+
+async def test_org_scope_over_a_repo_list_reads_only_those_repos() -> None:
+    with org_emulator() as emu:
+        ids = {repo: emu.admin.add_job(labels(1, repo[5:]), 600, repo=repo)["id"] for repo in REPOS}
+        async with org_client(emu, repos=tuple(REPOS[:2])) as client:
+            jobs, sources = await client.read_active_jobs()
+        assert {job.id for job in jobs} == {ids["acme/gpu-ci"], ids["acme/serving"]}
+        assert sources[ids["acme/serving"]].repo == "acme/serving"
+
+
+async def test_org_scope_over_all_repos_admits_every_repos_jobs_from_one_pool() -> None:
+    with org_emulator(runners=4) as emu:
+        ids = [emu.admin.add_job(labels(1, repo[5:]), 600, repo=repo)["id"] for repo in REPOS]
+        async with org_client(emu, all_repos=True) as client:
+            assert await client.job_repos() == tuple(REPOS)
+            report = await reconcile_tick(direct_steps(client), SETTINGS)
+        assert report.admitted == 3 and report.failures == []
+        for job_id in ids:
+            status, runner = emu.job_placement(job_id)
+            assert status == "in_progress" and runner is not None  # one org-level pool
+
+
+def test_all_repos_is_only_for_an_org_and_not_with_a_list() -> None:
+    with pytest.raises(ValueError, match="all_repos needs an org scope"):
+        GitHubScope(repo="acme/gpu-ci", all_repos=True)
+    with pytest.raises(ValueError, match="either repos"):
+        GitHubScope(org="acme", repos=("acme/a",), all_repos=True)
+    with pytest.raises(ValueError, match="all_repos=true"):
+        _ = GitHubScope(org="acme").job_repos
+    assert GitHubScope(org="acme", all_repos=True).covers("ACME/anything")
+    assert not GitHubScope(org="acme", all_repos=True).covers("other/x")
+    assert not GitHubScope(org="acme", repos=("acme/a",)).covers("acme/b")
+
+
+# ---- events as the primary source -------------------------------------------------------------
+
+
+async def test_a_job_queued_by_event_is_admitted_without_a_jobs_read(
+    store: JobEventStore,
+) -> None:
+    with org_emulator() as emu:
+        Relayed(emu, store)
+        events = EventReads(store, full_read_every=10)
+        async with org_client(emu, all_repos=True) as client:
+            await reconcile_tick(direct_steps(client, events=events), SETTINGS)  # the full read
+            job = emu.admin.add_job(labels(2, "evt"), 600, repo="acme/serving")["id"]
+            emu.admin.reset_stats()
+            report = await reconcile_tick(direct_steps(client, events=events), SETTINGS)
+        assert report.admitted == 1
+        assert job_reads(emu) == 0  # no run listing, no job listing, no job by id
+        assert emu.job_placement(job)[0] == "in_progress"
+        assert store.latest([job])[job].job.status == "in_progress"  # the relay's next event
+
+
+async def test_a_completed_event_releases_its_lease(store: JobEventStore) -> None:
+    with org_emulator(runners=4) as emu:
+        Relayed(emu, store)
+        events = EventReads(store, full_read_every=10)
+        async with org_client(emu, repos=tuple(REPOS)) as client:
+            await reconcile_tick(direct_steps(client, events=events), SETTINGS)
+            job = emu.admin.add_job(labels(3, "rel"), 600, repo="acme/training")["id"]
+            assert (await reconcile_tick(direct_steps(client, events=events), SETTINGS)).admitted
+            emu.admin.complete_job(job)
+            emu.admin.reset_stats()
+            report = await reconcile_tick(direct_steps(client, events=events), SETTINGS)
+        assert report.released == 1
+        assert job_reads(emu) == 0  # the completed event said so; nothing was polled
+        held = [lb for r in emu.admin.dump()["runners"] for lb in r["labels"]]
+        assert not [lb for lb in held if lb["name"].startswith("ci-lease-")]
+
+
+async def test_a_missed_event_is_repaired_by_the_full_read_every_k_reads(
+    store: JobEventStore,
+) -> None:
+    with org_emulator() as emu:
+        relayed = Relayed(emu, store)
+        events = EventReads(store, full_read_every=3)
+        async with org_client(emu, all_repos=True) as client:
+            await take_snapshot(client, events=events)  # read 1: full
+            relayed.drop.add(emu.state._next_job)  # the next job's queued delivery is lost
+            lost = emu.admin.add_job(labels(1, "lost"), 600, repo="acme/training")["id"]
+            seen = [
+                {job.id for job in (await take_snapshot(client, events=events)).jobs}
+                for _ in range(3)  # reads 2 and 3 from events, read 4 polls
+            ]
+        assert [lost in ids for ids in seen] == [False, False, True]
+        assert store.latest([lost])[lost].source == "read"  # the store learned it too
+
+
+async def test_a_stale_queued_event_triggers_one_targeted_read(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    store = JobEventStore(tmp_path / "job-events.sqlite", clock=lambda: now[0])
+    with org_emulator() as emu:
+        relayed = Relayed(emu, store)
+        events = EventReads(store, full_read_every=100, recheck_after_s=60)
+        async with org_client(emu, all_repos=True) as client:
+            await take_snapshot(client, events=events)
+            # no runner carries its labels, so it stays queued; then its end goes unreported
+            job = emu.admin.add_job(["self-hosted", "nowhere"], 600, repo="acme/serving")["id"]
+            relayed.drop.add(job)
+            emu.admin.complete_job(job, "cancelled")
+            emu.admin.reset_stats()
+            fresh = await take_snapshot(client, events=events)
+            assert job in {j.id for j in fresh.jobs} and job_reads(emu) == 0  # not stale yet
+            now[0] += 61
+            repaired = await take_snapshot(client, events=events)
+            reads = emu.admin.stats()["requests"]
+        assert job not in {j.id for j in repaired.jobs}
+        assert reads.get("GET /repos/{owner}/{repo}/actions/jobs/{job_id}") == 1
+        assert store.latest([job])[job].job.status == "completed"
+
+
+async def test_a_lease_whose_job_has_no_event_is_read_by_id(store: JobEventStore) -> None:
+    with org_emulator() as emu:
+        relayed = Relayed(emu, store)
+        events = EventReads(store, full_read_every=100)
+        async with org_client(emu, repos=tuple(REPOS)) as client:
+            await take_snapshot(client, events=events)
+            job = emu.admin.add_job(labels(2, "gone"), 600)["id"]
+            await reconcile_tick(direct_steps(client, events=events), SETTINGS)
+            relayed.drop.add(job)
+            store.forget([job])  # the store lost it (pruned, or a new file)
+            emu.admin.reset_stats()
+            snapshot = await take_snapshot(client, events=events)
+        assert job in {j.id for j in snapshot.jobs}
+        assert emu.admin.stats()["requests"]["GET /repos/{owner}/{repo}/actions/jobs/{job_id}"]
+
+
+def test_without_a_store_file_the_tick_polls(tmp_path: Path) -> None:
+    settings = EventReadSettings(job_store=tmp_path / "none.sqlite")
+    assert EventReads.configured(settings) is None
+    (tmp_path / "junk.sqlite").write_bytes(b"not a database at all" * 100)
+    assert EventReads.configured(EventReadSettings(job_store=tmp_path / "junk.sqlite")) is None
+    JobEventStore(tmp_path / "real.sqlite").forget([])
+    chosen = EventReads.configured(
+        EventReadSettings(job_store=tmp_path / "real.sqlite", full_read_every=7)
+    )
+    assert chosen is not None and chosen.full_read_every == 7
+
+
+def test_full_read_every_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMGATE_FULL_READ_EVERY", "4")
+    assert EventReadSettings().full_read_every == 4
+    monkeypatch.setenv("SLURMGATE_FULL_READ_EVERY", "0")
+    with pytest.raises(ValueError, match="full_read_every"):
+        EventReadSettings()
