@@ -1,0 +1,278 @@
+"""GitHub requests and primary quota per tick for an org of many repositories: events vs polling.
+
+One organization scope over every repository (`all_repos`), one shared pool. Each arm gets a
+fresh GitHub emulator with the same fleet and work, driven by the core's `reconcile_tick`
+(`direct_steps`, a new client per tick with the file ETag cache, as the `reconcile` flow opens):
+
+- **events**: jobs come from the relay's job-event store. The emulator's `workflow_job`
+  deliveries go through the relay's own parsing (`webhook.parse_delivery`, `job_of`) into the
+  store (`jobstore.JobEventStore`), in process: the HTTP hop and the Prefect post cost no
+  GitHub requests. Every `--full-read-every`-th read polls, as in production.
+- **polling** (the reference, today's path): every tick lists each repository's queued and
+  in-progress runs and each active run's jobs, conditionally.
+
+Work: `--runs` active runs over `--repos` repositories on `--runners` runners. All but
+`--admit` runs are one in-progress job each (not slurmgate's: it holds a runner, not a lease);
+then `--admit` managed jobs (nodes:2, each a new run in its own repository) are queued and one
+busy tick admits them. Idle ticks follow once their dispatch has settled. On GitHub, as in the
+emulator, a conditional request answered 304 costs no primary quota.
+
+Run: .venv/bin/python benchmarks/bench_many_repos.py [--repos 100] [--runs 300] [--runners 1000]
+Writes benchmarks/results/many_repos.json and .md. `--smoke`: 5 repositories, 12 runs, 40
+runners, 4 admissions, a full read every 3; `--results-dir DIR` writes elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from options import add_output_flags, write_results
+
+POOL = "a"
+NODES = 2
+
+
+def repo_names(count: int) -> list[str]:
+    return [f"acme/repo-{i:03d}" for i in range(count)]
+
+
+class StoreFeed:
+    """The emulator's deliveries, parsed as the relay parses them, into the job-event store."""
+
+    def __init__(self, emu: Any, store: Any) -> None:
+        self.emu, self.store, self.deliveries = emu, store, 0
+        emu.state.listeners.append(self.deliver)
+
+    def deliver(self, action: str, job: Any) -> None:
+        from slurmgate.github.webhook import job_of, parse_delivery
+
+        body = json.dumps(self.emu.state.webhook_payload(action, job)).encode()
+        delivery = parse_delivery(body)
+        parsed = job_of(delivery)
+        if parsed is not None:
+            self.store.record(parsed, delivery.repository.full_name)
+            self.deliveries += 1
+
+
+async def one_tick(emu: Any, settings: Any, events: Any) -> dict[str, Any]:
+    from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.github.client import client_for_scope
+    from slurmgate.github.scope import GitHubScope
+    from slurmgate.github.steps import direct_steps
+
+    scope = GitHubScope(api_url=emu.url, org="acme", all_repos=True)
+    emu.admin.reset_stats()
+    started = time.perf_counter()
+    async with client_for_scope(scope, emu.token) as client:
+        report = await reconcile_tick(direct_steps(client, events=events), settings)
+    wall = time.perf_counter() - started
+    stats = emu.admin.stats()
+    return {
+        "wall_s": round(wall, 3),
+        "requests": stats["total"],
+        "reads": stats["total"] - stats["writes"],
+        "writes": stats["writes"],
+        "not_modified": stats["not_modified"],
+        "quota_used": stats["quota_used"],
+        "admitted": report.admitted,
+        "failures": len(report.failures),
+    }
+
+
+def run_arm(name: str, args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
+    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.github.jobstore import JobEventStore
+    from slurmgate.github.snapshot import EventReads
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    os.environ["SLURMGATE_STATE_DIR"] = str(state_dir)
+    settings = AdmissionSettings(PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True)
+    repos = repo_names(args.repos)
+    background = args.runs - args.admit
+    with running_emulator(
+        {POOL: args.runners}, repo=repos[0], repos=repos[1:], quota_limit=10_000_000
+    ) as emu:
+        events = None
+        feed = None
+        if name == "events":
+            store = JobEventStore(state_dir / "job-events.sqlite")
+            feed = StoreFeed(emu, store)
+            events = EventReads(store, full_read_every=args.full_read_every)
+        for i in range(background):  # in progress at once: any runner carries these labels
+            emu.admin.add_job(["self-hosted", "Linux"], 36_000, repo=repos[i % len(repos)])
+        warm = [asyncio.run(one_tick(emu, settings, events)) for _ in range(2)]
+        step = max(1, len(repos) // max(1, args.admit))
+        for i in range(args.admit):
+            labels = [
+                "self-hosted",
+                f"cluster:{POOL}",
+                f"nodes:{NODES}",
+                f"ci-job-1.000-m{i}",
+                "ci-attempt-1",
+            ]
+            emu.admin.add_job(labels, 36_000, repo=repos[(i * step) % len(repos)])
+        busy = asyncio.run(one_tick(emu, settings, events))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the emulator dispatches admitted jobs to anchors
+            with emu.state.lock:
+                if not emu.state._queued:
+                    break
+            time.sleep(0.05)
+        settle = asyncio.run(one_tick(emu, settings, events))
+        idle = [asyncio.run(one_tick(emu, settings, events)) for _ in range(args.idle_ticks)]
+        with emu.state.lock:
+            active_runs = sum(
+                1 for run in emu.state.runs.values() if emu.state.run_status(run)[0] != "completed"
+            )
+    return {
+        "warm": warm,
+        "busy": busy,
+        "settle": settle,
+        "idle": idle,
+        "active_runs": active_runs,
+        "deliveries": feed.deliveries if feed else 0,
+    }
+
+
+def summary(arm: dict[str, Any], admitted_nodes: int) -> dict[str, Any]:
+    idle, busy = arm["idle"], arm["busy"]
+    quiet = [t for t in idle if t["reads"] == min(i["reads"] for i in idle)]
+    admitted = max(1, busy["admitted"])
+    return {
+        "idle_requests_median": statistics.median(t["requests"] for t in idle),
+        "idle_quota_median": statistics.median(t["quota_used"] for t in idle),
+        "idle_requests_min": quiet[0]["requests"],
+        "idle_quota_min": quiet[0]["quota_used"],
+        "idle_requests_max": max(t["requests"] for t in idle),
+        "idle_quota_max": max(t["quota_used"] for t in idle),
+        "idle_requests_mean": round(statistics.mean(t["requests"] for t in idle), 2),
+        "idle_quota_mean": round(statistics.mean(t["quota_used"] for t in idle), 2),
+        "busy_requests": busy["requests"],
+        "busy_quota": busy["quota_used"],
+        "busy_admitted": busy["admitted"],
+        "busy_writes": busy["writes"],
+        "busy_writes_budget_n_plus_1": busy["admitted"] * (NODES + 1),
+        "busy_reads": busy["reads"],
+        # what the admissions add over a quiet tick's reads (verification, the runner list's
+        # changed pages), per admission
+        "busy_reads_per_admission_over_idle": round(
+            (busy["reads"] - quiet[0]["reads"]) / admitted, 2
+        ),
+        "busy_wall_s": busy["wall_s"],
+        "idle_wall_s_median": round(statistics.median(t["wall_s"] for t in idle), 3),
+        "admitted_nodes": admitted_nodes,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    ev, po = result["events"]["summary"], result["polling"]["summary"]
+    size = result["size"]
+    ratios = result["ratios"]
+    lines = [
+        "# Many repositories: job events vs polling",
+        "",
+        f"Org scope over every repository ({size['repos']} repositories, one pool of "
+        f"{size['runners']} runners), {size['active_runs']} active runs; the busy tick admits "
+        f"{size['admit']} jobs of {NODES} nodes. Events: a full read every "
+        f"{size['full_read_every']} reads. Reference: polling, today's path, same run.",
+        "",
+        "| per tick | events | polling (reference) | ratio polling / events |",
+        "|---|---|---|---|",
+        f"| idle: requests (median; max) | {ev['idle_requests_median']}; "
+        f"{ev['idle_requests_max']} | {po['idle_requests_median']}; {po['idle_requests_max']} | "
+        f"{ratios['idle_requests_polling_over_events']}x |",
+        f"| idle: primary quota (median; max) | {ev['idle_quota_median']}; "
+        f"{ev['idle_quota_max']} | {po['idle_quota_median']}; {po['idle_quota_max']} | |",
+        f"| idle: requests, mean over {size['idle_ticks']} ticks (full reads included) | "
+        f"{ev['idle_requests_mean']} | {po['idle_requests_mean']} | "
+        f"{ratios['idle_mean_requests_polling_over_events']}x |",
+        f"| busy: requests | {ev['busy_requests']} | {po['busy_requests']} | "
+        f"{ratios['busy_requests_polling_over_events']}x |",
+        f"| busy: primary quota | {ev['busy_quota']} | {po['busy_quota']} | |",
+        f"| busy: admitted / label writes (N+1 budget) | {ev['busy_admitted']} / "
+        f"{ev['busy_writes']} ({ev['busy_writes_budget_n_plus_1']}) | {po['busy_admitted']} / "
+        f"{po['busy_writes']} ({po['busy_writes_budget_n_plus_1']}) | |",
+        f"| busy: reads per admission over an idle tick | "
+        f"{ev['busy_reads_per_admission_over_idle']} | "
+        f"{po['busy_reads_per_admission_over_idle']} | |",
+        f"| wall time: busy; idle median (s) | {ev['busy_wall_s']}; {ev['idle_wall_s_median']} | "
+        f"{po['busy_wall_s']}; {po['idle_wall_s_median']} | |",
+        "",
+        f"Targets: an idle tick with events costs 0 primary quota (median "
+        f"{ev['idle_quota_median']}; the full read every {size['full_read_every']} reads is "
+        f"the most, {ev['idle_quota_max']}: it pays for the runs that changed since the "
+        f"previous full read, which the events already told) and at most 20 requests (median "
+        f"{ev['idle_requests_median']}: the runner list's pages, all 304s; the full read costs "
+        f"{ev['idle_requests_max']}, as much as a polling tick); a busy tick reads at most 2 "
+        f"per admission beyond an idle tick ({ev['busy_reads_per_admission_over_idle']}: "
+        f"verification reads each of the {NODES} leased runners fresh).",
+        f"Relay deliveries stored in the events arm: {result['events']['deliveries']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repos", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--runners", type=int, default=1000)
+    parser.add_argument("--admit", type=int, default=20)
+    parser.add_argument("--full-read-every", type=int, default=10)
+    parser.add_argument("--idle-ticks", type=int, default=10)
+    add_output_flags(parser, "5 repositories, 12 runs, 40 runners, 4 admissions")
+    args = parser.parse_args()
+    if args.smoke:
+        args.repos, args.runs, args.runners = 5, 12, 40
+        args.admit, args.full_read_every, args.idle_ticks = 4, 3, 3
+    if args.runs <= args.admit or args.runners < args.runs - args.admit + args.admit * NODES:
+        parser.error("need --runs > --admit and enough --runners for every run")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    arms: dict[str, Any] = {}
+    for name in ("polling", "events"):
+        with tempfile.TemporaryDirectory(prefix=f"slurmgate-bench-{name}-") as state:
+            arms[name] = run_arm(name, args, Path(state))
+    admitted_nodes = NODES * args.admit
+    for arm in arms.values():
+        arm["summary"] = summary(arm, admitted_nodes)
+    ev, po = arms["events"]["summary"], arms["polling"]["summary"]
+    result: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "size": {
+            "repos": args.repos,
+            "runs": args.runs,
+            "active_runs": arms["events"]["active_runs"],
+            "runners": args.runners,
+            "admit": args.admit,
+            "full_read_every": args.full_read_every,
+            "idle_ticks": args.idle_ticks,
+        },
+        "events": arms["events"],
+        "polling": arms["polling"],
+        "ratios": {
+            "idle_requests_polling_over_events": round(
+                po["idle_requests_median"] / max(1, ev["idle_requests_median"]), 1
+            ),
+            "idle_mean_requests_polling_over_events": round(
+                po["idle_requests_mean"] / max(1, ev["idle_requests_mean"]), 1
+            ),
+            "busy_requests_polling_over_events": round(
+                po["busy_requests"] / max(1, ev["busy_requests"]), 1
+            ),
+        },
+        "smoke": args.smoke,
+    }
+    write_results(args, "many_repos", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()
