@@ -242,6 +242,11 @@ class JobEventStore:
             db.execute("COMMIT")
         return reads % max(1, every) == 0
 
+    def full_read_failed(self) -> None:
+        """The full read this count asked for did not finish: make the next read one."""
+        with closing(self._connect()) as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('reads', 0)")
+
     def replace_active(self, jobs: Iterable[tuple[Job, str]], covers: Callable[[str], bool]) -> int:
         """After a full read: store what it listed, and forget the jobs the store still held
         as active in the scope that the read did not list (their end was missed). Returns how

@@ -118,7 +118,12 @@ async def take_snapshot(
     if events is not None and not events.store.full_read_due(events.full_read_every):
         active, sources = await jobs_from_events(client, events, settings is not None)
     else:
-        active, sources = await client.read_active_jobs()
+        try:
+            active, sources = await client.read_active_jobs()
+        except BaseException:
+            if events is not None:
+                events.store.full_read_failed()  # the next read polls again
+            raise
         if events is not None:
             listed = [(job, sources[job.id].repo) for job in active if job.id in sources]
             missed = events.store.replace_active(listed, client.scope.covers)

@@ -223,3 +223,41 @@ def test_full_read_every_comes_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("SLURMGATE_FULL_READ_EVERY", "0")
     with pytest.raises(ValueError, match="full_read_every"):
         EventReadSettings()
+
+
+async def test_a_failed_full_read_is_tried_again_on_the_next_read(store: JobEventStore) -> None:
+    with org_emulator() as emu:
+        Relayed(emu, store)
+        events = EventReads(store, full_read_every=10)
+        async with org_client(emu, all_repos=True) as client:
+            emu.admin.fault("status", status=404, path="/orgs/acme/repos")
+            with pytest.raises(Exception, match="404"):
+                await take_snapshot(client, events=events)
+            emu.admin.clear_faults()
+            emu.admin.reset_stats()
+            await take_snapshot(client, events=events)
+        assert emu.admin.stats()["requests"]["GET /repos/{owner}/{repo}/actions/runs"] == 6
+
+
+async def test_a_skip_queue_job_from_an_event_is_verified_through_its_run(
+    store: JobEventStore,
+) -> None:
+    settings = AdmissionSettings(
+        PRIORITY_SCHEDULER_ENABLED=True,
+        NODE_SLOT_SCHEDULER_ENABLED=True,
+        skip_queue_allow=frozenset({"alice"}),
+    )
+    with org_emulator() as emu:
+        Relayed(emu, store)
+        events = EventReads(store, full_read_every=10)
+        async with org_client(emu, repos=(REPOS[0],)) as client:
+            await take_snapshot(client, settings=settings, events=events)
+            skip = [*labels(1, "skip"), "ci-skip-queue-pr-42"]
+            job = emu.admin.add_job(skip, 600, pull_request=42)["id"]
+            plain = emu.admin.add_job([*labels(1, "plain"), "ci-skip-queue-pr-43"], 600)["id"]
+            emu.admin.label_pr(42, "skip_queue", "alice")
+            emu.admin.reset_stats()
+            snapshot = await take_snapshot(client, settings=settings, events=events)
+        assert snapshot.skip_queue_job_ids == {job}  # the other's run is for no PR
+        assert plain in {j.id for j in snapshot.jobs}
+        assert emu.admin.stats()["requests"]["GET /repos/{owner}/{repo}/actions/runs/{run_id}"] == 2
