@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -239,6 +240,44 @@ def jobs(url: EmulatorUrl = DEFAULT_URL) -> None:
     for job in listed:
         where = job.get("runner_name") or "-"
         typer.echo(f"{job['id']}  {job['status']:<11}  {where:<12}  {','.join(job['labels'])}")
+
+
+@emulator_app.command(
+    "app",
+    epilog=(
+        'Example: eval "$(slurmgate emulator app --key-file app.pem)"; '
+        "slurmgate status --api-url http://127.0.0.1:8787 --repo acme/gpu-ci"
+    ),
+)
+def github_app(
+    key_file: Annotated[
+        Path,
+        typer.Option(
+            help="Where to write the App's private key (created 0600).", show_default=False
+        ),
+    ],
+    url: EmulatorUrl = DEFAULT_URL,
+) -> None:
+    """Register a GitHub App installed on the emulator's owner, write its private key, and print
+    the variables that make the commands authenticate as it."""
+    target = key_file.expanduser()
+    if target.exists():
+        raise fail(
+            f"--key-file {str(target)!r} exists; give a new path (a key is never overwritten)"
+        )
+    with _admin(url) as admin:
+        created = admin.create_app()
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(created["private_key"])
+    except OSError as exc:
+        raise fail(
+            f"--key-file {str(target)!r} cannot be written ({exc.strerror or exc})"
+        ) from None
+    typer.echo(f"export SLURMGATE_GITHUB_APP_ID={created['app_id']}")
+    typer.echo(f"export SLURMGATE_GITHUB_APP_PRIVATE_KEY_FILE={target.resolve()}")
+    typer.echo(f"# installation {created['installation_id']} on {created['account']} (looked up)")
 
 
 @app.command(

@@ -355,3 +355,63 @@ def test_status_authenticates_as_the_app(
     assert out.returncode == 0, out.stderr
     assert "cluster:a" in out.stdout
     assert emu.admin.app_stats()["tokens_issued"] >= 1
+
+
+def test_emulator_app_command_prints_what_the_commands_need(
+    app_emu: tuple[RunningEmulator, dict[str, Any]], tmp_path: Path
+) -> None:
+    emu, _ = app_emu
+    key = tmp_path / "app.pem"
+    command = [sys.executable, "-m", "slurmgate.cli", "emulator", "app", "--url", emu.url]
+    out = subprocess.run(
+        [*command, "--key-file", str(key)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    exports = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in out.stdout.splitlines()
+        if line.startswith("export ")
+    )
+    assert set(exports) == {APP_ID_ENV, APP_PRIVATE_KEY_FILE_ENV}
+    assert exports[APP_PRIVATE_KEY_FILE_ENV] == str(key) and key.stat().st_mode & 0o777 == 0o600
+    assert "BEGIN" not in out.stdout  # the key went to the file only
+    status = _cli("status", emu, {**exports, "COLUMNS": "200"})
+    assert status.returncode == 0 and "cluster:a" in status.stdout, status.stderr
+    again = subprocess.run(
+        [*command, "--key-file", str(key)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert again.returncode == 2 and "exists; give a new path" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "transient"),
+    [
+        (201, {"token": "ghs_x\r\nX-Evil: 1", "expires_at": "2099-01-01T00:00:00Z"}, True),
+        (201, {"token": "ghs_" + "x" * 5000, "expires_at": "2099-01-01T00:00:00Z"}, True),
+        (201, {"token": "ghs_ok", "expires_at": "tomorrow"}, True),
+        (201, {"token": "ghs_ok", "expires_at": "2099-01-01T00:00:00"}, True),  # no zone
+        (201, ["not", "an", "object"], True),
+        (502, {"message": "Bad Gateway"}, True),
+        (403, {"message": "This installation has been suspended"}, False),
+    ],
+)
+async def test_a_hostile_token_answer_is_refused_in_one_line(
+    status: int, body: Any, transient: bool
+) -> None:
+    """What GitHub answers is believed only in shape: a token that could split a header, a huge
+    one, an expiry that is no time, or a refusal, all fail as one line naming the App."""
+
+    def github(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json=body)
+
+    provider = InstallationTokenProvider(
+        GitHubAppCredentials(99, SecretStr(new_private_key()), 5),
+        GitHubScope(api_url="https://api.github.com", repo="acme/gpu-ci"),
+        transport=httpx.MockTransport(github),
+    )
+    with pytest.raises(AppAuthError) as caught:
+        await provider.token()
+    line = str(caught.value)
+    assert line.startswith("GitHub App 99") and "\n" not in line and "X-Evil" not in line
+    assert "/app/installations/5/access_tokens" in line
+    assert caught.value.transient is transient
