@@ -289,6 +289,9 @@ def run_runtime(workdir: Path, printer: Printer, spec_path: Path = DEMO_SPEC) ->
     result.run_id = str(flow_result.get("run_id", ""))
     result.job_id = str(flow_result.get("job_id", ""))
     result.hosts = list(flow_result.get("hosts", []))
+    # salloc asked -> Slurm granted: a job admitted on nodes Slurm had free waits for nothing
+    allocated = (flow_result.get("timings") or {}).get("allocated")
+    result.allocation_wait_s = float(allocated) if allocated is not None else None
     for path in sorted(out.glob("*.json")):
         result.loadgen[path.stem] = json.loads(path.read_text())
     artifact: Any = Artifact.get("allocation-endpoint-stats")

@@ -250,6 +250,7 @@ class RuntimeResult:
     cleanup_complete: bool = False
     leftover_processes: list[int] = field(default_factory=list)
     slurm_job_left: bool = False
+    allocation_wait_s: float | None = None  # salloc asked -> Slurm granted the nodes
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -340,6 +341,11 @@ def summary_lines(
             f"{','.join(rt.hosts) or '-'}) in {rt.seconds:.0f} s: {rt.served} requests served, "
             f"{rt.throttled_429} answered 429, {rt.endpoint_requests} received by the endpoints"
         )
+        if rt.allocation_wait_s is not None:
+            lines.append(
+                f"  allocation: Slurm granted its {len(rt.hosts) or '?'} node(s) "
+                f"{rt.allocation_wait_s:.3f} s after salloc asked"
+            )
         for name, report in sorted(rt.loadgen.items()):
             lines.append(
                 f"  loadgen {name}: {report.get('ok')} ok, {report.get('throttled')} throttled, "

@@ -387,3 +387,14 @@ async def test_a_missing_slurm_client_or_configuration_fails_open_through_the_re
     assert admitted(report.decisions) == {1: 3}
     (warning,) = [m for lvl, m in lines.lines if lvl == logging.WARNING]
     assert "Unable to contact slurm controller" in warning
+
+
+def test_the_demo_summary_says_how_long_slurm_took_to_grant_the_allocation() -> None:
+    from slurmgate.testbed.demo import RuntimeResult, summary_lines
+
+    rt = RuntimeResult(run_id="sg-demo-1", job_id="7", hosts=["node1", "node2"])
+    assert not any("allocation:" in line for line in summary_lines(None, rt, 1.0))
+    rt.allocation_wait_s = 0.0123
+    assert "  allocation: Slurm granted its 2 node(s) 0.012 s after salloc asked" in summary_lines(
+        None, rt, 1.0
+    )
