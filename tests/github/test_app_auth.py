@@ -42,6 +42,7 @@ from slurmgate.github.app_auth import (
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.steps import direct_steps
+from slurmgate.runtime.redact import redact_patterns
 from slurmgate.testbed.emulator.apps import new_private_key
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
@@ -216,6 +217,8 @@ async def test_no_secret_in_reprs_errors_or_logs(
     assert "refreshing it" in caplog.text  # the refresh was logged, without the token
     for secret in [*tokens, key_body(app["private_key"]), "eyJ", "BEGIN RSA"]:
         assert secret not in text
+    # an installation token that did reach a run's output would be masked by its shape
+    assert {redact_patterns(f"token {token} used") for token in tokens} == {"token *** used"}
 
 
 def test_bad_credentials_name_the_field_without_the_key() -> None:

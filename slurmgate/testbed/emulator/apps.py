@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+import string
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from slurmgate.errors import ExternalError, InputError
 TOKEN_PREFIX = "ghs_"
 """GitHub's prefix of installation access tokens; the normal API checks such tokens here."""
 DEFAULT_TOKEN_TTL_S = 3600.0
+_TOKEN_CHARS = string.ascii_letters + string.digits
 MAX_JWT_LIFETIME_S = 600
 DOCS = "https://docs.github.com/rest/apps/apps"
 
@@ -219,7 +221,8 @@ class AppRegistry:
             installation = self.installations.get(installation_id)
             if installation is None or installation.app_id != app.id:
                 raise AppRefusal(404, "Not Found")
-            token = TOKEN_PREFIX + secrets.token_urlsafe(27)
+            # GitHub's shape: ghs_ and 36 letters and digits
+            token = TOKEN_PREFIX + "".join(secrets.choice(_TOKEN_CHARS) for _ in range(36))
             expires_at = self.clock() + app.token_ttl_s
             self.tokens[token] = EmuToken(installation_id, expires_at)
             self.issued += 1
