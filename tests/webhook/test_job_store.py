@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,49 @@ def test_a_broken_store_costs_the_store_only(relay_factory: Any, tmp_path: Path)
     relay = relay_factory(job_store=path)
     assert deliver(relay.url, job_payload(95201)).status_code == 202
     assert relay.stats["posted"] == 1 and relay.stats["not_stored"] == 1
+
+
+async def test_the_reconcile_flow_reads_its_jobs_from_the_relays_store(
+    relay_factory: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Emulator webhooks -> relay -> store -> the `reconcile` flow: after the first (full)
+    read, a job the relay stored is admitted without a single run or job read."""
+    from relaykit import SECRET
+
+    from flows.reconcile import reconcile
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    state = tmp_path / "state"
+    relay = relay_factory(job_store=state / "job-events.sqlite")
+    flags = {
+        "PRIORITY_SCHEDULER_ENABLED": "true",
+        "NODE_SLOT_SCHEDULER_ENABLED": "true",
+        "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
+        "SLURMGATE_ORPHAN_GRACE_S": "0",
+        "SLURMGATE_STATE_DIR": str(state),
+    }
+    for key, value in flags.items():
+        monkeypatch.setenv(key, value)
+    job_labels = ["self-hosted", "cluster:a", "nodes:2", "ci-attempt-1"]
+    with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
+        monkeypatch.setenv("GITHUB_TOKEN", emu.token)
+
+        def stored(count: int) -> None:
+            deadline = time.monotonic() + 20
+            while relay.stats["stored"] < count and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert relay.stats["stored"] >= count, relay.stats
+
+        emu.admin.add_job([*job_labels, "ci-job-1.000-first"], 600)
+        stored(1)
+        first = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo)
+        assert first["admitted"] == 1
+        stored(2)  # its in_progress
+        second = emu.admin.add_job([*job_labels, "ci-job-1.000-second"], 600)["id"]
+        stored(3)
+        emu.admin.reset_stats()
+        summary = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo)
+        reads = emu.admin.stats()["requests"]
+    assert summary["admitted"] == 1
+    assert not [name for name in reads if "/actions/runs" in name or "/actions/jobs" in name]
+    assert emu.job_placement(second)[0] == "in_progress"
