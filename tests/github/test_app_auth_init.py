@@ -110,3 +110,23 @@ def test_init_saves_app_credentials_and_a_worker_ticks_as_the_app(tmp_path: Path
         assert emu.admin.app_stats()["tokens_issued"] == issued_by_init + 1  # the worker's
         pem_body = "".join(line for line in app["private_key"].splitlines() if "-----" not in line)
         assert pem_body not in out.stdout + worker.stdout + worker.stderr
+
+
+async def test_an_inline_scope_takes_the_app_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What `reconcile --once` and `deployments/serve.py --repo` hand the flow: no block, the
+    App's variables in the environment (they win over a GITHUB_TOKEN that is also set)."""
+    from tasks.github import resolve_scope
+
+    with running_emulator({"h100": 3}, token="static-token") as emu:
+        app = emu.admin.create_app()
+        monkeypatch.setenv("GITHUB_TOKEN", "static-token")
+        monkeypatch.setenv(APP_ID_ENV, str(app["app_id"]))
+        monkeypatch.setenv(APP_PRIVATE_KEY_ENV, app["private_key"])
+        monkeypatch.setenv("SLURMGATE_STATE_DIR", str(tmp_path))
+        block = await resolve_scope(None, api_url=emu.url, repo=emu.repo)
+        assert block.token is None and block.app_id == app["app_id"]
+        async with block.get_client() as client:
+            assert len(await client.list_runners()) == 3
+        assert emu.admin.app_stats()["tokens_issued"] == 1
