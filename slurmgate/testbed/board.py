@@ -67,6 +67,7 @@ class PoolState:
     running: int = 0
     blocked: list[BlockedJob] = field(default_factory=list)
     peak_utilization: float = 0.0
+    slurm: str = ""  # a pool mapped to a partition: usable nodes, and why the rest are missing
 
     @property
     def utilization(self) -> float:
@@ -123,6 +124,15 @@ def parse_board_blocked(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[tup
             pool = fold(str(row.get("pool"))).removeprefix(CLUSTER_PREFIX)
             blocked.setdefault(pool, []).append((int(match["job"]), match["reason"]))
     return blocked
+
+
+def parse_board_slurm(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """What Slurm said of each pool's partition, from the board rows' `slurm` column."""
+    return {
+        fold(str(row.get("pool"))).removeprefix(CLUSTER_PREFIX): str(row["slurm"])
+        for row in rows
+        if row.get("slurm")
+    }
 
 
 def _label_names(item: Mapping[str, Any]) -> list[str]:
@@ -244,6 +254,9 @@ class AdmissionTracker:
             events.append(f"released {counted(len(ended), 'lease')} of finished jobs: {shown}")
         self._leased_before = leased_jobs
 
+        board_rows = list(board_rows)
+        for pool_name, said in parse_board_slurm(board_rows).items():
+            pools.setdefault(pool_name, PoolState(pool_name)).slurm = said
         blocked = parse_board_blocked(board_rows)
         for pool_name, entries in blocked.items():
             state = pools.setdefault(pool_name, PoolState(pool_name))
@@ -315,6 +328,8 @@ def _blocked_text(state: PoolState, limit: int = 3) -> str:
     parts = [f"{b.job_id} {b.nodes}n s{b.score}: {b.reason}" for b in state.blocked[:limit]]
     if len(state.blocked) > limit:
         parts.append(f"+{len(state.blocked) - limit} more")
+    if state.slurm:
+        parts.append(f"slurm: {state.slurm}")
     return "\n".join(parts)
 
 
@@ -372,5 +387,7 @@ def render_compact(view: TickView) -> str:
             f"({counted(state.leases, 'lease')}, {state.running} running, peak "
             f"{state.peak_utilization:.0%})" + (f" blocked: {blocked}{more}" if blocked else "")
         )
+        if state.slurm:
+            lines.append(f"    slurm: {state.slurm}")
     lines.extend(f"  * {event}" for event in view.events)
     return "\n".join(lines)

@@ -398,3 +398,26 @@ def test_the_demo_summary_says_how_long_slurm_took_to_grant_the_allocation() -> 
     assert "  allocation: Slurm granted its 2 node(s) 0.012 s after salloc asked" in summary_lines(
         None, rt, 1.0
     )
+
+
+def test_the_demo_board_shows_why_slurm_capacity_is_missing() -> None:
+    from slurmgate.testbed.board import AdmissionTracker, render_compact, render_live
+
+    snap = snapshot(pool("x", 4), [job(1, 3, score="5.000")])
+    rows = plan(snap, cfg(), NOW, slurm={"cluster:x": DRAINED}).board_rows()
+    dump = {
+        "runners": [
+            {"id": r.id, "status": "online", "labels": [{"name": x} for x in r.labels]}
+            for r in snap.runners
+        ],
+        "jobs": [{"id": 1, "status": "queued", "labels": list(snap.jobs[0].labels)}],
+    }
+    view = AdmissionTracker().observe(1, dump, rows)
+    said = (
+        "slurm: 2/4 nodes usable in partition debug; 2 nodes drained in partition debug: node[3-4]"
+    )
+    compact = render_compact(view).splitlines()
+    assert compact[1].endswith("blocked: 1:3n:no-free-capacity")
+    assert compact[2] == f"    {said}"
+    table = render_live(view, []).renderables[0]
+    assert said in str(table.columns[-1]._cells[0])  # type: ignore[attr-defined]
