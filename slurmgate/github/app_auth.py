@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
@@ -79,9 +80,24 @@ class AppTokenUnavailable(AppAuthError):
     transient = True
 
 
+_PEM = re.compile(r"(-----BEGIN [A-Z ]+-----)(.*?)(-----END [A-Z ]+-----)", re.S)
+
+
+def _normalized_pem(pem: str) -> str:
+    """PEM text as a one-line form field or secret store may have kept it (newlines turned into
+    spaces or `\\n`), laid out again in 64-character lines."""
+    text = pem.strip().replace("\\n", "\n")
+    match = _PEM.fullmatch(text)
+    if match is None:
+        return text
+    body = "".join(match.group(2).split())
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return "\n".join([match.group(1), *lines, match.group(3)]) + "\n"
+
+
 def _load_key(pem: str, app_id: int) -> RSAPrivateKey:
     """The RSA private key of a PEM text; AppCredentialsError (without the key) otherwise."""
-    data = pem.strip().encode()
+    data = _normalized_pem(pem).encode()
     if len(data) > MAX_KEY_BYTES:
         raise AppCredentialsError(
             f"app_private_key of GitHub App {app_id} is larger than {MAX_KEY_BYTES} bytes; "
@@ -224,7 +240,7 @@ def app_credentials_from_env(
     if path:
         key = read_private_key(path)
     elif text:
-        key = SecretStr(text.replace("\\n", "\n"))
+        key = SecretStr(text)
     else:
         raise AppCredentialsError(
             f"GitHub App {app_id} has no private key; set ${APP_PRIVATE_KEY_FILE_ENV} to the "

@@ -418,3 +418,11 @@ async def test_a_hostile_token_answer_is_refused_in_one_line(
     assert line.startswith("GitHub App 99") and "\n" not in line and "X-Evil" not in line
     assert "/app/installations/5/access_tokens" in line
     assert caught.value.transient is transient
+
+
+def test_a_key_pasted_on_one_line_still_loads() -> None:
+    """The Prefect UI's secret field is one line: a pasted PEM arrives with its newlines gone."""
+    pem = new_private_key()
+    whole = GitHubAppCredentials(5, SecretStr(pem))
+    for flattened in (pem.replace("\n", " "), pem.replace("\n", "\\n"), pem.replace("\n", "")):
+        assert GitHubAppCredentials(5, SecretStr(flattened)).fingerprint == whole.fingerprint
