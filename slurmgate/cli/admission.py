@@ -121,7 +121,7 @@ def status(
     async def read() -> list[dict[str, Any]]:
         async with GitHubClient(scope, token) as client:
             steps = direct_steps(client, read_only=True, settings=settings)
-            report = await reconcile_tick(steps, settings)
+            report = await reconcile_tick(steps, settings, log=_Warnings())
         decisions = report.decisions
         rows = decisions.board_rows()
         for runner_id, reason in decisions.misconfigured_runners:
@@ -143,6 +143,16 @@ def status(
 BOARD_COLUMNS = ("pool", "runners", "online", "leased", "busy_unleased", "free", "admitted_nodes")
 
 
+class _Warnings:
+    """The tick's warnings (a Slurm capacity read that failed, say) on stderr; info is quiet."""
+
+    def info(self, msg: str, *args: Any) -> None:
+        return None
+
+    def warning(self, msg: str, *args: Any) -> None:
+        typer.echo(f"warning: {msg % args if args else msg}", err=True)
+
+
 def print_board(rows: list[dict[str, Any]]) -> None:
     """The board as a table when it fits the terminal unwrapped, else one block per pool:
     rich would otherwise fold a pool name or a reason mid-word (and a folded name reads as
@@ -154,11 +164,16 @@ def print_board(rows: list[dict[str, Any]]) -> None:
 
     console = Console()
     table = Table(title="slurmgate pools", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in [*BOARD_COLUMNS, "blocked"]:
+    # pools mapped to Slurm partitions say what Slurm lacks; without any, the board is as before
+    said = any(row.get("slurm") for row in rows)
+    for name in [*BOARD_COLUMNS, "blocked", *(["slurm"] if said else [])]:
         table.add_column(name.replace("_", " "), no_wrap=True)
     for row in rows:
         cells = [str(row.get(name, "")) for name in BOARD_COLUMNS]
-        table.add_row(*cells, "\n".join(str(row.get("blocked", "")).split("; ")))
+        cells.append("\n".join(str(row.get("blocked", "")).split("; ")))
+        if said:
+            cells.append("\n".join(str(row.get("slurm", "")).split("; ")))
+        table.add_row(*cells)
     # measured unbounded: rich clamps a measurement to the width it is given
     unbounded = console.options.update_width(10_000)
     if Measurement.get(console, unbounded, table).maximum <= console.width:
@@ -182,6 +197,8 @@ def print_board(rows: list[dict[str, Any]]) -> None:
         typer.echo("\n".join(lines(fields, ", ")))
         if row.get("blocked"):
             typer.echo("\n".join(lines(["blocked:", *str(row["blocked"]).split()], " ")))
+        if row.get("slurm"):
+            typer.echo("\n".join(lines(["slurm:", *str(row["slurm"]).split()], " ")))
 
 
 def _say_what_the_flags_do(settings: AdmissionSettings) -> None:

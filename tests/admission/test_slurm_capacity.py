@@ -421,3 +421,45 @@ def test_the_demo_board_shows_why_slurm_capacity_is_missing() -> None:
     assert compact[2] == f"    {said}"
     table = render_live(view, []).renderables[0]
     assert said in str(table.columns[-1]._cells[0])  # type: ignore[attr-defined]
+
+
+def _status(emu_url: str, repo: str, token: str, env: dict[str, str]) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", "status", "--api-url", emu_url, "--repo", repo],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "GITHUB_TOKEN": token,
+            "PRIORITY_SCHEDULER_ENABLED": "true",
+            "NODE_SLOT_SCHEDULER_ENABLED": "true",
+            "SLURMGATE_POOL_PARTITIONS": '{"x": "debug"}',
+            "COLUMNS": "200",
+            **env,
+        },
+        check=False,
+    )
+
+
+def test_status_warns_once_and_shows_runner_capacity_when_slurm_does_not_answer(
+    tmp_path: Path,
+) -> None:
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    if shutil.which("scontrol") is None:
+        pytest.skip("the Slurm client is not installed: no dead controller to ask")
+    dead = tmp_path / "slurm.conf"
+    dead.write_text(
+        "ClusterName=dead\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n"
+        "MessageTimeout=2\nNodeName=n1 CPUs=1\nPartitionName=debug Nodes=n1\n"
+    )
+    with running_emulator({"x": 4}) as emu:
+        out = _status(emu.url, emu.repo, emu.token, {"SLURM_CONF": str(dead)})
+    assert out.returncode == 0, out.stderr
+    (warning,) = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert "slurm capacity unread" in warning and "this tick counts runners only" in warning
+    assert "cluster:x" in out.stdout and "usable" not in out.stdout  # runner capacity only

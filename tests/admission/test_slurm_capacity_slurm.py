@@ -180,3 +180,15 @@ async def test_a_managed_allocation_counts_as_ours_not_as_missing(cluster: None)
         ]
     finally:
         slurm.scancel(managed)
+
+
+def test_status_shows_what_slurm_lacks(cluster: None) -> None:
+    from test_slurm_capacity import _status
+
+    slurm.run(["scontrol", "update", f"nodename={HELD}", "state=drain", "reason=slurmgate-test"])
+    with running_emulator({"x": 4}) as emu:
+        out = _status(emu.url, emu.repo, emu.token, {})
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr
+    assert f"2 nodes drained in partition debug: {HELD}" in out.stdout
+    assert "2/4 nodes usable in partition debug" in out.stdout
