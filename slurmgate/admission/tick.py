@@ -193,12 +193,12 @@ def restamped(admit: Admit, at: datetime, nonce: str | None = None) -> Admit:
 
 class _Capacity:
     """The tick's Slurm capacity reads: fail-open (runner-only capacity) with one warning a
-    tick. Only this read fails open; the lease protocol never does."""
+    tick. Only this read fails open; the lease protocol never does. After a failure the tick
+    does not ask again (a controller that times out would stall every re-read)."""
 
     def __init__(self, read: ReadCapacity | None, log: TickLog) -> None:
         self.read = read
         self.log = log
-        self.warned = False
 
     async def __call__(self) -> Mapping[str, NodeCapacity] | None:
         if self.read is None:
@@ -206,11 +206,10 @@ class _Capacity:
         try:
             return await self.read()
         except Exception as exc:
-            if not self.warned:
-                self.warned = True
-                self.log.warning(
-                    "slurm capacity unread (%s): this tick counts runners only", one_line(exc)
-                )
+            self.read = None
+            self.log.warning(
+                "slurm capacity unread (%s): this tick counts runners only", one_line(exc)
+            )
             return None
 
 
