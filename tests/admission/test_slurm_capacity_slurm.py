@@ -192,3 +192,40 @@ def test_status_shows_what_slurm_lacks(cluster: None) -> None:
     assert "warning" not in out.stderr
     assert f"2 nodes drained in partition debug: {HELD}" in out.stdout
     assert "2/4 nodes usable in partition debug" in out.stdout
+
+
+async def test_the_reconcile_flow_admits_on_slurm_capacity_and_its_board_says_why(
+    cluster: None,
+    prefect_harness: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: object,
+) -> None:
+    """The Prefect flow wires the same read: the board artifact names the drained nodes."""
+    from prefect.artifacts import Artifact
+
+    from flows.reconcile import BOARD_KEY, reconcile
+
+    env = {
+        "PRIORITY_SCHEDULER_ENABLED": "true",
+        "NODE_SLOT_SCHEDULER_ENABLED": "true",
+        "SLURMGATE_POOL_PARTITIONS": '{"x": {"partition": "debug"}}',
+        "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
+        "SLURMGATE_ORPHAN_GRACE_S": "0",
+        "SLURMGATE_STATE_DIR": f"{tmp_path}/state",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    slurm.run(["scontrol", "update", f"nodename={HELD}", "state=drain", "reason=slurmgate-test"])
+    with running_emulator({"x": 4}) as emu:
+        monkeypatch.setenv("GITHUB_TOKEN", emu.token)
+        wide = emu.admin.add_job(labels("wide", "5.000", 3), duration_s=600)["id"]
+        emu.admin.add_job(labels("narrow", "1.000", 2), duration_s=600)
+        summary = await reconcile(
+            scope_block=None, api_url=emu.url, repo=emu.repo, reap_allocations=False
+        )
+        assert (summary["admitted"], summary["blocked"], summary["errors"]) == (1, 1, 0)
+        board = await Artifact.aget(BOARD_KEY)
+        assert board is not None
+        text = str(board.data)
+        assert f"job {wide} (3n): no-free-capacity" in text
+        assert f"2 nodes drained in partition debug: {HELD}" in text
