@@ -133,13 +133,16 @@ async def reconcile(
     api_url: str | None = None,
     repo: str | None = None,
     org: str | None = None,
+    repos: list[str] | None = None,
+    all_repos: bool = False,
     reap_allocations: bool = True,
     runs_dir: str | None = None,
 ) -> dict[str, Any]:
     """One reconcile tick: reap crashed allocations, read, plan, release, clean, admit in order.
 
     Parameters name saved blocks (`slurmgate-github-scope`, `slurmgate-admission-policy`); the
-    CLI passes an inline scope instead (api_url with repo or org; token from $GITHUB_TOKEN).
+    CLI passes an inline scope instead (api_url with repo or org, and with org the `repos` whose
+    jobs are read or `all_repos`; token from $GITHUB_TOKEN or the $SLURMGATE_GITHUB_APP_*).
     Without a policy block the settings come from the environment (AdmissionSettings).
     `reap_allocations` cancels the Slurm jobs and steps of allocation runs on this host whose
     controller died (records under `runs_dir`, default $SLURMGATE_RUNS_DIR or
@@ -154,12 +157,12 @@ async def reconcile(
         if reap_allocations
         else None
     )
-    scope = await resolve_scope(scope_block, api_url, repo, org)
+    scope = await resolve_scope(scope_block, api_url, repo, org, repos, all_repos)
     settings = await load_settings(policy_block)
-    if scope.org and not scope.repos:
+    if scope.org and not scope.repos and not scope.all_repos:
         logger.warning(
             "org scope %s lists no repos: no workflow jobs can be read, so nothing is admitted; "
-            "set repos on the scope block",
+            "set repos (or all_repos) on the scope block",
             scope.org,
         )
     steps = TickSteps(

@@ -134,6 +134,8 @@ async def resolve_scope(
     api_url: str | None = None,
     repo: str | None = None,
     org: str | None = None,
+    repos: list[str] | None = None,
+    all_repos: bool = False,
 ) -> GitHubScopeBlock:
     """The scope block named `scope_block`, or an inline scope with the token from GITHUB_TOKEN
     (or the GitHub App the $SLURMGATE_GITHUB_APP_* variables name)."""
@@ -170,12 +172,14 @@ async def resolve_scope(
                 api_url=api_url or "https://api.github.com",
                 repo=repo,
                 org=org,
+                repos=tuple(repos or ()),
+                all_repos=all_repos,
                 **auth,
                 **pacing,
             )
         except ValueError as exc:
             raise ScopeError(
-                f"inline scope is invalid (api_url/repo/org, ${WRITE_INTERVAL_ENV}, "
+                f"inline scope is invalid (api_url/repo/org/repos, ${WRITE_INTERVAL_ENV}, "
                 f"${RETRIES_ENV}): {exc}"
             ) from None
     if not scope_block:

@@ -24,6 +24,16 @@ app = typer.Typer()
 ApiUrl = Annotated[str, typer.Option(help="GitHub REST API base URL, or the emulator's URL.")]
 Repo = Annotated[str | None, typer.Option(help="Repository scope, OWNER/NAME.")]
 Org = Annotated[str | None, typer.Option(help="Organization scope, NAME.")]
+Repos = Annotated[
+    str | None,
+    typer.Option(help="With --org: the repositories whose jobs are read, comma-separated."),
+]
+AllRepos = Annotated[
+    bool,
+    typer.Option(
+        "--all-repos", help="With --org: read jobs of every repository the token or App sees."
+    ),
+]
 
 
 def _token(purpose: str) -> SecretStr | GitHubAppCredentials:
@@ -56,6 +66,8 @@ def reconcile(
     api_url: ApiUrl = "https://api.github.com",
     repo: Repo = None,
     org: Org = None,
+    repos: Repos = None,
+    all_repos: AllRepos = False,
 ) -> None:
     """One reconcile tick through the Prefect flow (token from GITHUB_TOKEN, flags from env)."""
     from slurmgate.admission.settings import AdmissionSettings
@@ -76,10 +88,11 @@ def reconcile(
         raise fail(f"bad admission settings in the environment: {exc}") from None
     # Before the flow: a wrong scope or token is then one line, not a failed flow run's
     # traceback after the ~20 s a temporary Prefect server takes to start.
-    _check_access(_scope(api_url, repo, org), token)
+    scope = _scope(api_url, repo, org, repos, all_repos)
+    _check_access(scope, token)
     _say_what_the_flags_do(settings)
     try:
-        summary = prefect_layer.run_reconcile_tick(api_url, repo, org)
+        summary = prefect_layer.run_reconcile_tick(scope)
     except ScopeError as exc:
         raise fail(str(exc)) from None
     except Exception as exc:
@@ -99,6 +112,8 @@ def status(
     api_url: ApiUrl = "https://api.github.com",
     repo: Repo = None,
     org: Org = None,
+    repos: Repos = None,
+    all_repos: AllRepos = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the board rows as JSON.")] = False,
 ) -> None:
     """The pool and lease board of a live GitHub scope (reads only; token from GITHUB_TOKEN)."""
@@ -110,7 +125,7 @@ def status(
     from slurmgate.github.steps import direct_steps
 
     token = _token("read the runners")
-    scope = _scope(api_url, repo, org)
+    scope = _scope(api_url, repo, org, repos, all_repos)
     try:
         settings = AdmissionSettings()
     except ValidationError as exc:
@@ -215,12 +230,21 @@ def _say_what_the_flags_do(settings: AdmissionSettings) -> None:
         )
 
 
-def _scope(api_url: str, repo: str | None, org: str | None) -> GitHubScope:
+def _scope(
+    api_url: str,
+    repo: str | None,
+    org: str | None,
+    repos: str | None = None,
+    all_repos: bool = False,
+) -> GitHubScope:
     """The scope the options name; bad options are one line and exit 2."""
     from slurmgate.github.scope import GitHubScope
 
+    job_repos = tuple(r.strip() for r in (repos or "").split(",") if r.strip())
     try:
-        return GitHubScope(api_url=api_url, repo=repo, org=org)
+        return GitHubScope(
+            api_url=api_url, repo=repo, org=org, repos=job_repos, all_repos=all_repos
+        )
     except ValidationError as exc:
         raise fail(
             "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())

@@ -124,6 +124,12 @@ def init(
         str | None,
         typer.Option(help="With --org: the repositories whose jobs are read, comma-separated."),
     ] = None,
+    all_repos: Annotated[
+        bool,
+        typer.Option(
+            "--all-repos", help="With --org: read jobs of every repository the token or App sees."
+        ),
+    ] = False,
     api_url: Annotated[
         str, typer.Option(help="GitHub REST API base URL, or the emulator's URL.")
     ] = "https://api.github.com",
@@ -186,7 +192,9 @@ def init(
 
     job_repos = tuple(r.strip() for r in (repos or "").split(",") if r.strip())
     try:
-        scope = GitHubScope(api_url=api_url, repo=repo, org=org, repos=job_repos)
+        scope = GitHubScope(
+            api_url=api_url, repo=repo, org=org, repos=job_repos, all_repos=all_repos
+        )
     except ValidationError as exc:
         raise fail(_one_line(exc)) from None
     if node_slot_scheduler and not priority_scheduler:
@@ -239,6 +247,7 @@ def init(
         "repo": scope.repo,
         "org": scope.org,
         "repos": list(scope.repos),
+        "all_repos": scope.all_repos,
         **auth,
     }
     try:

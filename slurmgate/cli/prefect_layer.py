@@ -41,17 +41,27 @@ def use_prefect_api() -> None:
 
 
 if TYPE_CHECKING:
+    from slurmgate.github.scope import GitHubScope
     from slurmgate.runtime.spec import AllocationSpec
     from slurmgate.testbed.demo import DemoOptions
 
 
-def run_reconcile_tick(api_url: str, repo: str | None, org: str | None) -> dict[str, Any]:
+def run_reconcile_tick(scope: GitHubScope) -> dict[str, Any]:
     """One tick of the `reconcile` flow on an inline scope (token from $GITHUB_TOKEN)."""
     _prefect_settings()
     use_prefect_api()
     from flows.reconcile import reconcile
 
-    return asyncio.run(reconcile(scope_block=None, api_url=api_url, repo=repo, org=org))
+    return asyncio.run(
+        reconcile(
+            scope_block=None,
+            api_url=scope.api_url,
+            repo=scope.repo,
+            org=scope.org,
+            repos=list(scope.repos),
+            all_repos=scope.all_repos,
+        )
+    )
 
 
 def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]:

@@ -4,6 +4,9 @@ relay's job-event store) as the tick's primary source of job state, with polling
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -261,3 +264,40 @@ async def test_a_skip_queue_job_from_an_event_is_verified_through_its_run(
         assert snapshot.skip_queue_job_ids == {job}  # the other's run is for no PR
         assert plain in {j.id for j in snapshot.jobs}
         assert emu.admin.stats()["requests"]["GET /repos/{owner}/{repo}/actions/runs/{run_id}"] == 2
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+def _cli(emu: RunningEmulator, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURMGATE_", "GITHUB_"))}
+    env.update(
+        GITHUB_TOKEN=emu.token,
+        PRIORITY_SCHEDULER_ENABLED="true",
+        NODE_SLOT_SCHEDULER_ENABLED="true",
+        SLURMGATE_MIN_WRITE_INTERVAL_S="0",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", *args, "--api-url", emu.url, "--org", "acme"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_status_reads_an_org_over_a_repo_list_or_every_repo_from_the_command_line() -> None:
+    with org_emulator(runners=4) as emu:
+        for repo in REPOS:
+            emu.admin.add_job(labels(1, repo[5:]), 600, repo=repo)
+        everywhere = _cli(emu, "status", "--all-repos", "--json")
+        assert everywhere.returncode == 0, everywhere.stderr
+        listed = _cli(emu, "status", "--repos", ",".join(REPOS[:2]), "--json")
+        assert listed.returncode == 0, listed.stderr
+        queued = [json.loads(run.stdout) for run in (everywhere, listed)]
+        # the plan this board shows takes every job it reads: 3 repositories, or the 2 listed
+        assert [sum(row["admitted_nodes"] for row in rows) for rows in queued] == [3, 2]
+        both = _cli(emu, "status", "--all-repos", "--repos", REPOS[0])
+        assert both.returncode == 2 and "not both" in both.stderr
+        assert "Traceback" not in both.stderr and len(both.stderr.strip().splitlines()) == 1
