@@ -49,7 +49,7 @@ def test_blocks_register_with_descriptions_typed_fields_and_a_masked_token(
     api = served.api
     block_type = api.get("/block_types/slug/slurmgate-github-scope").json()
     assert block_type["name"] == "slurmgate GitHub Scope"
-    assert "GitHub API, a repository or org, a token" in block_type["description"]
+    assert "authenticate: a token, or a GitHub App" in block_type["description"]
     assert "GitHubScopeBlock(" in (block_type["code_example"] or "")
     schemas = api.post(
         "/block_schemas/filter",
@@ -57,8 +57,11 @@ def test_blocks_register_with_descriptions_typed_fields_and_a_masked_token(
     ).json()
     fields = schemas[0]["fields"]
     props = fields["properties"]
-    assert props["token"]["format"] == "password" and props["token"]["writeOnly"] is True
-    assert "token" in fields["secret_fields"] and "token" in fields["required"]
+    for secret in ("token", "app_private_key"):  # optional, each a masked password field
+        (shown,) = [kind for kind in props[secret]["anyOf"] if kind.get("type") == "string"]
+        assert shown["format"] == "password" and shown["writeOnly"] is True
+    # a token or a GitHub App's key: both secrets, neither required alone
+    assert {"token", "app_private_key"} <= set(fields["secret_fields"])
     assert props["min_write_interval_s"]["type"] == "number"
     assert props["request_retries"]["type"] == "integer"
     assert "Minimum spacing" in props["min_write_interval_s"]["description"]

@@ -397,13 +397,12 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() not in ("bearer", "token") or not token.strip():
             return _error_response(state, ApiError(401, "Requires authentication"))
-        installation_token = state.apps.check_token(token.strip())  # None: not a ghs_ token
-        if installation_token is False or (
-            installation_token is None
-            and state.token is not None
-            and not hmac.compare_digest(token.strip(), state.token)
-        ):
-            return _error_response(state, ApiError(401, "Bad credentials"))
+        presented = token.strip()
+        # The emulator's own token first: a configured token may have GitHub's ghs_ shape too.
+        if state.token is None or not hmac.compare_digest(presented, state.token):
+            installation_token = state.apps.check_token(presented)  # None: not a ghs_ token
+            if installation_token is False or (installation_token is None and state.token):
+                return _error_response(state, ApiError(401, "Bad credentials"))
         latency = state.take_fault("latency", method, path)
         if latency is not None and not await _stall(latency.latency_ms / 1000):
             return Response(status_code=503)
