@@ -14,8 +14,8 @@ from slurmgate.cli.common import fail
 from slurmgate.simulator.engine import (
     ESTIMATES,
     SimulationError,
+    controller_settings,
     parse_pools,
-    sim_settings,
     simulate,
 )
 from slurmgate.simulator.traces import TraceError, read_trace
@@ -27,7 +27,7 @@ app = typer.Typer()
     "simulate",
     epilog=(
         "Example: slurmgate simulate slurmgate/data/traces/KTH-SP2-1996-2.1-cln.swf.gz "
-        "--pools 100 --policy easy --json"
+        "--pools 100 --json (no policy flags: the controller's defaults)"
     ),
 )
 def simulate_command(
@@ -39,7 +39,13 @@ def simulate_command(
             "job mix (default: the trace's own pools)."
         ),
     ] = None,
-    policy: Annotated[str, typer.Option(help="fcfs | greedy | easy | conservative")] = "easy",
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            help="fcfs | greedy | easy | conservative (default: the controller's, "
+            "SLURMGATE_POLICY's default)."
+        ),
+    ] = None,
     arrival_scale: Annotated[
         float, typer.Option(help="Multiply inter-arrival times (0.8 = 25% more load).")
     ] = 1.0,
@@ -49,10 +55,17 @@ def simulate_command(
     wide_frac: Annotated[
         float, typer.Option(help="Wide jobs: more nodes than this fraction of the largest pool.")
     ] = 0.25,
-    estimates: Annotated[str, typer.Option(help="timeout | learned | perfect")] = "timeout",
+    estimates: Annotated[
+        str | None,
+        typer.Option(help="timeout | learned | perfect (default: the controller's)."),
+    ] = None,
     reserve_after: Annotated[
-        float, typer.Option(help="Hours a blocked job waits before it gets a reservation.")
-    ] = 0.0,
+        float | None,
+        typer.Option(
+            help="Hours a blocked job waits before it gets a reservation (default: the "
+            "controller's reserve_after_s; 0 = classic EASY)."
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="Replay only the first N jobs.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[
@@ -61,6 +74,11 @@ def simulate_command(
 ) -> None:
     """Replay TRACE through the planner's policy and report waits, slowdown and utilization."""
     try:
+        # no flag: what the controller runs with its defaults, from the one settings object
+        defaults = controller_settings()
+        policy = defaults.policy if policy is None else policy
+        estimates = defaults.estimates if estimates is None else estimates
+        reserve_after = defaults.reserve_after_s / 3600 if reserve_after is None else reserve_after
         if policy not in SIMULATED_POLICY_NAMES:
             choices = ", ".join(SIMULATED_POLICY_NAMES)
             raise SimulationError(f"--policy {policy!r} is not one of {choices}")
@@ -79,7 +97,7 @@ def simulate_command(
             policy,
             estimates=estimates,
             bound=bound,
-            settings=sim_settings(reserve_after_s=reserve_after * 3600),
+            settings=controller_settings(reserve_after_s=reserve_after * 3600),
         )
         elapsed = time.perf_counter() - started
     except (TraceError, SimulationError) as exc:

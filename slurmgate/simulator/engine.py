@@ -54,16 +54,22 @@ class Result:
         return out
 
 
-def sim_settings(**overrides: Any) -> AdmissionSettings:
-    """Settings for a replay: both seed flags on, classic (immediate) reservations, and the
-    knobs as given; the environment is not read."""
+def controller_settings(**overrides: Any) -> AdmissionSettings:
+    """The controller's own defaults (AdmissionSettings' field defaults: its policy, estimates
+    and reservation trigger) with both seed flags on and the knobs as given; the environment is
+    not read, so a replay does not depend on the shell it runs in."""
     values: dict[str, Any] = {
         "PRIORITY_SCHEDULER_ENABLED": True,
         "NODE_SLOT_SCHEDULER_ENABLED": True,
-        "reserve_after_s": 0.0,
     }
     values.update(overrides)
     return AdmissionSettings.model_validate(values)
+
+
+def sim_settings(**overrides: Any) -> AdmissionSettings:
+    """Settings for a classic replay: the controller's defaults but immediate reservations
+    (classic EASY: reserve_after_s 0), and the knobs as given; the environment is not read."""
+    return controller_settings(**{"reserve_after_s": 0.0, **overrides})
 
 
 def parse_pools(spec: str | None, trace: Trace) -> tuple[dict[str, int], bool]:

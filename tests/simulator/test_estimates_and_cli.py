@@ -16,7 +16,10 @@ from slurmgate.admission.estimates import (
     high_quantile,
     job_key,
 )
+from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.cli.app import run as cli
+from slurmgate.simulator.engine import simulate
+from slurmgate.simulator.traces import read_trace
 
 SWF = Path(__file__).with_name("tiny.swf")
 
@@ -75,7 +78,8 @@ def test_history_json_round_trip_and_errors_name_the_field() -> None:
 
 
 def test_simulate_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli(["simulate", str(SWF), "--pools", "16", "--policy", "easy", "--json"])
+    classic = ["--policy", "easy", "--estimates", "timeout", "--reserve-after", "0"]
+    code = cli(["simulate", str(SWF), "--pools", "16", *classic, "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["jobs"] == 3 and out["policy"] == "easy" and out["pools"] == {"cluster:p0": 16}
@@ -84,6 +88,30 @@ def test_simulate_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> 
     greedy = cli(["simulate", str(SWF), "--pools", "16", "--policy", "greedy", "--json"])
     assert greedy == 0
     assert json.loads(capsys.readouterr().out)["max_wait_h"] == pytest.approx(1001 / 3600)
+
+
+def test_simulate_without_policy_flags_replays_the_controller_defaults(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("SLURMGATE_POLICY", "SLURMGATE_ESTIMATES", "SLURMGATE_RESERVE_AFTER_S"):
+        monkeypatch.delenv(name, raising=False)
+    controller = AdmissionSettings()
+    assert cli(["simulate", str(SWF), "--pools", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["policy"], out["estimates"], out["reserve_after_h"] * 3600) == (
+        controller.policy,
+        controller.estimates,
+        controller.reserve_after_s,
+    )
+    # the same replay as the library with the controller's settings: same waits, job for job
+    trace = read_trace(SWF)
+    settings = controller.model_copy(
+        update={"PRIORITY_SCHEDULER_ENABLED": True, "NODE_SLOT_SCHEDULER_ENABLED": True}
+    )
+    result = simulate(
+        trace, {"cluster:p0": 16}, settings.policy, estimates=settings.estimates, settings=settings
+    )
+    assert out["max_wait_h"] == pytest.approx(result.metrics()["max_wait_h"])
 
 
 def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
