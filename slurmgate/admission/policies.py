@@ -16,6 +16,11 @@ from slurmgate.admission.capacity import LEGACY, FleetState, JobRequest, Placeme
 from slurmgate.admission.model import Blocked, BlockReason
 from slurmgate.admission.settings import POLICY_NAMES, AdmissionSettings
 
+SLOWDOWN_FLOOR_S = 10.0
+"""The runtime floor of the slowdown trigger: bounded slowdown's usual 10 s (Feitelson et al.,
+"Theory and Practice in Parallel Job Scheduling", 1997), so a job estimated at seconds is not
+reserved the moment it is blocked."""
+
 SKIP_QUEUE_PRIORITY = "skip-queue"
 """How a verified skip-queue job's priority is shown (admit lines, the board) instead of a score."""
 
@@ -137,12 +142,32 @@ class ReservationBackfill(AdmissionPolicy):
     and a backfill job must end before its reservation or use only the runners it leaves over.
     With `reserve_after_s` a blocked job gets a reservation only once it has waited that long
     (Slurm's bf_min_age_reserve): younger jobs backfill greedily, old ones cannot starve.
+    With `reserve_slowdown` B instead, the trigger comes from the job itself: it is reserved
+    once wait / max(estimated runtime, SLOWDOWN_FLOOR_S) >= B, so a short job is protected
+    after a short wait and a long one after a long wait, whatever the workload's job lengths.
     """
 
-    def __init__(self, name: str, depth: int, reserve_after_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        depth: int,
+        reserve_after_s: float = 0.0,
+        reserve_slowdown: float | None = None,
+    ) -> None:
         self.name = name
         self.depth = depth
         self.reserve_after_s = reserve_after_s
+        self.reserve_slowdown = reserve_slowdown
+
+    def due(self, request: JobRequest, now_s: float) -> bool:
+        """Whether a blocked job has waited long enough for a reservation."""
+        if request.skip_queue:  # a skip-queue job is protected at once
+            return True
+        waited = now_s - request.job.created_at.timestamp()
+        if self.reserve_slowdown is not None:
+            runtime = max(request.estimate.predicted_s, SLOWDOWN_FLOOR_S)
+            return waited >= self.reserve_slowdown * runtime
+        return not self.reserve_after_s or waited >= self.reserve_after_s
 
     def walk(self, requests: Sequence[JobRequest], walk: Walk) -> None:
         fleet = walk.fleet
@@ -166,11 +191,8 @@ class ReservationBackfill(AdmissionPolicy):
                 if outcome.pool in profiles:
                     profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
                 continue
-            # a skip-queue job is protected at once: backfill must not delay it either
-            if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and (
-                not self.reserve_after_s
-                or request.skip_queue
-                or fleet.now_s - request.job.created_at.timestamp() >= self.reserve_after_s
+            if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and self.due(
+                request, fleet.now_s
             ):
                 reserved = self._reserve(request, fleet, profiles, held, full)
                 if reserved is not None and walk.explain:
@@ -244,12 +266,11 @@ def policy_for(settings: AdmissionSettings, name: str | None = None) -> Admissio
     Also accepts the `fcfs` baseline, which only the simulator asks for.
     """
     chosen = name or settings.policy
+    after, slowdown = settings.reserve_after_s, settings.reserve_slowdown
     if chosen == "conservative":
-        return ReservationBackfill(
-            "conservative", settings.reservation_depth, settings.reserve_after_s
-        )
-    if chosen == "easy" and settings.reserve_after_s:
-        return ReservationBackfill("easy", 1, settings.reserve_after_s)
+        return ReservationBackfill("conservative", settings.reservation_depth, after, slowdown)
+    if chosen == "easy" and (after or slowdown is not None):
+        return ReservationBackfill("easy", 1, after, slowdown)
     if chosen in BASELINES:
         return BASELINES[chosen]
     return policy_named(chosen)

@@ -52,9 +52,10 @@ class AdmissionSettings(BaseSettings):
     `SLURMGATE_POLICY`, `SLURMGATE_LEASE_MAX_QUEUED_AGE_S`, `SLURMGATE_ORPHAN_GRACE_S`,
     `SLURMGATE_DEFAULT_PRIORITY`, and for the reservation policies `SLURMGATE_ESTIMATES`,
     `SLURMGATE_TIMEOUT_MIN`, `SLURMGATE_TIMEOUT_OVERRIDES`, `SLURMGATE_ESTIMATE_QUANTILE`,
-    `SLURMGATE_ESTIMATE_MIN_SAMPLES`, `SLURMGATE_OVERRUN_EXTENSION_S` and
-    `SLURMGATE_RESERVATION_DEPTH`; Slurm as the capacity authority is
-    `SLURMGATE_POOL_PARTITIONS`. Keyword arguments use the field names.
+    `SLURMGATE_ESTIMATE_MIN_SAMPLES`, `SLURMGATE_OVERRUN_EXTENSION_S`,
+    `SLURMGATE_RESERVE_AFTER_S`, `SLURMGATE_RESERVE_SLOWDOWN` and `SLURMGATE_RESERVATION_DEPTH`;
+    Slurm as the capacity authority is `SLURMGATE_POOL_PARTITIONS`. Keyword arguments use the
+    field names.
 
     With `PRIORITY_SCHEDULER_ENABLED` false the planner is inert for admission: it admits and
     cleans nothing, and only releases leases whose job finished or vanished, so switching the
@@ -137,6 +138,16 @@ class AdmissionSettings(BaseSettings):
         "(env SLURMGATE_RESERVE_AFTER_S, seconds; default 5 h, the best measured in "
         "benchmarks/bench_policies.py; 0 = at once, classic EASY). Like Slurm's "
         "bf_min_age_reserve.",
+        ge=0,
+    )
+    reserve_slowdown: float | None = _knob(
+        "reserve_slowdown",
+        None,
+        "easy/conservative: a blocked job gets a reservation once its wait divided by its "
+        "estimated runtime (at least 10 s, as in bounded slowdown) reaches this bound (env "
+        "SLURMGATE_RESERVE_SLOWDOWN). The trigger then scales with each job's own length "
+        "instead of a fixed wait; when set, reserve_after_s is not used. Unset: "
+        "reserve_after_s decides.",
         ge=0,
     )
     reservation_depth: int = _knob(

@@ -66,6 +66,13 @@ def simulate_command(
             "controller's reserve_after_s; 0 = classic EASY)."
         ),
     ] = None,
+    reserve_slowdown: Annotated[
+        float | None,
+        typer.Option(
+            help="Reserve a blocked job once wait / estimated runtime reaches this bound "
+            "(replaces --reserve-after; default: the controller's reserve_slowdown)."
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="Replay only the first N jobs.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[
@@ -79,6 +86,8 @@ def simulate_command(
         policy = defaults.policy if policy is None else policy
         estimates = defaults.estimates if estimates is None else estimates
         reserve_after = defaults.reserve_after_s / 3600 if reserve_after is None else reserve_after
+        if reserve_slowdown is None:
+            reserve_slowdown = defaults.reserve_slowdown
         if policy not in SIMULATED_POLICY_NAMES:
             choices = ", ".join(SIMULATED_POLICY_NAMES)
             raise SimulationError(f"--policy {policy!r} is not one of {choices}")
@@ -88,6 +97,8 @@ def simulate_command(
             raise SimulationError(f"--wide-frac {wide_frac} must be in (0, 1]")
         if reserve_after < 0:
             raise SimulationError(f"--reserve-after {reserve_after} must be >= 0 hours")
+        if reserve_slowdown is not None and reserve_slowdown < 0:
+            raise SimulationError(f"--reserve-slowdown {reserve_slowdown} must be >= 0")
         loaded = read_trace(trace, size_scale=size_scale, arrival_scale=arrival_scale, limit=limit)
         pool_sizes, bound = parse_pools(pools, loaded)
         started = time.perf_counter()
@@ -97,7 +108,9 @@ def simulate_command(
             policy,
             estimates=estimates,
             bound=bound,
-            settings=controller_settings(reserve_after_s=reserve_after * 3600),
+            settings=controller_settings(
+                reserve_after_s=reserve_after * 3600, reserve_slowdown=reserve_slowdown
+            ),
         )
         elapsed = time.perf_counter() - started
     except (TraceError, SimulationError) as exc:
@@ -108,6 +121,7 @@ def simulate_command(
         arrival_scale=arrival_scale,
         size_scale=size_scale,
         reserve_after_h=reserve_after,
+        reserve_slowdown=reserve_slowdown,
         dropped=loaded.dropped,
         plans=result.plans,
         seconds=round(elapsed, 3),

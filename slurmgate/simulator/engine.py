@@ -68,8 +68,9 @@ def controller_settings(**overrides: Any) -> AdmissionSettings:
 
 def sim_settings(**overrides: Any) -> AdmissionSettings:
     """Settings for a classic replay: the controller's defaults but immediate reservations
-    (classic EASY: reserve_after_s 0), and the knobs as given; the environment is not read."""
-    return controller_settings(**{"reserve_after_s": 0.0, **overrides})
+    (classic EASY: reserve_after_s 0, no reserve_slowdown), and the knobs as given; the
+    environment is not read."""
+    return controller_settings(**{"reserve_after_s": 0.0, "reserve_slowdown": None, **overrides})
 
 
 def parse_pools(spec: str | None, trace: Trace) -> tuple[dict[str, int], bool]:

@@ -157,17 +157,54 @@ def test_reserve_after_lets_young_jobs_backfill_greedily() -> None:
     assert admitted(plan(old, aged, NOW)) == admitted(plan(old, cfg("easy", **knobs), NOW))
 
 
+def wide_behind_a_backfill(a_name: str, a_age_h: float) -> Any:
+    """A (8 of 10) can start in 1 h; C (4, 9.5 h) fits now but would delay A if A is reserved."""
+    r = running(1, 6, started_h_ago=7)
+    runners = lease_runners(pool("x", 10), r, list(range(1, 7)))
+    a = named(job(2, 8, score="3.000", age_s=int(a_age_h * 3600)), a_name)
+    c = named(job(3, 4, score="1.000"), "c-long")
+    return snapshot(runners, [r, a, c])
+
+
+def test_reserve_slowdown_reserves_once_the_wait_reaches_b_times_the_jobs_own_estimate() -> None:
+    knobs: dict[str, Any] = {"timeout_overrides": {"c-long": 570, "a-short": 60}}
+    by_slowdown = cfg("easy", reserve_slowdown=1.0, **knobs)
+    by_age = cfg("easy", reserve_after_s=5 * 3600, **knobs)
+    # A is estimated at its 8 h timeout: after 2 h its slowdown is 0.25, C backfills
+    assert admitted(plan(wide_behind_a_backfill("a-long", 2), by_slowdown, NOW)) == {3: 4}
+    # after 9 h it passed 1: A is reserved and C, which would delay it, waits
+    held = plan(wide_behind_a_backfill("a-long", 9), by_slowdown, NOW)
+    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
+    # a 1 h job that waited 2 h is protected, where a fixed 5 h wait is not yet reached
+    short = wide_behind_a_backfill("a-short", 2)
+    assert admitted(plan(short, by_slowdown, NOW)) == {}
+    assert admitted(plan(short, by_age, NOW)) == {3: 4}
+    # the bound replaces reserve_after_s when both are set
+    both = cfg("easy", reserve_after_s=5 * 3600, reserve_slowdown=1.0, **knobs)
+    assert admitted(plan(short, both, NOW)) == {}
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     worlds(),
     st.sampled_from(["easy", "conservative"]),
     st.sampled_from([1.0, 30.0, 480.0]),
     st.sampled_from([0.0, 600.0]),
+    st.sampled_from([None, 0.5]),
 )
 def test_capacity_invariant_and_fixed_point_for_every_policy(
-    world: World, policy: str, timeout_min: float, reserve_after_s: float
+    world: World,
+    policy: str,
+    timeout_min: float,
+    reserve_after_s: float,
+    reserve_slowdown: float | None,
 ) -> None:
-    s = cfg(policy, timeout_min=timeout_min, reserve_after_s=reserve_after_s)
+    s = cfg(
+        policy,
+        timeout_min=timeout_min,
+        reserve_after_s=reserve_after_s,
+        reserve_slowdown=reserve_slowdown,
+    )
     d = plan(world.snap, s, NOW)
     check_admissions(world.snap, d)
     decided = {a.job_id for a in d.admit} | {b.job_id for b in d.blocked}
@@ -189,6 +226,8 @@ def test_policy_for_applies_the_knobs() -> None:
     assert policy_for(cfg("easy"), "fcfs").name == "fcfs"
     assert policy_for(cfg("easy", reserve_after_s=60)).reserve_after_s == 60  # type: ignore[attr-defined]
     assert policy_for(cfg("easy")).reserve_after_s == 0  # type: ignore[attr-defined]
+    assert policy_for(cfg("easy", reserve_slowdown=2)).reserve_slowdown == 2  # type: ignore[attr-defined]
+    assert policy_for(cfg("conservative", reserve_slowdown=2)).reserve_slowdown == 2  # type: ignore[attr-defined]
     assert AdmissionSettings().reserve_after_s == 5 * 3600
 
 
@@ -213,6 +252,7 @@ def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> No
         ("timeout_overrides", {"agentic": -1}),
         ("timeout_min", 0),
         ("reserve_after_s", -1),
+        ("reserve_slowdown", -1),
         ("estimates", "oracle"),
     ],
 )

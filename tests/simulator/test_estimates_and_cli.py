@@ -93,15 +93,16 @@ def test_simulate_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> 
 def test_simulate_without_policy_flags_replays_the_controller_defaults(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("SLURMGATE_POLICY", "SLURMGATE_ESTIMATES", "SLURMGATE_RESERVE_AFTER_S"):
-        monkeypatch.delenv(name, raising=False)
+    for knob in ("POLICY", "ESTIMATES", "RESERVE_AFTER_S", "RESERVE_SLOWDOWN"):
+        monkeypatch.delenv(f"SLURMGATE_{knob}", raising=False)
     controller = AdmissionSettings()
     assert cli(["simulate", str(SWF), "--pools", "16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["policy"], out["estimates"], out["reserve_after_h"] * 3600) == (
+    trigger = (out["reserve_after_h"] * 3600, out["reserve_slowdown"])
+    assert (out["policy"], out["estimates"], trigger) == (
         controller.policy,
         controller.estimates,
-        controller.reserve_after_s,
+        (controller.reserve_after_s, controller.reserve_slowdown),
     )
     # the same replay as the library with the controller's settings: same waits, job for job
     trace = read_trace(SWF)
@@ -129,6 +130,7 @@ def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--pools", "16", "--policy", "sjf"], "--policy 'sjf'"),
         (["--pools", "16", "--estimates", "oracle"], "--estimates 'oracle'"),
         (["--pools", "16", "--wide-frac", "2"], "--wide-frac"),
+        (["--pools", "16", "--reserve-slowdown", "-1"], "--reserve-slowdown"),
         ([], "--pools is required"),
     ],
 )
