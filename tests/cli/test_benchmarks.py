@@ -89,10 +89,14 @@ def check_reconcile(out: Path) -> None:
 def check_policies(out: Path) -> None:
     data = json.loads((out / "policies.json").read_text())
     scenarios = {row["scenario"] for row in data["rows"]}
-    assert scenarios == {"kth100", "kth100x0.8", "kth-pools", "lanl32", "inferencex"}
-    assert len(data["rows"]) == 6 * len(scenarios)  # every policy on every scenario
+    assert scenarios == {"kth100", "kth100x0.8", "kth-pools", "lanl32", "lanl16", "inferencex"}
+    assert len(data["rows"]) == 7 * len(scenarios)  # every policy on every scenario
     assert all(row["metrics"]["jobs"] > 0 for row in data["rows"])
     assert {t["scenario"] for t in data["targets"]} == scenarios
+    # the split: KTH scenarios tune, the others are held out; default and candidate both judged
+    split = {t["scenario"]: t["split"] for t in data["targets"]}
+    assert {k for k, v in split.items() if v == "tuning"} == {"kth100", "kth100x0.8", "kth-pools"}
+    assert len(data["targets"]) == 2 * len(scenarios)
     for policy in ("greedy", "easy"):
         drivers = data["drivers"][policy]
         assert positive(drivers["fast_s"]) and positive(drivers["via_plan_s"])
