@@ -245,6 +245,9 @@ NOTES = """
   scenarios: wide-job maxima move by +-10% with the trigger (one job sets the maximum). Held out,
   B = 1 misses the mean on LANL/32 (short jobs reach the bound within minutes, so it behaves like
   classic EASY) and the wide max on LANL/16, so it stays an option and the default is unchanged.
+  With the 5% tie-rule tolerance the 5 h default meets both targets on every scenario here,
+  LANL/16 included (x1.029); the miss reported on a trace outside this repository under heavy
+  load (wide max x1.34 of EASY) is not reproduced by any trace here, so it is not fixed yet.
 - **InferenceX mix.** Stated model (`slurmgate/simulator/traces.py`, `MixModel`): 14 days; every
   night at 02:00 a sweep queues all rows of 15% of the config keys at once; PRs arrive 08-20 h
   as a Poisson stream of 0.4/h, each queueing all rows of one key; agentic rows run 3600 s,
