@@ -288,7 +288,7 @@ def guard(name: str, run_dir: Path, payload: dict[str, Any]) -> HookOutcome:
     parent = int(payload["parent_pid"])
     timeout_s = float(payload["timeout_s"])
     invocation = HookInvocation(name, run_dir, list(payload["commands"]), {}, timeout_s)
-    outcome = HookOutcome(name=name, log=str(invocation.log_path))
+    outcome = HookOutcome(name=name, log=str(invocation.log_path), timeout_s=timeout_s)
     signalled: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -134,6 +134,7 @@ class HookOutcome(BaseModel):
     timed_out: bool = False
     stopped_by: str | None = None  # "timeout", "signal", "parent exited"
     seconds: float = 0.0
+    timeout_s: float | None = None  # the hook's limit, when it ran under one
     leftovers: int = 0  # processes still running after the hook's shell exited: stopped
     log: str | None = None
 
@@ -144,7 +145,9 @@ class HookOutcome(BaseModel):
     def describe(self) -> str:
         """One line: `succeeded in 1.2 s`, `exited 3 in …`, `timed out after 2 s …`."""
         if self.timed_out:
-            text = f"timed out after {self.seconds:.1f} s; all its processes were stopped"
+            # The limit, not the measured time: stopping the tree takes a moment more.
+            limit = self.timeout_s if self.timeout_s is not None else self.seconds
+            text = f"timed out after {limit:.1f} s; all its processes were stopped"
         elif self.stopped_by:
             text = f"stopped ({self.stopped_by}) after {self.seconds:.1f} s"
         elif self.returncode == 0:
