@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurmgate.runtime.records import HookOutcome, process_start_ticks
+from slurmgate.runtime.records import HookOutcome, live_processes, process_start_ticks
 from slurmgate.runtime.redact import Redactor
 
 GRACE_S = 2.0  # SIGTERM to SIGKILL; under prefect-shell's 5 s before it kills the guard itself
@@ -183,17 +183,8 @@ def _script(name: str, commands: list[str]) -> str:
 def descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of `root`, from /proc."""
     children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 2 and rest[0] not in (b"Z", b"X"):
-            children[int(rest[1])].append(int(entry.name))
+    for process in live_processes():
+        children[process.ppid].append(process.pid)
     found: list[int] = []
     todo = [root]
     while todo:

@@ -9,6 +9,7 @@ import socket
 import stat
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,33 @@ class RunStatus(StrEnum):
 
 
 _FINISHED = frozenset({RunStatus.CLEAN, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.REAPED})
+
+
+@dataclass(frozen=True)
+class LiveProcess:
+    """One process that has not exited, as /proc/PID/stat shows it."""
+
+    pid: int
+    ppid: int
+    pgrp: int
+
+
+def live_processes() -> list[LiveProcess]:
+    """Every process of this machine that has not exited (zombies left out), from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state ppid pgrp ...
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        if len(rest) >= 3 and rest[0] not in (b"Z", b"X"):
+            found.append(LiveProcess(int(entry.name), int(rest[1]), int(rest[2])))
+    return found
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from slurmgate.errors import ExternalError
 from slurmgate.runtime import slurm
+from slurmgate.runtime.records import live_processes
 
 TERMINATION_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
 
@@ -400,20 +401,7 @@ def group_alive(pgid: int) -> bool:
 
 def live_group_members(pgid: int) -> list[int]:
     """Non-zombie pids whose process group is `pgid`, read from /proc."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # Fields after the parenthesised command: state ppid pgrp ...
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 3 and int(rest[2]) == pgid and rest[0] != b"Z":
-            members.append(int(entry.name))
-    return members
+    return [p.pid for p in live_processes() if p.pgrp == pgid]
 
 
 def _wait_exit(step: Step, timeout: float) -> bool:
