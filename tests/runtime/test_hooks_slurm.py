@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -121,32 +122,32 @@ def test_a_hanging_epilog_is_stopped_at_its_timeout_and_the_result_says_so(
     assert _prefect_log_lines(since, "hook epilog timed out after 2.0 s", level=logging.WARNING)
 
 
-CLI = ["-m", "slurmgate.cli", "allocation", "run"]
+def _allocation_run(data: dict[str, Any], tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """`slurmgate allocation run` of `data` (written as a spec file, runs under tmp_path/runs)
+    against the harness's Prefect API: its argv and environment."""
+    from prefect.settings import PREFECT_API_URL
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    argv = [sys.executable, "-m", "slurmgate.cli", "allocation", "run", str(spec)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
+    return [*argv, "--runs-dir", str(tmp_path / "runs")], env
 
 
 def test_sigkill_of_the_flow_process_during_the_prolog_leaves_no_hook_process(
     prefect_harness: None, tmp_path: Path
 ) -> None:
-    from prefect.settings import PREFECT_API_URL
-
     marker = _marker()
     data = example_data()
     data["hooks"] = {
         "prolog": {"commands": ["echo prolog sleeps", "sleep 300"], "env": {"HOOK_MARKER": marker}}
     }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(data))
+    argv, env = _allocation_run(data, tmp_path)
     runs_root = tmp_path / "runs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
-    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
     log = tmp_path / "flow.log"
     with log.open("w") as out:
-        flow = subprocess.Popen(
-            [sys.executable, *CLI, str(spec), "--runs-dir", str(runs_root)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        flow = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 120
         while not any("sleep 300" in p for p in processes_with(marker)):
@@ -175,27 +176,17 @@ def test_sigkill_of_the_flow_process_during_the_prolog_leaves_no_hook_process(
 def test_sigterm_during_the_prolog_stops_it_cleans_up_and_runs_the_epilog(
     prefect_harness: None, tmp_path: Path
 ) -> None:
-    from prefect.settings import PREFECT_API_URL
-
     marker = _marker()
     data = example_data()
     data["hooks"] = {
         "prolog": {"commands": ["sleep 300"], "env": {"HOOK_MARKER": marker}},
         "epilog": {"commands": ["echo epilog after a run that $SLURMGATE_RUN_OUTCOME"]},
     }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(data))
+    argv, env = _allocation_run(data, tmp_path)
     runs_root = tmp_path / "runs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
-    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
     log = tmp_path / "flow.log"
     with log.open("w") as out:
-        flow = subprocess.Popen(
-            [sys.executable, *CLI, str(spec), "--runs-dir", str(runs_root)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        flow = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 120
         while not any("sleep 300" in p for p in processes_with(marker)):
@@ -226,19 +217,14 @@ def test_the_command_line_warns_of_a_failed_epilog_on_a_run_that_succeeded(
     prefect_harness: None, tmp_path: Path
 ) -> None:
     # A failed epilog does not fail the run: the command's own output is where a person sees it.
-    from prefect.settings import PREFECT_API_URL
-
     data = example_data()
     data["hooks"] = {
         "prolog": {"commands": ["true"]},
         "epilog": {"commands": ["echo collecting logs", "exit 3"]},
     }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(data))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
-    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
+    argv, env = _allocation_run(data, tmp_path)
     ran = subprocess.run(
-        [sys.executable, *CLI, str(spec), "--runs-dir", str(tmp_path / "runs")],
+        argv,
         capture_output=True,
         text=True,
         env=env,
