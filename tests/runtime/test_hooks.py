@@ -250,7 +250,11 @@ def test_a_sigkilled_controller_leaves_no_hook_process(tmp_path: Path) -> None:
     try:
         assert controller.stdout is not None
         assert controller.stdout.readline().strip() == "prolog| started"
-        assert any("sleep 304" in p for p in processes_with(marker))
+        # "started" is printed before the shell forks the sleep, so wait for it to exist
+        deadline = time.monotonic() + 10.0
+        while not any("sleep 304" in p for p in processes_with(marker)):
+            assert time.monotonic() < deadline, "the hook's sleep never started"
+            time.sleep(0.05)
         controller.send_signal(signal.SIGKILL)
         controller.wait()
         assert_no_orphans(marker, within=3.0)
