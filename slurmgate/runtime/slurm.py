@@ -38,12 +38,20 @@ class SlurmError(ExternalError):
 class SlurmNotConfigured(SlurmError):
     """Slurm's client commands have no configuration source; the message is the fix."""
 
-    def __init__(self, argv: Sequence[str], stderr: str = "") -> None:
+    def __init__(self, argv: Sequence[str], stderr: str = "", message: str = "") -> None:
         self.argv = list(argv)
         self.stderr = stderr
         self.timed_out = False
         # One line with the fix: the argv and Slurm's four lines of DNS lookups add nothing.
-        ExternalError.__init__(self, NO_CONFIGURATION)
+        ExternalError.__init__(self, message or NO_CONFIGURATION)
+
+
+def missing_conf_message(conf: str) -> str:
+    """The one-line fix for a SLURM_CONF that names no file."""
+    return (
+        f"SLURM_CONF names {conf}, which does not exist: export SLURM_CONF=/path/to/slurm.conf, "
+        "or start the bundled cluster with `slurmgate cluster up`"
+    )
 
 
 def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -73,13 +81,19 @@ def run(
     Without a configuration source it raises SlurmNotConfigured even when `check` is off: an
     empty answer would otherwise read as "no steps left" or "job gone".
     """
+    child_env = environ(env)
+    conf = child_env.get("SLURM_CONF")
+    if conf and not os.path.exists(conf):
+        # Slurm's clients retry a missing SLURM_CONF once a second for 60 s before failing:
+        # every capacity read of every tick would stall for its whole timeout.
+        raise SlurmNotConfigured(argv, message=missing_conf_message(conf))
     try:
         out = subprocess.run(
             list(argv),
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=environ(env),
+            env=child_env,
             stdin=subprocess.DEVNULL,
             check=False,
         )

@@ -94,6 +94,22 @@ def test_no_configuration_is_one_line_with_the_fix(no_slurm_conf: Path) -> None:
         slurm.list_steps("1")
 
 
+def test_a_slurm_conf_naming_no_file_fails_at_once_in_one_line(
+    no_slurm_conf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("scontrol") is None:
+        pytest.skip("the Slurm client is not installed (Debian package slurm-client)")
+    missing = no_slurm_conf.parent / "gone" / "slurm.conf"
+    monkeypatch.setenv("SLURM_CONF", str(missing))
+    t0 = time.monotonic()
+    with pytest.raises(slurm.SlurmNotConfigured) as caught:
+        slurm.check_configured(timeout=10.0)
+    # Slurm itself would retry the missing file for the whole timeout.
+    assert time.monotonic() - t0 < 2
+    assert str(caught.value) == slurm.missing_conf_message(str(missing))
+    assert str(missing) in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_a_configuration_whose_controller_is_down_is_one_line_with_the_fix(
     no_slurm_conf: Path,
 ) -> None:
