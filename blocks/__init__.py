@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_valida
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.settings import (
     AdmissionSettings,
+    BackfillOrder,
     EstimatesName,
     PolicyName,
     PoolPartition,
@@ -211,6 +212,9 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
     overrun_extension_s: float = _knob("overrun_extension_s")
     reserve_after_s: float = _knob("reserve_after_s")
     reserve_slowdown: float | None = _knob("reserve_slowdown")
+    reserve_after_runtimes: float | None = _knob("reserve_after_runtimes")
+    reserve_runtime_quantile: float = _knob("reserve_runtime_quantile")
+    backfill_order: BackfillOrder = _knob("backfill_order")
     reservation_depth: int = _knob("reservation_depth")
     lease_max_queued_age_s: float | None = _knob("lease_max_queued_age_s")
     orphan_grace_s: float = _knob("orphan_grace_s")

@@ -145,6 +145,11 @@ class ReservationBackfill(AdmissionPolicy):
     With `reserve_slowdown` B instead, the trigger comes from the job itself: it is reserved
     once wait / max(estimated runtime, SLOWDOWN_FLOOR_S) >= B, so a short job is protected
     after a short wait and a long one after a long wait, whatever the workload's job lengths.
+    With `reserve_after_runtimes` k, the trigger comes from the workload now running: a job is
+    reserved once it has waited k x the `runtime_quantile` of the estimated runtimes of the
+    leases running on its pools (at once when none runs there).
+    With `backfill_order` "shortest" (EASY++'s order), jobs due a reservation are still taken
+    in priority order, but the younger ones backfill shortest estimate first.
     """
 
     def __init__(
@@ -153,21 +158,55 @@ class ReservationBackfill(AdmissionPolicy):
         depth: int,
         reserve_after_s: float = 0.0,
         reserve_slowdown: float | None = None,
+        reserve_after_runtimes: float | None = None,
+        runtime_quantile: float = 0.5,
+        backfill_order: str = "priority",
     ) -> None:
         self.name = name
         self.depth = depth
         self.reserve_after_s = reserve_after_s
         self.reserve_slowdown = reserve_slowdown
+        self.reserve_after_runtimes = reserve_after_runtimes
+        self.runtime_quantile = runtime_quantile
+        self.backfill_order = backfill_order
 
-    def due(self, request: JobRequest, now_s: float) -> bool:
-        """Whether a blocked job has waited long enough for a reservation."""
+    def due(
+        self,
+        request: JobRequest,
+        now_s: float,
+        fleet: FleetState | None = None,
+        typical: dict[tuple[str, ...], float] | None = None,
+    ) -> bool:
+        """Whether a blocked job has waited long enough for a reservation (`typical` caches
+        the running-runtime quantile per pool set for one walk)."""
         if request.skip_queue:  # a skip-queue job is protected at once
             return True
         waited = now_s - request.job.created_at.timestamp()
         if self.reserve_slowdown is not None:
             runtime = max(request.estimate.predicted_s, SLOWDOWN_FLOOR_S)
             return waited >= self.reserve_slowdown * runtime
+        if self.reserve_after_runtimes is not None and fleet is not None:
+            runtime = running_quantile(fleet, request, self.runtime_quantile, typical)
+            return waited >= self.reserve_after_runtimes * runtime
         return not self.reserve_after_s or waited >= self.reserve_after_s
+
+    def order(
+        self,
+        requests: Sequence[JobRequest],
+        fleet: FleetState,
+        typical: dict[tuple[str, ...], float],
+    ) -> Sequence[JobRequest]:
+        """The walk's order: priority, or (backfill_order "shortest") the jobs due a
+        reservation in priority order, then the rest shortest estimate first."""
+        if self.backfill_order != "shortest":
+            return requests
+        due = [r for r in requests if self.due(r, fleet.now_s, fleet, typical)]
+        if len(due) == len(requests):
+            return requests
+        chosen = {id(r) for r in due}
+        rest = [r for r in requests if id(r) not in chosen]
+        rest.sort(key=lambda r: r.estimate.predicted_s)  # stable: priority breaks ties
+        return [*due, *rest]
 
     def walk(self, requests: Sequence[JobRequest], walk: Walk) -> None:
         fleet = walk.fleet
@@ -175,7 +214,8 @@ class ReservationBackfill(AdmissionPolicy):
         held: dict[str, int] = {}
         # pools with `depth` reservations: nothing more can be reserved there
         full: set[str] = set()
-        for request in requests:
+        typical: dict[tuple[str, ...], float] = {}
+        for request in self.order(requests, fleet, typical):
             nodes, duration = request.nodes, request.estimate.predicted_s
             if profiles:
 
@@ -192,7 +232,7 @@ class ReservationBackfill(AdmissionPolicy):
                     profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
                 continue
             if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and self.due(
-                request, fleet.now_s
+                request, fleet.now_s, fleet, typical
             ):
                 reserved = self._reserve(request, fleet, profiles, held, full)
                 if reserved is not None and walk.explain:
@@ -236,6 +276,30 @@ class ReservationBackfill(AdmissionPolicy):
         return pool, start
 
 
+def running_quantile(
+    fleet: FleetState,
+    request: JobRequest,
+    quantile: float,
+    cache: dict[tuple[str, ...], float] | None = None,
+) -> float:
+    """The `quantile` of the estimated runtimes of the leases running on the pools `request`
+    could use (0 when none runs there): the workload's current job length, as the planner
+    predicts it. `cache` keeps it per pool set while the fleet does not change (one walk)."""
+    pools = tuple(p for p in fleet.candidates(request.requirement) if p is not None)
+    cached = cache.get(pools) if cache is not None else None
+    if cached is not None:
+        return cached
+    runtimes = sorted(
+        lease.estimate.predicted_s
+        for pool in pools
+        for lease in fleet.running.get(pool, {}).values()
+    )
+    value = runtimes[min(len(runtimes) - 1, int(quantile * len(runtimes)))] if runtimes else 0.0
+    if cache is not None:
+        cache[pools] = value
+    return value
+
+
 POLICIES: dict[str, AdmissionPolicy] = {
     policy.name: policy
     for policy in (
@@ -266,11 +330,18 @@ def policy_for(settings: AdmissionSettings, name: str | None = None) -> Admissio
     Also accepts the `fcfs` baseline, which only the simulator asks for.
     """
     chosen = name or settings.policy
-    after, slowdown = settings.reserve_after_s, settings.reserve_slowdown
+    knobs = (
+        settings.reserve_after_s,
+        settings.reserve_slowdown,
+        settings.reserve_after_runtimes,
+        settings.reserve_runtime_quantile,
+        settings.backfill_order,
+    )
     if chosen == "conservative":
-        return ReservationBackfill("conservative", settings.reservation_depth, after, slowdown)
-    if chosen == "easy" and (after or slowdown is not None):
-        return ReservationBackfill("easy", 1, after, slowdown)
+        return ReservationBackfill("conservative", settings.reservation_depth, *knobs)
+    classic = (0.0, None, None, knobs[3], "priority")
+    if chosen == "easy" and knobs != classic:
+        return ReservationBackfill("easy", 1, *knobs)
     if chosen in BASELINES:
         return BASELINES[chosen]
     return policy_named(chosen)

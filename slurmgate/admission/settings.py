@@ -12,6 +12,7 @@ PolicyName = Literal["greedy", "easy", "conservative"]
 """The admission policies a deployment can choose (the simulator adds its `fcfs` baseline)."""
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 EstimatesName = Literal["timeout", "learned"]
+BackfillOrder = Literal["priority", "shortest"]
 
 
 class PoolPartition(BaseModel):
@@ -53,7 +54,9 @@ class AdmissionSettings(BaseSettings):
     `SLURMGATE_DEFAULT_PRIORITY`, and for the reservation policies `SLURMGATE_ESTIMATES`,
     `SLURMGATE_TIMEOUT_MIN`, `SLURMGATE_TIMEOUT_OVERRIDES`, `SLURMGATE_ESTIMATE_QUANTILE`,
     `SLURMGATE_ESTIMATE_MIN_SAMPLES`, `SLURMGATE_OVERRUN_EXTENSION_S`,
-    `SLURMGATE_RESERVE_AFTER_S`, `SLURMGATE_RESERVE_SLOWDOWN` and `SLURMGATE_RESERVATION_DEPTH`;
+    `SLURMGATE_RESERVE_AFTER_S`, `SLURMGATE_RESERVE_SLOWDOWN`, `SLURMGATE_RESERVE_AFTER_RUNTIMES`,
+    `SLURMGATE_RESERVE_RUNTIME_QUANTILE`, `SLURMGATE_BACKFILL_ORDER` and
+    `SLURMGATE_RESERVATION_DEPTH`;
     Slurm as the capacity authority is `SLURMGATE_POOL_PARTITIONS`. Keyword arguments use the
     field names.
 
@@ -149,6 +152,32 @@ class AdmissionSettings(BaseSettings):
         "instead of a fixed wait; when set, reserve_after_s is not used. Unset: "
         "reserve_after_s decides.",
         ge=0,
+    )
+    reserve_after_runtimes: float | None = _knob(
+        "reserve_after_runtimes",
+        None,
+        "easy/conservative: a blocked job gets a reservation once it has waited this many "
+        "times the typical runtime of the leases running on its pools now (their estimated "
+        "runtimes' reserve_runtime_quantile; at once when none runs there) (env "
+        "SLURMGATE_RESERVE_AFTER_RUNTIMES). The trigger then follows the workload's job "
+        "lengths instead of a fixed wait; when set, reserve_after_s is not used, and "
+        "reserve_slowdown, when also set, decides instead. Unset: reserve_after_s decides.",
+        ge=0,
+    )
+    reserve_runtime_quantile: float = _knob(
+        "reserve_runtime_quantile",
+        0.5,
+        "The quantile of the running leases' estimated runtimes that reserve_after_runtimes "
+        "multiplies (env SLURMGATE_RESERVE_RUNTIME_QUANTILE, 0 < q <= 1; 0.5 = the median).",
+        gt=0,
+        le=1,
+    )
+    backfill_order: BackfillOrder = _knob(
+        "backfill_order",
+        "priority",
+        "easy/conservative: the order jobs are tried in (env SLURMGATE_BACKFILL_ORDER): "
+        "priority, or shortest (EASY++: jobs due a reservation in priority order, then the "
+        "others shortest estimated runtime first).",
     )
     reservation_depth: int = _knob(
         "reservation_depth",

@@ -184,6 +184,74 @@ def test_reserve_slowdown_reserves_once_the_wait_reaches_b_times_the_jobs_own_es
     assert admitted(plan(short, both, NOW)) == {}
 
 
+def test_reserve_after_runtimes_scales_the_trigger_with_the_running_leases_estimates() -> None:
+    # the one running lease is estimated at its 8 h timeout: k = 0.5 of it is a 4 h trigger
+    knobs: dict[str, Any] = {"timeout_overrides": {"c-long": 570}}
+    by_runtimes = cfg("easy", reserve_after_runtimes=0.5, **knobs)
+    assert admitted(plan(wide_behind_a_backfill("a", 3), by_runtimes, NOW)) == {3: 4}
+    held = plan(wide_behind_a_backfill("a", 4.5), by_runtimes, NOW)
+    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
+    # it replaces reserve_after_s (5 h would not protect A yet) ...
+    both = cfg("easy", reserve_after_s=5 * 3600, reserve_after_runtimes=0.5, **knobs)
+    assert admitted(plan(wide_behind_a_backfill("a", 4.5), both, NOW)) == {}
+    # ... and the same wait is short where the running work is long: k = 1 is an 8 h trigger
+    longer = cfg("easy", reserve_after_runtimes=1.0, **knobs)
+    assert admitted(plan(wide_behind_a_backfill("a", 4.5), longer, NOW)) == {3: 4}
+    # reserve_slowdown, when also set, decides (A's own 8 h estimate: 4.5 h is a slowdown < 1)
+    slowdown = cfg("easy", reserve_after_runtimes=0.5, reserve_slowdown=1.0, **knobs)
+    assert admitted(plan(wide_behind_a_backfill("a", 4.5), slowdown, NOW)) == {3: 4}
+
+
+def three_running_and_a_wide_job(a_age_h: float) -> Any:
+    """Leases of 1 h, 2 h and 8 h estimates (2 nodes each) on 10 runners; A (8) waits; C (4,
+    9.5 h) fits now but would delay A's reservation."""
+    leases = [(1, "brief"), (2, "medium"), (3, "long")]
+    runners = pool("x", 10)
+    jobs = []
+    for index, (job_id, name) in enumerate(leases):
+        r = running(job_id, 2, started_h_ago=0.5, name=name)
+        runners = lease_runners(runners, r, [2 * index + 1, 2 * index + 2])
+        jobs.append(r)
+    a = named(job(4, 8, score="3.000", age_s=int(a_age_h * 3600)), "a")
+    c = named(job(5, 4, score="1.000"), "c-long")
+    return snapshot(runners, [*jobs, a, c])
+
+
+def test_reserve_runtime_quantile_picks_which_running_estimate_sets_the_trigger() -> None:
+    knobs: dict[str, Any] = {
+        "timeout_overrides": {"brief": 60, "medium": 120, "c-long": 570},
+        "reserve_after_runtimes": 1.0,
+    }
+    # the median of 1, 2 and 8 h is 2 h: A, after 3 h, is reserved and C waits
+    median = plan(three_running_and_a_wide_job(3), cfg("easy", **knobs), NOW)
+    assert admitted(median) == {} and blocked(median)[5] == BlockReason.RESERVED
+    # the top quantile is 8 h: A is not due yet, C backfills
+    top = cfg("easy", reserve_runtime_quantile=1.0, **knobs)
+    assert admitted(plan(three_running_and_a_wide_job(3), top, NOW)) == {5: 4}
+    assert AdmissionSettings().reserve_runtime_quantile == 0.5
+
+
+def test_backfill_order_shortest_takes_young_jobs_shortest_first_after_the_due_ones() -> None:
+    knobs: dict[str, Any] = {
+        "timeout_overrides": {"quick": 60, "slow": 480},
+        "reserve_after_s": 5 * 3600,
+    }
+    # B (6 nodes, 8 h) outranks C (6 nodes, 1 h); only one fits on 10 runners
+    b = named(job(1, 6, score="3.000"), "slow")
+    c = named(job(2, 6, score="1.000"), "quick")
+    young = snapshot(pool("x", 10), [b, c])
+    assert admitted(plan(young, cfg("easy", **knobs), NOW)) == {1: 6}
+    shortest = cfg("easy", backfill_order="shortest", **knobs)
+    assert admitted(plan(young, shortest, NOW)) == {2: 6}
+    # a job due a reservation (waited 6 h) still goes before the shorter young one
+    old = snapshot(pool("x", 10), [replace(b, created_at=NOW - timedelta(hours=6)), c])
+    assert admitted(plan(old, shortest, NOW)) == {1: 6}
+    # with reservations at once (classic EASY) every job is due: the priority order stands
+    classic = cfg("easy", backfill_order="shortest", timeout_overrides=knobs["timeout_overrides"])
+    assert admitted(plan(young, classic, NOW)) == {1: 6}
+    assert AdmissionSettings().backfill_order == "priority"
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     worlds(),
@@ -191,6 +259,8 @@ def test_reserve_slowdown_reserves_once_the_wait_reaches_b_times_the_jobs_own_es
     st.sampled_from([1.0, 30.0, 480.0]),
     st.sampled_from([0.0, 600.0]),
     st.sampled_from([None, 0.5]),
+    st.sampled_from([None, 0.5]),
+    st.sampled_from(["priority", "shortest"]),
 )
 def test_capacity_invariant_and_fixed_point_for_every_policy(
     world: World,
@@ -198,12 +268,16 @@ def test_capacity_invariant_and_fixed_point_for_every_policy(
     timeout_min: float,
     reserve_after_s: float,
     reserve_slowdown: float | None,
+    reserve_after_runtimes: float | None,
+    backfill_order: str,
 ) -> None:
     s = cfg(
         policy,
         timeout_min=timeout_min,
         reserve_after_s=reserve_after_s,
         reserve_slowdown=reserve_slowdown,
+        reserve_after_runtimes=reserve_after_runtimes,
+        backfill_order=backfill_order,
     )
     d = plan(world.snap, s, NOW)
     check_admissions(world.snap, d)
@@ -228,6 +302,9 @@ def test_policy_for_applies_the_knobs() -> None:
     assert policy_for(cfg("easy")).reserve_after_s == 0  # type: ignore[attr-defined]
     assert policy_for(cfg("easy", reserve_slowdown=2)).reserve_slowdown == 2  # type: ignore[attr-defined]
     assert policy_for(cfg("conservative", reserve_slowdown=2)).reserve_slowdown == 2  # type: ignore[attr-defined]
+    runtimes = policy_for(cfg("easy", reserve_after_runtimes=2, reserve_runtime_quantile=0.9))
+    assert (runtimes.reserve_after_runtimes, runtimes.runtime_quantile) == (2, 0.9)  # type: ignore[attr-defined]
+    assert policy_for(cfg("easy", backfill_order="shortest")).backfill_order == "shortest"  # type: ignore[attr-defined]
     assert AdmissionSettings().reserve_after_s == 5 * 3600
 
 
@@ -253,6 +330,10 @@ def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> No
         ("timeout_min", 0),
         ("reserve_after_s", -1),
         ("reserve_slowdown", -1),
+        ("reserve_after_runtimes", -1),
+        ("reserve_runtime_quantile", 0),
+        ("reserve_runtime_quantile", 1.5),
+        ("backfill_order", "fifo"),
         ("estimates", "oracle"),
     ],
 )
