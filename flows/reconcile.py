@@ -1,4 +1,4 @@
-"""The reconcile flow: the core's tick, with Prefect's retries, lease subflows, logs and board."""
+"""The reconcile flow: the core's tick, with Prefect's retries, a task per lease, logs, board."""
 
 from __future__ import annotations
 
@@ -12,22 +12,18 @@ from prefect.artifacts import Artifact, acreate_table_artifact
 
 from blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.admission.estimates import HistoryError, RuntimeHistory
-from slurmgate.admission.leases import AdmitOutcome, UnwindReport, run_admission
-from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
 from slurmgate.github.scope import ScopeError
 from slurmgate.github.steps import slurm_capacity_step
 from tasks.allocation import reap_crashed_allocations
 from tasks.github import (
-    add_anchor_labels_task,
-    add_lease_labels_task,
     bound_client,
     read_dispatch_task,
     read_snapshot,
     remove_labels_task,
     resolve_scope,
-    verify_lease_task,
+    run_lease,
 )
 
 BOARD_KEY = "slurmgate-pool-board"
@@ -68,44 +64,6 @@ async def load_settings(policy_block: str | None) -> AdmissionSettings:
             f"{policy_block!r}), or pass policy_block=None to read PRIORITY_SCHEDULER_ENABLED "
             "etc. from the environment"
         ) from None
-
-
-@flow(name="lease", flow_run_name="lease-j{admit.job_id}-a{admit.attempt}", log_prints=False)
-async def lease(admit: Admit, fleet_size: int | None = None) -> AdmitOutcome:
-    """Label the runners, verify, anchor; on any failure undo exactly this attempt's labels.
-
-    Compensation is our own stack, not a Prefect transaction: a step that fails once and then
-    passes on retry must not roll anything back (prefect 3.9 transactions would).
-    """
-    logger = get_run_logger()
-
-    def log_rollback(exc: BaseException, report: UnwindReport) -> None:
-        logger.warning(
-            "rollback job=%s lease=%s pool=%s undone=%d left=%d cause=%s: %s",
-            admit.job_id,
-            admit.lease_label,
-            admit.pool,
-            len(report.undone),
-            len(report.failed),
-            type(exc).__name__,
-            exc,
-        )
-
-    outcome = await run_admission(
-        admit,
-        add_lease_labels_task,
-        lambda a: verify_lease_task(a, fleet_size),
-        add_anchor_labels_task,
-        on_rollback=log_rollback,
-    )
-    if outcome.admitted:
-        logger.info("%s", admit.line("admitted"))
-    return outcome
-
-
-async def lease_subflow(admit: Admit, fleet_size: int) -> AdmitOutcome:
-    """The tick's admit step: one `lease` subflow run per admission."""
-    return await lease(admit, fleet_size=fleet_size)
 
 
 async def write_board_if_changed(table: list[dict[str, Any]]) -> bool:
@@ -168,7 +126,7 @@ async def reconcile(
     steps = TickSteps(
         lambda: read_snapshot(settings),
         remove=remove_labels_task,
-        admit=lease_subflow,
+        admit=run_lease,
         read_dispatch=read_dispatch_task,
         # Slurm's nodes for the pools mapped to partitions; a failed read counts runners only
         # (one warning), so it is not a retried task

@@ -1,4 +1,4 @@
-"""Prefect tasks over the GitHub client: the snapshot read and each lease step, with retries."""
+"""Prefect tasks over the GitHub client: the snapshot read, one task per lease, with retries."""
 
 from __future__ import annotations
 
@@ -8,22 +8,21 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.tasks import Task
 
 from blocks import GitHubScopeBlock
 from slurmgate.admission.leases import (
-    CompensationStack,
+    Admission,
+    AdmitOutcome,
     DispatchCheck,
+    LeaseSteps,
     RemovalOutcome,
-    Verification,
-    add_anchor_labels,
-    add_lease_labels,
+    UnwindReport,
     read_dispatch,
     remove_labels,
-    verify_lease,
 )
 from slurmgate.admission.model import Admit, Snapshot
 from slurmgate.admission.settings import AdmissionSettings
@@ -91,25 +90,52 @@ async def read_snapshot(settings: AdmissionSettings | None = None) -> Snapshot:
     return await take_snapshot(current_client(), settings=settings, events=events)
 
 
-@task(name="add-lease-labels", task_run_name="add-lease-labels-j{admit.job_id}", **_task_options)
-async def add_lease_labels_task(admit: Admit, stack: CompensationStack) -> None:
-    """Step 1: one POST per runner; a retry re-sends only the writes not yet confirmed."""
-    await add_lease_labels(current_client(), admit, stack)
-
-
-@task(name="verify-lease", **_task_options)
-async def verify_lease_task(admit: Admit, fleet_size: int | None = None) -> Verification:
-    """Step 2: a fresh read of the chosen runners (or the whole fleet) checks the lease."""
-    return await verify_lease(current_client(), admit, fleet_size=fleet_size)
-
-
 @task(
-    name="add-anchor-labels", task_run_name="add-anchor-labels-r{admit.anchor_id}", **_task_options
+    name="lease",
+    task_run_name="lease-j{admission.admit.job_id}-a{admission.admit.attempt}",
+    **_task_options,
 )
-async def add_anchor_labels_task(
-    admit: Admit, stack: CompensationStack, verified: Verification
-) -> None:
-    await add_anchor_labels(current_client(), admit, stack, verified)
+async def lease_task(admission: Admission, fleet_size: int | None = None) -> AdmitOutcome:
+    """Label the runners, verify, anchor: one task run per admission, retried as a whole.
+
+    A retry resumes where the last run failed (`Admission`): confirmed writes are not sent
+    again and nothing is rolled back. The compensation is our own stack, not a Prefect
+    transaction, because a step that fails once and passes on retry must not roll anything back
+    (prefect 3.9 transactions would). A failure that is final (not transient, or the last run)
+    undoes exactly this admission's labels, logged here as a rollback.
+    """
+    logger = get_run_logger()
+    admit = admission.admit
+
+    def log_rollback(exc: BaseException, report: UnwindReport) -> None:
+        logger.warning(
+            "rollback job=%s lease=%s pool=%s undone=%d left=%d cause=%s: %s",
+            admit.job_id,
+            admit.lease_label,
+            admit.pool,
+            len(report.undone),
+            len(report.failed),
+            type(exc).__name__,
+            exc,
+        )
+
+    steps = LeaseSteps(current_client(), fleet_size)
+    outcome = await steps.run(admission, on_rollback=log_rollback)
+    if outcome.admitted:
+        logger.info("%s", admit.line("admitted"))
+    return outcome
+
+
+async def run_lease(admit: Admit, fleet_size: int) -> AdmitOutcome:
+    """The tick's admit step: one `lease` task run, retried on transient faults; when Prefect
+    gives up on it some other way (the run cancelled between retries), what it wrote is
+    unwound here."""
+    admission = Admission(admit, retries=RETRIES)
+    try:
+        return await lease_task(admission, fleet_size)
+    finally:
+        if not admission.settled:
+            await admission.abandon()
 
 
 @task(name="remove-labels", **_task_options)

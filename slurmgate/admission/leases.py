@@ -373,6 +373,87 @@ AnchorStep = Callable[[Admit, CompensationStack, Verification], Awaitable[None]]
 RollbackHook = Callable[[BaseException, UnwindReport], None]
 
 
+class Admission:
+    """One admission that may take several runs of the unit carrying it (a retried Prefect
+    task): the steps done, the verification and the compensation stack outlive a run.
+
+    A run that fails transiently while more runs remain (`retries`) raises with the stack kept:
+    the next run resumes at the step that failed, re-sends only the writes not yet confirmed
+    and rolls nothing back. Any other failure, or one on the last run, unwinds the stack.
+    """
+
+    def __init__(self, admit: Admit, *, retries: int = 0) -> None:
+        self.admit = admit
+        self.retries = retries
+        self.stack = CompensationStack()
+        self.runs = 0
+        self._labelled = False
+        self._verified: Verification | None = None
+        self._settled = False
+
+    async def run(
+        self,
+        label: LabelStep,
+        verify: VerifyStep,
+        anchor: AnchorStep,
+        *,
+        on_rollback: RollbackHook | None = None,
+    ) -> AdmitOutcome:
+        """Run the steps not yet done, in order. A LeaseError (conflict, lost runner) becomes
+        a rolled-back outcome; any other exception, BaseException included (a cancelled or
+        terminated run), is re-raised after compensation ran, or, when transient with runs
+        left, re-raised as it is, for the next run to resume."""
+        if self._settled:
+            raise RuntimeError(f"admission of lease {self.admit.lease_label} already settled")
+        self.runs += 1
+        admit = self.admit
+        try:
+            if not self._labelled:
+                await label(admit, self.stack)
+                self._labelled = True
+            if self._verified is None:
+                self._verified = await verify(admit)
+            await anchor(admit, self.stack, self._verified)
+        except AlreadyRunning as exc:
+            self._settle(commit=True)
+            return AdmitOutcome(admit.job_id, admit.lease_label, False, f"AlreadyRunning: {exc}")
+        except BaseException as exc:
+            if is_transient(exc) and self.runs <= self.retries:
+                raise  # resumed by the next run: nothing is rolled back
+            report = await self.abandon()
+            if on_rollback is not None:
+                on_rollback(exc, report)
+            if isinstance(exc, LeaseError):
+                return AdmitOutcome(
+                    admit.job_id,
+                    admit.lease_label,
+                    False,
+                    f"{type(exc).__name__}: {exc}",
+                    tuple(report.undone),
+                    tuple(report.failed),
+                )
+            raise
+        self._settle(commit=True)
+        return AdmitOutcome(admit.job_id, admit.lease_label, True, "admitted")
+
+    async def abandon(self) -> UnwindReport:
+        """Unwind what the runs wrote (shielded: a cancelled tick still removes it); for the
+        carrier's caller when no further run will come. Nothing after the admission settled."""
+        if self._settled:
+            return UnwindReport()
+        self._settle(commit=False)
+        return await asyncio.shield(self.stack.unwind())
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def _settle(self, *, commit: bool) -> None:
+        self._settled = True
+        if commit:
+            self.stack.commit()
+
+
 async def run_admission(
     admit: Admit,
     label: LabelStep,
@@ -381,38 +462,38 @@ async def run_admission(
     *,
     on_rollback: RollbackHook | None = None,
 ) -> AdmitOutcome:
-    """Run label, verify, anchor in order; on any failure unwind the stack.
+    """Run label, verify, anchor in order; on any failure unwind the stack (one run of an
+    `Admission` without retries).
 
-    The steps are injected so that the Prefect layer can run each one as a retried task while
-    the order and the compensation stay here, in one place. A LeaseError (conflict, lost
-    runner) becomes a rolled-back outcome; any other exception, BaseException included (a
-    cancelled or terminated run), is re-raised after compensation ran.
+    The steps are injected so that each caller chooses how they reach GitHub while the order
+    and the compensation stay here, in one place. A LeaseError (conflict, lost runner) becomes
+    a rolled-back outcome; any other exception, BaseException included (a cancelled or
+    terminated run), is re-raised after compensation ran.
     """
-    stack = CompensationStack()
-    try:
-        await label(admit, stack)
-        verified = await verify(admit)
-        await anchor(admit, stack, verified)
-    except AlreadyRunning as exc:
-        stack.commit()
-        return AdmitOutcome(admit.job_id, admit.lease_label, False, f"AlreadyRunning: {exc}")
-    except BaseException as exc:
-        # shielded: a cancelled tick still removes what it wrote
-        report = await asyncio.shield(stack.unwind())
-        if on_rollback is not None:
-            on_rollback(exc, report)
-        if isinstance(exc, LeaseError):
-            return AdmitOutcome(
-                admit.job_id,
-                admit.lease_label,
-                False,
-                f"{type(exc).__name__}: {exc}",
-                tuple(report.undone),
-                tuple(report.failed),
-            )
-        raise
-    stack.commit()
-    return AdmitOutcome(admit.job_id, admit.lease_label, True, "admitted")
+    return await Admission(admit).run(label, verify, anchor, on_rollback=on_rollback)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSteps:
+    """The three protocol steps straight over one client, for `Admission.run`."""
+
+    client: LeaseClient
+    fleet_size: int | None = None
+    deadline: AnchorDeadline | None = AnchorDeadline()
+
+    async def label(self, admit: Admit, stack: CompensationStack) -> None:
+        await add_lease_labels(self.client, admit, stack)
+
+    async def verify(self, admit: Admit) -> Verification:
+        return await verify_lease(self.client, admit, fleet_size=self.fleet_size)
+
+    async def anchor(self, admit: Admit, stack: CompensationStack, verified: Verification) -> None:
+        await add_anchor_labels(self.client, admit, stack, verified, deadline=self.deadline)
+
+    async def run(
+        self, admission: Admission, *, on_rollback: RollbackHook | None = None
+    ) -> AdmitOutcome:
+        return await admission.run(self.label, self.verify, self.anchor, on_rollback=on_rollback)
 
 
 async def admit_lease(
@@ -427,17 +508,8 @@ async def admit_lease(
 
     `deadline` bounds when the anchor may be written (None: never give up on time).
     """
-
-    async def label(a: Admit, stack: CompensationStack) -> None:
-        await add_lease_labels(client, a, stack)
-
-    async def verify(a: Admit) -> Verification:
-        return await verify_lease(client, a, fleet_size=fleet_size)
-
-    async def anchor(a: Admit, stack: CompensationStack, verified: Verification) -> None:
-        await add_anchor_labels(client, a, stack, verified, deadline=deadline)
-
-    return await run_admission(admit, label, verify, anchor, on_rollback=on_rollback)
+    steps = LeaseSteps(client, fleet_size, deadline)
+    return await steps.run(Admission(admit), on_rollback=on_rollback)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """The reconcile tick: read, plan, release, clean, re-plan on freed capacity, admit in order.
 
 `reconcile_tick` holds the algorithm; how each step talks to GitHub is injected, the way
-`leases.run_admission` takes its steps. The Prefect flow passes retried tasks and a lease
-subflow, `slurmgate status` passes only a read, and the benchmark passes the bare core
+`leases.Admission` takes its steps. The Prefect flow passes retried tasks (one `lease` task
+per admission), `slurmgate status` passes only a read, and the benchmark passes the bare core
 protocol, so all three do the same work.
 """
 

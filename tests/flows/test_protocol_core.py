@@ -6,14 +6,17 @@ import pytest
 from flowcheck import fleet, managed_on
 
 from slurmgate.admission.leases import (
+    Admission,
     CompensationStack,
     LeaseConflict,
+    LeaseSteps,
     UnmanagedLabelError,
     add_lease_labels,
     remove_labels,
     verify_lease,
 )
 from slurmgate.admission.model import Admit
+from slurmgate.errors import ExternalError, is_transient
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
 
@@ -88,3 +91,72 @@ async def test_large_fleet_verifies_by_reading_only_the_chosen_runners(emulator_
             await verify_lease(client, admit, fleet_size=250)
         assert emu.admin.stats()["requests"] == {by_id: 2}
         await stack.unwind()
+
+
+def lease_of(emu: object, admit: Admit) -> set[int]:
+    """Runner ids carrying the admission's lease label."""
+    labelled = managed_on(fleet(emu.admin.dump()))  # type: ignore[attr-defined]
+    return {rid for rid, labels in labelled.items() if admit.lease_label in labels}
+
+
+async def test_an_admission_resumes_after_a_transient_failure_and_rolls_nothing_back(
+    emulator_factory,
+) -> None:
+    """The 2nd label write fails with a 502 while a run remains: the run raises with runner 1's
+    label kept; the next run re-sends only what was not confirmed and anchors."""
+    emu = emulator_factory({"a": 4})
+    admit = admit_for((1, 2, 3))
+    emu.admin.fault("fail_nth_write", n=2, status=502)
+    admission = Admission(admit, retries=1)
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), "t", max_retries=0) as c:
+        steps = LeaseSteps(c)
+        with pytest.raises(ExternalError) as failed:
+            await steps.run(admission)
+        assert is_transient(failed.value)
+        assert lease_of(emu, admit) == {1} and not admission.settled  # nothing rolled back
+        emu.admin.reset_stats()
+        outcome = await steps.run(admission)
+    assert outcome.admitted and admission.settled and admission.runs == 2
+    assert emu.admin.stats()["writes"] == 3  # runners 2 and 3, then the anchor: 1 is not re-sent
+    assert lease_of(emu, admit) == {1, 2, 3}
+
+
+async def test_an_admission_unwinds_a_transient_failure_on_its_last_run(emulator_factory) -> None:
+    """Writes 2 and 4 fail with a 502 and one retry is allowed: the second failure is final and
+    unwinds both runs' labels; `abandon` afterwards has nothing left to do."""
+    emu = emulator_factory({"a": 4})
+    admit = admit_for((1, 2, 3))
+    emu.admin.fault("fail_nth_write", n=2, status=502)
+    emu.admin.fault("fail_nth_write", n=4, status=502)
+    admission = Admission(admit, retries=1)
+    rollbacks: list[tuple[str, int]] = []
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), "t", max_retries=0) as c:
+        steps = LeaseSteps(c)
+        for _ in range(2):
+            with pytest.raises(ExternalError):
+                await steps.run(
+                    admission,
+                    on_rollback=lambda e, r: rollbacks.append((type(e).__name__, len(r.undone))),
+                )
+        assert admission.settled and managed_on(fleet(emu.admin.dump())) == {}
+        assert rollbacks == [("TransientError", 3)]  # runners 3 (sent, failed), 2 and 1
+        assert (await admission.abandon()).undone == []
+
+
+async def test_abandoning_an_admission_between_runs_removes_what_it_wrote(emulator_factory) -> None:
+    """The carrier gave up without a last run (a cancelled flow between retries): abandon
+    unwinds, and the admission cannot run again."""
+    emu = emulator_factory({"a": 4})
+    admit = admit_for((1, 2, 3))
+    emu.admin.fault("fail_nth_write", n=3, status=502)
+    admission = Admission(admit, retries=3)
+    async with GitHubClient(GitHubScope(api_url=emu.url, repo=emu.repo), "t", max_retries=0) as c:
+        with pytest.raises(ExternalError):
+            await LeaseSteps(c).run(admission)
+        assert lease_of(emu, admit) == {1, 2}
+        report = await admission.abandon()
+        # runner 3's undo was registered before its write was sent (it may have landed)
+        assert sorted(report.undone) == [(r, admit.lease_label) for r in (1, 2, 3)]
+        assert managed_on(fleet(emu.admin.dump())) == {}
+        with pytest.raises(RuntimeError, match="already settled"):
+            await LeaseSteps(c).run(admission)
