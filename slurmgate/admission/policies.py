@@ -147,7 +147,8 @@ class ReservationBackfill(AdmissionPolicy):
     after a short wait and a long one after a long wait, whatever the workload's job lengths.
     With `reserve_after_runtimes` k, the trigger comes from the workload now running: a job is
     reserved once it has waited k x the `runtime_quantile` of the estimated runtimes of the
-    leases running on its pools (at once when none runs there).
+    leases running on its pools (at once when none runs there), or `reserve_after_s` if that
+    is set and shorter: a workload of short jobs protects sooner than the fixed wait.
     With `backfill_order` "shortest" (EASY++'s order), jobs due a reservation are still taken
     in priority order, but the younger ones backfill shortest estimate first.
     """
@@ -187,7 +188,10 @@ class ReservationBackfill(AdmissionPolicy):
             return waited >= self.reserve_slowdown * runtime
         if self.reserve_after_runtimes is not None and fleet is not None:
             runtime = running_quantile(fleet, request, self.runtime_quantile, typical)
-            return waited >= self.reserve_after_runtimes * runtime
+            delay = self.reserve_after_runtimes * runtime
+            if self.reserve_after_s:  # the fixed wait, when set, caps it
+                delay = min(delay, self.reserve_after_s)
+            return waited >= delay
         return not self.reserve_after_s or waited >= self.reserve_after_s
 
     def order(

@@ -160,8 +160,9 @@ class AdmissionSettings(BaseSettings):
         "times the typical runtime of the leases running on its pools now (their estimated "
         "runtimes' reserve_runtime_quantile; at once when none runs there) (env "
         "SLURMGATE_RESERVE_AFTER_RUNTIMES). The trigger then follows the workload's job "
-        "lengths instead of a fixed wait; when set, reserve_after_s is not used, and "
-        "reserve_slowdown, when also set, decides instead. Unset: reserve_after_s decides.",
+        "lengths: reserve_after_s, when above 0, caps it (a job is protected after the "
+        "shorter of the two waits; 0 = no cap), and reserve_slowdown, when also set, decides "
+        "instead. Unset: reserve_after_s decides.",
         ge=0,
     )
     reserve_runtime_quantile: float = _knob(

@@ -191,12 +191,16 @@ def test_reserve_after_runtimes_scales_the_trigger_with_the_running_leases_estim
     assert admitted(plan(wide_behind_a_backfill("a", 3), by_runtimes, NOW)) == {3: 4}
     held = plan(wide_behind_a_backfill("a", 4.5), by_runtimes, NOW)
     assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
-    # it replaces reserve_after_s (5 h would not protect A yet) ...
+    # it comes before reserve_after_s when shorter (5 h alone would not protect A yet) ...
     both = cfg("easy", reserve_after_s=5 * 3600, reserve_after_runtimes=0.5, **knobs)
     assert admitted(plan(wide_behind_a_backfill("a", 4.5), both, NOW)) == {}
     # ... and the same wait is short where the running work is long: k = 1 is an 8 h trigger
     longer = cfg("easy", reserve_after_runtimes=1.0, **knobs)
     assert admitted(plan(wide_behind_a_backfill("a", 4.5), longer, NOW)) == {3: 4}
+    assert admitted(plan(wide_behind_a_backfill("a", 5.5), longer, NOW)) == {3: 4}
+    # reserve_after_s caps it: after 5.5 h A is protected although 8 h are not reached
+    capped = cfg("easy", reserve_after_s=5 * 3600, reserve_after_runtimes=1.0, **knobs)
+    assert admitted(plan(wide_behind_a_backfill("a", 5.5), capped, NOW)) == {}
     # reserve_slowdown, when also set, decides (A's own 8 h estimate: 4.5 h is a slowdown < 1)
     slowdown = cfg("easy", reserve_after_runtimes=0.5, reserve_slowdown=1.0, **knobs)
     assert admitted(plan(wide_behind_a_backfill("a", 4.5), slowdown, NOW)) == {3: 4}
