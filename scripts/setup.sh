@@ -28,7 +28,8 @@ pip_install() {
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     need=()
-    for pkg in python3-venv python3-dev iproute2 procps tmux; do
+    # wrk drives the endpoint benchmark (benchmarks/bench_endpoint.py)
+    for pkg in python3-venv python3-dev iproute2 procps tmux wrk; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,
