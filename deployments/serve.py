@@ -1,9 +1,15 @@
 """Serve the reconcile, release-lease and allocation deployments from one process (no work pool).
 
 Run from the repository root: `python deployments/serve.py [--interval 30] [--scope default]`.
-`--only reconcile` serves one of them; `--triggers 10` adds the GitHub event triggers
-(debounced over 10 s, see triggers.py); `--interval 0` serves without a schedule. With
-`--api-url URL --repo OWNER/NAME` (or `--org`) reconcile reads that scope directly, with the
+`--only reconcile` serves one of them; `--interval 0` serves without a schedule.
+
+`--events` runs the admission loop (flows/admission_loop.py) in this process: reconcile ticks
+here the moment `slurmgate webhook` posts a `github.workflow_job.queued` or `.completed` event
+(coalesced: `--min-gap`, `--quiet`, `--max-delay`), and every `--interval` seconds without
+one (0: events only); the deployment then has no server-side schedule (the loop is it).
+`--triggers 10` instead adds the deployment triggers of prefect.yaml (debounced over 10 s, see
+triggers.py), whose runs the runner starts as new processes, as a `prefect deploy` worker does.
+With `--api-url URL --repo OWNER/NAME` (or `--org`) reconcile reads that scope directly, with the
 token from $GITHUB_TOKEN, instead of the saved scope and policy blocks.
 """
 
@@ -13,6 +19,8 @@ import argparse
 from typing import Any, NamedTuple
 
 from triggers import reconcile_triggers
+
+from slurmgate.admission.wakeups import WakeSettings, WakeSettingsError
 
 RECONCILE_INTERVAL_S = 30
 NAMES = ("reconcile", "release-lease", "allocation")
@@ -35,8 +43,10 @@ def build_deployments(
     reconcile_name: str = "reconcile",
     triggers_within_s: float | None = None,
     inline: InlineScope | None = None,
+    schedule: bool = True,
 ) -> list[Any]:
-    """The served deployments; reconcile runs at most once at a time (CANCEL_NEW)."""
+    """The served deployments; reconcile runs at most once at a time (CANCEL_NEW). Without
+    `schedule` reconcile gets no interval schedule (the admission loop ticks it instead)."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
     from flows.allocation import allocation
@@ -50,7 +60,7 @@ def build_deployments(
     deployments = {
         "reconcile": reconcile.to_deployment(
             name=reconcile_name,
-            interval=interval_s or None,
+            interval=(interval_s or None) if schedule else None,
             parameters=parameters,
             triggers=reconcile_triggers(triggers_within_s) if triggers_within_s else None,
             concurrency_limit=single,
@@ -73,10 +83,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=NAMES, help="serve this deployment alone")
     parser.add_argument("--name", default="reconcile", help="name of the reconcile deployment")
     parser.add_argument("--triggers", type=float, metavar="SECONDS", help="event debounce window")
+    parser.add_argument(
+        "--events",
+        action="store_true",
+        help="tick reconcile in this process on GitHub job events (the admission loop)",
+    )
+    parser.add_argument("--min-gap", type=float, default=WakeSettings.min_gap_s, metavar="S")
+    parser.add_argument("--quiet", type=float, default=WakeSettings.quiet_s, metavar="S")
+    parser.add_argument("--max-delay", type=float, default=WakeSettings.max_delay_s, metavar="S")
     parser.add_argument("--api-url", help="an inline scope instead of the blocks")
     parser.add_argument("--repo")
     parser.add_argument("--org")
     args = parser.parse_args(argv)
+    if args.events and args.triggers is not None:
+        parser.error("--events replaces --triggers: pass one of them")
+    if args.events and args.only not in (None, "reconcile"):
+        parser.error("--events ticks reconcile: drop --only or pass --only reconcile")
+    wake = None
+    if args.events:
+        try:
+            wake = WakeSettings(
+                interval_s=args.interval or None,
+                min_gap_s=args.min_gap,
+                quiet_s=args.quiet,
+                max_delay_s=args.max_delay,
+            )
+        except WakeSettingsError as exc:
+            parser.error(str(exc))
     inline = InlineScope(args.api_url, args.repo, args.org) if args.api_url else None
     # the commands' door: Prefect's telemetry defaults, then one line naming the API served to
     from slurmgate.cli.prefect_layer import use_prefect_api
@@ -96,8 +129,17 @@ def main(argv: list[str] | None = None) -> None:
         reconcile_name=args.name,
         triggers_within_s=args.triggers,
         inline=inline,
+        schedule=wake is None,
     )
-    serve(*deployments)
+    if wake is None:
+        serve(*deployments)
+        return
+    import asyncio
+
+    from flows.admission_loop import serve_with_admission_loop
+    from flows.reconcile import reconcile
+
+    asyncio.run(serve_with_admission_loop(deployments, args.name, reconcile, wake))
 
 
 if __name__ == "__main__":

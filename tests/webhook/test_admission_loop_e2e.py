@@ -1,0 +1,136 @@
+"""End to end: emulator webhooks -> relay -> Prefect events -> the admission loop of
+`serve.py --events` -> reconcile runs in the served process.
+
+Served with `--interval 0` (no interval floor, no schedule) and a 60 s runner poll, so every
+admission here comes from an event and from the loop, not from the schedule or the runner.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from relaykit import SECRET
+
+from slurmgate.testbed.prefect_server import FlowRunSummary, deployment_ready, deployment_runs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.serial  # the loop's latency and the burst's coalescing are timed
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def job_labels(token: str, nodes: int) -> list[str]:
+    return ["self-hosted", "cluster:a", f"nodes:{nodes}", f"ci-job-1.000-{token}", "ci-attempt-1"]
+
+
+def anchored(emu: Any, token: str) -> bool:
+    with emu.state.lock:
+        return any(f"ci-job-1.000-{token}" in r.folded() for r in emu.state.runners.values())
+
+
+@pytest.fixture
+def serve_loop(prefect_api: str, tmp_path: Path) -> Iterator[Callable[[Any], str]]:
+    """`serve_loop(emu)` serves reconcile with `--events --interval 0`; returns its name once
+    its start tick has finished (the event stream is connected before it)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(emu: Any) -> str:
+        name = f"loop-{uuid.uuid4().hex[:8]}"
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": prefect_api,
+            "PREFECT_RUNNER_POLL_FREQUENCY": "60",
+            "GITHUB_TOKEN": emu.token,
+            "PRIORITY_SCHEDULER_ENABLED": "true",
+            "NODE_SLOT_SCHEDULER_ENABLED": "true",
+            "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
+            "SLURMGATE_STATE_DIR": str(tmp_path / "state"),
+        }
+        cmd = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--name", name]
+        cmd += ["--events", "--interval", "0", "--api-url", emu.url, "--repo", emu.repo]
+        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(proc)
+
+        def started() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError((tmp_path / f"{name}.log").read_text()[-3000:])
+            if not deployment_ready(prefect_api, f"reconcile/{name}"):
+                return False
+            return any(r.final for r in deployment_runs(prefect_api, f"reconcile/{name}"))
+
+        wait_until(started, 90, "serve and its start tick")
+        return name
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def runs_of(api_url: str, name: str) -> list[FlowRunSummary]:
+    return deployment_runs(api_url, f"reconcile/{name}")
+
+
+def test_a_queued_job_is_admitted_by_the_loop_without_a_schedule(
+    relay_factory, serve_loop, prefect_api
+) -> None:
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    relay = relay_factory()
+    with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
+        name = serve_loop(emu)
+        before = len(runs_of(prefect_api, name))
+        emu.admin.add_job(job_labels("now", 1), duration_s=600)
+        # no schedule and a 60 s runner poll: only the loop, woken by the event, admits this
+        wait_until(lambda: anchored(emu, "now"), 30, "the loop to admit the queued job")
+        runs = runs_of(prefect_api, name)
+        assert len(runs) == before + 1, [r.name for r in runs]
+        assert all(r.state_type != "CANCELLED" for r in runs)
+
+
+def test_burst_of_50_queued_jobs_makes_at_most_two_loop_ticks(
+    relay_factory, serve_loop, prefect_api
+) -> None:
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    relay = relay_factory()
+    with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
+        name = serve_loop(emu)
+        before = len(runs_of(prefect_api, name))
+        ids = [emu.admin.add_job(job_labels(f"b{i}", 2), duration_s=600)["id"] for i in range(50)]
+        wait_until(lambda: relay.stats["posted"] >= 50, 30, "50 queued events posted")
+
+        def admitted() -> list[int]:
+            jobs = {j["id"]: j for j in emu.admin.dump()["jobs"]}
+            return [i for i in ids if jobs[i]["status"] == "in_progress"]
+
+        running = wait_until(lambda: len(admitted()) == 2 and admitted(), 30, "two admissions")
+        assert running == ids[:2], "admission order is queue order among equal jobs"
+        time.sleep(5.0)  # past the loop's quiet time and max delay: no further tick may start
+        wait_until(lambda: all(r.final for r in runs_of(prefect_api, name)), 30, "runs to end")
+        runs = runs_of(prefect_api, name)
+        burst_runs = len(runs) - before
+        assert 1 <= burst_runs <= 2, f"{burst_runs} reconcile runs for a burst of 50"
+        assert all(r.state_type == "COMPLETED" for r in runs), [r.state_name for r in runs]
