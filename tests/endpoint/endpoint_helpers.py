@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from slurmgate.runtime.endpoint.app import build_app
+from slurmgate.runtime.endpoint.app import EndpointServer
 from slurmgate.runtime.endpoint.config import EndpointConfig
 from slurmgate.testbed.localproc import free_port
 
@@ -150,14 +150,19 @@ async def running_backends(*apps: ASGIApp) -> AsyncIterator[list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def running_endpoint(
-    backends: list[str], *, uvicorn_options: dict[str, Any] | None = None, **settings: Any
-) -> AsyncIterator[tuple[str, Any]]:
-    """The real endpoint app, served by uvicorn; yields its URL and its Endpoint object."""
+async def running_endpoint(backends: list[str], **settings: Any) -> AsyncIterator[tuple[str, Any]]:
+    """The real endpoint on a free loopback port in this event loop; yields its URL and its
+    Endpoint object."""
     config = EndpointConfig(name="test", backends=backends, **settings)
-    app = build_app(config)
-    async with serve_asgi(app, lifespan="on", **(uvicorn_options or {})) as url:
-        yield url, app.endpoint  # type: ignore[attr-defined]
+    server = EndpointServer(config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    await server.start(sock)
+    try:
+        yield f"http://127.0.0.1:{server.port}", server.endpoint
+    finally:
+        await server.stop()
+        sock.close()
 
 
 @pytest.fixture

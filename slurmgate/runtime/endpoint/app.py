@@ -2,9 +2,13 @@
 
 Run it as ``python -m slurmgate.runtime.endpoint --name D --listen HOST:PORT --backend URL ...``
 or ``slurmgate endpoint`` with the same flags (``config.py`` holds them).
-The proxy path is a raw ASGI callable (it is on the hot path of every request); ``/health`` and
-``/metrics`` are starlette routes beside it. Upstream requests go through one pooled aiohttp
-``ClientSession`` (chosen by measurement over httpx, see ``benchmarks/bench_endpoint.py``).
+Every request arrives through the data plane (``dataplane.py``: HTTP/1.1 on raw asyncio
+protocols and httptools, both to the client and to the lanes) on the one port; ``/health`` and
+``/metrics`` are starlette routes it calls as ASGI, and the lanes' scrapes and health probes go
+through a small aiohttp session of their own. Chosen by measurement with wrk against the
+DataDesigner proxy (``benchmarks/bench_endpoint.py``, ``benchmarks/results/endpoint.md``):
+uvicorn + ASGI downstream and aiohttp upstream cost most of a request's CPU in per-request
+objects, and could not come near half the peer's CPU per request; this data plane does.
 
 Routing is least-active with a rotating cursor for ties (``routing.py``), gated per lane by the
 sampled queue depth (``backpressure.py``) and by the lane's health probes, which take a failing
@@ -30,12 +34,13 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
-from multidict import CIMultiDict
+import httptools
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -45,6 +50,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from yarl import URL
 
+from slurmgate.errors import ExternalError
 from slurmgate.runtime.endpoint.backpressure import (
     Lane,
     QueuePolicy,
@@ -53,6 +59,15 @@ from slurmgate.runtime.endpoint.backpressure import (
     start_samplers,
 )
 from slurmgate.runtime.endpoint.config import DEFAULT_PROG, EndpointConfig, parse_config
+from slurmgate.runtime.endpoint.dataplane import (
+    CLIENT_KEEPALIVE_S,
+    ClientConnection,
+    Incoming,
+    LanePool,
+    UpstreamConnection,
+    UpstreamError,
+    asgi_scope,
+)
 from slurmgate.runtime.endpoint.routing import LeastActiveRouter
 
 Scope = MutableMapping[str, Any]
@@ -74,13 +89,12 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-# Set by the upstream client itself: forwarding them would be wrong (Host) or duplicated.
+# Set by the data plane itself: forwarding them would be wrong (Host) or duplicated.
 NOT_FORWARDED_UP = HOP_BY_HOP | {b"host", b"content-length"}
+NOT_FORWARDED_DOWN = HOP_BY_HOP | {b"content-length"}
+NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE"})
 SMALL_BODY = 64 * 1024
-# Larger request bodies go upstream in slices of this size: handed over whole, the transport
-# would copy what the socket did not take at once, holding the body twice.
-BODY_SLICE = 1024 * 1024
-CONTROL_PATHS = frozenset({"/health", "/metrics"})
+CONTROL_PATHS_B = frozenset({b"/health", b"/metrics"})
 BAD_TARGET = b"request target must be a path starting with /"
 
 
@@ -227,12 +241,6 @@ def _strip_hop_by_hop(
     return [(k, v) for k, v in pairs if k not in drop and k not in nominated]
 
 
-async def _slices(body: bytes | bytearray) -> AsyncIterator[memoryview]:
-    view = memoryview(body)
-    for start in range(0, len(view), BODY_SLICE):
-        yield view[start : start + BODY_SLICE]
-
-
 def _json_error(status: int, kind: str, message: str, **extra: Any) -> bytes:
     return json.dumps(
         {"error": {"message": message, "type": kind, "code": status, **extra}}
@@ -240,7 +248,7 @@ def _json_error(status: int, kind: str, message: str, **extra: Any) -> bytes:
 
 
 class Endpoint:
-    """The proxy's state and its raw ASGI request handler."""
+    """The proxy's state and its request handler (the data plane's ``Handler``)."""
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
@@ -248,14 +256,14 @@ class Endpoint:
         self.policy = QueuePolicy(max_waiting=config.max_waiting, stale_after=config.stale_after)
         self.router = LeastActiveRouter(self.lanes, self.policy)
         self.stats = EndpointStats()
-        self.session: aiohttp.ClientSession | None = None
+        self.pools: list[LanePool] = []  # the data plane's upstream connections, one per lane
         # Scrapes and health probes get their own small pool: when traffic fills the proxy
         # pool, which is exactly when backpressure matters, they must not queue behind it.
         self.control: aiohttp.ClientSession | None = None
         self._sampler_tasks: list[asyncio.Task[None]] = []
         self._retry_after = config.retry_after_header
         # One gate per lane, the size of its share of the pool: a request waiting at the gate
-        # is visible (``lane.queued``) where one waiting inside aiohttp's connector is not.
+        # is visible (``lane.queued``), and counts as waiting in the lane's queue.
         self._per_lane = max(1, config.pool_size // len(self.lanes))
         self._gates = [asyncio.Semaphore(self._per_lane) for _ in self.lanes]
         self._buffered = 0  # bytes of request bodies held now, over all requests
@@ -263,33 +271,19 @@ class Endpoint:
             {b"authorization"} if config.token is not None else frozenset()
         )
         self._attempt_cap = min(config.max_attempts, len(self.lanes))
-        self._urls: dict[tuple[int, str], URL] = {}  # parsing a URL per request costs ~10 us
+        self.max_body_bytes = config.max_body_bytes
+        self._hosts = [lane.url.removeprefix("http://").encode() for lane in self.lanes]
+        self._expected = config.token.get_secret_value().encode() if config.token else None
+        self._control_app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         cfg = self.config
-        connector = aiohttp.TCPConnector(
-            limit=cfg.pool_size,
-            limit_per_host=self._per_lane,
-            keepalive_timeout=cfg.keepalive_timeout,
-            use_dns_cache=True,
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            # sock_connect, not connect: aiohttp's connect timeout also bounds the wait for a
-            # pooled connection, which under load is queueing, not a dead backend.
-            # sock_read is the first-byte timeout: it bounds the silence before the answer
-            # starts; `_relay` lifts it to the stream's idle timeout once it has.
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.first_byte_timeout
-            ),
-            auto_decompress=False,
-            # A proxy must never keep one client's cookies and send them for another.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            raise_for_status=False,
-        )
+        self.pools = [
+            LanePool(parts.hostname or "", parts.port or 80, cfg.keepalive_timeout)
+            for parts in (urlsplit(lane.url) for lane in self.lanes)
+        ]
         self.control = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=2 * len(self.lanes) + 8),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout),
@@ -318,10 +312,11 @@ class Endpoint:
         if self._sampler_tasks:
             await asyncio.wait(self._sampler_tasks, timeout=1.0)
         self._sampler_tasks = []
-        for session in (self.session, self.control):
-            if session is not None:
-                await session.close()
-        self.session = self.control = None
+        for pool in self.pools:
+            pool.close()
+        if self.control is not None:
+            await self.control.close()
+        self.control = None
 
     async def _read_metrics(self, lane: Lane) -> str | None:
         assert self.control is not None
@@ -373,25 +368,114 @@ class Endpoint:
             lane.cut_off.add(task)
             task.cancel()
 
-    # -- the hot path ----------------------------------------------------------------------
+    # -- what the data plane asks (dataplane.Handler) -------------------------------------
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        stats = self.stats
-        stats.requests += 1
-        status = await self._proxy(scope, receive, send)
-        stats.statuses[status] += 1
+    def reserve(self, size: int) -> bool:
+        if self._buffered + size > self.config.max_buffered_bytes:
+            return False
+        self._buffered += size
+        return True
 
-    async def _answer(
-        self, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    def release(self, size: int) -> None:
+        self._buffered -= size
+
+    def admit(self, conn: ClientConnection, req: Incoming) -> bool:
+        """Judge a request by its head: answer it at once, or let its body come."""
+        target = req.target
+        if target[:1] != b"/" and target[:7].lower() == b"http://":
+            # absolute-form: only its path and query are ours to proxy (RFC 9112, 3.2.2)
+            try:
+                url = httptools.parse_url(target)
+            except httptools.HttpParserInvalidURLError:
+                url = None
+            if url is not None and url.path:
+                target = req.target = url.path + (b"?" + url.query if url.query else b"")
+        expected = self._expected
+        if expected is not None and not self._authorized(req):
+            self.stats.rejected_unauthorized += 1
+            body = _json_error(401, "unauthorized", "missing or wrong bearer token")
+            self._answer(conn, req, 401, body, [(b"www-authenticate", b'Bearer realm="slurmgate"')])
+            return False
+        if req.method in (b"GET", b"HEAD") and target.split(b"?", 1)[0] in CONTROL_PATHS_B:
+            return True
+        self.stats.requests += 1
+        if not target.startswith(b"/"):
+            # An authority-like target (``@host:port/x``) glued to a backend URL names another
+            # host; only origin-form targets are proxied, as path and query.
+            body = _json_error(400, "invalid_request_error", BAD_TARGET.decode())
+            self.stats.statuses[self._answer(conn, req, 400, body)] += 1
+            return False
+        declared = req.declared
+        if declared is not None:
+            if declared < 0:
+                body = _json_error(400, "invalid_request_error", "bad Content-Length")
+                self.stats.statuses[self._answer(conn, req, 400, body)] += 1
+                return False
+            if declared > self.max_body_bytes:
+                self.too_large(conn, req)
+                return False
+            if not self.reserve(declared):
+                self.buffer_full(conn, req)
+                return False
+            req.reserved = declared
+        return True
+
+    def _authorized(self, req: Incoming) -> bool:
+        if req.method == b"GET" and req.target.split(b"?", 1)[0] == b"/health":
+            return True  # readiness probes carry no credentials
+        for key, value in req.headers:
+            if key == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                # the scheme is case-insensitive (RFC 9110); the token is compared in constant time
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    credentials.strip(), self._expected or b""
+                )
+        return False
+
+    def too_large(self, conn: ClientConnection, req: Incoming) -> None:
+        self.stats.rejected_too_large += 1
+        message = f"request body over {self.config.max_body_bytes} bytes (--max-body-bytes)"
+        self.stats.statuses[
+            self._answer(conn, req, 413, _json_error(413, "request_too_large", message))
+        ] += 1
+
+    def buffer_full(self, conn: ClientConnection, req: Incoming) -> None:
+        self.stats.rejected_buffer_full += 1
+        status = self._overloaded(
+            conn,
+            req,
+            self._retry_after,
+            "the endpoint holds as many request bodies as it may (--max-buffered-bytes)",
+        )
+        self.stats.statuses[status] += 1
+
+    def dispatch(self, conn: ClientConnection, req: Incoming) -> None:
+        """The whole request is in: proxy it, or hand a control route to starlette."""
+        path, _, query = req.target.partition(b"?")
+        if req.method in (b"GET", b"HEAD") and path in CONTROL_PATHS_B:
+            req.task = asyncio.create_task(self._control(conn, req, path.decode(), query))
+        else:
+            req.task = asyncio.create_task(self._handle(conn, req))
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def _answer(
+        self,
+        conn: ClientConnection,
+        req: Incoming,
+        status: int,
+        body: bytes,
+        extra: list[tuple[bytes, bytes]] | None = None,
     ) -> int:
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        headers = [(b"content-type", b"application/json")]
         if extra:
             headers.extend(extra)
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        conn.send_full(req, status, headers, body)
         return status
 
-    async def _overloaded(self, send: Send, retry_after: bytes | None, message: str) -> int:
+    def _overloaded(
+        self, conn: ClientConnection, req: Incoming, retry_after: bytes | None, message: str
+    ) -> int:
         extra = [(b"retry-after", retry_after)] if retry_after else None
         body = _json_error(
             429,
@@ -400,146 +484,84 @@ class Endpoint:
             max_waiting_requests=self.config.max_waiting,
             endpoint=self.config.name,
         )
-        return await self._answer(send, 429, body, extra)
+        return self._answer(conn, req, 429, body, extra)
 
-    async def _read_body(
-        self, scope: Scope, receive: Receive, send: Send
-    ) -> bytes | bytearray | int:
-        """The request body, or the status already answered (413, 429 when the bodies held
-        fill the budget, 499 when the client left). The body's bytes stay counted in
-        ``_buffered`` until the caller gives them back."""
-        limit = self.config.max_body_bytes
-        declared: int | None = None
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    return await self._answer(
-                        send, 400, _json_error(400, "invalid_request_error", "bad Content-Length")
-                    )
-                if declared > limit:
-                    return await self._too_large(send)
-                break
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return 499
-        body: bytes = message.get("body", b"")
-        size = len(body)
-        if size > limit:
-            return await self._too_large(send)
-        if not message.get("more_body", False):
-            if not self._reserve(size):
-                return await self._buffer_full(send)
-            return body
-        # A long body: reserve what it declared before reading it, and fill one buffer in
-        # place (a list of chunks joined at the end would hold the body twice).
-        reserved = declared if declared is not None else size
-        if not self._reserve(reserved):
-            return await self._buffer_full(send)
-        buffer = bytearray(reserved)
-        buffer[:size] = body
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self._buffered -= reserved
-                return 499
-            chunk = message.get("body", b"")
-            end = size + len(chunk)
-            if end > limit:
-                self._buffered -= reserved
-                return await self._too_large(send)
-            if end > reserved:
-                if declared is not None or not self._reserve(end - reserved):
-                    self._buffered -= reserved
-                    if declared is not None:  # the server framed more than declared
-                        return await self._answer(
-                            send, 400, _json_error(400, "invalid_request_error", "body too long")
-                        )
-                    return await self._buffer_full(send)
-                reserved = end
-            buffer[size:end] = chunk
-            size = end
-            if not message.get("more_body", False):
-                if size < reserved:
-                    del buffer[size:]
-                    self._buffered -= reserved - size
-                return buffer
+    async def _control(
+        self, conn: ClientConnection, req: Incoming, path: str, query: bytes
+    ) -> None:
+        """/health and /metrics: starlette routes, called as ASGI with the whole request."""
+        app = self._control_app
+        assert app is not None, "endpoint not started"
+        head: dict[str, Any] = {}
+        chunks: list[bytes] = []
+        sent = False
 
-    def _reserve(self, size: int) -> bool:
-        if self._buffered + size > self.config.max_buffered_bytes:
-            return False
-        self._buffered += size
-        return True
+        async def receive() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(req.body), "more_body": False}
+            await asyncio.Event().wait()  # nothing more comes; the app is cancelled if need be
+            raise AssertionError("unreachable")
 
-    async def _buffer_full(self, send: Send) -> int:
-        self.stats.rejected_buffer_full += 1
-        return await self._overloaded(
-            send,
-            self._retry_after,
-            "the endpoint holds as many request bodies as it may (--max-buffered-bytes)",
-        )
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                head.update(message)
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
 
-    async def _too_large(self, send: Send) -> int:
-        self.stats.rejected_too_large += 1
-        message = f"request body over {self.config.max_body_bytes} bytes (--max-body-bytes)"
-        return await self._answer(send, 413, _json_error(413, "request_too_large", message))
-
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> int:
-        target: bytes = scope.get("raw_path") or scope["path"].encode()
-        if not target.startswith(b"/"):
-            # An authority-like target (``@host:port/x``) glued to a backend URL names another
-            # host; only origin-form targets are proxied, as path and query.
-            return await self._answer(
-                send, 400, _json_error(400, "invalid_request_error", BAD_TARGET.decode())
-            )
-        if scope.get("query_string"):
-            target = target + b"?" + scope["query_string"]
-        body = await self._read_body(scope, receive, send)
-        if isinstance(body, int):
-            return body
-        # Watch for the client going away while we wait on a backend, so the lane is released.
-        me = asyncio.current_task()
-        gone = False
-        finished = False
-
-        async def watch() -> None:
-            nonlocal gone
-            message = await receive()
-            if message["type"] == "http.disconnect" and not finished and me is not None:
-                gone = True
-                me.cancel()
-
-        watcher = asyncio.ensure_future(watch())
         try:
-            return await self._forward(scope, target.decode("latin-1"), body, send)
-        except asyncio.CancelledError:
-            if gone and me is not None and me.uncancel() == 0:
-                self.stats.client_disconnects += 1
-                return 499
-            raise
+            await app(asgi_scope(req, path, query), receive, send)
+        except Exception as exc:  # a control route must answer, whatever broke
+            head = {"status": 500, "headers": [(b"content-type", b"text/plain")]}
+            chunks = [f"{type(exc).__name__}".encode()]
         finally:
-            finished = True
-            watcher.cancel()
-            self._buffered -= len(body)
+            conn.finish_request(req)
+        headers = [
+            (k.lower(), v) for k, v in head.get("headers", []) if k.lower() != b"content-length"
+        ]
+        conn.send_full(req, head.get("status", 500), headers, b"".join(chunks))
 
-    async def _forward(self, scope: Scope, path: str, body: bytes | bytearray, send: Send) -> int:
-        session = self.session
-        assert session is not None, "endpoint not started"
+    # -- the hot path ----------------------------------------------------------------------
+
+    async def _handle(self, conn: ClientConnection, req: Incoming) -> None:
+        stats = self.stats
+        try:
+            status = await self._forward(conn, req)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if req.gone and me is not None and me.uncancel() == 0:
+                stats.client_disconnects += 1
+                stats.statuses[499] += 1
+                return
+            raise
+        except BrokenStream:
+            stats.broken_streams += 1
+            conn.abort()
+            return
+        finally:
+            conn.finish_request(req)
+        stats.statuses[status] += 1
+
+    def _request_head(self, req: Incoming) -> tuple[bytes, bytes]:
+        """The upstream request's head, around the lane's host: (before, after)."""
+        headers = _strip_hop_by_hop(req.headers, self._not_forwarded)
+        lines = b"".join([b"%s: %s\r\n" % pair for pair in headers])
+        if req.size or req.method not in NO_BODY_METHODS:
+            lines += b"content-length: %d\r\n" % req.size
+        return req.method + b" " + req.target + b" HTTP/1.1\r\nhost: ", b"\r\n" + lines + b"\r\n"
+
+    async def _forward(self, conn: ClientConnection, req: Incoming) -> int:
         stats = self.stats
         router = self.router
         gates = self._gates
+        pools = self.pools
+        hosts = self._hosts
+        cfg = self.config
         me = asyncio.current_task()
         assert me is not None
-        method: str = scope["method"]
-        headers = CIMultiDict(
-            (k.decode("latin-1"), v.decode("latin-1"))
-            for k, v in _strip_hop_by_hop(scope["headers"], self._not_forwarded)
-        )
-        large = len(body) > BODY_SLICE
-        if large:
-            headers["Content-Length"] = str(len(body))
-        urls = self._urls
+        before, after = self._request_head(req)
+        body = req.body
         tried: list[Lane] = []
         first_overload_retry_after: bytes | None = None
         saw_overload = False
@@ -550,8 +572,8 @@ class Endpoint:
             if lane is None:
                 if attempt == 0:
                     stats.rejected_overload += 1
-                    return await self._overloaded(
-                        send, self._retry_after, "every backend is over its queue limit"
+                    return self._overloaded(
+                        conn, req, self._retry_after, "every backend is over its queue limit"
                     )
                 # The untried lanes are over their queue limit: that is an overload too.
                 saw_overload = True
@@ -572,22 +594,16 @@ class Endpoint:
                     lane.queued -= 1
             else:
                 await gate.acquire()
+            pool = pools[lane.index]
+            upstream: UpstreamConnection | None = None
             try:
-                url = urls.get((lane.index, path))
-                if url is None:
-                    url = URL(lane.url + path, encoded=True)
-                    if len(urls) < 4096:
-                        urls[lane.index, path] = url
                 lane.awaiting.add(me)
                 try:
-                    resp = await session.request(
-                        method,
-                        url,
-                        data=_slices(body) if large else body,
-                        headers=headers,
-                        allow_redirects=False,
+                    upstream = await pool.acquire(cfg.connect_timeout)
+                    await upstream.send(
+                        before + hosts[lane.index] + after, body, cfg.first_byte_timeout
                     )
-                except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                except (OSError, TimeoutError, UpstreamError) as exc:
                     last = None
                     failures.append("timeout" if isinstance(exc, TimeoutError) else "connect")
                     continue
@@ -602,48 +618,40 @@ class Endpoint:
                     continue
                 finally:
                     lane.awaiting.discard(me)
-                try:
-                    status = resp.status
-                    if status in RETRY_STATUSES:
-                        raw = list(resp.raw_headers)
-                        try:
-                            data = await resp.read()
-                        except (aiohttp.ClientError, TimeoutError):
-                            data = b""
-                        last = _Buffered(status, raw, data)
-                        if status == 429:
-                            saw_overload = True
-                            if first_overload_retry_after is None:
-                                first_overload_retry_after = _retry_after_of(raw)
-                        failures.append(str(status))
+                status = upstream.status
+                if status in RETRY_STATUSES:
+                    try:
+                        data = await upstream.read_all()
+                    except (OSError, TimeoutError, UpstreamError):
+                        data = b""
+                    last = _Buffered(status, upstream.headers, data)
+                    if status == 429:
+                        saw_overload = True
+                        if first_overload_retry_after is None:
+                            first_overload_retry_after = _retry_after_of(upstream.headers)
+                    failures.append(str(status))
+                    continue
+                length = upstream.content_length
+                small = length is not None and length <= SMALL_BODY and not req.head_only
+                if small:
+                    # Read before answering: until the first byte goes out, a backend that
+                    # breaks mid-body can still be retried on another lane.
+                    try:
+                        data = await upstream.read_all()
+                    except (OSError, TimeoutError, UpstreamError):
+                        last = None
+                        failures.append("broken")
                         continue
-                    small = resp.content_length is not None and resp.content_length <= SMALL_BODY
-                    if small:
-                        # Read before answering: until the first byte goes out, a backend
-                        # that breaks mid-body can still be retried on another lane.
-                        try:
-                            data = await resp.read()
-                        except (aiohttp.ClientError, TimeoutError):
-                            last = None
-                            failures.append("broken")
-                            continue
-                    for reason in failures:
-                        stats.retries[reason] += 1
-                    if small:
-                        headers_out = _strip_hop_by_hop(resp.raw_headers, HOP_BY_HOP)
-                        await send(
-                            {
-                                "type": "http.response.start",
-                                "status": status,
-                                "headers": headers_out,
-                            }
-                        )
-                        await send({"type": "http.response.body", "body": data})
-                        return status
-                    return await self._relay(resp, send)
-                finally:
-                    resp.release()
+                for reason in failures:
+                    stats.retries[reason] += 1
+                headers = _response_headers(upstream.headers)
+                if small:
+                    conn.send_full(req, status, headers, data)
+                    return status
+                return await self._relay(conn, req, upstream, status, headers)
             finally:
+                if upstream is not None:
+                    pool.release(upstream)
                 gate.release()
                 lane.active -= 1
         # Out of attempts (or of admitted lanes): the last failure decides the answer.
@@ -652,50 +660,126 @@ class Endpoint:
         if last is None:
             if saw_overload:
                 retry_after = first_overload_retry_after or self._retry_after
-                return await self._overloaded(
-                    send, retry_after, "backends overloaded or unreachable; retry later"
+                self._overloaded(
+                    conn, req, retry_after, "backends overloaded or unreachable; retry later"
                 )
-            return await self._answer(
-                send, 502, _json_error(502, "bad_gateway", "backend unavailable")
+                return 429
+            return self._answer(
+                conn, req, 502, _json_error(502, "bad_gateway", "backend unavailable")
             )
-        out = _strip_hop_by_hop(last.headers, HOP_BY_HOP)
+        out = _response_headers(last.headers)
         if last.status == 429 and _retry_after_of(out) is None:
             retry_after = first_overload_retry_after or self._retry_after
             if retry_after:
                 out.append((b"retry-after", retry_after))
-        out = [(k, v) for k, v in out if k != b"content-length"]
-        out.append((b"content-length", b"%d" % len(last.body)))
-        await send({"type": "http.response.start", "status": last.status, "headers": out})
-        await send({"type": "http.response.body", "body": last.body})
+        conn.send_full(req, last.status, out, last.body)
         return last.status
 
-    async def _relay(self, resp: aiohttp.ClientResponse, send: Send) -> int:
-        """Stream a non-retryable upstream response to the client; no retry after this point."""
-        headers = _strip_hop_by_hop(resp.raw_headers, HOP_BY_HOP)
-        status = resp.status
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        connection = resp.connection
-        if connection is not None and connection.protocol is not None:
-            # The answer has begun: from here on a gap is the stream's idle timeout.
-            connection.protocol.read_timeout = self.config.read_timeout
-            connection.protocol.start_timeout()
+    async def _relay(
+        self,
+        conn: ClientConnection,
+        req: Incoming,
+        upstream: UpstreamConnection,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+    ) -> int:
+        """Stream a non-retryable upstream answer to the client; no retry after this point."""
+        conn.send_head(req, status, headers, upstream.content_length)
+
+        def sink(data: bytes) -> None:
+            conn.send_chunk(req, data)
+
+        conn.feeder = upstream
+        if conn.write_paused:
+            upstream.pause()
         try:
-            async for chunk in resp.content.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientError, TimeoutError):
-            self.stats.broken_streams += 1
-            raise
-        await send({"type": "http.response.body", "body": b""})
+            # The answer has begun: from here on a gap is the stream's idle timeout.
+            await upstream.stream(sink, self.config.read_timeout)
+        except (OSError, TimeoutError, UpstreamError) as exc:
+            raise BrokenStream("the backend broke mid-answer") from exc
+        finally:
+            conn.feeder = None
+        conn.send_end(req)
         return status
 
 
-def build_app(config: EndpointConfig) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """The endpoint's ASGI app: the raw proxy plus starlette ``/health`` and ``/metrics``.
+class BrokenStream(ExternalError):
+    """The backend broke after the answer had started: the client's connection is cut."""
 
-    The returned callable handles the ASGI lifespan itself (pooled session and samplers start on
-    startup and stop on shutdown); its ``endpoint`` attribute exposes lanes and counters.
-    """
-    endpoint = Endpoint(config)
+
+def _response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """An upstream answer's headers as forwarded: no hop-by-hop ones, no framing (the data
+    plane frames the answer itself)."""
+    return _strip_hop_by_hop(headers, NOT_FORWARDED_DOWN)
+
+
+class EndpointServer:
+    """The endpoint on its port: the data plane for every request, started and stopped here."""
+
+    def __init__(self, config: EndpointConfig) -> None:
+        self.config = config
+        self.endpoint = Endpoint(config)
+        self.endpoint._control_app = _control_routes(self.endpoint)
+        self.connections: set[ClientConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.port = 0
+
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Start the pools and samplers, then listen (on sock, or on the config's address)."""
+        await self.endpoint.start()
+        loop = asyncio.get_running_loop()
+
+        def factory() -> ClientConnection:
+            return ClientConnection(self.endpoint, self.connections)
+
+        if sock is not None:
+            # Accepted sockets inherit it on Linux; asyncio sets it only when proto says TCP.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._server = await loop.create_server(factory, sock=sock, backlog=4096)
+        else:
+            self._server = await loop.create_server(
+                factory, self.config.host, self.config.port, backlog=4096, reuse_address=True
+            )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = asyncio.create_task(self._close_idle_connections())
+
+    async def _close_idle_connections(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                if conn.idle_since is not None and now - conn.idle_since > CLIENT_KEEPALIVE_S:
+                    conn.abort()
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop listening, give requests in flight ``grace`` seconds, then cut the rest."""
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for conn in list(self.connections):
+            if conn.active is None and conn.parsing is None:
+                conn.abort()
+        deadline = time.monotonic() + grace
+        while any(c.active is not None for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        tasks = [
+            c.active.task
+            for c in self.connections
+            if c.active is not None and c.active.task is not None and not c.active.task.done()
+        ]
+        for conn in list(self.connections):
+            conn.abort()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        await self.endpoint.stop()
+
+
+def _control_routes(endpoint: Endpoint) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """``/health`` and ``/metrics`` as starlette routes."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_StatsCollector(endpoint))
 
@@ -707,80 +791,27 @@ def build_app(config: EndpointConfig) -> Callable[[Scope, Receive, Send], Awaita
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
-    control = Starlette(routes=[Route("/health", health), Route("/metrics", metrics)])
-    expected = config.token.get_secret_value().encode() if config.token is not None else None
-
-    def authorized(scope: Scope) -> bool:
-        if scope["path"] == "/health" and scope["method"] == "GET":
-            return True  # readiness probes carry no credentials
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                scheme, _, credentials = value.partition(b" ")
-                # the scheme is case-insensitive (RFC 9110); the token is compared in constant time
-                return scheme.lower() == b"bearer" and hmac.compare_digest(
-                    credentials.strip(), expected or b""
-                )
-        return False
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            if expected is not None and not authorized(scope):
-                endpoint.stats.rejected_unauthorized += 1
-                body = _json_error(401, "unauthorized", "missing or wrong bearer token")
-                await endpoint._answer(
-                    send, 401, body, [(b"www-authenticate", b'Bearer realm="slurmgate"')]
-                )
-            elif scope["path"] in CONTROL_PATHS and scope["method"] in ("GET", "HEAD"):
-                await control(scope, receive, send)
-            else:
-                await endpoint(scope, receive, send)
-        elif kind == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    try:
-                        await endpoint.start()
-                    except Exception as exc:
-                        await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                        return
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await endpoint.stop()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-
-    app.endpoint = endpoint  # type: ignore[attr-defined]
-    return app
+    return Starlette(routes=[Route("/health", health), Route("/metrics", metrics)])
 
 
 async def serve(config: EndpointConfig, sock: socket.socket | None = None) -> None:
     """Serve the endpoint until SIGTERM/SIGINT (or cancellation); returns after a clean stop."""
-    from slurmgate.serving import quiet_server
-
-    server = quiet_server(
-        build_app(config),
-        host=config.host,
-        port=config.port,
-        lifespan="on",
-        server_header=False,
-        date_header=False,
-        backlog=4096,
-    )
+    server = EndpointServer(config)
     loop = asyncio.get_running_loop()
-    if sock is not None:
-        # Accepted sockets inherit it on Linux; asyncio sets it only when proto says TCP.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def stop() -> None:
-        server.should_exit = True
-
+    stopping = asyncio.Event()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop)
-    await server.serve(sockets=[sock] if sock is not None else None)
-    if not server.started:
-        raise SystemExit(1)
+            loop.add_signal_handler(sig, stopping.set)
+    try:
+        await server.start(sock)
+    except OSError as exc:
+        print(f"endpoint {config.name}: cannot listen: {exc}", file=sys.stderr, flush=True)
+        await server.endpoint.stop()
+        raise SystemExit(1) from exc
+    try:
+        await stopping.wait()
+    finally:
+        await server.stop()
 
 
 def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> None:

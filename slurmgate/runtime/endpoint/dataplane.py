@@ -1,0 +1,687 @@
+"""The endpoint's data plane: HTTP/1.1 over raw asyncio protocols and httptools, both sides.
+
+Why not uvicorn + ASGI downstream and aiohttp upstream, as before: measured with wrk against the
+DataDesigner proxy (``benchmarks/bench_endpoint.py``), that stack spent most of a request's CPU
+building per-request objects (ASGI scope and messages, a task per message, aiohttp's request,
+response, multidicts, URLs and timers) rather than moving bytes. Here a request is parsed by
+httptools straight into one small object, the upstream answer is parsed by httptools on a pooled
+connection, and a streamed answer is written to the client from the upstream protocol's
+callback, with no await per chunk. Routing, retries and limits stay in ``app.py``; this module
+only speaks HTTP.
+
+Downstream (``ClientConnection``): keep-alive, pipelined requests answered in order, request
+bodies bounded while they arrive (the endpoint's ``admit``, ``reserve`` and ``release`` decide),
+``Expect: 100-continue``, chunked or close-delimited framing of streamed answers, flow control
+(a client that reads slowly pauses the upstream connection that feeds it), and an idle
+keep-alive connection closed after ``CLIENT_KEEPALIVE_S``.
+
+Upstream (``LanePool``, ``UpstreamConnection``): per-lane pools of keep-alive connections; a
+first-byte timeout until the answer starts, then the stream's idle timeout, both checked by one
+timer per attempt that re-arms itself instead of being reset on every read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol, cast
+
+import httptools
+
+from slurmgate.errors import ExternalError
+
+CLIENT_KEEPALIVE_S = 5.0  # as uvicorn's default: an idle client connection is closed after it
+# Larger request bodies go upstream in slices of this size, each after the last was taken: handed
+# over whole, the transport would copy what the socket did not take at once, holding it twice.
+BODY_SLICE = 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+_REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def status_line(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))
+
+
+class UpstreamError(ExternalError):
+    """The backend's connection failed or closed before its answer was complete."""
+
+    transient = True
+
+
+class Incoming:
+    """One request from a client, as parsed, plus what answering it needs."""
+
+    __slots__ = (
+        "answered",
+        "body",
+        "chunked_out",
+        "complete",
+        "declared",
+        "expect_continue",
+        "gone",
+        "head_only",
+        "headers",
+        "http11",
+        "keep_alive",
+        "method",
+        "reserved",
+        "responded",
+        "size",
+        "target",
+        "task",
+        "too_large",
+    )
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.target = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = True
+        self.http11 = True
+        self.body: bytes | bytearray = b""
+        self.size = 0
+        self.declared: int | None = None
+        self.reserved = 0  # bytes of the endpoint's body budget this request holds
+        self.answered = False  # an answer was started (early ones while the body still arrives)
+        self.complete = False  # the whole request was read
+        self.responded = False  # the answer is finished
+        self.chunked_out = False
+        self.head_only = False
+        self.gone = False
+        self.task: asyncio.Task[None] | None = None
+        self.too_large = False
+        self.expect_continue = False
+
+
+class Handler(Protocol):
+    """What the data plane asks of the endpoint."""
+
+    max_body_bytes: int
+
+    def admit(self, conn: ClientConnection, req: Incoming) -> bool:
+        """Headers are in: answer at once (and return False) or let the body come."""
+
+    def reserve(self, size: int) -> bool: ...
+
+    def release(self, size: int) -> None: ...
+
+    def too_large(self, conn: ClientConnection, req: Incoming) -> None: ...
+
+    def buffer_full(self, conn: ClientConnection, req: Incoming) -> None: ...
+
+    def dispatch(self, conn: ClientConnection, req: Incoming) -> None:
+        """The whole request is in: start answering it."""
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client's HTTP/1.1 connection to the endpoint."""
+
+    def __init__(self, handler: Handler, connections: set[ClientConnection]) -> None:
+        self.handler = handler
+        self.connections = connections
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.parsing: Incoming | None = None
+        self.active: Incoming | None = None  # the request being answered
+        self.waiting: deque[Incoming] = deque()  # pipelined requests behind it
+        self.header_bytes = 0
+        self.idle_since: float | None = time.monotonic()
+        self.write_paused = False
+        self.feeder: UpstreamConnection | None = None  # the upstream streaming into us
+        self.closed = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.connections.discard(self)
+        for req in (self.active, self.parsing, *self.waiting):
+            if req is None:
+                continue
+            req.gone = True
+            if req.task is not None and not req.task.done():
+                req.task.cancel()
+            elif req.task is None:
+                self._give_back(req)
+        self.waiting.clear()
+        feeder, self.feeder = self.feeder, None
+        if feeder is not None:
+            feeder.resume()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # An Upgrade (h2c, websocket) is not taken: the request is answered over HTTP/1.1
+            # and the connection closes after it (what follows the request is not HTTP/1.1).
+            if self.active is not None:
+                self.active.keep_alive = False
+                if self.active.responded and self.transport is not None:
+                    self.transport.close()
+            elif self.transport is not None:
+                self.transport.close()
+        except httptools.HttpParserError:
+            self._fail(400, b"Invalid HTTP request received.")
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.feeder is not None:
+            self.feeder.pause()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.feeder is not None:
+            self.feeder.resume()
+
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.parsing = Incoming()
+        self.header_bytes = 0
+        self.idle_since = None
+
+    def on_url(self, url: bytes) -> None:
+        req = self.parsing
+        assert req is not None
+        req.target += url
+        self.header_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        req = self.parsing
+        assert req is not None
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            raise httptools.HttpParserError("request headers too large")
+        req.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        req = self.parsing
+        assert req is not None
+        parser = self.parser
+        req.method = parser.get_method()
+        req.keep_alive = parser.should_keep_alive()
+        req.http11 = parser.get_http_version() == "1.1"
+        req.head_only = req.method == b"HEAD"
+        for key, value in req.headers:
+            if key == b"content-length":
+                try:
+                    req.declared = int(value)
+                except ValueError:
+                    req.declared = -1
+            elif key == b"expect" and value.lower() == b"100-continue":
+                req.expect_continue = True
+        if self.active is None:
+            self.active = req
+            self._begin(req)
+        else:
+            self.waiting.append(req)
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def on_body(self, chunk: bytes) -> None:
+        req = self.parsing
+        assert req is not None
+        if req.answered or req.too_large:
+            return  # answered early (or to be): the rest of the body is read and dropped
+        end = req.size + len(chunk)
+        limit = self.handler.max_body_bytes
+        if end > limit:
+            self._drop_body(req)
+            req.too_large = True
+            if req is self.active:
+                self.handler.too_large(self, req)
+            return
+        if req.declared is not None and req.declared >= 0:
+            if req.size == 0 and len(chunk) == req.declared:
+                req.body, req.size = chunk, end  # the usual case: the body in one piece
+                return
+            if not isinstance(req.body, bytearray):
+                req.body = bytearray(req.declared)
+            req.body[req.size : end] = chunk
+            req.size = end
+            return
+        # chunked: the budget grows with the body, where the endpoint decides
+        if req is self.active:
+            if not self.handler.reserve(len(chunk)):
+                self._drop_body(req)
+                self.handler.buffer_full(self, req)
+                return
+            req.reserved += len(chunk)
+        if not isinstance(req.body, bytearray):
+            req.body = bytearray(req.body)
+        req.body += chunk
+        req.size = end
+
+    def on_message_complete(self) -> None:
+        req = self.parsing
+        assert req is not None
+        self.parsing = None
+        req.complete = True
+        if isinstance(req.body, bytearray) and req.size < len(req.body):
+            del req.body[req.size :]  # a declared length the body did not fill (cannot happen)
+        if req is not self.active:
+            return
+        if req.answered:
+            if req.responded:
+                self._next()
+            return
+        self.handler.dispatch(self, req)
+
+    # -- answering -----------------------------------------------------------------------
+
+    def _begin(self, req: Incoming) -> None:
+        """The request's turn has come: its headers are judged (its body may be in already)."""
+        if req.too_large:
+            self.handler.too_large(self, req)
+            return
+        if not self.handler.admit(self, req):
+            return
+        if req.complete and req.reserved == 0 and req.declared is None and req.size:
+            # a pipelined chunked body read before its turn: it joins the budget now
+            if not self.handler.reserve(req.size):
+                self.handler.buffer_full(self, req)
+                return
+            req.reserved = req.size
+        if req.expect_continue and not req.complete and self.transport is not None:
+            self.transport.write(_CONTINUE)
+        if req.complete:
+            self.handler.dispatch(self, req)
+
+    def _drop_body(self, req: Incoming) -> None:
+        req.body, req.size = b"", 0
+        self._give_back(req)
+
+    def _give_back(self, req: Incoming) -> None:
+        if req.reserved:
+            self.handler.release(req.reserved)
+            req.reserved = 0
+
+    def _fail(self, status: int, message: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if self.active is None or not self.active.answered:
+                transport.write(
+                    status_line(status)
+                    + b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+                    + b"content-length: %d\r\n\r\n" % len(message)
+                    + message
+                )
+            transport.close()
+
+    def send_full(
+        self, req: Incoming, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        """A whole answer; ``headers`` carry no framing (content-length is added here)."""
+        req.answered = True
+        if self.closed or self.transport is None:
+            self.finish(req)
+            return
+        parts = [status_line(status)]
+        parts += [b"%s: %s\r\n" % pair for pair in headers]
+        if not req.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"content-length: %d\r\n\r\n" % len(body))
+        if not req.head_only:
+            parts.append(body)
+        self.transport.write(b"".join(parts))
+        self.finish(req)
+
+    def send_head(
+        self,
+        req: Incoming,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        length: int | None,
+    ) -> None:
+        """The head of a streamed answer: its body follows with send_chunk, then send_end."""
+        req.answered = True
+        if self.closed or self.transport is None:
+            return
+        parts = [status_line(status)]
+        parts += [b"%s: %s\r\n" % pair for pair in headers]
+        if req.head_only or status in (204, 304):
+            if length is not None:
+                parts.append(b"content-length: %d\r\n" % length)
+        elif length is not None:
+            parts.append(b"content-length: %d\r\n" % length)
+        elif req.http11:
+            req.chunked_out = True
+            parts.append(b"transfer-encoding: chunked\r\n")
+        else:
+            req.keep_alive = False  # HTTP/1.0 without a length: the end is the close
+        if not req.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        self.transport.write(b"".join(parts))
+
+    def send_chunk(self, req: Incoming, data: bytes) -> None:
+        if self.closed or req.head_only or not data or self.transport is None:
+            return
+        if req.chunked_out:
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            self.transport.write(data)
+
+    def send_end(self, req: Incoming) -> None:
+        if not self.closed and req.chunked_out and not req.head_only and self.transport:
+            self.transport.write(b"0\r\n\r\n")
+        self.finish(req)
+
+    def abort(self) -> None:
+        """Cut the connection: the answer cannot be completed (the backend broke mid-way)."""
+        if self.transport is not None:
+            self.transport.close()
+
+    def finish_request(self, req: Incoming) -> None:
+        """The request's handler is done with it: its share of the body budget goes back."""
+        self._give_back(req)
+
+    def finish(self, req: Incoming) -> None:
+        """The answer is complete; the next request may go once this one was read whole."""
+        req.responded = True
+        self._give_back(req)
+        if req is not self.active or self.closed:
+            return
+        if not req.keep_alive:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if req.complete:
+            self._next()
+
+    def _next(self) -> None:
+        self.active = None
+        if self.waiting:
+            req = self.waiting.popleft()
+            self.active = req
+            if not self.waiting and self.transport is not None:
+                self.transport.resume_reading()
+            self._begin(req)
+        elif self.parsing is None:
+            self.idle_since = time.monotonic()
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One pooled keep-alive connection to a backend; carries one request at a time."""
+
+    def __init__(self, pool: LanePool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.reused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_length: int | None = None
+        self.until_close = False
+        self.parts: list[bytes] = []
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.sink: Callable[[bytes], None] | None = None
+        self.timeout = 0.0
+        self.last_read = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.head_only = False
+        self.writable: asyncio.Future[None] | None = None
+        self.paused = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.head_done and self.until_close and exc is None:
+            self._complete()  # an answer framed by neither length nor chunks ends at the close
+        if not self.complete:
+            self._fail(UpstreamError(f"backend closed the connection: {exc or 'EOF'}"))
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_exception(UpstreamError("backend closed the connection"))
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"bad answer from the backend: {exc}"))
+            self.close()
+            return
+        waiter = self.waiter
+        if waiter is not None and (self.head_done or self.complete) and not waiter.done():
+            waiter.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.writable = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        self.writable = None
+
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if 100 <= self.status < 200:  # an interim answer; the real one follows
+            self.headers = []
+            return
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        chunked = False
+        for key, value in self.headers:
+            if key == b"content-length":
+                with contextlib.suppress(ValueError):
+                    self.content_length = int(value)
+            elif key == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+        self.until_close = self.content_length is None and not chunked
+        if self.head_only:
+            # httptools cannot be told the answer has no body: end it here, never reuse it
+            self.keep_alive = False
+            self._complete()
+
+    def on_body(self, data: bytes) -> None:
+        if self.sink is not None:
+            self.sink(data)
+        else:
+            self.parts.append(data)
+
+    def on_message_complete(self) -> None:
+        if self.status < 200:
+            return
+        self._complete()
+
+    # -- one exchange --------------------------------------------------------------------
+
+    def _complete(self) -> None:
+        if self.complete:
+            return
+        self.complete = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.complete or self.error is not None:
+            return
+        self.error = error
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+    def _check_timeout(self) -> None:
+        self.timer = None
+        if self.complete or self.error is not None:
+            return
+        now = self.loop.time()
+        due = self.last_read + self.timeout
+        if now >= due:
+            self._fail(TimeoutError(f"backend silent for {self.timeout:g} s"))
+            self.close()
+        else:
+            self.timer = self.loop.call_at(due, self._check_timeout)
+
+    async def send(self, head: bytes, body: bytes | bytearray, first_byte_timeout: float) -> None:
+        """Send one request and wait until its answer's head is in (or it failed)."""
+        self._reset()
+        self.head_only = head.startswith(b"HEAD ")
+        self.timeout = first_byte_timeout
+        self.last_read = self.loop.time()
+        self.timer = self.loop.call_at(self.last_read + first_byte_timeout, self._check_timeout)
+        transport = self.transport
+        if transport is None or self.closed:
+            raise UpstreamError("backend connection closed")
+        if len(body) <= BODY_SLICE:
+            transport.write(head + body if body else head)
+        else:
+            transport.write(head)
+            view = memoryview(body)
+            for start in range(0, len(view), BODY_SLICE):
+                if self.writable is not None:
+                    await self.writable
+                if self.error is not None:
+                    raise self.error
+                transport.write(view[start : start + BODY_SLICE])
+            self.last_read = self.loop.time()  # the first-byte wait starts after the body
+        await self._wait(lambda: self.head_done)
+
+    async def _wait(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            if self.error is not None:
+                raise self.error
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+    async def read_all(self) -> bytes:
+        """The rest of the answer's body, whole."""
+        await self._wait(lambda: self.complete)
+        return b"".join(self.parts)
+
+    async def stream(self, sink: Callable[[bytes], None], idle_timeout: float) -> None:
+        """Hand the body to sink as it arrives, with the stream's idle timeout, until the end."""
+        for part in self.parts:
+            sink(part)
+        self.parts = []
+        self.sink = sink
+        self.timeout = idle_timeout
+        await self._wait(lambda: self.complete)
+
+    def pause(self) -> None:
+        if self.transport is not None and not self.paused and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and self.paused and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.transport is not None:
+            self.transport.close()
+
+
+class LanePool:
+    """Idle keep-alive connections to one backend; new ones are opened on demand."""
+
+    def __init__(self, host: str, port: int, keepalive_timeout: float) -> None:
+        self.host = host
+        self.port = port
+        self.keepalive_timeout = keepalive_timeout
+        self.loop = asyncio.get_running_loop()
+        self.idle: list[UpstreamConnection] = []
+
+    async def acquire(self, connect_timeout: float) -> UpstreamConnection:
+        idle = self.idle
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.closed or now - conn.idle_since > self.keepalive_timeout:
+                conn.close()
+                continue
+            conn.reused = True
+            return conn
+        async with asyncio.timeout(connect_timeout):
+            _, protocol = await self.loop.create_connection(
+                lambda: UpstreamConnection(self), self.host, self.port
+            )
+        return protocol
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """After an exchange: back to the pool when it ended cleanly, else closed."""
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if conn.closed or not conn.complete or not conn.keep_alive or conn.error is not None:
+            conn.close()
+            return
+        conn.sink = None
+        conn.parts = []
+        conn.resume()
+        conn.idle_since = time.monotonic()
+        self.idle.append(conn)
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        if conn in self.idle:
+            self.idle.remove(conn)
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle = []
+
+
+def asgi_scope(req: Incoming, path: str, query: bytes) -> dict[str, Any]:
+    """An ASGI HTTP scope for a request the control routes (starlette) answer."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1" if req.http11 else "1.0",
+        "method": req.method.decode("latin-1"),
+        "scheme": "http",
+        "path": path,
+        "raw_path": req.target.split(b"?", 1)[0],
+        "query_string": query,
+        "root_path": "",
+        "headers": req.headers,
+        "server": None,
+        "client": None,
+    }
