@@ -104,6 +104,37 @@ async def test_a_chunked_body_over_the_limit_is_refused_at_its_first_chunk() -> 
     assert lane.hits == 0 and ep.stats.rejected_too_large == 1
 
 
+async def test_a_request_head_over_64_kib_is_refused() -> None:
+    lane = Backend("lane")
+    async with running_backends(lane) as urls, running_endpoint(urls) as (url, _):
+        request = (
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(70))
+            + b"\r\n"
+        )
+        response = await raw_exchange(url, request)
+    assert status_of(response) == 400
+    assert lane.hits == 0
+
+
+@pytest.mark.serial
+async def test_a_head_that_never_ends_loses_its_connection() -> None:
+    """A slowloris client trickles a head and never finishes it: the endpoint hangs up."""
+    async with running_backends(Backend("lane")) as urls, running_endpoint(urls) as (url, _):
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        for _ in range(30):  # a header line every half second, never the blank line
+            writer.write(b"X-Slow: 1\r\n")
+            with contextlib.suppress(asyncio.TimeoutError):
+                if await asyncio.wait_for(reader.read(1024), 0.5) == b"":
+                    break
+        closed_after = time.monotonic() - started
+        writer.close()
+    assert 9 <= closed_after < 14, closed_after
+
+
 async def test_the_bearer_token_guards_everything_but_get_health() -> None:
     lane = Backend("lane")
     async with (

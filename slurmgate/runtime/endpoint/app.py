@@ -60,6 +60,7 @@ from slurmgate.runtime.endpoint.backpressure import (
 )
 from slurmgate.runtime.endpoint.config import DEFAULT_PROG, EndpointConfig, parse_config
 from slurmgate.runtime.endpoint.dataplane import (
+    CLIENT_HEAD_TIMEOUT_S,
     CLIENT_KEEPALIVE_S,
     ClientConnection,
     Incoming,
@@ -749,7 +750,10 @@ class EndpointServer:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for conn in list(self.connections):
-                if conn.idle_since is not None and now - conn.idle_since > CLIENT_KEEPALIVE_S:
+                idle, head = conn.idle_since, conn.head_since
+                if (idle is not None and now - idle > CLIENT_KEEPALIVE_S) or (
+                    head is not None and now - head > CLIENT_HEAD_TIMEOUT_S
+                ):
                     conn.abort()
 
     async def stop(self, grace: float = 1.0) -> None:

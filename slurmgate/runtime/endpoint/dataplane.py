@@ -11,6 +11,7 @@ only speaks HTTP.
 
 Downstream (``ClientConnection``): keep-alive, pipelined requests answered in order, request
 bodies bounded while they arrive (the endpoint's ``admit``, ``reserve`` and ``release`` decide),
+heads bounded in size (``MAX_HEADER_BYTES``) and time (``CLIENT_HEAD_TIMEOUT_S``),
 ``Expect: 100-continue``, chunked or close-delimited framing of streamed answers, flow control
 (a client that reads slowly pauses the upstream connection that feeds it), and an idle
 keep-alive connection closed after ``CLIENT_KEEPALIVE_S``.
@@ -35,6 +36,9 @@ import httptools
 from slurmgate.errors import ExternalError
 
 CLIENT_KEEPALIVE_S = 5.0  # as uvicorn's default: an idle client connection is closed after it
+# A request head must arrive whole within this: a client that trickles one (slowloris) would
+# otherwise hold its connection forever.
+CLIENT_HEAD_TIMEOUT_S = 10.0
 # Larger request bodies go upstream in slices of this size, each after the last was taken: handed
 # over whole, the transport would copy what the socket did not take at once, holding it twice.
 BODY_SLICE = 1024 * 1024
@@ -131,6 +135,7 @@ class ClientConnection(asyncio.Protocol):
         self.waiting: deque[Incoming] = deque()  # pipelined requests behind it
         self.header_bytes = 0
         self.idle_since: float | None = time.monotonic()
+        self.head_since: float | None = None  # a request head started arriving then
         self.write_paused = False
         self.feeder: UpstreamConnection | None = None  # the upstream streaming into us
         self.closed = False
@@ -191,6 +196,7 @@ class ClientConnection(asyncio.Protocol):
         self.parsing = Incoming()
         self.header_bytes = 0
         self.idle_since = None
+        self.head_since = time.monotonic()
 
     def on_url(self, url: bytes) -> None:
         req = self.parsing
@@ -209,6 +215,7 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         req = self.parsing
         assert req is not None
+        self.head_since = None
         parser = self.parser
         req.method = parser.get_method()
         req.keep_alive = parser.should_keep_alive()
