@@ -1,7 +1,8 @@
 """CPU per request of the logical endpoint against the real peer proxy, measured with wrk.
 
-Run: ``.venv/bin/python benchmarks/bench_endpoint.py`` (about 4 minutes, loopback only; the
-first run also installs the peer). Three arms in front of the same two fast backends, driven by
+Run: ``.venv/bin/python benchmarks/bench_endpoint.py`` (about 3 minutes on a quiet machine, at
+most about 8 when every round has to be run again; loopback only; the first run also installs
+the peer). Three arms in front of the same two fast backends, driven by
 the same load, in alternating rounds:
 
 - ``direct``: wrk straight to the two backends (two wrk processes, half the connections each);
@@ -262,13 +263,20 @@ def peer_python(install: bool) -> Path | None:
         return None
     print(f"installing {PEER_REQUIREMENT} into {PEER_VENV} (once) ...", file=sys.stderr)
     shutil.rmtree(PEER_VENV, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
-    (PEER_VENV / ".gitignore").write_text("*\n")  # never committed
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         PEER_REQUIREMENT],
-        check=True,
-    )  # fmt: skip
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+        (PEER_VENV / ".gitignore").write_text("*\n")  # never committed
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             PEER_REQUIREMENT],
+            check=True,
+        )  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(PEER_VENV, ignore_errors=True)
+        sys.exit(
+            f"bench_endpoint: installing {PEER_REQUIREMENT} from PyPI failed (exit "
+            f"{exc.returncode}; is PyPI reachable?); `--smoke` runs without the peer"
+        )
     stamp.write_text(PEER_REQUIREMENT + "\n")
     return python
 
