@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     from flows.admission_loop import serve_with_admission_loop
     from flows.reconcile import reconcile
 
+    every = f"every {wake.interval_s:g} s and " if wake.interval_s else ""
+    names = ", ".join(f"{d.flow_name}/{d.name}" for d in deployments)
+    print(f"serving {names}; reconcile ticks here {every}on GitHub job events (Ctrl-C stops)")
     asyncio.run(serve_with_admission_loop(deployments, args.name, reconcile, wake))
 
 
