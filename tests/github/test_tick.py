@@ -1,6 +1,6 @@
 """The reconcile tick in the core, over the emulator with the bare lease protocol (no Prefect).
 
-The same function runs inside the `reconcile` flow (with retried tasks and lease subflows), in
+The same function runs inside the `reconcile` flow (with retried tasks, one per lease), in
 `slurmgate status` (read only) and in the benchmark's core arm.
 """
 
