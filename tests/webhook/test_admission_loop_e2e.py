@@ -2,7 +2,8 @@
 `serve.py --events` -> reconcile runs in the served process.
 
 Served with `--interval 0` (no interval floor, no schedule) and a 60 s runner poll, so every
-admission here comes from an event and from the loop, not from the schedule or the runner.
+admission here comes from an event and from the loop, not from the schedule or the runner. The
+last test kills the served process mid-tick and waits for the heartbeat automation (about 70 s).
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ def anchored(emu: Any, token: str) -> bool:
 
 
 @pytest.fixture
-def serve_loop(prefect_api: str, tmp_path: Path) -> Iterator[Callable[[Any], str]]:
+def serve_loop(prefect_api: str, tmp_path: Path) -> Iterator[Any]:
     """`serve_loop(emu)` serves reconcile with `--events --interval 0`; returns its name once
-    its start tick has finished (the event stream is connected before it)."""
+    its start tick has finished (the event stream is connected before it). `serve_loop.procs`
+    are the served processes."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(emu: Any) -> str:
+    def start(emu: Any, heartbeat_s: int | None = None) -> str:
         name = f"loop-{uuid.uuid4().hex[:8]}"
         env = {
             **os.environ,
@@ -63,6 +65,8 @@ def serve_loop(prefect_api: str, tmp_path: Path) -> Iterator[Callable[[Any], str
             "SLURMGATE_MIN_WRITE_INTERVAL_S": "0",
             "SLURMGATE_STATE_DIR": str(tmp_path / "state"),
         }
+        if heartbeat_s is not None:
+            env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] = str(heartbeat_s)
         cmd = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--name", name]
         cmd += ["--events", "--interval", "0", "--api-url", emu.url, "--repo", emu.repo]
         log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
@@ -79,8 +83,11 @@ def serve_loop(prefect_api: str, tmp_path: Path) -> Iterator[Callable[[Any], str
         wait_until(started, 90, "serve and its start tick")
         return name
 
+    start.procs = procs  # type: ignore[attr-defined]
     yield start
     for proc in procs:
+        if proc.poll() is not None:
+            continue
         proc.terminate()
         try:
             proc.wait(timeout=15)
@@ -134,3 +141,49 @@ def test_burst_of_50_queued_jobs_makes_at_most_two_loop_ticks(
         burst_runs = len(runs) - before
         assert 1 <= burst_runs <= 2, f"{burst_runs} reconcile runs for a burst of 50"
         assert all(r.state_type == "COMPLETED" for r in runs), [r.state_name for r in runs]
+
+
+def test_a_tick_of_a_killed_loop_process_is_marked_crashed(
+    relay_factory, serve_loop, prefect_api
+) -> None:
+    """SIGKILL the served process mid-tick: the tick, a run of the deployment executed in that
+    process, stops heartbeating, and the shipped heartbeat automation marks it Crashed."""
+    import asyncio
+
+    import automations
+
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    name = f"crash-loop-test-{uuid.uuid4().hex[:6]}"
+    # Prefect's shortest heartbeat is 30 s; the window must be longer
+    automation_id = asyncio.run(automations.aensure_heartbeat_automation(40, 30, name))
+    relay = relay_factory()
+    try:
+        with running_emulator({"a": 4}, webhook_urls=[relay.url], webhook_secret=SECRET) as emu:
+            deployment = serve_loop(emu, heartbeat_s=30)
+            proc = serve_loop.procs[-1]  # type: ignore[attr-defined]
+            # the next tick's runner read hangs, so the tick is mid-run when the process dies
+            emu.admin.fault("latency", method="GET", path="*/actions/runners*", ms=60000)
+            emu.admin.add_job(job_labels("hang", 1), duration_s=600)
+
+            def running() -> list[FlowRunSummary]:
+                return [r for r in runs_of(prefect_api, deployment) if r.state_type == "RUNNING"]
+
+            (tick,) = wait_until(running, 30, "the woken tick to run")
+            proc.kill()
+            proc.wait(timeout=10)
+
+            def crashed() -> bool:
+                runs = {r.name: r for r in runs_of(prefect_api, deployment)}
+                return runs[tick.name].state_type == "CRASHED"
+
+            wait_until(crashed, 90, "the heartbeat automation to mark the tick Crashed")
+            emu.admin.clear_faults()
+    finally:
+        from prefect import get_client
+
+        async def delete() -> None:
+            async with get_client() as client:
+                await client.delete_automation(automation_id)
+
+        asyncio.run(delete())
