@@ -16,7 +16,7 @@ What: `serve.py --events` runs this loop beside the runner, in the same process:
   interval when no event comes (the safety net the deployment's schedule used to be);
 - each tick is a run **of the reconcile deployment**, created through the API and executed in
   this process (`prefect.flow_engine.run_flow`): it shows in the UI like any run, its tasks
-  retry, its lease subflows and board artifact are the same. Proposing its Pending state takes
+  retry, its lease task runs and board artifact are the same. Proposing its Pending state takes
   the deployment's concurrency slot (limit 1, CANCEL_NEW), so a loop tick never overlaps a
   manual or scheduled run of the deployment: whichever comes second is cancelled by the
   server, and the loop tries again shortly after;
