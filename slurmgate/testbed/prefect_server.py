@@ -128,6 +128,7 @@ class FlowRunSummary(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    id: str = ""
     name: str
     state_type: str | None = None
     state_name: str | None = None

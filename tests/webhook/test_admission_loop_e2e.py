@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from relaykit import SECRET
 
@@ -35,6 +36,23 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def heartbeats_of(prefect_api: str, run_id: str) -> int:
+    """Heartbeat events the server holds for that flow run."""
+    response = httpx.post(
+        f"{prefect_api}/events/filter",
+        json={
+            "filter": {
+                "event": {"name": ["prefect.flow-run.heartbeat"]},
+                "resource": {"id": [f"prefect.flow-run.{run_id}"]},
+            },
+            "limit": 10,
+        },
+        timeout=10,
+    )
+    response.raise_for_status()
+    return len(response.json()["events"])
 
 
 def job_labels(token: str, nodes: int) -> list[str]:
@@ -170,6 +188,13 @@ def test_a_tick_of_a_killed_loop_process_is_marked_crashed(
                 return [r for r in runs_of(prefect_api, deployment) if r.state_type == "RUNNING"]
 
             (tick,) = wait_until(running, 30, "the woken tick to run")
+            # The automation counts from a heartbeat: kill only once the server has one (on a
+            # slow machine the first can still be on its way when the run shows RUNNING).
+            wait_until(
+                lambda: heartbeats_of(prefect_api, tick.id),
+                60,
+                "the tick's first heartbeat to reach the server",
+            )
             proc.kill()
             proc.wait(timeout=10)
 
