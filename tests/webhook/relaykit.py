@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+
+from slurmgate.testbed.prefect_server import FlowRunSummary, deployment_runs
 
 SECRET = "whsec-test-9f8e7d6c5b4a"
 
@@ -90,3 +94,37 @@ def wait_for_events(
             return found
         time.sleep(0.25)
     return found
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll `check` until it returns something truthy; fail naming `what` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def job_labels(token: str, nodes: int) -> list[str]:
+    """The runs-on labels of an equal-priority job on pool `a`."""
+    return ["self-hosted", "cluster:a", f"nodes:{nodes}", f"ci-job-1.000-{token}", "ci-attempt-1"]
+
+
+def runs_of(api_url: str, name: str) -> list[FlowRunSummary]:
+    """The runs of the served reconcile deployment `name`."""
+    return deployment_runs(api_url, f"reconcile/{name}")
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate the served processes still running; kill those that do not stop in 15 s."""
+    for proc in procs:
+        if proc.poll() is not None:
+            continue
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)

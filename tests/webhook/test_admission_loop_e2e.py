@@ -13,50 +13,18 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from relaykit import SECRET
+from relaykit import SECRET, job_labels, runs_of, stop_processes, wait_for_events, wait_until
 
 from slurmgate.testbed.prefect_server import FlowRunSummary, deployment_ready, deployment_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.serial  # the loop's latency and the burst's coalescing are timed
-
-
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def heartbeats_of(prefect_api: str, run_id: str) -> int:
-    """Heartbeat events the server holds for that flow run."""
-    response = httpx.post(
-        f"{prefect_api}/events/filter",
-        json={
-            "filter": {
-                "event": {"name": ["prefect.flow-run.heartbeat"]},
-                "resource": {"id": [f"prefect.flow-run.{run_id}"]},
-            },
-            "limit": 10,
-        },
-        timeout=10,
-    )
-    response.raise_for_status()
-    return len(response.json()["events"])
-
-
-def job_labels(token: str, nodes: int) -> list[str]:
-    return ["self-hosted", "cluster:a", f"nodes:{nodes}", f"ci-job-1.000-{token}", "ci-attempt-1"]
 
 
 def anchored(emu: Any, token: str) -> bool:
@@ -103,19 +71,7 @@ def serve_loop(prefect_api: str, tmp_path: Path) -> Iterator[Any]:
 
     start.procs = procs  # type: ignore[attr-defined]
     yield start
-    for proc in procs:
-        if proc.poll() is not None:
-            continue
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def runs_of(api_url: str, name: str) -> list[FlowRunSummary]:
-    return deployment_runs(api_url, f"reconcile/{name}")
+    stop_processes(procs)
 
 
 def test_a_queued_job_is_admitted_by_the_loop_without_a_schedule(
@@ -190,11 +146,9 @@ def test_a_tick_of_a_killed_loop_process_is_marked_crashed(
             (tick,) = wait_until(running, 30, "the woken tick to run")
             # The automation counts from a heartbeat: kill only once the server has one (on a
             # slow machine the first can still be on its way when the run shows RUNNING).
-            wait_until(
-                lambda: heartbeats_of(prefect_api, tick.id),
-                60,
-                "the tick's first heartbeat to reach the server",
-            )
+            beats = {"event": {"name": ["prefect.flow-run.heartbeat"]}}
+            beats["resource"] = {"id": [f"prefect.flow-run.{tick.id}"]}
+            assert wait_for_events(prefect_api, 1, 60, **beats), "the tick sent no heartbeat"
             proc.kill()
             proc.wait(timeout=10)
 

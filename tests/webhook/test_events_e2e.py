@@ -19,28 +19,14 @@ from typing import Any
 
 import pytest
 import yaml
-from relaykit import SECRET
+from relaykit import SECRET, job_labels, runs_of, stop_processes, wait_until
 
-from slurmgate.testbed.prefect_server import FlowRunSummary, deployment_ready, deployment_runs
+from slurmgate.testbed.prefect_server import deployment_ready
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 
 pytestmark = pytest.mark.serial  # each test asserts on the debounce window's timing
-
-
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def runs_of(api_url: str, name: str) -> list[FlowRunSummary]:
-    return deployment_runs(api_url, f"reconcile/{name}")
 
 
 @pytest.fixture
@@ -79,17 +65,7 @@ def serve_reconcile(prefect_api: str, tmp_path: Path) -> Iterator[Callable[..., 
         return name
 
     yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def job_labels(token: str, nodes: int) -> list[str]:
-    return ["self-hosted", "cluster:a", f"nodes:{nodes}", f"ci-job-1.000-{token}", "ci-attempt-1"]
+    stop_processes(procs)
 
 
 def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
