@@ -1,10 +1,18 @@
 """Slurm as the capacity authority on the bundled cluster: four emulator runners of cluster:x are
 partition debug's node[1-4]. Two nodes drained, held by an outside job, or reserved for someone
 else block a 3-node job with that reason while a 2-node job is admitted; once Slurm gives them
-back, the next tick admits the 3-node job. Every test gives the cluster back as it found it."""
+back, the next tick admits the 3-node job. Every test gives the cluster back as it found it.
+
+The invariant: a job slurmgate admits never waits in Slurm's queue for nodes the controller
+believed free. Each admitted job's anchor allocates as the example workflow's step does (a
+`salloc` named `sg-...`, the moment the emulator dispatches the job), and the time from that
+dispatch to Slurm's grant is measured: it is the job's own startup (a `salloc` process), and
+with runner-only capacity the same job waits in Slurm's queue instead."""
 
 from __future__ import annotations
 
+import secrets
+import threading
 import time
 from collections.abc import Iterator
 
@@ -18,6 +26,7 @@ from slurmgate.github.scope import GitHubScope
 from slurmgate.github.steps import direct_steps
 from slurmgate.runtime import slurm
 from slurmgate.runtime.slurm_capacity import read_pool_capacity
+from slurmgate.testbed.emulator.state import EmuJob
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 SETTINGS = AdmissionSettings(
@@ -29,6 +38,11 @@ SETTINGS = AdmissionSettings(
 HELD = "node[3-4]"
 OUTSIDE_JOB = "outside-hold"
 RESERVATION = "other-team"
+ANCHOR_JOB = "sg-anchor-"  # the managed path's salloc name, as `allocation run` names it
+# Dispatch to grant is one `salloc` process when Slurm has the nodes (0.006-0.015 s measured on
+# the bundled cluster); the bound leaves room for a loaded CI machine, and a job Slurm cannot
+# place waits the whole --immediate window (10 s) before salloc gives up.
+STARTUP_BOUND_S = 2.0
 
 
 def labels(token: str, score: str, nodes: int) -> list[str]:
@@ -63,7 +77,53 @@ def cluster(slurm_cluster: dict[str, str]) -> Iterator[None]:
         slurm.run(["scontrol", "update", f"nodename={HELD}", "state=resume"], check=False)
         slurm.scancel_by_name(OUTSIDE_JOB)
         slurm.run(["scontrol", "delete", f"reservation={RESERVATION}"], check=False)
+        for job_id in anchor_jobs():
+            slurm.scancel(job_id)
         wait_idle()
+
+
+def anchor_jobs() -> list[str]:
+    out = slurm.run(["squeue", "-h", "-o", "%i %j"], check=False)
+    return [line.split()[0] for line in out.stdout.splitlines() if f" {ANCHOR_JOB}" in line]
+
+
+class Dispatches:
+    """When the emulator hands each job to its anchor runner (GitHub's dispatch), by its clock."""
+
+    def __init__(self, emu: RunningEmulator) -> None:
+        self.at: dict[int, float] = {}
+        self.changed = threading.Condition()
+        emu.state.listeners.append(self.seen)
+
+    def seen(self, action: str, job: EmuJob) -> None:
+        if action == "in_progress":
+            with self.changed:
+                self.at.setdefault(job.id, time.time())
+                self.changed.notify_all()
+
+    def wait(self, job_id: int, timeout_s: float = 20.0) -> float:
+        with self.changed:
+            if not self.changed.wait_for(lambda: job_id in self.at, timeout=timeout_s):
+                raise AssertionError(f"job {job_id} was not dispatched within {timeout_s} s")
+            return self.at[job_id]
+
+
+def anchor_allocates(dispatches: Dispatches, job_id: int, nodes: int) -> float:
+    """What the anchor's step does once GitHub dispatched the job: ask Slurm for its nodes
+    (`--immediate`, so a job Slurm cannot place fails instead of queueing), then give them back.
+    Returns the seconds from dispatch to Slurm's grant."""
+    dispatched = dispatches.wait(job_id)
+    allocation = slurm.salloc_no_shell(
+        nodes=nodes,
+        job_name=f"{ANCHOR_JOB}{job_id}-{secrets.token_hex(4)}",
+        partition="debug",
+        time_limit="5",
+        extra=("--immediate=10",),
+        timeout=30,
+    )
+    granted = time.time()
+    slurm.scancel(allocation)
+    return granted - dispatched
 
 
 def client_for(emu: RunningEmulator) -> GitHubClient:
@@ -83,8 +143,10 @@ async def tick(emu: RunningEmulator) -> TickReport:
 async def blocked_then_admitted(give_back: str, why: str) -> None:
     """The scenario every test shares, once the test has taken node[3-4] away: the first tick
     admits the 2-node job and blocks the 3-node one naming `why`; `give_back` returns the nodes
-    and, once the 2-node job has finished, the next tick admits the 3-node job."""
+    and, once the 2-node job has finished, the next tick admits the 3-node job. Each admitted
+    job's anchor gets its nodes from Slurm as soon as it is dispatched."""
     with running_emulator({"x": 4}) as emu:
+        dispatches = Dispatches(emu)
         wide = emu.admin.add_job(labels("wide", "5.000", 3), duration_s=0.3)["id"]
         narrow = emu.admin.add_job(labels("narrow", "1.000", 2), duration_s=0.3)["id"]
         first = await tick(emu)
@@ -97,6 +159,7 @@ async def blocked_then_admitted(give_back: str, why: str) -> None:
         assert row["slurm"] == (
             f"2/4 nodes usable in partition debug; 2 nodes {why} in partition debug: {HELD}"
         )
+        waited = anchor_allocates(dispatches, narrow, 2)
         _give_back(give_back)
         done = lambda: jobs_by_id(emu.admin.dump())[narrow]["status"] == "completed"  # noqa: E731
         wait_for(done, timeout_s=20, what="the 2-node job to run and finish")
@@ -105,6 +168,9 @@ async def blocked_then_admitted(give_back: str, why: str) -> None:
         assert second.admitted == 1 and second.decisions.blocked == ()
         (row,) = second.decisions.board_rows()
         assert row["slurm"] == "4/4 nodes usable in partition debug"
+        waited_wide = anchor_allocates(dispatches, wide, 3)
+    print(f"dispatch -> grant ({give_back}): 2 nodes {waited:.3f} s, 3 nodes {waited_wide:.3f} s")
+    assert 0 <= waited < STARTUP_BOUND_S and 0 <= waited_wide < STARTUP_BOUND_S
 
 
 def _give_back(command: str) -> None:
@@ -156,6 +222,28 @@ async def test_a_reservation_for_someone_else_blocks_the_wide_job_until_it_is_de
         ]
     )
     await blocked_then_admitted("delete", f"reserved ({RESERVATION})")
+
+
+async def test_with_runner_only_capacity_the_admitted_job_waits_in_slurms_queue(
+    cluster: None,
+) -> None:
+    """The measurement's control: the same drained nodes, no partition mapped. The runners admit
+    the 3-node job, and its anchor's allocation cannot start: Slurm has 2 nodes for it."""
+    slurm.run(["scontrol", "update", f"nodename={HELD}", "state=drain", "reason=slurmgate-test"])
+    runner_only = SETTINGS.model_copy(update={"pool_partitions": {}})
+    with running_emulator({"x": 4}) as emu:
+        dispatches = Dispatches(emu)
+        wide = emu.admin.add_job(labels("wide", "5.000", 3), duration_s=600)["id"]
+        emu.admin.add_job(labels("narrow", "1.000", 2), duration_s=600)
+        async with client_for(emu) as client:
+            report = await reconcile_tick(direct_steps(client, settings=runner_only), runner_only)
+        assert [a.job_id for a in report.decisions.admit] == [wide]
+        asked = time.monotonic()
+        with pytest.raises(
+            slurm.SlurmError, match=r"Immediate execution impossible|Unable to allocate"
+        ):
+            anchor_allocates(dispatches, wide, 3)
+    assert time.monotonic() - asked >= STARTUP_BOUND_S  # it waited, then salloc gave up
 
 
 async def test_a_managed_allocation_counts_as_ours_not_as_missing(cluster: None) -> None:
