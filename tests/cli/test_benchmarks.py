@@ -199,6 +199,25 @@ def check_soak(out: Path) -> None:
     assert data["smoke"] is True
 
 
+def check_many_repos(out: Path) -> None:
+    """The issue's targets, at any size: with events an idle tick costs no primary quota and at
+    most 20 requests (the full read every K reads aside, which is the repair path), and a busy
+    tick's reads stay within 2 per admission beyond an idle tick, on top of exactly N+1 writes."""
+    data = json.loads((out / "many_repos.json").read_text())
+    events, polling = data["events"], data["polling"]
+    ev, po = events["summary"], polling["summary"]
+    assert ev["idle_quota_median"] == 0 and ev["idle_requests_median"] <= 20
+    quiet = [t for t in events["idle"] if t["reads"] < po["idle_requests_min"]]
+    assert quiet and all(t["quota_used"] == 0 and t["requests"] <= 20 for t in quiet)
+    for arm in (ev, po):
+        assert arm["busy_admitted"] == data["size"]["admit"]
+        assert arm["busy_writes"] == arm["busy_writes_budget_n_plus_1"]
+    assert 0 <= ev["busy_reads_per_admission_over_idle"] <= 2
+    assert ev["idle_requests_median"] < po["idle_requests_median"]  # the events save requests
+    assert data["ratios"]["idle_requests_polling_over_events"] > 1
+    assert events["deliveries"] > 0 and polling["deliveries"] == 0
+
+
 KNOWN: dict[str, tuple[Callable[[Path], None], str]] = {
     # script: (checks of its results, what its printed comparison says)
     "bench_plan.py": (check_plan, "Ratio large / small"),
@@ -209,6 +228,7 @@ KNOWN: dict[str, tuple[Callable[[Path], None], str]] = {
     "bench_events.py": (check_events, "Median ratio polling / events"),
     "bench_prefect_db.py": (check_prefect_db, "SQLite / PostgreSQL"),
     "bench_soak.py": (check_soak, "Ratio API calls per admission"),
+    "bench_many_repos.py": (check_many_repos, "ratio polling / events"),
 }
 
 
