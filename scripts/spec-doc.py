@@ -136,6 +136,7 @@ class _Shape:
     command: tuple[str, ...] = ("COMMAND",)
     tensor_parallel: int = 8
     pipeline_parallel: int = 2
+    data_parallel: int = 1
     nodes_per_replica: int = 2
     distributed_timeout_s: float = 600.0
     enable_expert_parallel: bool = False
@@ -189,6 +190,15 @@ def engine_section(profile: engines.EngineProfile) -> str:
             )
     else:
         rows.append("- **One node per replica**: `nodes_per_replica` above 1 is refused.")
+    if profile.data_parallel:
+        dp = _Shape(tensor_parallel=4, pipeline_parallel=1, data_parallel=4)
+        rows.append(
+            "- **Appended on a data-parallel replica (`data_parallel: 4`, TP=4, two nodes)**: "
+            f"head {_appended(profile, dp, _Lane(0, 18000, 19000), 'HEAD_ADDR')}; "
+            f"node rank 1 {_appended(profile, dp, _Lane(1, None, 19000), 'NODE_ADDR')}."
+        )
+    else:
+        rows.append("- **No data-parallel launch**: `data_parallel` above 1 is refused.")
     if not profile.expert_parallel:
         rows.append("- **No expert parallelism**: `enable_expert_parallel` is refused.")
     if profile.host_ip_env:

@@ -34,6 +34,8 @@ class EngineDeployment(Protocol):
     @property
     def pipeline_parallel(self) -> int: ...
     @property
+    def data_parallel(self) -> int: ...
+    @property
     def nodes_per_replica(self) -> int: ...
     @property
     def distributed_timeout_s(self) -> float: ...
@@ -99,6 +101,7 @@ class EngineProfile:
     served_name_flags: tuple[str, ...] = ()  # flags naming the model id /v1/models lists
     multi_node: bool = True
     expert_parallel: bool = True
+    data_parallel: bool = False  # one server over several data-parallel ranks (`data_parallel`)
     # The variable that tells the engine which address its node advertises to the other ranks
     # (on a multi-NIC node its own guess may be an interface the others cannot reach).
     host_ip_env: str | None = None
@@ -130,6 +133,15 @@ class EngineProfile:
                     f"multi-node launch), but nodes_per_replica={spec.nodes_per_replica}",
                     "set nodes_per_replica: 1 and pipeline_parallel: 1, and add replicas "
                     "for more throughput",
+                )
+            )
+        if not self.data_parallel and spec.data_parallel > 1:
+            found.append(
+                (
+                    "data_parallel",
+                    f"engine {self.name} has no data-parallel launch here, but "
+                    f"data_parallel={spec.data_parallel}",
+                    "set data_parallel: 1 and add replicas (the endpoint balances them)",
                 )
             )
         if not self.expert_parallel and spec.enable_expert_parallel:
@@ -196,11 +208,13 @@ def _vllm_argv(
         "--pipeline-parallel-size",
         str(spec.pipeline_parallel),
     ]
+    if spec.data_parallel > 1:
+        argv += _vllm_data_parallel(spec, lane, master_addr)
     if spec.enable_expert_parallel:
-        # vLLM's expert-parallel group is TP × DP of one server; a replica here is one server
-        # with DP 1, so its experts spread over exactly its tensor-parallel GPUs.
+        # vLLM's expert-parallel group is TP × DP of one server, so the experts spread over
+        # every GPU of the replica, across its nodes when its data-parallel ranks span several.
         argv.append("--enable-expert-parallel")
-    if spec.nodes_per_replica > 1 and lane.rendezvous_port is not None:
+    if spec.data_parallel == 1 and spec.nodes_per_replica > 1 and lane.rendezvous_port is not None:
         # vLLM's multi-node launch without Ray: every node gets the same sizes, its rank and
         # the head's address; followers run headless (no API server).
         argv += [
@@ -217,6 +231,29 @@ def _vllm_argv(
         ]
         if lane.rank > 0:
             argv.append("--headless")
+    return argv
+
+
+def _vllm_data_parallel(spec: EngineDeployment, lane: EngineLane, master_addr: str) -> list[str]:
+    """vLLM's data-parallel flags with its internal load balancing: one API server on the head
+    node over every rank, each node running its share of the ranks (headless off the head)."""
+    argv = ["--data-parallel-size", str(spec.data_parallel)]
+    if spec.nodes_per_replica == 1 or lane.rendezvous_port is None:
+        return argv
+    local = spec.data_parallel // spec.nodes_per_replica
+    argv += ["--data-parallel-size-local", str(local)]
+    if lane.rank > 0:
+        argv += ["--data-parallel-start-rank", str(lane.rank * local)]
+    argv += [
+        "--data-parallel-address",
+        master_addr,
+        "--data-parallel-rpc-port",
+        str(lane.rendezvous_port),
+        "--distributed-timeout-seconds",
+        f"{spec.distributed_timeout_s:g}",
+    ]
+    if lane.rank > 0:
+        argv.append("--headless")
     return argv
 
 
@@ -271,7 +308,8 @@ _CUSTOM_FLAGS = (
     "--headless",
     "--distributed-timeout-seconds",
     "--enable-expert-parallel",
-    # A replica is one server on TP × PP GPUs; data parallelism is more replicas, not a flag.
+    # A replica is one server on TP × PP GPUs; data parallelism is more replicas, or the
+    # `data_parallel` field where the engine has a data-parallel launch (vLLM).
     "--data-parallel-size",
 )
 # vLLM also has short forms, and the other data-parallel flags of its multi-node launch.
@@ -284,6 +322,9 @@ _VLLM_FLAGS = (
     "--data-parallel-address",
     "--data-parallel-rpc-port",
     "--data-parallel-start-rank",
+    "--data-parallel-rank",
+    "--data-parallel-hybrid-lb",
+    "--data-parallel-external-lb",
 )
 
 CUSTOM = EngineProfile(
@@ -302,6 +343,7 @@ VLLM = EngineProfile(
     summary="vLLM's OpenAI-compatible server (`vllm serve`)",
     docs=(
         "https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html",
+        "https://docs.vllm.ai/en/latest/serving/data_parallel_deployment.html",
         "https://docs.vllm.ai/en/latest/usage/metrics.html",
         "https://docs.vllm.ai/en/latest/configuration/env_vars.html",
     ),
@@ -313,6 +355,12 @@ VLLM = EngineProfile(
     model_after="serve",
     served_name_flags=("--served-model-name",),
     host_ip_env="VLLM_HOST_IP",
+    data_parallel=True,
+    note="`data_parallel` above 1 makes a replica one vLLM server over that many ranks of "
+    "`tensor_parallel` GPUs each (internal load balancing, for MoE models whose ranks step "
+    "together): its ranks are spread evenly over `nodes_per_replica` nodes, and only the "
+    "head serves HTTP. Independent replicas need no data-parallel flag: the endpoint "
+    "balances them.",
 )
 
 SGLANG = EngineProfile(

@@ -24,6 +24,10 @@ class DeploymentShape(Protocol):
     @property
     def pipeline_parallel(self) -> int: ...
     @property
+    def data_parallel(self) -> int: ...
+    @property
+    def gpus_per_lane(self) -> int: ...
+    @property
     def replicas(self) -> int: ...
     @property
     def nodes_per_replica(self) -> int: ...
@@ -233,7 +237,7 @@ def _deployment_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[N
                         replica=replica,
                         rank=rank,
                         slot=slot,
-                        gpus=tuple(range(slot * d.tensor_parallel, (slot + 1) * d.tensor_parallel)),
+                        gpus=tuple(range(slot * d.gpus_per_lane, (slot + 1) * d.gpus_per_lane)),
                         port=d.base_port + slot if rank == 0 else None,
                         rendezvous_node=head_node,
                         rendezvous_port=d.rendezvous_base_port + slot * span if npr > 1 else None,

@@ -152,7 +152,7 @@ class ClientSpec(_Strict):
 
 
 class DeploymentSpec(_Strict):
-    """One model deployment: replicas of TP×PP lanes, placed on whole nodes."""
+    """One model deployment: replicas of TP×PP (or DP×TP) lanes, placed on whole nodes."""
 
     name: DeploymentName = Field(
         description="lowercase letters, digits and dashes; names the endpoint "
@@ -176,9 +176,18 @@ class DeploymentSpec(_Strict):
     pipeline_parallel: int = Field(
         default=1, ge=1, description="pipeline stages of one replica, one per node"
     )
+    data_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="data-parallel ranks of one replica's server, each of tensor_parallel GPUs, "
+        "spread evenly over nodes_per_replica nodes (engine vllm; pipeline_parallel 1)",
+    )
     replicas: int = Field(default=1, ge=1, description="independent copies behind the endpoint")
     nodes_per_replica: int = Field(
-        default=1, ge=1, description="nodes one replica spans; equals pipeline_parallel"
+        default=1,
+        ge=1,
+        description="nodes one replica spans: pipeline_parallel, or the nodes its "
+        "data-parallel ranks are spread over",
     )
     lanes_per_node: int | None = Field(
         default=None, ge=1, description="replicas sharing a node group; default fills the GPUs"
@@ -222,8 +231,9 @@ class DeploymentSpec(_Strict):
     )
     enable_expert_parallel: bool = Field(
         default=False,
-        description="shard the MoE experts over the replica's tensor-parallel GPUs (vLLM "
-        "--enable-expert-parallel: expert-parallel size = tensor_parallel here); one node only",
+        description="shard the MoE experts over the replica's GPUs (vLLM "
+        "--enable-expert-parallel: expert-parallel size = data_parallel × tensor_parallel); "
+        "across nodes only with data_parallel",
     )
     lead_boot_standoff_s: float = Field(
         default=60.0, ge=0, description="seconds replica 0 boots alone before replica 1 starts"
@@ -272,26 +282,29 @@ class DeploymentSpec(_Strict):
     def _topology(self) -> DeploymentSpec:
         for field, message, fix in engines.profile(self.engine).problems(self):
             raise _problem(field, message, fix)
-        if self.pipeline_parallel != self.nodes_per_replica:
+        if self.data_parallel > 1:
+            self._data_parallel_shape()
+        elif self.pipeline_parallel != self.nodes_per_replica:
             raise _problem(
                 "pipeline_parallel",
                 f"pipeline_parallel={self.pipeline_parallel} but nodes_per_replica="
                 f"{self.nodes_per_replica}; each pipeline stage runs on its own node",
                 "set nodes_per_replica equal to pipeline_parallel",
             )
-        if self.enable_expert_parallel and self.nodes_per_replica > 1:
+        if self.enable_expert_parallel and self.nodes_per_replica > 1 and self.data_parallel == 1:
             raise _problem(
                 "enable_expert_parallel",
-                "expert parallel across nodes is not supported (the seed refuses it too): a "
-                "replica's experts would span its pipeline stages",
-                "use nodes_per_replica: 1, or turn enable_expert_parallel off",
+                "expert parallel across nodes is only for a data-parallel replica (the seed "
+                "refuses it too): a pipeline-parallel replica's experts would span its stages",
+                "use nodes_per_replica: 1, spread data_parallel ranks over the nodes instead, "
+                "or turn enable_expert_parallel off",
             )
-        if self.enable_expert_parallel and self.tensor_parallel == 1:
+        if self.enable_expert_parallel and self.tensor_parallel * self.data_parallel == 1:
             raise _problem(
                 "enable_expert_parallel",
-                "with tensor_parallel=1 the expert-parallel group is one GPU, which holds every "
-                "expert: the flag would change nothing",
-                "raise tensor_parallel, or turn enable_expert_parallel off",
+                "with tensor_parallel=1 and data_parallel=1 the expert-parallel group is one "
+                "GPU, which holds every expert: the flag would change nothing",
+                "raise tensor_parallel or data_parallel, or turn enable_expert_parallel off",
             )
         if self.distributed_timeout_s > self.startup_timeout_s:
             raise _problem(
@@ -301,6 +314,30 @@ class DeploymentSpec(_Strict):
             )
         return self
 
+    def _data_parallel_shape(self) -> None:
+        if self.pipeline_parallel != 1:
+            raise _problem(
+                "pipeline_parallel",
+                f"pipeline_parallel={self.pipeline_parallel} with data_parallel="
+                f"{self.data_parallel}: a data-parallel replica has one pipeline stage",
+                "set pipeline_parallel: 1, or data_parallel: 1",
+            )
+        if self.data_parallel % self.nodes_per_replica:
+            raise _problem(
+                "data_parallel",
+                f"data_parallel={self.data_parallel} ranks do not spread evenly over "
+                f"nodes_per_replica={self.nodes_per_replica} nodes",
+                "make data_parallel a multiple of nodes_per_replica",
+            )
+
+    @property
+    def gpus_per_lane(self) -> int:
+        """GPUs one lane (a replica's process on one of its nodes) runs on: its node's share
+        of the data-parallel ranks, each of tensor_parallel GPUs (a pipeline stage is one)."""
+        if self.data_parallel == 1:
+            return self.tensor_parallel
+        return self.tensor_parallel * (self.data_parallel // self.nodes_per_replica)
+
     def used_gpus_per_node(self, node_gpus: int) -> int:
         """GPUs this deployment's node worker plans per node."""
         return self.gpus_per_node if self.gpus_per_node is not None else node_gpus
@@ -309,7 +346,7 @@ class DeploymentSpec(_Strict):
         """Lanes (replicas) per node group: explicit, or as many as the GPUs hold."""
         if self.lanes_per_node is not None:
             return min(self.lanes_per_node, self.replicas)
-        fit = self.used_gpus_per_node(node_gpus) // self.tensor_parallel
+        fit = self.used_gpus_per_node(node_gpus) // self.gpus_per_lane
         return max(1, min(self.replicas, fit))
 
     def nodes_for(self, node_gpus: int) -> int:
@@ -519,13 +556,17 @@ class AllocationSpec(_Strict):
                     "lower it, or raise the allocation's gpus_per_node if the nodes have more",
                 )
             lanes = d.lanes_for(self.gpus_per_node)
-            need = lanes * d.tensor_parallel
+            need = lanes * d.gpus_per_lane
             if need > used:
+                per_lane = f"tensor_parallel {d.tensor_parallel}"
+                if d.data_parallel > 1:
+                    per_lane = f"{d.gpus_per_lane} GPUs (data-parallel ranks × {per_lane})"
                 raise _problem(
                     f"deployments[{i}].lanes_per_node",
-                    f"{lanes} lanes × tensor_parallel {d.tensor_parallel} = {need} GPUs, "
+                    f"{lanes} lanes × {per_lane} = {need} GPUs, "
                     f"but the deployment has {used} per node: a GPU would be shared by two lanes",
-                    "lower lanes_per_node or tensor_parallel, or raise gpus_per_node",
+                    "lower lanes_per_node, tensor_parallel or data_parallel, or raise "
+                    "gpus_per_node",
                 )
         # Port collisions are a layout question: the same plan the runtime uses decides them.
         problems = port_problems(self)
