@@ -28,7 +28,7 @@ MEMBER = "package/generated/api.github.com.json"
 TARBALL_SHA256 = "71a18407dd5e8464f4e0525daf03deabbe65abd9287d6adc7b5d98f516cd0d0c"
 DESCRIPTION_SHA256 = "829b4bebb19a53133289f7b0bc819f4f1118115821db2ca9f25e9ee995a7da2a"
 OUTPUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "runners-subset.json"
-SUBSET_VERSION = "1.3.0"
+SUBSET_VERSION = "1.4.0"
 
 WANT: dict[str, list[str]] = {
     "/orgs/{org}/actions/runners": ["get"],
@@ -52,6 +52,8 @@ WANT: dict[str, list[str]] = {
     "/app/installations/{installation_id}/access_tokens": ["post"],
     "/orgs/{org}/installation": ["get"],
     "/repos/{owner}/{repo}/installation": ["get"],
+    # many repositories: an org scope over every repository the installation sees
+    "/orgs/{org}/repos": ["get"],
 }
 
 

@@ -79,6 +79,36 @@ def test_every_endpoint_validates_against_the_openapi_subset(
     ]
 
 
+def test_the_org_repository_listing_validates_and_paginates(validate: Validate) -> None:
+    """GET /orgs/{org}/repos, which an org scope over every repository reads: each page is
+    GitHub's array of `minimal-repository`, and the pages together are the org's repositories."""
+    names = [f"acme/repo-{i:02d}" for i in range(45)]
+    with (
+        running_emulator(pools={"p": 1}, repo=names[0], repos=names[1:]) as emu,
+        httpx.Client(base_url=emu.url, headers={"Authorization": f"Bearer {emu.token}"}) as api,
+    ):
+        seen: list[str] = []
+        url: str | None = "/orgs/acme/repos?per_page=20"
+        while url:
+            response = api.get(url)
+            assert response.status_code == 200, response.text
+            validate(response)
+            seen += [repo["full_name"] for repo in response.json()]
+            url = _links(response).get("next")
+        assert sorted(seen) == names
+        forged = response.json()
+        del forged[0]["full_name"]
+        with pytest.raises(Exception, match="full_name"):
+            validate(
+                httpx.Response(
+                    200,
+                    json=forged,
+                    request=response.request,
+                    headers={"content-type": "application/json"},
+                )
+            )
+
+
 def test_validator_rejects_a_wrong_shape(api: httpx.Client, validate: Validate) -> None:
     """The spec check is real: a runner without `busy` does not pass."""
     from openapi_core.validation.response.exceptions import InvalidData
