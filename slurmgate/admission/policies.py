@@ -151,6 +151,12 @@ class ReservationBackfill(AdmissionPolicy):
     is set and shorter: a workload of short jobs protects sooner than the fixed wait.
     With `backfill_order` "shortest" (EASY++'s order), jobs due a reservation are still taken
     in priority order, but the younger ones backfill shortest estimate first.
+    With `reserve_wide_frac` f, a job needing more than f of its largest compatible pool is
+    due at once (classic EASY for wide jobs), the others wait for their trigger.
+    With `backfill_bound` "timeout", a job is checked against a pool's reservations for its
+    whole timeout rather than its prediction: a prediction that was too short then cannot push
+    a reserved job back (EASY's guarantee, with the kill bound Slurm enforces), while the
+    predictions still set the reservations and everything on pools that hold none.
     """
 
     def __init__(
@@ -162,6 +168,8 @@ class ReservationBackfill(AdmissionPolicy):
         reserve_after_runtimes: float | None = None,
         runtime_quantile: float = 0.5,
         backfill_order: str = "priority",
+        backfill_bound: str = "predicted",
+        reserve_wide_frac: float | None = None,
     ) -> None:
         self.name = name
         self.depth = depth
@@ -170,6 +178,8 @@ class ReservationBackfill(AdmissionPolicy):
         self.reserve_after_runtimes = reserve_after_runtimes
         self.runtime_quantile = runtime_quantile
         self.backfill_order = backfill_order
+        self.backfill_bound = backfill_bound
+        self.reserve_wide_frac = reserve_wide_frac
 
     def due(
         self,
@@ -182,6 +192,17 @@ class ReservationBackfill(AdmissionPolicy):
         the running-runtime quantile per pool set for one walk)."""
         if request.skip_queue:  # a skip-queue job is protected at once
             return True
+        if self.reserve_wide_frac is not None and fleet is not None:
+            largest = max(
+                (
+                    fleet.total_for(pool, allowed)
+                    for pool, allowed in fleet.candidates(request.requirement).items()
+                    if pool is not None
+                ),
+                default=0,
+            )
+            if request.nodes > self.reserve_wide_frac * largest:
+                return True
         waited = now_s - request.job.created_at.timestamp()
         if self.reserve_slowdown is not None:
             runtime = max(request.estimate.predicted_s, SLOWDOWN_FLOOR_S)
@@ -219,8 +240,10 @@ class ReservationBackfill(AdmissionPolicy):
         # pools with `depth` reservations: nothing more can be reserved there
         full: set[str] = set()
         typical: dict[tuple[str, ...], float] = {}
+        bounded = self.backfill_bound == "timeout"
         for request in self.order(requests, fleet, typical):
-            nodes, duration = request.nodes, request.estimate.predicted_s
+            nodes = request.nodes
+            duration = request.estimate.limit_s if bounded else request.estimate.predicted_s
             if profiles:
 
                 def allow(pool: str, nodes: int = nodes, duration: float = duration) -> bool:
@@ -340,10 +363,12 @@ def policy_for(settings: AdmissionSettings, name: str | None = None) -> Admissio
         settings.reserve_after_runtimes,
         settings.reserve_runtime_quantile,
         settings.backfill_order,
+        settings.backfill_bound,
+        settings.reserve_wide_frac,
     )
     if chosen == "conservative":
         return ReservationBackfill("conservative", settings.reservation_depth, *knobs)
-    classic = (0.0, None, None, knobs[3], "priority")
+    classic = (0.0, None, None, knobs[3], "priority", "predicted", None)
     if chosen == "easy" and knobs != classic:
         return ReservationBackfill("easy", 1, *knobs)
     if chosen in BASELINES:

@@ -13,6 +13,7 @@ PolicyName = Literal["greedy", "easy", "conservative"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 EstimatesName = Literal["timeout", "learned"]
 BackfillOrder = Literal["priority", "shortest"]
+BackfillBound = Literal["predicted", "timeout"]
 
 
 class PoolPartition(BaseModel):
@@ -55,8 +56,8 @@ class AdmissionSettings(BaseSettings):
     `SLURMGATE_TIMEOUT_MIN`, `SLURMGATE_TIMEOUT_OVERRIDES`, `SLURMGATE_ESTIMATE_QUANTILE`,
     `SLURMGATE_ESTIMATE_MIN_SAMPLES`, `SLURMGATE_OVERRUN_EXTENSION_S`,
     `SLURMGATE_RESERVE_AFTER_S`, `SLURMGATE_RESERVE_SLOWDOWN`, `SLURMGATE_RESERVE_AFTER_RUNTIMES`,
-    `SLURMGATE_RESERVE_RUNTIME_QUANTILE`, `SLURMGATE_BACKFILL_ORDER` and
-    `SLURMGATE_RESERVATION_DEPTH`;
+    `SLURMGATE_RESERVE_RUNTIME_QUANTILE`, `SLURMGATE_RESERVE_WIDE_FRAC`,
+    `SLURMGATE_BACKFILL_ORDER`, `SLURMGATE_BACKFILL_BOUND` and `SLURMGATE_RESERVATION_DEPTH`;
     Slurm as the capacity authority is `SLURMGATE_POOL_PARTITIONS`. Keyword arguments use the
     field names.
 
@@ -182,6 +183,27 @@ class AdmissionSettings(BaseSettings):
         "easy/conservative: the order jobs are tried in (env SLURMGATE_BACKFILL_ORDER): "
         "priority, or shortest (EASY++: jobs due a reservation in priority order, then the "
         "others shortest estimated runtime first).",
+    )
+    reserve_wide_frac: float | None = _knob(
+        "reserve_wide_frac",
+        None,
+        "easy/conservative: a blocked job that needs more than this fraction of its largest "
+        "compatible pool gets a reservation at once, whatever the other triggers say (env "
+        "SLURMGATE_RESERVE_WIDE_FRAC, 0 < f <= 1): a wide job cannot be overtaken by a "
+        "stream of narrow ones while it ages, narrow jobs still backfill until their own "
+        "trigger. Unset: every job waits for its trigger.",
+        gt=0,
+        le=1,
+    )
+    backfill_bound: BackfillBound = _knob(
+        "backfill_bound",
+        "predicted",
+        "easy/conservative: how long a job that would start beside a reservation is taken to "
+        "run (env SLURMGATE_BACKFILL_BOUND): predicted (its estimate), or timeout (its kill "
+        "bound, which Slurm enforces: it must end by its timeout before the reserved start, or "
+        "use only runners the reservation leaves over, so a learned estimate that was too "
+        "short never delays a reserved job; jobs on a pool without a reservation are "
+        "unaffected).",
     )
     reservation_depth: int = _knob(
         "reservation_depth",

@@ -206,6 +206,45 @@ def test_reserve_after_runtimes_scales_the_trigger_with_the_running_leases_estim
     assert admitted(plan(wide_behind_a_backfill("a", 4.5), slowdown, NOW)) == {3: 4}
 
 
+def test_reserve_wide_frac_reserves_a_wide_job_at_once_and_leaves_narrow_ones_to_the_trigger() -> (
+    None
+):
+    knobs: dict[str, Any] = {"timeout_overrides": {"c-long": 570}, "reserve_after_s": 5 * 3600}
+    fresh = wide_behind_a_backfill("a", 0)  # A needs 8 of 10 and has not waited
+    assert admitted(plan(fresh, cfg("easy", **knobs), NOW)) == {3: 4}
+    wide = cfg("easy", reserve_wide_frac=0.5, **knobs)
+    held = plan(fresh, wide, NOW)
+    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
+    # 8 is not more than 0.9 of the pool: A waits for the 5 h trigger like any job
+    assert admitted(plan(fresh, cfg("easy", reserve_wide_frac=0.9, **knobs), NOW)) == {3: 4}
+    assert AdmissionSettings().reserve_wide_frac is None
+
+
+def test_backfill_bound_timeout_checks_a_backfill_against_a_reservation_for_its_timeout() -> None:
+    # C's key ran 30 min three times, but its timeout is 9.5 h: learned, it ends before A's
+    # reservation in 1 h; if that prediction is wrong, C holds 4 of the 2 runners A leaves over
+    knobs: dict[str, Any] = {
+        "estimates": "learned",
+        "timeout_overrides": {"c-long": 570, "quick": 30},
+    }
+    history = RuntimeHistory()
+    for i in range(3):
+        history.record(job_key("c-long", 4), 100 + i, 1800, 1000 + i)
+    snap = wide_behind_a_backfill("a", 0)
+    predicted = plan(snap, cfg("easy", **knobs), NOW, history=history)
+    assert admitted(predicted) == {3: 4}
+    bounded = cfg("easy", backfill_bound="timeout", **knobs)
+    held = plan(snap, bounded, NOW, history=history)
+    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
+    # a job whose timeout ends before the reservation still backfills
+    quick = replace(snap, jobs=(*snap.jobs[:2], named(job(3, 4, score="1.000"), "quick")))
+    assert admitted(plan(quick, bounded, NOW, history=history)) == {3: 4}
+    # with no reservation yet (A not due), the bound changes nothing: C starts on its estimate
+    young = cfg("easy", backfill_bound="timeout", reserve_after_s=5 * 3600, **knobs)
+    assert admitted(plan(snap, young, NOW, history=history)) == {3: 4}
+    assert AdmissionSettings().backfill_bound == "predicted"
+
+
 def three_running_and_a_wide_job(a_age_h: float) -> Any:
     """Leases of 1 h, 2 h and 8 h estimates (2 nodes each) on 10 runners; A (8) waits; C (4,
     9.5 h) fits now but would delay A's reservation."""
@@ -265,6 +304,8 @@ def test_backfill_order_shortest_takes_young_jobs_shortest_first_after_the_due_o
     st.sampled_from([None, 0.5]),
     st.sampled_from([None, 0.5]),
     st.sampled_from(["priority", "shortest"]),
+    st.sampled_from(["predicted", "timeout"]),
+    st.sampled_from([None, 0.5]),
 )
 def test_capacity_invariant_and_fixed_point_for_every_policy(
     world: World,
@@ -274,6 +315,8 @@ def test_capacity_invariant_and_fixed_point_for_every_policy(
     reserve_slowdown: float | None,
     reserve_after_runtimes: float | None,
     backfill_order: str,
+    backfill_bound: str,
+    reserve_wide_frac: float | None,
 ) -> None:
     s = cfg(
         policy,
@@ -282,6 +325,8 @@ def test_capacity_invariant_and_fixed_point_for_every_policy(
         reserve_slowdown=reserve_slowdown,
         reserve_after_runtimes=reserve_after_runtimes,
         backfill_order=backfill_order,
+        backfill_bound=backfill_bound,
+        reserve_wide_frac=reserve_wide_frac,
     )
     d = plan(world.snap, s, NOW)
     check_admissions(world.snap, d)
@@ -309,6 +354,8 @@ def test_policy_for_applies_the_knobs() -> None:
     runtimes = policy_for(cfg("easy", reserve_after_runtimes=2, reserve_runtime_quantile=0.9))
     assert (runtimes.reserve_after_runtimes, runtimes.runtime_quantile) == (2, 0.9)  # type: ignore[attr-defined]
     assert policy_for(cfg("easy", backfill_order="shortest")).backfill_order == "shortest"  # type: ignore[attr-defined]
+    assert policy_for(cfg("easy", backfill_bound="timeout")).backfill_bound == "timeout"  # type: ignore[attr-defined]
+    assert policy_for(cfg("easy", reserve_wide_frac=0.3)).reserve_wide_frac == 0.3  # type: ignore[attr-defined]
     assert AdmissionSettings().reserve_after_s == 5 * 3600
 
 
@@ -338,6 +385,9 @@ def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> No
         ("reserve_runtime_quantile", 0),
         ("reserve_runtime_quantile", 1.5),
         ("backfill_order", "fifo"),
+        ("backfill_bound", "limit"),
+        ("reserve_wide_frac", 0),
+        ("reserve_wide_frac", 1.5),
         ("estimates", "oracle"),
     ],
 )
