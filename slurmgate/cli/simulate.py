@@ -14,8 +14,9 @@ from slurmgate.cli.common import fail
 from slurmgate.simulator.engine import (
     ESTIMATES,
     SimulationError,
-    controller_settings,
     parse_pools,
+    replay_knobs,
+    replay_settings,
     simulate,
 )
 from slurmgate.simulator.traces import TraceError, read_trace
@@ -73,6 +74,34 @@ def simulate_command(
             "(replaces --reserve-after; default: the controller's reserve_slowdown)."
         ),
     ] = None,
+    reserve_after_runtimes: Annotated[
+        float | None,
+        typer.Option(
+            help="Reserve a blocked job once it waited this many times the typical runtime of "
+            "the leases running on its pools, capped by --reserve-after when above 0 (default: "
+            "the controller's reserve_after_runtimes)."
+        ),
+    ] = None,
+    reserve_runtime_quantile: Annotated[
+        float | None,
+        typer.Option(
+            help="The running leases' runtime quantile --reserve-after-runtimes multiplies "
+            "(default: the controller's reserve_runtime_quantile)."
+        ),
+    ] = None,
+    backfill_order: Annotated[
+        str | None,
+        typer.Option(
+            help="priority | shortest (EASY++ order; default: the controller's backfill_order)."
+        ),
+    ] = None,
+    backfill_bound: Annotated[
+        str | None,
+        typer.Option(
+            help="predicted | timeout: how long a job that would start beside a reservation is "
+            "taken to run (default: the controller's backfill_bound)."
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="Replay only the first N jobs.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[
@@ -81,13 +110,18 @@ def simulate_command(
 ) -> None:
     """Replay TRACE through the planner's policy and report waits, slowdown and utilization."""
     try:
-        # no flag: what the controller runs with its defaults, from the one settings object
-        defaults = controller_settings()
-        policy = defaults.policy if policy is None else policy
-        estimates = defaults.estimates if estimates is None else estimates
-        reserve_after = defaults.reserve_after_s / 3600 if reserve_after is None else reserve_after
-        if reserve_slowdown is None:
-            reserve_slowdown = defaults.reserve_slowdown
+        # a flag not given keeps the controller's default, from the one settings object
+        given = {
+            "reserve_after_s": None if reserve_after is None else reserve_after * 3600,
+            "reserve_slowdown": reserve_slowdown,
+            "reserve_after_runtimes": reserve_after_runtimes,
+            "reserve_runtime_quantile": reserve_runtime_quantile,
+            "backfill_order": backfill_order,
+            "backfill_bound": backfill_bound,
+        }
+        settings = replay_settings({k: v for k, v in given.items() if v is not None})
+        policy = settings.policy if policy is None else policy
+        estimates = settings.estimates if estimates is None else estimates
         if policy not in SIMULATED_POLICY_NAMES:
             choices = ", ".join(SIMULATED_POLICY_NAMES)
             raise SimulationError(f"--policy {policy!r} is not one of {choices}")
@@ -95,22 +129,11 @@ def simulate_command(
             raise SimulationError(f"--estimates {estimates!r} is not one of {', '.join(ESTIMATES)}")
         if not 0 < wide_frac <= 1:
             raise SimulationError(f"--wide-frac {wide_frac} must be in (0, 1]")
-        if reserve_after < 0:
-            raise SimulationError(f"--reserve-after {reserve_after} must be >= 0 hours")
-        if reserve_slowdown is not None and reserve_slowdown < 0:
-            raise SimulationError(f"--reserve-slowdown {reserve_slowdown} must be >= 0")
         loaded = read_trace(trace, size_scale=size_scale, arrival_scale=arrival_scale, limit=limit)
         pool_sizes, bound = parse_pools(pools, loaded)
         started = time.perf_counter()
         result = simulate(
-            loaded,
-            pool_sizes,
-            policy,
-            estimates=estimates,
-            bound=bound,
-            settings=controller_settings(
-                reserve_after_s=reserve_after * 3600, reserve_slowdown=reserve_slowdown
-            ),
+            loaded, pool_sizes, policy, estimates=estimates, bound=bound, settings=settings
         )
         elapsed = time.perf_counter() - started
     except (TraceError, SimulationError) as exc:
@@ -120,8 +143,9 @@ def simulate_command(
         trace=loaded.name,
         arrival_scale=arrival_scale,
         size_scale=size_scale,
-        reserve_after_h=reserve_after,
-        reserve_slowdown=reserve_slowdown,
+        reserve_after_h=settings.reserve_after_s / 3600,
+        reserve_slowdown=settings.reserve_slowdown,
+        settings=replay_knobs(settings, policy, estimates),
         dropped=loaded.dropped,
         plans=result.plans,
         seconds=round(elapsed, 3),

@@ -18,6 +18,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypedDict, Unpack
 
+from pydantic import ValidationError
+
 from slurmgate.admission.capacity import FleetState, JobRequest, PoolState
 from slurmgate.admission.estimates import Estimate, Estimator, RuntimeHistory
 from slurmgate.admission.labels import fold
@@ -64,6 +66,48 @@ def controller_settings(**overrides: Any) -> AdmissionSettings:
     }
     values.update(overrides)
     return AdmissionSettings.model_validate(values)
+
+
+POLICY_KNOBS = (
+    "policy",
+    "estimates",
+    "timeout_min",
+    "timeout_overrides",
+    "estimate_quantile",
+    "estimate_min_samples",
+    "overrun_extension_s",
+    "reserve_after_s",
+    "reserve_slowdown",
+    "reserve_after_runtimes",
+    "reserve_runtime_quantile",
+    "reserve_wide_frac",
+    "backfill_order",
+    "backfill_bound",
+    "reservation_depth",
+)
+"""The settings a replay's schedule depends on."""
+
+
+def replay_settings(flags: dict[str, Any]) -> AdmissionSettings:
+    """`controller_settings` with the settings a command's flags gave; a bad value is a
+    SimulationError naming the flag (`reserve_after_s` is the --reserve-after flag, in hours)."""
+    try:
+        return controller_settings(**flags)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        flag = "--reserve-after" if field == "reserve_after_s" else "--" + field.replace("_", "-")
+        value = flags.get(field)
+        if field == "reserve_after_s" and isinstance(value, int | float):
+            value = value / 3600
+        raise SimulationError(f"{flag} {value!r}: {error['msg']}") from None
+
+
+def replay_knobs(settings: AdmissionSettings, policy: str, estimates: str) -> dict[str, Any]:
+    """The POLICY_KNOBS a replay ran with, as JSON values (policy and estimates as replayed)."""
+    knobs = settings.model_dump(mode="json", include=set(POLICY_KNOBS))
+    knobs.update(policy=policy, estimates=estimates)
+    return knobs
 
 
 def sim_settings(**overrides: Any) -> AdmissionSettings:

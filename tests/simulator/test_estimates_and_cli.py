@@ -18,7 +18,7 @@ from slurmgate.admission.estimates import (
 )
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.cli.app import run as cli
-from slurmgate.simulator.engine import simulate
+from slurmgate.simulator.engine import POLICY_KNOBS, simulate
 from slurmgate.simulator.traces import read_trace
 
 SWF = Path(__file__).with_name("tiny.swf")
@@ -93,17 +93,16 @@ def test_simulate_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> 
 def test_simulate_without_policy_flags_replays_the_controller_defaults(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for knob in ("POLICY", "ESTIMATES", "RESERVE_AFTER_S", "RESERVE_SLOWDOWN"):
-        monkeypatch.delenv(f"SLURMGATE_{knob}", raising=False)
+    for knob in POLICY_KNOBS:
+        monkeypatch.delenv(f"SLURMGATE_{knob.upper()}", raising=False)
     controller = AdmissionSettings()
     assert cli(["simulate", str(SWF), "--pools", "16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    trigger = (out["reserve_after_h"] * 3600, out["reserve_slowdown"])
-    assert (out["policy"], out["estimates"], trigger) == (
-        controller.policy,
-        controller.estimates,
-        (controller.reserve_after_s, controller.reserve_slowdown),
-    )
+    # every knob the replay depends on is the controller's own default
+    assert out["settings"] == controller.model_dump(mode="json", include=set(POLICY_KNOBS))
+    assert set(POLICY_KNOBS) >= {
+        name for name in AdmissionSettings.model_fields if name.startswith(("reserve", "backfill"))
+    }
     # the same replay as the library with the controller's settings: same waits, job for job
     trace = read_trace(SWF)
     settings = controller.model_copy(
@@ -113,6 +112,23 @@ def test_simulate_without_policy_flags_replays_the_controller_defaults(
         trace, {"cluster:p0": 16}, settings.policy, estimates=settings.estimates, settings=settings
     )
     assert out["max_wait_h"] == pytest.approx(result.metrics()["max_wait_h"])
+
+
+def test_simulate_flags_set_every_reservation_knob(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = {
+        "--reserve-after": ("1.5", "reserve_after_s", 5400.0),
+        "--reserve-slowdown": ("2", "reserve_slowdown", 2.0),
+        "--reserve-after-runtimes": ("2", "reserve_after_runtimes", 2.0),
+        "--reserve-runtime-quantile": ("0.9", "reserve_runtime_quantile", 0.9),
+        "--backfill-order": ("shortest", "backfill_order", "shortest"),
+        "--backfill-bound": ("timeout", "backfill_bound", "timeout"),
+    }
+    args = [a for flag, (value, _, _) in flags.items() for a in (flag, value)]
+    assert cli(["simulate", str(SWF), "--pools", "16", *args, "--json"]) == 0
+    knobs = json.loads(capsys.readouterr().out)["settings"]
+    assert {field: knobs[field] for _, field, _ in flags.values()} == {
+        field: value for _, field, value in flags.values()
+    }
 
 
 def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,6 +147,10 @@ def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--pools", "16", "--estimates", "oracle"], "--estimates 'oracle'"),
         (["--pools", "16", "--wide-frac", "2"], "--wide-frac"),
         (["--pools", "16", "--reserve-slowdown", "-1"], "--reserve-slowdown"),
+        (["--pools", "16", "--reserve-after", "-1"], "--reserve-after -1.0"),
+        (["--pools", "16", "--reserve-runtime-quantile", "2"], "--reserve-runtime-quantile"),
+        (["--pools", "16", "--backfill-bound", "limit"], "--backfill-bound 'limit'"),
+        (["--pools", "16", "--backfill-order", "fifo"], "--backfill-order 'fifo'"),
         ([], "--pools is required"),
     ],
 )
