@@ -89,6 +89,13 @@ def simulate_command(
             "(default: the controller's reserve_runtime_quantile)."
         ),
     ] = None,
+    reserve_wide_frac: Annotated[
+        float | None,
+        typer.Option(
+            help="Reserve at once a blocked job needing more than this fraction of its largest "
+            "pool (default: the controller's reserve_wide_frac)."
+        ),
+    ] = None,
     backfill_order: Annotated[
         str | None,
         typer.Option(
@@ -116,6 +123,7 @@ def simulate_command(
             "reserve_slowdown": reserve_slowdown,
             "reserve_after_runtimes": reserve_after_runtimes,
             "reserve_runtime_quantile": reserve_runtime_quantile,
+            "reserve_wide_frac": reserve_wide_frac,
             "backfill_order": backfill_order,
             "backfill_bound": backfill_bound,
         }

@@ -120,6 +120,7 @@ def test_simulate_flags_set_every_reservation_knob(capsys: pytest.CaptureFixture
         "--reserve-slowdown": ("2", "reserve_slowdown", 2.0),
         "--reserve-after-runtimes": ("2", "reserve_after_runtimes", 2.0),
         "--reserve-runtime-quantile": ("0.9", "reserve_runtime_quantile", 0.9),
+        "--reserve-wide-frac": ("0.5", "reserve_wide_frac", 0.5),
         "--backfill-order": ("shortest", "backfill_order", "shortest"),
         "--backfill-bound": ("timeout", "backfill_bound", "timeout"),
     }
@@ -151,6 +152,7 @@ def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--pools", "16", "--reserve-runtime-quantile", "2"], "--reserve-runtime-quantile"),
         (["--pools", "16", "--backfill-bound", "limit"], "--backfill-bound 'limit'"),
         (["--pools", "16", "--backfill-order", "fifo"], "--backfill-order 'fifo'"),
+        (["--pools", "16", "--reserve-wide-frac", "0"], "--reserve-wide-frac 0.0"),
         ([], "--pools is required"),
     ],
 )
