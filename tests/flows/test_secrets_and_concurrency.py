@@ -1,4 +1,5 @@
-"""The token never reaches a log; two controllers at once never over-admit."""
+"""The token, and a GitHub App's key, JWT and installation tokens, never reach a log, a state,
+a parameter or an artifact; two controllers at once never over-admit."""
 
 from __future__ import annotations
 
@@ -8,15 +9,23 @@ from typing import Any
 
 from flowcheck import assert_invariants, fleet, job_labels, lease_of_job
 from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+)
 from prefect.logging.handlers import APILogHandler
 
 from flows.reconcile import reconcile
 from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import admit_lease
 from slurmgate.admission.model import Admit
+from slurmgate.github.app_auth import APP_ID_ENV, APP_PRIVATE_KEY_ENV
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.testbed.emulator.apps import new_private_key
 
 TOKEN = "ghs_SLURMGATEsecretTOKEN0123456789"
 WRONG = "ghs_WRONGsecretTOKEN9876543210abc"
@@ -58,6 +67,63 @@ async def test_token_never_logged_even_when_requests_fail(
     # ... and neither token is in it
     assert TOKEN not in text and WRONG not in text
     assert TOKEN[8:24] not in text and WRONG[8:24] not in text
+
+
+async def prefect_holds(flow_run_ids: list[Any]) -> str:
+    """The logs, parameters, state messages and artifacts Prefect keeps of these flow runs."""
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_ids))
+        )
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=flow_run_ids))
+        )
+    states = "\n".join(r.state.message or "" for r in runs if r.state is not None)
+    shown = "\n".join(f"{a.key} {a.description} {a.data}" for a in artifacts)
+    return "\n".join([await api_logs(flow_run_ids), states, shown])
+
+
+def pem_body(pem: str) -> str:
+    return "".join(line for line in pem.splitlines() if "-----" not in line)
+
+
+async def test_app_key_jwt_and_tokens_never_reach_prefect_or_the_output(
+    emulator_factory, monkeypatch, caplog, capfd
+) -> None:
+    """Ticks as a GitHub App: one admits, one has its token expire mid-tick (a 401, a refresh,
+    the retry), one signs with the wrong key and fails naming the App."""
+    caplog.set_level(logging.DEBUG)
+    emu = emulator_factory({"a": 6})
+    app = emu.admin.create_app()
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    monkeypatch.setenv(APP_ID_ENV, str(app["app_id"]))
+    monkeypatch.setenv(APP_PRIVATE_KEY_ENV, app["private_key"])
+    emu.admin.add_job(job_labels(2, token="first"), duration_s=600)
+    first = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo, return_state=True)
+    emu.admin.expire_app_tokens(after_requests=2)
+    emu.admin.add_job(job_labels(2, token="second"), duration_s=600)
+    second = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo, return_state=True)
+    wrong_key = new_private_key()
+    monkeypatch.setenv(APP_PRIVATE_KEY_ENV, wrong_key)
+    wrong = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo, return_state=True)
+    assert first.is_completed() and second.is_completed() and wrong.is_failed()
+    assert (await first.result())["admitted"] == (await second.result())["admitted"] == 1
+    stats = emu.admin.app_stats()
+    assert stats["tokens_issued"] == 2 and stats["tokens_refused"] >= 1  # refreshed mid-tick
+    assert stats["jwts_refused"] >= 1  # the wrong key's
+
+    ids = [s.state_details.flow_run_id for s in (first, second, wrong)]
+    out, err = capfd.readouterr()
+    text = "\n".join([out, err, caplog.text, await prefect_holds(ids)])
+    # the right haystack: the refresh, the refusal naming the App, and the board artifact
+    assert "refreshing it" in text
+    assert f"GitHub App {app['app_id']}: GitHub refused the App's signed JWT" in text
+    assert "slurmgate-pool-board" in text
+    tokens = list(emu.state.apps.tokens)
+    assert len(tokens) == 2
+    for secret in [*tokens, pem_body(app["private_key"]), pem_body(wrong_key)]:
+        assert secret not in text and secret[8:40] not in text  # nor a piece of one
+    assert "eyJ" not in text  # every JWT (and its header) starts so
 
 
 async def test_two_reconcile_flows_at_once_never_over_admit(emulator_factory, monkeypatch) -> None:
