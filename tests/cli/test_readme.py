@@ -258,6 +258,60 @@ def test_every_readme_shell_block_runs_as_written(
     )
 
 
+# ---- the first real deployment -----------------------------------------------------------
+
+# What the checklist must walk a site through, each as a pattern its text must match.
+FIRST_DEPLOYMENT_TOPICS = {
+    "credentials: an App or a token, with the permissions": r"GitHub App.*token.*permissions",
+    "the runner permission": r"Administration: read and write.*Self-hosted runners: read and",
+    "the App walk": r'"Adopting on a real organisation"',
+    "one runner per node with its pool label": r"one per Slurm node.*`cluster:<pool>`",
+    "why the anchor needs the Slurm client": r"anchor runner.*`salloc` and `srun`",
+    "blocks, and which flags win": r"`slurmgate init`.*policy block's flags win over the worker's",
+    "the worker on the login node": r"worker, on the login node",
+    "SLURM_CONF": r"SLURM_CONF",
+    "the GRES the spec asks for": r"--gres=gpu:<gpus_per_node>",
+    "the same Python on every node": r"every compute node sees at the same path.*`python` field",
+    "the ports": r"`base_port`.*`rendezvous_base_port`.*`endpoint_port`",
+    "offline clusters": r"--analytics-off.*no way out",
+    "the relay behind HTTPS": r"webhook relay.*TLS proxy.*HTTPS URL",
+}
+
+
+def first_real_deployment() -> str:
+    text = README.read_text()
+    section = re.search(r"^## Your first real deployment\n(.*?)(?=^## )", text, flags=re.S | re.M)
+    assert section, "the README has no '## Your first real deployment' section"
+    return section[1]
+
+
+def test_the_first_real_deployment_covers_each_step() -> None:
+    checklist = " ".join(first_real_deployment().split())
+    missing = [
+        t for t, pattern in FIRST_DEPLOYMENT_TOPICS.items() if not re.search(pattern, checklist)
+    ]
+    assert missing == [], f"'Your first real deployment' no longer covers: {missing}"
+
+
+def test_the_spec_fields_the_checklist_names_exist_with_those_defaults() -> None:
+    """A field renamed in the spec, or a default port changed, must change the checklist."""
+    from slurmgate.runtime.spec import AllocationSpec, DeploymentSpec, SlurmSpec
+
+    checklist = first_real_deployment()
+    fields = {**AllocationSpec.model_fields, **DeploymentSpec.model_fields}
+    named = set(re.findall(r"`(slurm\.[a-z_]+|[a-z]+_[a-z_]+|python)`", checklist))
+    assert {"python", "slurm.partition", "slurm.account", "slurm.qos", "base_port"} <= named
+    for name in sorted(named):
+        if name.startswith("slurm."):
+            assert name.removeprefix("slurm.") in SlurmSpec.model_fields, name
+        else:
+            assert name in fields, f"the checklist names `{name}`, which no spec has"
+    ports = dict(re.findall(r"`([a-z_]+_port)`[^)0-9]*?(\d{4,5})", checklist))
+    assert set(ports) == {"base_port", "rendezvous_base_port", "endpoint_port"}, ports
+    for port, said in ports.items():
+        assert DeploymentSpec.model_fields[port].default == int(said), port
+
+
 # ---- the command list --------------------------------------------------------------------
 
 
