@@ -674,6 +674,17 @@ class ChatReport:
             {"metric": f"{name} (ms)", **{k: ms(v) for k, v in stats.items()}}
             for name, stats in (("TTFT", self.ttft), ("ITL", self.itl), ("e2e", self.e2e))
         ]
+        # What a server measured of the same requests (llama.cpp's `timings`), beside what the
+        # client saw: its prompt time is the floor of TTFT, its time per token the ITL's.
+        for name, key in (
+            ("engine's prompt time", "server_prompt_ms"),
+            ("engine's time per token", "server_predicted_per_token_ms"),
+        ):
+            values = [row[key] / 1e3 for row in self.server_timed if key in row]
+            if values:
+                rows.append(
+                    {"metric": f"{name} (ms)", **{k: ms(v) for k, v in _stats(values).items()}}
+                )
         blank = {"p50": "", "p90": "", "p99": "", "mean": ""}
         errors = ", ".join(f"{k} {v}" for k, v in sorted(self.errors.items())) or "0"
         for name, value in (

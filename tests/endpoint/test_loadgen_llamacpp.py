@@ -87,3 +87,13 @@ def test_client_latencies_agree_with_the_servers_own_timings(llama: str) -> None
     client_itl = statistics.fmean(row["itl_mean"] for row in rows) * 1e3
     server_itl = statistics.fmean(row["server_predicted_per_token_ms"] for row in rows)
     assert client_itl == pytest.approx(server_itl, rel=0.25, abs=0.2)
+
+    # The report's table (the run's load artifact) shows the engine's own figures beside them.
+    table = {row["metric"]: row for row in report.table()}
+    engine_prompt = table["engine's prompt time (ms)"]
+    engine_token = table["engine's time per token (ms)"]
+    prompt_ms = sorted(row["server_prompt_ms"] for row in rows)
+    assert float(engine_prompt["p50"]) == pytest.approx(prompt_ms[4], abs=0.051)  # nearest rank
+    assert float(engine_token["mean"]) == pytest.approx(server_itl, abs=0.051)
+    assert float(table["TTFT (ms)"]["p50"]) >= float(engine_prompt["p50"])
+    print(report.render())  # the closing-note figures: client and engine, same requests
