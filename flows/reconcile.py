@@ -12,6 +12,8 @@ from prefect.artifacts import Artifact, acreate_table_artifact
 
 from blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.admission.estimates import HistoryError, RuntimeHistory
+from slurmgate.admission.leases import AdmitOutcome
+from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
 from slurmgate.github.scope import ScopeError
@@ -84,6 +86,41 @@ async def write_board_if_changed(table: list[dict[str, Any]]) -> bool:
     return True
 
 
+class BatchedTickLog:
+    """The tick's log for Prefect: its info lines (one per decision, hundreds in a busy tick)
+    go out as a few multi-line records, since each Prefect record costs a console render and
+    an API row; warnings go at once, after what is held, so the order stays."""
+
+    MAX_CHARS = 64_000  # far under Prefect's per-record limit (1 MB by default)
+
+    def __init__(self, logger: TickLog) -> None:
+        self.logger = logger
+        self.held: list[str] = []
+
+    def info(self, msg: str, *args: Any) -> None:
+        self.held.append(msg % args if args else msg)
+
+    def warning(self, msg: str, *args: Any) -> None:
+        self.flush()
+        self.logger.warning(msg, *args)
+
+    def flush(self) -> None:
+        chunk: list[str] = []
+        size = 0
+        for line in self.held:
+            if chunk and size + len(line) > self.MAX_CHARS:
+                self._send(chunk)
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line) + 1
+        if chunk:
+            self._send(chunk)
+        self.held = []
+
+    def _send(self, lines: list[str]) -> None:
+        self.logger.info("%d tick lines:\n%s", len(lines), "\n".join(lines))
+
+
 @flow(name="reconcile", log_prints=False)
 async def reconcile(
     scope_block: str | None = "default",
@@ -123,10 +160,16 @@ async def reconcile(
             "set repos (or all_repos) on the scope block",
             scope.org,
         )
+    tick_log = BatchedTickLog(logger)
+
+    async def admit(planned: Admit, fleet_size: int) -> AdmitOutcome:
+        tick_log.flush()  # the decisions appear before the lease task runs they start
+        return await run_lease(planned, fleet_size)
+
     steps = TickSteps(
         lambda: read_snapshot(settings),
         remove=remove_labels_task,
-        admit=run_lease,
+        admit=admit,
         read_dispatch=read_dispatch_task,
         # Slurm's nodes for the pools mapped to partitions; a failed read counts runners only
         # (one warning), so it is not a retried task
@@ -134,7 +177,10 @@ async def reconcile(
     )
     async with scope.get_client() as client, bound_client(client):
         history = await load_history(logger)
-        report = await reconcile_tick(steps, settings, history=history, log=logger)
+        try:
+            report = await reconcile_tick(steps, settings, history=history, log=tick_log)
+        finally:
+            tick_log.flush()
         if report.runtimes_learned:
             await save_history(history, logger)
         summary: dict[str, Any] = {

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
+from prefect.states import Completed
 from prefect.tasks import Task
 
 from blocks import GitHubScopeBlock
@@ -95,7 +96,7 @@ async def read_snapshot(settings: AdmissionSettings | None = None) -> Snapshot:
     task_run_name="lease-j{admission.admit.job_id}-a{admission.admit.attempt}",
     **_task_options,
 )
-async def lease_task(admission: Admission, fleet_size: int | None = None) -> AdmitOutcome:
+async def lease_task(admission: Admission, fleet_size: int | None = None) -> State[AdmitOutcome]:
     """Label the runners, verify, anchor: one task run per admission, retried as a whole.
 
     A retry resumes where the last run failed (`Admission`): confirmed writes are not sent
@@ -103,6 +104,10 @@ async def lease_task(admission: Admission, fleet_size: int | None = None) -> Adm
     transaction, because a step that fails once and passes on retry must not roll anything back
     (prefect 3.9 transactions would). A failure that is final (not transient, or the last run)
     undoes exactly this admission's labels, logged here as a rollback.
+
+    The outcome's line ("admitted job=... lease=... pool=... nodes=... anchor=...") is the
+    final state's message, so Prefect's own "Finished in state" record carries it: one log
+    record per lease instead of two (each costs a console render and an API row).
     """
     logger = get_run_logger()
     admit = admission.admit
@@ -121,9 +126,12 @@ async def lease_task(admission: Admission, fleet_size: int | None = None) -> Adm
 
     steps = LeaseSteps(current_client(), fleet_size)
     outcome = await steps.run(admission, on_rollback=log_rollback)
-    if outcome.admitted:
-        logger.info("%s", admit.line("admitted"))
-    return outcome
+    line = (
+        admit.line("admitted")
+        if outcome.admitted
+        else f"{admit.line('not admitted')} why={outcome.reason}"
+    )
+    return Completed(message=line, data=outcome)
 
 
 async def run_lease(admit: Admit, fleet_size: int) -> AdmitOutcome:
@@ -132,7 +140,8 @@ async def run_lease(admit: Admit, fleet_size: int) -> AdmitOutcome:
     unwound here."""
     admission = Admission(admit, retries=RETRIES)
     try:
-        return await lease_task(admission, fleet_size)
+        state = await lease_task(admission, fleet_size)
+        return await state.aresult()
     finally:
         if not admission.settled:
             await admission.abandon()

@@ -1,5 +1,6 @@
 """Each admission is one `lease` task run, visible in Prefect: named for its job and attempt,
-retried by Prefect on a transient fault, and carrying its rollback in its own log."""
+retried by Prefect on a transient fault, and carrying its rollback in its own log; the tick's
+per-job decision lines reach Prefect grouped, not one record per job."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
     FlowRunFilterParentTaskRunId,
     LogFilter,
+    LogFilterFlowRunId,
     LogFilterTaskRunId,
 )
 from prefect.client.schemas.objects import TaskRun
@@ -128,3 +130,41 @@ async def test_a_rollback_is_logged_on_the_failed_lease_task_run(
     assert f"job={job_id} lease=ci-lease-j{job_id}-a1-" in rollback[0]
     assert "undone=3 left=0 cause=ValidationFailed" in rollback[0]
     assert managed_on(fleet(emu.admin.dump())) == {}
+
+
+async def test_decisions_are_grouped_and_a_lease_run_logs_its_line_in_its_final_state(
+    emulator_factory, monkeypatch
+) -> None:
+    """A busy tick decides hundreds of jobs, and every Prefect record costs a console render and
+    an API row: the admit and blocked lines come as one record of the flow run, and a lease
+    task run's one record is Prefect's own "Finished in state", whose state message is the
+    admitted line."""
+    emu = emulator_factory({"a": 10})
+    admitted = [
+        emu.admin.add_job(job_labels(NODES, token=f"t{i}"), duration_s=600)["id"] for i in (1, 2)
+    ]
+    blocked = emu.admin.add_job(job_labels(NODES, token="t3"), duration_s=600)["id"]
+    flow_run_id = await tick(emu, monkeypatch)
+
+    leases = [r for r in await task_runs(flow_run_id, count=2) if r.name.startswith("lease-")]
+    assert sorted(r.name for r in leases) == sorted(f"lease-j{job}-a1" for job in admitted)
+    for run in leases:
+        job = run.name.removeprefix("lease-j").removesuffix("-a1")
+        assert run.state is not None and run.state.message is not None
+        assert run.state.message.startswith(f"admitted job={job} lease=ci-lease-j{job}-a1-")
+        (record,) = await logs_of(run.id)
+        assert record == f"Finished in state Completed({run.state.message!r})"
+
+    async with get_client() as client:
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        )
+    flow_records = [log.message for log in logs if log.task_run_id is None]
+    decisions = [m for m in flow_records if " job=" in m]
+    assert len(decisions) == 1, flow_records
+    lines = decisions[0].splitlines()
+    assert lines[0] == "3 tick lines:"
+    assert {line.split(" lease=")[0] for line in lines[1:]} == {
+        *(f"admit job={job}" for job in admitted),
+        f"blocked job={blocked}",
+    }
