@@ -80,7 +80,8 @@ CLAIMS: dict[str, list[str]] = {
         r"saved slurmgate-github-scope/default .* and slurmgate-admission-policy/default",
         r"Deployment 'reconcile/reconcile' successfully created",
         r"release job=50002 .*reason=ci-job-ended",
-        r"Flow run finished successfully in 'Completed'",
+        r"Flow run 'release-lease-j50002' - Finished in state Completed\(\)",
+        r"Worker '.+' stopped!",
     ],
 }
 
