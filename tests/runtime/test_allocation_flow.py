@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from slurmgate.runtime.records import load_records
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import assert_no_orphans, example_data, processes_with
+from .test_hooks_slurm import _prefect_log_lines
 
 pytestmark = pytest.mark.slurm
 
@@ -35,6 +37,7 @@ def test_flow_runs_the_example_and_publishes_artifacts(
 
     from flows.allocation import allocation
 
+    since = datetime.now(UTC) - timedelta(seconds=1)
     summary = allocation(spec=AllocationSpec.from_data(example_data()), runs_dir=str(runs_root))
     assert len(summary["hosts"]) == 3
     layout = Artifact.get("allocation-layout")
@@ -46,6 +49,8 @@ def test_flow_runs_the_example_and_publishes_artifacts(
     assert str(summary["job_id"]) in str(record.data)
     progress = Artifact.get("allocation-readiness")
     assert progress is not None and float(progress.data) == 100.0  # type: ignore[arg-type]
+    # The client's output is in the flow run's log on the server, not only in its step log.
+    assert _prefect_log_lines(since, "client| client ok: 8 completions")
     assert_no_orphans(summary["run_id"])
 
 
