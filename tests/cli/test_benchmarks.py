@@ -181,6 +181,8 @@ def check_prefect_db(out: Path) -> None:
         assert arm["core_admitted"] == arm["admitted"] and arm["core_blocked"] == arm["blocked"]
         assert arm["core_github_writes"] == arm["github_writes"]
         assert positive(arm["flow_over_core"]) and arm["prefect_api_requests"] > 0
+        # the core arm started once the server had recorded the flow's task runs
+        assert arm["server_catch_up_s"] >= 0 and arm["server_catch_up_cpu_s"] is not None
     # the same fleet and queue: both servers admit the same jobs with the same GitHub writes
     assert arms["sqlite"]["admitted"] == arms["postgres"]["admitted"]
     assert arms["sqlite"]["github_writes"] == arms["postgres"]["github_writes"]
