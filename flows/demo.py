@@ -262,7 +262,7 @@ async def run_admission(
 # ---- runtime -------------------------------------------------------------------------------
 
 
-def run_runtime(workdir: Path, printer: Printer, spec_path: Path = DEMO_SPEC) -> RuntimeResult:
+def run_runtime(workdir: Path, spec_path: Path = DEMO_SPEC) -> RuntimeResult:
     """The allocation flow on the cluster with the demo spec; reads loadgen, metrics, cleanup."""
     from prefect.artifacts import Artifact
 
@@ -279,9 +279,13 @@ def run_runtime(workdir: Path, printer: Printer, spec_path: Path = DEMO_SPEC) ->
     )
     spec = base.model_copy(update={"client": client})
     started = time.monotonic()
-    printer.say(f"runtime: allocation {spec.name} on Slurm ({spec.total_nodes} nodes)")
+    # The flow's own log lines reach the console only from WARNING up: without this line the
+    # run's half a minute would be silent.
     try:
-        flow_result = allocation(spec=spec, runs_dir=str(workdir / "runs"))
+        with progress(
+            f"runtime: allocation {spec.name} on Slurm ({spec.total_nodes} nodes)", "done"
+        ):
+            flow_result = allocation(spec=spec, runs_dir=str(workdir / "runs"))
     except Exception as exc:
         result.problems.append(f"allocation flow failed: {type(exc).__name__}: {exc}")
         flow_result = {}
@@ -355,7 +359,7 @@ def run_demo(options: DemoOptions) -> int:
                 if not options.skip_admission:
                     adm = asyncio.run(admission_part(jobs, printer, options.mode, deployment))
             if not options.skip_runtime:
-                rt = run_runtime(workdir, Printer(False))
+                rt = run_runtime(workdir)
     except DemoError as exc:
         print(f"demo: {exc} (logs in {workdir})", file=sys.stderr)
         return 1

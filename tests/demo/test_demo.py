@@ -4,7 +4,10 @@ emulator (non-tty rendering), the live view, and the runtime part on the real cl
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
 from decimal import Decimal
@@ -180,10 +183,15 @@ def test_runtime_part_serves_throttles_and_cleans_up(
     prefect_harness: None,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    result = run_runtime(tmp_path, Printer(live=False))
+    result = run_runtime(tmp_path)
     assert result.problems == []
+    # the flow's log stays off the console: one line says what runs, and for how long it ran
+    said = capsys.readouterr().err
+    assert "runtime: allocation demo on Slurm (3 nodes)…" in said, said
+    assert re.search(r" done in \d+ s$", said, re.M), said  # (the flow logs INFO in tests)
     assert result.served > 0 and result.throttled_429 > 0
     assert set(result.loadgen) == {"normal-chat", "normal-pipe", "overload-pipe"}
     assert result.loadgen["normal-chat"]["throttled"] == 0
@@ -294,3 +302,45 @@ def test_counts_read_in_the_right_number_and_total_time_is_the_whole_command(
     assert 299 < time.time() - command_started_at() < 310
     monkeypatch.delenv(STARTED_AT_ENV)
     assert 0 <= time.time() - command_started_at() < 24 * 3600  # this process's start
+
+
+@pytest.mark.prefect_server
+def test_the_demo_command_says_what_it_starts_and_ends_with_its_summary(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`slurmgate demo` as `make demo` runs it (a Prefect server of its own, the served reconcile
+    deployment, then the allocation flow in this process), on a small draw: each slow part is one
+    line with its time, the summary is the last thing printed (the flows' log handler once
+    outlived the server and printed "Error logging to API" after `demo: OK`), and nothing on the
+    way is an ERROR or a traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SLURM_JOB"))}
+    env.pop("DO_NOT_TRACK", None)
+    argv = [sys.executable, "-m", "slurmgate.cli", "demo", "--live", "no"]
+    options = ["--load", "0.05", "--never-fits", "0", "--duration", "0.5"]
+    done = subprocess.run(
+        [*argv, *options, "--workdir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=400,
+        check=False,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert done.stdout.rstrip().endswith("demo: OK"), done.stdout[-2000:]
+    noisy = [line for line in out.splitlines() if re.search(r"\bERROR\b|Traceback", line)]
+    assert noisy == [] and "Error logging to API" not in out, out[-4000:]
+    assert done.stderr.startswith("prefect: flow runs go to a Prefect server the demo starts")
+    for start in (
+        r"prefect: starting a temporary Prefect server",
+        r"prefect: serving the reconcile deployment",
+        r"runtime: allocation demo on Slurm \(3 nodes\)",
+    ):
+        assert re.search(rf"^{start}.*… (ready|done) in \d+ s$", done.stderr, re.M), done.stderr
+    assert "each tick runs the served `reconcile` deployment" in done.stdout
+    [line] = [s for s in done.stdout.splitlines() if s.startswith("admission (deployment): ")]
+    queued = re.search(r"(\d+) jobs? queued, (\d+) admitted", line)
+    assert queued and queued[1] == queued[2] and "0 leases left" in line, line
+    assert "cleanup verified: yes" in done.stdout
+    assert re.search(r"^total time: \d+ s \(the whole command\)$", done.stdout, re.M)
