@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -172,20 +172,25 @@ class EngineProfile:
 
     def model_path(self, command: Sequence[str]) -> str | None:
         """The model the command loads when it is an absolute path (a hub id is not a path)."""
-        value = _flag_value(command, self.model_flags)
-        if value is None and self.model_after is not None:
-            value = _operand_after(command, self.model_after)
-        return value if value is not None and value.startswith("/") else None
+        # Every value of the model flags, not the first: in `python -m pkg -m /m.gguf` the
+        # first `-m` is the interpreter's (a module name, never an absolute path).
+        values: list[str | None] = list(_flag_values(command, self.model_flags))
+        if self.model_after is not None:
+            values.append(_operand_after(command, self.model_after))
+        return next((v for v in values if v is not None and v.startswith("/")), None)
 
 
-def _flag_value(command: Sequence[str], flags: tuple[str, ...]) -> str | None:
+def _flag_values(command: Sequence[str], flags: tuple[str, ...]) -> Iterator[str]:
     for i, arg in enumerate(command):
         name, eq, value = arg.partition("=")
         if name in flags and arg.startswith("--") and eq:
-            return value
-        if arg in flags and i + 1 < len(command):
-            return command[i + 1]
-    return None
+            yield value
+        elif arg in flags and i + 1 < len(command):
+            yield command[i + 1]
+
+
+def _flag_value(command: Sequence[str], flags: tuple[str, ...]) -> str | None:
+    return next(_flag_values(command, flags), None)
 
 
 def _operand_after(command: Sequence[str], word: str) -> str | None:

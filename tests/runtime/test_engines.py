@@ -178,6 +178,8 @@ def test_the_model_path_and_served_name_come_from_the_engines_own_flags() -> Non
     assert vllm.model_path(["python", "-m", "x", "--model=/m"]) == "/m"
     assert sglang.model_path(["python", "-m", "sglang.launch_server", "--model-path", "/m"]) == "/m"
     assert llama.model_path(["llama-server", "-m", "/m.gguf"]) == "/m.gguf"
+    # the interpreter's own -m names a module, not the model
+    assert llama.model_path(["python", "-m", "pkg.server", "-m", "/m.gguf"]) == "/m.gguf"
     assert engines.CUSTOM.model_path(["stub", "--model", "/m"]) is None  # custom: as before
     assert vllm.served_model(["vllm", "serve", "/m", "--served-model-name", "chat"]) == "chat"
     assert vllm.models_probe(["vllm", "serve", "/m"]) == (True, "")

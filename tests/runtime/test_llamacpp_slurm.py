@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmgate.runtime import readiness
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.spec import AllocationSpec
 from slurmgate.testbed.llamacpp_server import launch_command
 from slurmgate.testbed.tiny_gguf import MODEL_NAME, write_tiny_model
@@ -230,3 +230,21 @@ def test_two_llamacpp_replicas_serve_stream_shed_load_and_clean_up(
     assert job_gone(result.job_id)
     assert_no_orphans(run.run_id)
     assert not processes_with(str(model))
+
+
+def test_a_missing_model_fails_in_preflight_on_every_node_and_launches_nothing(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    # The llama.cpp profile reads the model from `-m`: a path no node has stops the run before
+    # any server is started, instead of every lane failing its load after launch.
+    missing = tmp_path / "absent" / "tiny.gguf"
+    run = AllocationRun(llamacpp_spec(missing), runs_root=runs_root, grace_s=5)
+    with pytest.raises(RunFailed) as info:
+        run.run()
+    assert info.value.phase == "preflight", str(info.value)
+    message = str(info.value)
+    assert "check model-path" in message and f"{missing} does not exist" in message
+    assert [s.name for s in run.supervisor.steps if not s.name.startswith("preflight")] == []
+    assert run.status == "failed" and run.cleaned
+    assert job_gone(run.job_id)
+    assert_no_orphans(run.run_id)
