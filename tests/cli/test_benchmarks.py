@@ -170,6 +170,7 @@ def check_events(out: Path) -> None:
 def check_prefect_db(out: Path) -> None:
     data = json.loads((out / "prefect_db.json").read_text())
     assert data["smoke"] is True and data["order"] == ["sqlite", "postgres"]
+    assert data["repeat"] == 1
     (quiet,) = data["conditions"]  # smoke measures the quiet server only
     arms = quiet["backends"]
     for backend in ("sqlite", "postgres"):
@@ -183,6 +184,7 @@ def check_prefect_db(out: Path) -> None:
         assert positive(arm["flow_over_core"]) and arm["prefect_api_requests"] > 0
         # the core arm started once the server had recorded the flow's task runs
         assert arm["server_catch_up_s"] >= 0 and arm["server_catch_up_cpu_s"] is not None
+        assert arm["flow_over_core_runs"] == [arm["flow_over_core"]]  # smoke: one run each
     # the same fleet and queue: both servers admit the same jobs with the same GitHub writes
     assert arms["sqlite"]["admitted"] == arms["postgres"]["admitted"]
     assert arms["sqlite"]["github_writes"] == arms["postgres"]["github_writes"]
