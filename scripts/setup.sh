@@ -28,8 +28,9 @@ pip_install() {
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     need=()
-    # wrk drives the endpoint benchmark (benchmarks/bench_endpoint.py)
-    for pkg in python3-venv python3-dev iproute2 procps tmux wrk; do
+    # wrk drives the endpoint benchmark (benchmarks/bench_endpoint.py); slurmrestd serves the
+    # capacity read's REST path in the bundled cluster's tests
+    for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,

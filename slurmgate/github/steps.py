@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.leases import (
@@ -20,6 +21,7 @@ from slurmgate.admission.tick import ReadCapacity, TickSteps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.snapshot import EventReads, take_snapshot
 from slurmgate.runtime.slurm_capacity import read_pool_capacity
+from slurmgate.runtime.slurmrestd import SlurmRestSettings, read_rest_capacity
 
 
 def direct_steps(
@@ -56,14 +58,19 @@ def direct_steps(
     )
 
 
-def slurm_capacity_step(settings: AdmissionSettings | None) -> ReadCapacity | None:
-    """The tick's Slurm read for the settings' pool partitions (None when none is mapped): the
-    Slurm commands run in a thread, so the tick's event loop keeps serving."""
+def slurm_capacity_step(
+    settings: AdmissionSettings | None, rest: SlurmRestSettings | None = None
+) -> ReadCapacity | None:
+    """The tick's Slurm read for the settings' pool partitions (None when none is mapped):
+    from slurmrestd when $SLURMGATE_SLURMRESTD_URL names it, else with Slurm's commands; either
+    runs in a thread, so the tick's event loop keeps serving."""
     if settings is None or not settings.pool_partitions:
         return None
     partitions = dict(settings.pool_partitions)
+    rest = rest or SlurmRestSettings()
+    read = partial(read_rest_capacity, rest) if rest.url else read_pool_capacity
 
     async def read_capacity() -> Mapping[str, NodeCapacity]:
-        return await asyncio.to_thread(read_pool_capacity, partitions)
+        return await asyncio.to_thread(read, partitions)
 
     return read_capacity

@@ -463,3 +463,154 @@ def test_status_warns_once_and_shows_runner_capacity_when_slurm_does_not_answer(
     (warning,) = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
     assert "slurm capacity unread" in warning and "this tick counts runners only" in warning
     assert "cluster:x" in out.stdout and "usable" not in out.stdout  # runner capacity only
+
+
+# ---- slurmrestd ------------------------------------------------------------------------------
+
+# As slurmrestd 22.05 (plugin v0.0.38) answered on the bundled cluster with node[3-4] drained,
+# node2 running an outside batch job and node1 reserved for another user (trimmed to the fields
+# read; the tests on the bundled cluster ask a real slurmrestd).
+REST_NODES = {
+    "errors": [],
+    "nodes": [
+        {"name": "node1", "state": "idle", "state_flags": [], "partitions": ["debug"],
+         "features": ""},
+        {"name": "node2", "state": "mixed", "state_flags": [], "partitions": ["debug"],
+         "features": ""},
+        {"name": "node3", "state": "idle", "state_flags": ["DRAIN"], "partitions": ["debug"],
+         "features": ""},
+        {"name": "node4", "state": "idle", "state_flags": ["DRAIN"], "partitions": ["debug"],
+         "features": ""},
+    ],
+}  # fmt: skip
+REST_RESERVATIONS = {
+    "errors": [],
+    "reservations": [
+        {"name": "probe", "node_list": "node1", "flags": ["SPEC_NODES"], "users": "daemon",
+         "start_time": 1796235234, "end_time": 1796235834},
+        {"name": "later", "node_list": "node2", "start_time": 1896235234, "end_time": 1896236000},
+    ],
+}  # fmt: skip
+REST_JOBS = {
+    "errors": [],
+    "jobs": [
+        {"job_id": 1, "job_state": "RUNNING", "name": "outside", "comment": "a note",
+         "nodes": "node2", "end_time": 1796235534},
+        {"job_id": 2, "job_state": "PENDING", "name": "waiting", "comment": "", "nodes": "",
+         "end_time": 0},
+        {"job_id": 3, "job_state": "COMPLETED", "name": "sg-old-00000000", "comment": "",
+         "nodes": "node3", "end_time": 1796230000},
+    ],
+}  # fmt: skip
+
+
+def test_slurmrestd_answers_read_as_the_commands_read() -> None:
+    from slurmgate.runtime.slurmrestd import (
+        parse_rest_jobs,
+        parse_rest_nodes,
+        parse_rest_reservations,
+    )
+
+    nodes = parse_rest_nodes(REST_NODES)
+    reservations = parse_rest_reservations(REST_RESERVATIONS, now=1796235300)
+    jobs = parse_rest_jobs(REST_JOBS)
+    assert [r.name for r in reservations] == ["probe"]  # "later" has not started
+    assert [(j.job_id, j.nodes, j.end_s) for j in jobs] == [("1", ("node2",), 1796235534.0)]
+    debug = node_capacity(PoolPartition(partition="debug"), nodes, reservations, jobs)
+    assert (debug.idle, debug.managed, debug.usable) == (0, 0, 0)
+    assert debug.reasons() == [
+        "2 nodes drained in partition debug: node[3-4]",
+        f"1 node {HELD_OUTSIDE} in partition debug: node2",
+        "1 node reserved (probe) in partition debug: node1",
+    ]
+    assert sorted(n for _, n in debug.returns) == [1, 1]  # the job's end, the reservation's end
+
+
+def test_later_slurmrestd_plugins_states_as_lists_and_times_as_objects() -> None:
+    """v0.0.39 on: a node's state is a list of words, times are {set, infinite, number}."""
+    from slurmgate.runtime.slurmrestd import parse_rest_jobs, parse_rest_nodes
+
+    nodes = parse_rest_nodes(
+        {
+            "nodes": [
+                {"name": "g1", "state": ["IDLE", "DRAIN"], "partitions": ["gpu"],
+                 "features": ["mi300x", "ib"]},
+                {"name": "g2", "state": ["MIXED"], "partitions": ["gpu"], "features": ["mi300x"]},
+                {"name": "g3", "state": ["IDLE"], "partitions": ["gpu"], "features": ["h100"]},
+                {"state": ["IDLE"]},  # no name: not a node
+            ]
+        }
+    )  # fmt: skip
+    jobs = parse_rest_jobs(
+        {
+            "jobs": [
+                {"job_id": 7, "job_state": ["RUNNING"], "name": "sg-x-01234567",
+                 "comment": {"job": "", "system": ""}, "nodes": "g2",
+                 "end_time": {"set": True, "infinite": False, "number": 1796235534}},
+                {"job_id": 8, "job_state": ["RUNNING"], "name": "w",
+                 "comment": {"job": "by slurmgate"}, "nodes": "g3",
+                 "end_time": {"set": True, "infinite": True, "number": 0}},
+            ]
+        }
+    )  # fmt: skip
+    assert [(n.name, n.base, n.flags) for n in nodes] == [
+        ("g1", "IDLE", frozenset({"DRAIN"})),
+        ("g2", "MIXED", frozenset()),
+        ("g3", "IDLE", frozenset()),
+    ]
+    assert [(j.managed, j.end_s) for j in jobs] == [(True, 1796235534.0), (True, None)]
+    mi300 = node_capacity(PoolPartition(partition="gpu", feature="mi300x"), nodes, [], jobs)
+    assert (mi300.idle, mi300.managed, mi300.reasons()) == (
+        0,
+        1,
+        ["1 node drained in partition gpu: g1"],
+    )
+
+
+def test_slurmrestd_settings_name_the_variable_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slurmgate.runtime.slurmrestd import SlurmRestSettings
+
+    assert SlurmRestSettings().url is None
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "unix:/run/slurmrestd.sock")
+    assert SlurmRestSettings().url == "unix:/run/slurmrestd.sock"
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "https://slurm.example.org:6820/")
+    assert SlurmRestSettings().url == "https://slurm.example.org:6820"
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "ftp://slurm")
+    with pytest.raises(ValidationError, match="give http\\(s\\)://host:port or unix:/path"):
+        SlurmRestSettings()
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_TOKEN", "eyJ-secret")
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "http://slurm.example.org:6820")
+    with pytest.raises(ValidationError, match="would cross the network in clear") as caught:
+        SlurmRestSettings()
+    assert "eyJ-secret" not in str(caught.value)
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "http://127.0.0.1:6820")
+    assert SlurmRestSettings().url == "http://127.0.0.1:6820"
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "unix:/run/slurmrestd.sock")
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_API_VERSION", "latest")
+    with pytest.raises(ValidationError, match=re.escape("give one like v0.0.38")):
+        SlurmRestSettings()
+
+
+async def test_slurmrestd_not_answering_fails_open_with_one_warning_and_no_token(
+    tmp_path: Path,
+) -> None:
+    from pydantic import SecretStr
+
+    from slurmgate.runtime.slurmrestd import SlurmRestSettings
+
+    token = "eyJhbGciOiJIUzI1NiJ9.slurm-token-secret"
+    rest = SlurmRestSettings(
+        url=f"unix:{tmp_path / 'no-such.sock'}", user="ci", token=SecretStr(token)
+    )
+    step = slurm_capacity_step(cfg(), rest)
+    assert step is not None
+    report, lines = await _tick_with(step, cfg())
+    assert admitted(report.decisions) == {1: 3}  # runner-only capacity
+    (warning,) = [m for lvl, m in lines.lines if lvl == logging.WARNING]
+    assert warning.startswith(
+        f"slurm capacity unread (SlurmError: `slurmrestd GET unix:{tmp_path}/no-such.sock"
+        "/slurm/v0.0.38/nodes` failed (ConnectError)"
+    )
+    assert token not in warning and "slurm-token-secret" not in warning

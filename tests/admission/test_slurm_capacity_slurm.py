@@ -11,10 +11,14 @@ with runner-only capacity the same job waits in Slurm's queue instead."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from flowcheck import jobs_by_id, wait_for
@@ -26,6 +30,7 @@ from slurmgate.github.scope import GitHubScope
 from slurmgate.github.steps import direct_steps
 from slurmgate.runtime import slurm
 from slurmgate.runtime.slurm_capacity import read_pool_capacity
+from slurmgate.runtime.slurmrestd import SlurmRestSettings, read_rest_capacity
 from slurmgate.testbed.emulator.state import EmuJob
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
@@ -268,6 +273,75 @@ async def test_a_managed_allocation_counts_as_ours_not_as_missing(cluster: None)
         ]
     finally:
         slurm.scancel(managed)
+
+
+@pytest.fixture
+def slurmrestd(cluster: None, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """slurmrestd (22.05's v0.0.38 plugin) on a unix socket with rest_auth/local, which trusts
+    the socket's peer; its log records each request. Gives the URL and the log."""
+    if shutil.which("slurmrestd") is None:
+        pytest.skip("slurmrestd is not installed (Debian: apt-get install slurmrestd)")
+    sock, log = tmp_path / "slurmrestd.sock", tmp_path / "slurmrestd.log"
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # slurmrestd refuses root unless told; the test cluster runs as root
+        env["SLURMRESTD_SECURITY"] = "disable_user_check"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            ["slurmrestd", "-s", "v0.0.38", "-a", "rest_auth/local", f"unix:{sock}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        wait_for(sock.exists, timeout_s=15, what="slurmrestd's socket")
+        yield f"unix:{sock}", log
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+async def test_slurmrestd_reads_what_the_commands_read_and_the_tick_asks_it(
+    slurmrestd: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drained, held by an outside job, reserved: slurmrestd's answers give each pool the same
+    capacity as scontrol and squeue do. With $SLURMGATE_SLURMRESTD_URL set, the tick reads
+    slurmrestd (its log has the requests) and blocks and admits as with the commands."""
+    url, log = slurmrestd
+    slurm.run(["scontrol", "update", "nodename=node4", "state=drain", "reason=slurmgate-test"])
+    slurm.sbatch(
+        ["-N1", "-wnode3", f"-J{OUTSIDE_JOB}", "--time=5", "-o/dev/null", "--wrap=sleep 300"]
+    )
+    slurm.run(
+        [
+            "scontrol",
+            "create",
+            "reservation",
+            f"reservationname={RESERVATION}",
+            "nodes=node2",
+            "starttime=now",
+            "duration=10",
+            "users=daemon",
+        ]
+    )
+    wait_for(lambda: busy("node3"), timeout_s=30, what="the outside job to hold node3")
+    pools = {"cluster:x": PoolPartition(partition="debug")}
+    by_rest = read_rest_capacity(SlurmRestSettings(url=url), pools)
+    assert by_rest == read_pool_capacity(pools)
+    assert by_rest["cluster:x"].reasons() == [
+        "1 node drained in partition debug: node4",
+        "1 node held by jobs outside slurmgate in partition debug: node3",
+        f"1 node reserved ({RESERVATION}) in partition debug: node2",
+    ]
+    slurm.scancel_by_name(OUTSIDE_JOB)
+    slurm.run(["scontrol", "delete", f"reservation={RESERVATION}"])
+    slurm.run(["scontrol", "update", "nodename=node4", "state=resume"])
+    wait_idle()
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", url)
+    slurm.run(["scontrol", "update", f"nodename={HELD}", "state=drain", "reason=slurmgate-test"])
+    asked = log.read_text().count("GET /slurm/v0.0.38/nodes")
+    await blocked_then_admitted("resume", "drained")
+    # one read a snapshot: the first tick's, the second tick's and its re-read after the release
+    assert log.read_text().count("GET /slurm/v0.0.38/nodes") == asked + 3
 
 
 def test_status_shows_what_slurm_lacks(cluster: None) -> None:

@@ -1,0 +1,282 @@
+"""Slurm's nodes, reservations and node-holding jobs read from slurmrestd, for the capacity read.
+
+Where a site serves Slurm's REST API, the tick's capacity read can ask it instead of running
+`scontrol` and `squeue` (`SLURMGATE_SLURMRESTD_URL`): three GETs, `/slurm/<version>/nodes`,
+`/reservations` and `/jobs`, read into the same nodes, reservations and jobs the commands give,
+so the capacity rules (`slurm_capacity.node_capacity`) are the same either way.
+
+- `http://host:6820` or `https://...`: slurmrestd with `auth/jwt`; the request carries
+  `X-SLURM-USER-NAME` ($SLURMGATE_SLURMRESTD_USER) and `X-SLURM-USER-TOKEN`
+  ($SLURMGATE_SLURMRESTD_TOKEN, e.g. from `scontrol token lifespan=...`).
+- `unix:/path/to/socket`: slurmrestd with `rest_auth/local`, which trusts the socket's peer.
+
+The shapes parsed are those of the OpenAPI plugins from v0.0.38 (Slurm 22.05) on: a state as a
+lower-case string with `state_flags`, or (later plugins) as a list of upper-case words; a time as
+epoch seconds, or as `{"set": ..., "infinite": ..., "number": ...}`. A failure is a `SlurmError`,
+so the tick fails open on it as on the commands. The token is never in a message.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from slurmgate.admission.capacity import NodeCapacity
+from slurmgate.admission.settings import PoolPartition
+from slurmgate.runtime.slurm import SlurmError
+from slurmgate.runtime.slurm_capacity import (
+    SlurmJob,
+    SlurmNode,
+    SlurmReservation,
+    expand_hostlist,
+    pool_capacity,
+)
+
+# Jobs whose allocation holds nodes, as `squeue -t` lists them for the command read.
+HOLDING_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class SlurmRestSettings(BaseSettings):
+    """Where slurmrestd answers, and as whom (environment `SLURMGATE_SLURMRESTD_<NAME>`)."""
+
+    model_config = SettingsConfigDict(env_prefix="SLURMGATE_SLURMRESTD_", extra="ignore")
+
+    user: str | None = Field(default=None, description="X-SLURM-USER-NAME for auth/jwt.")
+    token: SecretStr | None = Field(
+        default=None, description="X-SLURM-USER-TOKEN for auth/jwt (`scontrol token`)."
+    )
+    url: str | None = Field(
+        default=None,
+        description="slurmrestd's address: http(s)://host:port (auth/jwt) or unix:/path "
+        "(rest_auth/local). Unset: the capacity read runs scontrol and squeue.",
+    )
+    api_version: str = Field(
+        default="v0.0.38",
+        description="The OpenAPI plugin to ask (v0.0.38 is Slurm 22.05's newest; later Slurm "
+        "releases serve later ones: see `slurmrestd -s list`).",
+    )
+    timeout_s: float = Field(default=10.0, gt=0, le=120)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # checked here, after the token (declared first), so no error ever shows the token
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        if not (value.startswith("unix:/") or re.match(r"^https?://[^/\s]+/?$", value)):
+            raise ValueError(
+                f"SLURMGATE_SLURMRESTD_URL {value[:80]!r} is not slurmrestd's address; give "
+                "http(s)://host:port or unix:/path/to/socket"
+            )
+        if info.data.get("token") is not None and value.startswith("http://"):
+            host = httpx.URL(value).host
+            try:
+                loopback = ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = host == "localhost"
+            if not loopback:
+                raise ValueError(
+                    f"SLURMGATE_SLURMRESTD_URL {value[:80]!r} is plain http to another host, "
+                    "and the token would cross the network in clear; use https:// (or a "
+                    "unix: socket)"
+                )
+        return value.rstrip("/")
+
+    @field_validator("api_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not re.fullmatch(r"v0\.0\.\d{2}", value):
+            raise ValueError(
+                f"SLURMGATE_SLURMRESTD_API_VERSION {value[:40]!r} is not a slurmrestd plugin "
+                "version; give one like v0.0.38"
+            )
+        return value
+
+
+def _words(value: Any) -> list[str]:
+    """A state or a flag list as upper-case words, whether Slurm sent a string or a list."""
+    if isinstance(value, str):
+        return [value.upper()] if value else []
+    if isinstance(value, list):
+        return [str(v).upper() for v in value if isinstance(v, str) and v]
+    return []
+
+
+def _names(value: Any) -> frozenset[str]:
+    """Partitions or features: a comma-separated string or a list of strings."""
+    if isinstance(value, str):
+        return frozenset(x for x in value.split(",") if x and value != "(null)")
+    if isinstance(value, list):
+        return frozenset(x for x in value if isinstance(x, str) and x)
+    return frozenset()
+
+
+def _epoch(value: Any) -> float | None:
+    """Epoch seconds from an integer or a `{"set", "infinite", "number"}` object; None for no
+    time Slurm can promise (unset, infinite, 0)."""
+    if isinstance(value, dict):
+        if value.get("infinite") or value.get("set") is False:
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):  # later plugins split a job's comment by who wrote it
+        return " ".join(str(v) for v in value.values() if isinstance(v, str))
+    return ""
+
+
+def parse_rest_nodes(body: Any) -> list[SlurmNode]:
+    nodes = []
+    for item in _items(body, "nodes"):
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        state = _words(item.get("state"))
+        flags = set(state[1:]) | set(_words(item.get("state_flags")))
+        nodes.append(
+            SlurmNode(
+                name=name,
+                base=state[0] if state else "UNKNOWN",
+                flags=frozenset(flags),
+                partitions=_names(item.get("partitions")),
+                features=_names(item.get("features")),
+            )
+        )
+    return nodes
+
+
+def parse_rest_reservations(body: Any, now: float) -> list[SlurmReservation]:
+    """The reservations active at `now` (one that has not started holds nothing yet)."""
+    found = []
+    for item in _items(body, "reservations"):
+        name, nodes = item.get("name"), item.get("node_list")
+        if not isinstance(name, str) or not name:
+            continue
+        start, end = _epoch(item.get("start_time")), _epoch(item.get("end_time"))
+        if (start is not None and start > now) or (end is not None and end <= now):
+            continue
+        found.append(
+            SlurmReservation(
+                name=name,
+                nodes=frozenset(expand_hostlist(nodes)) if isinstance(nodes, str) else frozenset(),
+                end_s=end,
+            )
+        )
+    return found
+
+
+def parse_rest_jobs(body: Any) -> list[SlurmJob]:
+    """The jobs whose allocation holds nodes."""
+    jobs = []
+    for item in _items(body, "jobs"):
+        if not HOLDING_STATES.intersection(_words(item.get("job_state"))):
+            continue
+        nodes = item.get("nodes")
+        jobs.append(
+            SlurmJob(
+                job_id=str(item.get("job_id", "")),
+                name=_text(item.get("name")),
+                comment=_text(item.get("comment")),
+                nodes=tuple(expand_hostlist(nodes)) if isinstance(nodes, str) and nodes else (),
+                end_s=_epoch(item.get("end_time")),
+            )
+        )
+    return jobs
+
+
+def _items(body: Any, key: str) -> list[dict[str, Any]]:
+    listed = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(listed, list):
+        return []
+    return [item for item in listed if isinstance(item, dict)]
+
+
+def _client(settings: SlurmRestSettings) -> httpx.Client:
+    url = settings.url or ""
+    headers = {"Accept": "application/json"}
+    if settings.user:
+        headers["X-SLURM-USER-NAME"] = settings.user
+    if settings.token is not None:
+        headers["X-SLURM-USER-TOKEN"] = settings.token.get_secret_value()
+    if url.startswith("unix:"):
+        transport = httpx.HTTPTransport(uds=url.removeprefix("unix:"))
+        return httpx.Client(
+            base_url="http://slurmrestd",
+            transport=transport,
+            headers=headers,
+            timeout=settings.timeout_s,
+        )
+    return httpx.Client(
+        base_url=url, headers=headers, timeout=settings.timeout_s, follow_redirects=False
+    )
+
+
+def _get(http: httpx.Client, path: str, settings: SlurmRestSettings) -> Any:
+    """One GET; any failure is a SlurmError naming the request (raised outside the `except`,
+    so no httpx object, which holds the token header, is chained)."""
+    argv = ["slurmrestd", "GET", f"{settings.url}{path}"]
+    failure: str | None = None
+    try:
+        response = http.get(path)
+    except httpx.HTTPError as exc:
+        failure = type(exc).__name__
+    if failure is not None:
+        raise SlurmError(argv, f"failed ({failure}); check that slurmrestd serves it")
+    if response.status_code != 200:
+        said = " ".join(response.text[:200].split())
+        raise SlurmError(
+            argv,
+            f"answered {response.status_code}; check SLURMGATE_SLURMRESTD_USER and _TOKEN "
+            f"(auth/jwt) or the socket's owner (rest_auth/local)",
+            said,
+        )
+    if len(response.content) > MAX_BODY_BYTES:
+        raise SlurmError(argv, f"answered more than {MAX_BODY_BYTES} bytes")
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    errors = body.get("errors") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or errors:
+        said = "; ".join(
+            str(e.get("error") or e.get("description") or e)[:120]
+            for e in (errors or [])
+            if isinstance(e, dict)
+        )
+        raise SlurmError(argv, "answered without its listing", said)
+    return body
+
+
+def read_rest_capacity(
+    settings: SlurmRestSettings, partitions: Mapping[str, PoolPartition]
+) -> dict[str, NodeCapacity]:
+    """`slurm_capacity.read_pool_capacity`, read from slurmrestd."""
+    if not partitions:
+        return {}
+    base = f"/slurm/{settings.api_version}"
+    with _client(settings) as http:
+        nodes = parse_rest_nodes(_get(http, f"{base}/nodes", settings))
+        reservations = parse_rest_reservations(
+            _get(http, f"{base}/reservations", settings), time.time()
+        )
+        jobs = parse_rest_jobs(_get(http, f"{base}/jobs", settings))
+    if not nodes:
+        raise SlurmError(["slurmrestd", "GET", f"{settings.url}{base}/nodes"], "listed no nodes")
+    return pool_capacity(partitions, nodes, reservations, jobs)
