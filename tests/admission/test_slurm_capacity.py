@@ -152,7 +152,8 @@ def test_no_plan_admits_more_than_slurm_can_give(
     assert taken <= max(0, min(idle, idle + managed - leased))
 
 
-def test_easy_reserves_the_wide_job_at_the_end_slurm_reports_for_an_outside_job() -> None:
+@pytest.mark.parametrize("policy", ["easy", "conservative"])
+def test_reservations_are_made_at_the_end_slurm_reports_for_an_outside_job(policy: str) -> None:
     """Two nodes are held by an outside job that Slurm says ends in 600 s: the 4-node top job
     is reserved then, and an 8-hour 2-node job may not start in front of it."""
     held = NodeCapacity(
@@ -162,7 +163,7 @@ def test_easy_reserves_the_wide_job_at_the_end_slurm_reports_for_an_outside_job(
         returns=((NOW.timestamp() + 600, 2),),
     )
     snap = snapshot(pool("x", 4), [job(1, 4, score="5.000"), job(2, 2, score="1.000")])
-    d = plan(snap, cfg(policy="easy"), NOW, slurm={"cluster:x": held})
+    d = plan(snap, cfg(policy=policy), NOW, slurm={"cluster:x": held})
     assert admitted(d) == {}
     reasons = {b.job_id: b for b in d.blocked}
     assert "reserved cluster:x in 600s" in reasons[1].detail
@@ -170,7 +171,7 @@ def test_easy_reserves_the_wide_job_at_the_end_slurm_reports_for_an_outside_job(
     assert reasons[2].reason == BlockReason.RESERVED
     # an outside job without an end Slurm can promise: no reservation, the 2-node job backfills
     unknown = NodeCapacity("debug", idle=2, missing=held.missing)
-    d = plan(snap, cfg(policy="easy"), NOW, slurm={"cluster:x": unknown})
+    d = plan(snap, cfg(policy=policy), NOW, slurm={"cluster:x": unknown})
     assert admitted(d) == {2: 2}
 
 
