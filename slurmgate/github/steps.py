@@ -21,7 +21,12 @@ from slurmgate.admission.tick import ReadCapacity, TickSteps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.snapshot import EventReads, take_snapshot
 from slurmgate.runtime.slurm_capacity import read_pool_capacity
-from slurmgate.runtime.slurmrestd import SlurmRestSettings, read_rest_capacity
+from slurmgate.runtime.slurmrestd import (
+    SlurmRestConfigError,
+    SlurmRestSettings,
+    read_rest_capacity,
+    rest_settings,
+)
 
 
 def direct_steps(
@@ -67,7 +72,16 @@ def slurm_capacity_step(
     if settings is None or not settings.pool_partitions:
         return None
     partitions = dict(settings.pool_partitions)
-    rest = rest or SlurmRestSettings()
+    try:
+        rest = rest or rest_settings()
+    except SlurmRestConfigError as exc:
+        # a misconfigured read is a failed read: each tick warns with the fix, runner-only
+        failure = exc
+
+        async def misconfigured() -> Mapping[str, NodeCapacity]:
+            raise failure
+
+        return misconfigured
     read = partial(read_rest_capacity, rest) if rest.url else read_pool_capacity
 
     async def read_capacity() -> Mapping[str, NodeCapacity]:

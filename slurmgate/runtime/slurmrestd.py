@@ -25,11 +25,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.settings import PoolPartition
+from slurmgate.errors import InputError
 from slurmgate.runtime.slurm import SlurmError
 from slurmgate.runtime.slurm_capacity import (
     SlurmJob,
@@ -102,6 +103,23 @@ class SlurmRestSettings(BaseSettings):
                 "version; give one like v0.0.38"
             )
         return value
+
+
+class SlurmRestConfigError(InputError):
+    """SLURMGATE_SLURMRESTD_* that cannot work; one line naming the variable and the fix."""
+
+
+def rest_settings() -> SlurmRestSettings:
+    """The environment's slurmrestd settings, or SlurmRestConfigError (never showing the token)."""
+    try:
+        return SlurmRestSettings()
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors(include_input=False):
+            said = str(error["msg"]).removeprefix("Value error, ")
+            name = f"SLURMGATE_SLURMRESTD_{str(error['loc'][0]).upper()}" if error["loc"] else ""
+            lines.append(said if said.startswith("SLURMGATE_") else f"{name}: {said}")
+        raise SlurmRestConfigError("; ".join(lines)) from None
 
 
 def _words(value: Any) -> list[str]:

@@ -615,3 +615,20 @@ async def test_slurmrestd_not_answering_fails_open_with_one_warning_and_no_token
         "/slurm/v0.0.38/nodes` failed (ConnectError)"
     )
     assert token not in warning and "slurm-token-secret" not in warning
+
+
+async def test_a_misconfigured_slurmrestd_is_a_warning_each_tick_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "ftp://slurm")
+    monkeypatch.setenv("SLURMGATE_SLURMRESTD_TIMEOUT_S", "0")
+    step = slurm_capacity_step(cfg())
+    assert step is not None
+    report, lines = await _tick_with(step, cfg())
+    assert admitted(report.decisions) == {1: 3}
+    assert [m for lvl, m in lines.lines if lvl == logging.WARNING] == [
+        "slurm capacity unread (SlurmRestConfigError: SLURMGATE_SLURMRESTD_URL 'ftp://slurm' is "
+        "not slurmrestd's address; give http(s)://host:port or unix:/path/to/socket; "
+        "SLURMGATE_SLURMRESTD_TIMEOUT_S: Input should be greater than 0): this tick counts "
+        "runners only"
+    ]
