@@ -87,8 +87,9 @@ class AdmissionSettings(BaseSettings):
     # benchmarks/bench_policies.py (wide-job max wait no worse than EASY, mean wait within 10%
     # of greedy, utilization at the bound) at each trace's own load; young jobs still backfill
     # as greedily as the seed. Under heavy load held out (LANL x0.8) its wide max is above
-    # EASY's, and no trigger tried there (reserve_slowdown, reserve_after_runtimes, the
-    # shortest-first order) meets both targets on every scenario.
+    # EASY's, and none of the off-by-default options (reserve_slowdown, reserve_after_runtimes,
+    # reserve_wide_frac, backfill_bound, the shortest-first order) meets both targets on every
+    # scenario, KTH and held out.
     policy: PolicyName = _knob(
         "policy",
         "easy",
