@@ -227,15 +227,26 @@ def _vllm_argv(
             str(spec.nodes_per_replica),
             "--node-rank",
             str(lane.rank),
-            "--master-addr",
-            master_addr,
-            "--master-port",
-            str(lane.rendezvous_port),
-            "--distributed-timeout-seconds",
-            f"{spec.distributed_timeout_s:g}",
         ]
-        if lane.rank > 0:
-            argv.append("--headless")
+        argv += _vllm_head(spec, lane, master_addr, "--master-addr", "--master-port")
+    return argv
+
+
+def _vllm_head(
+    spec: EngineDeployment, lane: EngineLane, master_addr: str, addr_flag: str, port_flag: str
+) -> list[str]:
+    """The head's address and port under vLLM's flags for them, the rendezvous timeout, and
+    `--headless` on every node but the head (no API server there)."""
+    argv = [
+        addr_flag,
+        master_addr,
+        port_flag,
+        str(lane.rendezvous_port),
+        "--distributed-timeout-seconds",
+        f"{spec.distributed_timeout_s:g}",
+    ]
+    if lane.rank > 0:
+        argv.append("--headless")
     return argv
 
 
@@ -249,17 +260,9 @@ def _vllm_data_parallel(spec: EngineDeployment, lane: EngineLane, master_addr: s
     argv += ["--data-parallel-size-local", str(local)]
     if lane.rank > 0:
         argv += ["--data-parallel-start-rank", str(lane.rank * local)]
-    argv += [
-        "--data-parallel-address",
-        master_addr,
-        "--data-parallel-rpc-port",
-        str(lane.rendezvous_port),
-        "--distributed-timeout-seconds",
-        f"{spec.distributed_timeout_s:g}",
-    ]
-    if lane.rank > 0:
-        argv.append("--headless")
-    return argv
+    return argv + _vllm_head(
+        spec, lane, master_addr, "--data-parallel-address", "--data-parallel-rpc-port"
+    )
 
 
 def _sglang_argv(
