@@ -1,5 +1,8 @@
 """The demo driver: admission on the emulator tick by tick, the runtime on Slurm, then a summary.
 
+The runtime part's allocation is itself a CI job: queued on an emulator of its own, admitted by
+the same reconcile flow with Slurm's capacity, and started the moment it is dispatched.
+
 `make demo` runs it through scripts/demo.sh as `slurmgate demo`. Mode `deployment` (the default)
 triggers the served `reconcile` deployment of a local Prefect server on every tick, as the
 schedule would; `direct` calls the flow in this process (faster, for tests).
@@ -14,18 +17,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from slurmgate.ci.priority import job_label
 from slurmgate.cli.progress import progress
 from slurmgate.testbed.board import AdmissionTracker, counted
 from slurmgate.testbed.demo import (
     JOB_MIX,
     TICK_WORDS,
+    AdmissionLink,
     AdmissionResult,
     DemoError,
     DemoJob,
@@ -36,6 +43,7 @@ from slurmgate.testbed.demo import (
     command_started_at,
     draw_jobs,
     endpoint_totals,
+    link_problems,
     processes_with_env,
     runtime_problems,
     summary_lines,
@@ -112,17 +120,29 @@ async def _board_rows() -> list[dict[str, Any]]:
     return list(rows or [])
 
 
-async def _tick(mode: str, emu_url: str, deployment: str | None) -> dict[str, Any]:
+async def _tick(
+    mode: str,
+    emu_url: str,
+    deployment: str | None,
+    *,
+    scope: str = SCOPE_BLOCK,
+    policy: str | None = None,
+) -> dict[str, Any]:
     """One reconcile run; its summary (admitted, released, api_calls, ...)."""
     if mode == "direct":
         from flows.reconcile import reconcile
 
-        result: dict[str, Any] = await reconcile(scope_block=SCOPE_BLOCK, policy_block=None)
+        result: dict[str, Any] = await reconcile(scope_block=scope, policy_block=policy)
         return result
     from prefect.deployments import run_deployment
 
     assert deployment is not None
-    flow_run: Any = await run_deployment(deployment, timeout=600, poll_interval=0.25)  # type: ignore[misc]
+    flow_run: Any = await run_deployment(  # type: ignore[misc]
+        deployment,
+        parameters={"scope_block": scope, "policy_block": policy},
+        timeout=600,
+        poll_interval=0.25,
+    )
     state = flow_run.state
     if state is None or not state.is_completed():
         raise DemoError(
@@ -261,13 +281,111 @@ async def run_admission(
 
 # ---- runtime -------------------------------------------------------------------------------
 
+# The runtime part's CI job waits in a pool of its own, one emulator runner per node of the
+# cluster's default partition, with Slurm as that pool's capacity authority.
+LINK_POOL = "slurm-demo"
+LINK_BLOCK = "slurmgate-demo-runtime"  # its scope and its policy block
+LINK_TOKEN = "demo-runtime"
+DISPATCH_TIMEOUT_S = 120.0  # a first reconcile run on a cold Prefect server takes seconds
 
-def run_runtime(workdir: Path, spec_path: Path = DEMO_SPEC) -> RuntimeResult:
-    """The allocation flow on the cluster with the demo spec; reads loadgen, metrics, cleanup."""
+
+def default_partition() -> tuple[str, int]:
+    """The cluster's default partition and its node count: where the allocation lands."""
+    from slurmgate.runtime import slurm
+
+    out = slurm.run(["scontrol", "show", "partition", "-o"], check=False)
+    for line in out.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("Default") == "YES" and fields.get("TotalNodes", "").isdigit():
+            return fields["PartitionName"], int(fields["TotalNodes"])
+    raise DemoError(
+        "Slurm names no default partition (scontrol show partition: no Default=YES); "
+        "set Default=YES on the partition the demo's allocation should use"
+    )
+
+
+class Dispatch:
+    """When the emulator hands one job to a runner (GitHub's dispatch), by the wall clock."""
+
+    def __init__(self, emu: Any, job_id: int) -> None:
+        self.job_id = job_id
+        self.at: float | None = None
+        self.runner = ""
+        self.happened = threading.Event()
+        emu.state.listeners.append(self.seen)
+
+    def seen(self, action: str, job: Any) -> None:
+        # called under the emulator's lock: note the instant and wake the waiting anchor
+        if action == "in_progress" and job.id == self.job_id and self.at is None:
+            self.at = time.time()
+            self.runner = str(job.runner_name)
+            self.happened.set()
+
+    def wait(self, ticking: threading.Thread, timeout_s: float) -> bool:
+        """Until the dispatch; False when it did not come in `timeout_s`, or 2 s after the
+        admitting reconcile run ended without it."""
+        deadline = time.monotonic() + timeout_s
+        while not self.happened.wait(0.1):
+            if not ticking.is_alive():
+                return self.happened.wait(2.0)
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+
+async def _save_link_blocks(emu: Any, partition: str) -> None:
+    from blocks import AdmissionPolicyBlock, GitHubScopeBlock
+    from slurmgate.admission.settings import PoolPartition
+
+    app = emu.admin.create_app()
+    await GitHubScopeBlock(
+        api_url=emu.url,
+        repo=emu.repo,
+        app_id=app["app_id"],
+        app_private_key=app["private_key"],
+        min_write_interval_s=0,
+    ).save(LINK_BLOCK, overwrite=True)
+    await AdmissionPolicyBlock(
+        priority_scheduler_enabled=True,
+        node_slot_scheduler_enabled=True,
+        pool_partitions={LINK_POOL: PoolPartition(partition=partition)},
+    ).save(LINK_BLOCK, overwrite=True)
+
+
+def _link_tick(mode: str, deployment: str | None) -> dict[str, Any]:
+    """One reconcile run over the runtime part's emulator, as the admission part runs its own."""
+    return asyncio.run(_tick(mode, "", deployment, scope=LINK_BLOCK, policy=LINK_BLOCK))
+
+
+def _leases_on(emu: Any) -> int:
+    return sum(
+        1
+        for r in emu.admin.dump()["runners"]
+        if any(lb["name"].startswith("ci-lease-") for lb in r["labels"])
+    )
+
+
+def _board_slurm(pool: str) -> str:
+    for row in asyncio.run(_board_rows()):
+        if row.get("pool") in (pool, f"cluster:{pool}"):
+            return str(row.get("slurm") or "")
+    return ""
+
+
+def run_runtime(
+    workdir: Path,
+    spec_path: Path = DEMO_SPEC,
+    *,
+    mode: str = "direct",
+    deployment: str | None = None,
+) -> RuntimeResult:
+    """The allocation flow on the cluster with the demo spec, started the moment an emulator
+    dispatches its CI job, which the reconcile flow admitted with Slurm's capacity; then the
+    job completes, a tick releases its lease, and loadgen, metrics and cleanup are read."""
     from prefect.artifacts import Artifact
 
-    from flows.allocation import allocation
     from slurmgate.runtime.spec import AllocationSpec
+    from slurmgate.testbed.emulator.testing import running_emulator
 
     result = RuntimeResult()
     out = workdir / "loadgen"
@@ -279,22 +397,80 @@ def run_runtime(workdir: Path, spec_path: Path = DEMO_SPEC) -> RuntimeResult:
     )
     spec = base.model_copy(update={"client": client})
     started = time.monotonic()
-    # The flow's own log lines reach the console only from WARNING up: without this line the
-    # run's half a minute would be silent.
-    try:
+    partition, nodes = default_partition()
+    link = result.link = AdmissionLink(pool=LINK_POOL, partition=partition)
+    with running_emulator(
+        {LINK_POOL: nodes}, repo=DEMO_REPO, token="demo-token", tick_s=0.02
+    ) as emu:
+        asyncio.run(_save_link_blocks(emu, partition))
+        labels = [
+            "self-hosted",
+            f"cluster:{LINK_POOL}",
+            f"nodes:{spec.total_nodes}",
+            job_label(Decimal("1"), LINK_TOKEN),
+            "ci-attempt-1",
+        ]
+        # it runs until the allocation ends: the demo completes it then, as the runner would
+        job_id = link.job_id = emu.admin.add_job(labels, 3600, name=f"allocation {spec.name}")["id"]
+        dispatch = Dispatch(emu, job_id)
+        admitting: dict[str, Any] = {}
+
+        def admit() -> None:
+            try:
+                admitting["summary"] = _link_tick(mode, deployment)
+            except Exception as exc:  # reported below; the dispatch wait sees the thread end
+                admitting["error"] = exc
+
+        # the admitting run goes on in a thread: the anchor starts when GitHub dispatches the
+        # job (as its workflow step `slurmgate allocation run` would), not when the tick ends
+        ticking = threading.Thread(target=admit, name="demo-admit", daemon=True)
         with progress(
-            f"runtime: allocation {spec.name} on Slurm ({spec.total_nodes} nodes)", "done"
+            f"runtime: its CI job (nodes:{spec.total_nodes}, cluster:{LINK_POOL}) admitted by "
+            f"the reconcile flow, Slurm partition {partition} as capacity",
+            "dispatched",
         ):
-            flow_result = allocation(spec=spec, runs_dir=str(workdir / "runs"))
-    except Exception as exc:
-        result.problems.append(f"allocation flow failed: {type(exc).__name__}: {exc}")
-        flow_result = {}
+            ticking.start()
+            dispatched = dispatch.wait(ticking, DISPATCH_TIMEOUT_S)
+        if dispatched:
+            link.dispatched_at, link.anchor = dispatch.at, dispatch.runner
+        else:
+            result.problems.append(
+                f"the runtime's CI job {job_id} was not dispatched within "
+                f"{DISPATCH_TIMEOUT_S:.0f} s of its admission; the allocation runs unlinked"
+            )
+        link.admission_s = round(time.monotonic() - started, 2)
+        link.flow_started_at = time.time()
+        flow_result = _allocation(spec, workdir, result)
+        ticking.join(timeout=DISPATCH_TIMEOUT_S)
+        if "error" in admitting:
+            exc = admitting["error"]
+            result.problems.append(f"admitting reconcile run failed: {type(exc).__name__}: {exc}")
+        link.admitted_by_flow = int(admitting.get("summary", {}).get("admitted", 0))
+        link.slurm_capacity = _board_slurm(LINK_POOL)
+        emu.admin.complete_job(job_id, "success" if flow_result else "failure")
+        link.completed = True
+        releasing = time.monotonic()
+        # the next tick releases the finished job's lease (a second one if the first raced)
+        for _ in range(2):
+            try:
+                link.released_by_flow += int(_link_tick(mode, deployment).get("released", 0))
+            except Exception as exc:
+                result.problems.append(
+                    f"releasing reconcile run failed: {type(exc).__name__}: {exc}"
+                )
+            link.leases_left = _leases_on(emu)
+            if link.leases_left == 0:
+                break
+        link.release_s = round(time.monotonic() - releasing, 2)
+    timings = flow_result.get("timings") or {}
+    link.salloc_asked_at = timings.get("salloc_asked_at_epoch")
+    link.granted_at = timings.get("allocated_at_epoch")
     result.seconds = round(time.monotonic() - started, 1)
     result.run_id = str(flow_result.get("run_id", ""))
     result.job_id = str(flow_result.get("job_id", ""))
     result.hosts = list(flow_result.get("hosts", []))
     # salloc asked -> Slurm granted: a job admitted on nodes Slurm had free waits for nothing
-    allocated = (flow_result.get("timings") or {}).get("allocated")
+    allocated = timings.get("allocated")
     result.allocation_wait_s = float(allocated) if allocated is not None else None
     for path in sorted(out.glob("*.json")):
         result.loadgen[path.stem] = json.loads(path.read_text())
@@ -328,7 +504,25 @@ def run_runtime(workdir: Path, spec_path: Path = DEMO_SPEC) -> RuntimeResult:
         result.slurm_job_left = bool(out_q.stdout.strip())
     if not result.problems:
         result.problems += runtime_problems(result)
+    result.problems += link_problems(link)
     return result
+
+
+def _allocation(spec: Any, workdir: Path, result: RuntimeResult) -> dict[str, Any]:
+    """The allocation flow in this (main) thread; its result, or {} with the failure noted."""
+    from flows.allocation import allocation
+
+    # The flow's own log lines reach the console only from WARNING up: without this line the
+    # run's half a minute would be silent.
+    try:
+        with progress(
+            f"runtime: allocation {spec.name} on Slurm ({spec.total_nodes} nodes)", "done"
+        ):
+            flow_result: dict[str, Any] = allocation(spec=spec, runs_dir=str(workdir / "runs"))
+            return flow_result
+    except Exception as exc:
+        result.problems.append(f"allocation flow failed: {type(exc).__name__}: {exc}")
+        return {}
 
 
 # ---- summary -------------------------------------------------------------------------------
@@ -359,7 +553,7 @@ def run_demo(options: DemoOptions) -> int:
                 if not options.skip_admission:
                     adm = asyncio.run(admission_part(jobs, printer, options.mode, deployment))
             if not options.skip_runtime:
-                rt = run_runtime(workdir)
+                rt = run_runtime(workdir, mode=options.mode, deployment=deployment)
     except DemoError as exc:
         print(f"demo: {exc} (logs in {workdir})", file=sys.stderr)
         return 1

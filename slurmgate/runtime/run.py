@@ -370,9 +370,13 @@ class AllocationRun:
             )
             self.owned_allocation = True  # before the call: a late grant is still ours to cancel
             self.save()
+            # wall-clock instants, so a caller can line the grant up with events outside the
+            # run (the CI job's dispatch to its runner, in the demo)
+            self.timings.marks["salloc_asked_at_epoch"] = time.time()
             self.job_id = slurm.salloc_no_shell(
                 **self.salloc_request(), timeout=self.allocate_timeout_s
             )
+            self.timings.marks["allocated_at_epoch"] = time.time()
         self.supervisor.job_id = self.job_id
         self.timings.mark("allocated", t0)
         self.save()

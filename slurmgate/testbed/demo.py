@@ -253,6 +253,105 @@ class RuntimeResult:
     allocation_wait_s: float | None = None  # salloc asked -> Slurm granted the nodes
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
+    link: AdmissionLink | None = None  # how the run's CI job was admitted and dispatched
+
+
+# Dispatch to grant is the job's own startup when Slurm has the nodes the controller counted
+# (the Slurm capacity test measures one salloc at 0.006-0.015 s); here it also holds the
+# allocation flow's start. Above the bound the allocation waited for something: Slurm's queue.
+STARTUP_BOUND_S = 2.0
+
+
+@dataclass
+class AdmissionLink:
+    """The runtime part's CI job on its own emulator: admitted by the reconcile flow with Slurm's
+    capacity read, dispatched to its anchor, allocated at dispatch; wall-clock instants."""
+
+    pool: str = ""
+    partition: str = ""
+    job_id: int | None = None
+    anchor: str = ""
+    admitted_by_flow: int = 0  # the reconcile runs' own counts
+    released_by_flow: int = 0
+    slurm_capacity: str = (
+        ""  # the board's slurm column for the pool, as the admitting tick wrote it
+    )
+    leases_left: int | None = None
+    dispatched_at: float | None = None  # the emulator handed the job to its anchor runner
+    flow_started_at: float | None = None  # the demo called the allocation flow
+    salloc_asked_at: float | None = None  # the run asked Slurm (its record's timings)
+    granted_at: float | None = None  # salloc returned with the granted job
+    completed: bool = False  # the job was completed on the emulator when the allocation ended
+    admission_s: float = 0.0  # what the link adds to the runtime part: emulator up to dispatch
+    release_s: float = 0.0  # and the releasing tick(s)
+
+    def span(self, start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else round(end - start, 4)
+
+    @property
+    def dispatch_to_grant_s(self) -> float | None:
+        return self.span(self.dispatched_at, self.granted_at)
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """salloc asked -> Slurm granted: the wait in Slurm's queue (with salloc's own time)."""
+        return self.span(self.salloc_asked_at, self.granted_at)
+
+
+def invariant_line(link: AdmissionLink) -> str:
+    """The summary's measurement of the invariant, with its parts."""
+    total, wait = link.dispatch_to_grant_s, link.queue_wait_s
+    if total is None or wait is None:
+        return f"invariant: not measured (job {link.job_id or '-'}: no dispatch or no grant)"
+    wake = link.span(link.dispatched_at, link.flow_started_at)
+    flow = link.span(link.flow_started_at, link.salloc_asked_at)
+    return (
+        f"invariant: job {link.job_id} dispatched to {link.anchor}; its Slurm allocation "
+        f"started {total:.3f} s later (salloc asked -> granted {wait:.3f} s; the rest is the "
+        f"job's own startup: dispatch -> allocation flow called {wake:.3f} s, flow -> salloc "
+        f"asked {flow:.3f} s)"
+    )
+
+
+def link_problems(link: AdmissionLink) -> list[str]:
+    """What the linked admission got wrong: no admission through the flow, no Slurm capacity
+    read, a grant outside the bound (or before the dispatch), a lease left."""
+    problems: list[str] = []
+    if link.admitted_by_flow != 1:
+        problems.append(
+            f"the runtime's CI job: the reconcile runs admitted {link.admitted_by_flow}, not 1"
+        )
+    if f"partition {link.partition}" not in link.slurm_capacity:
+        problems.append(
+            f"the runtime's CI job was admitted without Slurm's capacity for pool {link.pool} "
+            f"(board: {link.slurm_capacity or 'no slurm column'})"
+        )
+    total, wait = link.dispatch_to_grant_s, link.queue_wait_s
+    if total is None or wait is None:
+        problems.append(f"the runtime's CI job {link.job_id}: dispatch or grant not recorded")
+    else:
+        if total < 0:
+            problems.append(
+                f"Slurm granted job {link.job_id}'s allocation {-total:.3f} s before its dispatch"
+            )
+        elif total > STARTUP_BOUND_S:
+            problems.append(
+                f"Slurm granted job {link.job_id}'s allocation {total:.3f} s after its dispatch "
+                f"(bound {STARTUP_BOUND_S:g} s)"
+            )
+        if wait > STARTUP_BOUND_S:
+            problems.append(
+                f"job {link.job_id}'s allocation waited {wait:.3f} s in Slurm's queue for nodes "
+                f"the controller believed free (bound {STARTUP_BOUND_S:g} s)"
+            )
+    if not link.completed:
+        problems.append(f"the runtime's CI job {link.job_id} was not completed on the emulator")
+    if link.released_by_flow != 1 or link.leases_left != 0:
+        problems.append(
+            f"the runtime's CI job: {link.released_by_flow} lease released by the reconcile "
+            f"runs, {link.leases_left} left"
+        )
+    return problems
 
 
 def processes_with_env(key: str, value: str) -> list[int]:
@@ -341,11 +440,22 @@ def summary_lines(
             f"{','.join(rt.hosts) or '-'}) in {rt.seconds:.0f} s: {rt.served} requests served, "
             f"{rt.throttled_429} answered 429, {rt.endpoint_requests} received by the endpoints"
         )
+        if rt.link is not None:
+            link = rt.link
+            lines.append(
+                f"  admission: job {link.job_id or '-'} (nodes:{len(rt.hosts) or '?'}, "
+                f"cluster:{link.pool}) admitted by the reconcile flow with Slurm's capacity "
+                f"({link.slurm_capacity or '-'}), completed when the allocation ended, "
+                f"{link.released_by_flow} lease released, "
+                f"{'?' if link.leases_left is None else link.leases_left} left"
+            )
         if rt.allocation_wait_s is not None:
             lines.append(
                 f"  allocation: Slurm granted its {len(rt.hosts) or '?'} node(s) "
                 f"{rt.allocation_wait_s:.3f} s after salloc asked"
             )
+        if rt.link is not None:
+            lines.append(invariant_line(rt.link))
         for name, report in sorted(rt.loadgen.items()):
             lines.append(
                 f"  loadgen {name}: {report.get('ok')} ok, {report.get('throttled')} throttled, "

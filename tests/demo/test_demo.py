@@ -1,5 +1,6 @@
 """The demo's shortened paths: the job draw, admission through the real reconcile flow on the
-emulator (non-tty rendering), the live view, and the runtime part on the real cluster."""
+emulator (non-tty rendering), the live view, and the runtime part on the real cluster (its
+allocation started at its CI job's dispatch, measured against Slurm's grant)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flows.demo import run_admission, run_runtime
+from flows.demo import LINK_POOL, run_admission, run_runtime
 from slurmgate.admission.labels import JobLabel
 from slurmgate.ci.priority import job_label
 from slurmgate.testbed.board import (
@@ -29,6 +30,7 @@ from slurmgate.testbed.board import (
 )
 from slurmgate.testbed.demo import (
     STARTED_AT_ENV,
+    STARTUP_BOUND_S,
     AdmissionResult,
     DemoError,
     DemoJob,
@@ -36,6 +38,7 @@ from slurmgate.testbed.demo import (
     command_started_at,
     draw_jobs,
     endpoint_totals,
+    invariant_line,
     processes_with_env,
     summary_lines,
 )
@@ -199,6 +202,23 @@ def test_runtime_part_serves_throttles_and_cleans_up(
     assert sum(r["ok"] for r in result.loadgen.values()) == result.served
     assert result.cleanup_complete and not result.slurm_job_left
     assert processes_with_env("SLURMGATE_RUN_ID", result.run_id) == []
+    # the allocation belongs to a CI job the reconcile flow admitted with Slurm's capacity on an
+    # emulator; its anchor's allocation started at the dispatch, and the lease is gone after
+    link = result.link
+    assert link is not None and link.job_id is not None
+    assert link.admitted_by_flow == 1
+    assert link.slurm_capacity == "4/4 nodes usable in partition debug"
+    assert re.fullmatch(rf"{LINK_POOL}-0[1-4]", link.anchor), link
+    assert link.dispatched_at is not None and link.granted_at is not None
+    assert link.salloc_asked_at is not None and link.flow_started_at is not None
+    assert link.dispatched_at <= link.flow_started_at <= link.salloc_asked_at < link.granted_at
+    waited = link.dispatch_to_grant_s
+    assert waited is not None and 0 < waited < STARTUP_BOUND_S, link
+    assert link.queue_wait_s is not None and link.queue_wait_s < STARTUP_BOUND_S
+    assert link.completed and link.released_by_flow == 1 and link.leases_left == 0
+    line = invariant_line(link)
+    assert line.startswith(f"invariant: job {link.job_id} dispatched to {link.anchor}; "), line
+    print(line)
 
 
 async def test_a_failing_tick_makes_the_demo_fail_with_the_reason(prefect_harness: None) -> None:
@@ -347,3 +367,16 @@ def test_the_demo_command_says_what_it_starts_and_ends_with_its_summary(
     assert queued and queued[1] == queued[2] and "0 leases left" in line, line
     assert "cleanup verified: yes" in done.stdout
     assert re.search(r"^total time: \d+ s \(the whole command\)$", done.stdout, re.M)
+    # the runtime's CI job went through the served deployment too, and its allocation started
+    # at its dispatch
+    admitted = rf"runtime: its CI job \(nodes:3, cluster:{LINK_POOL}\) admitted by the reconcile"
+    assert re.search(rf"^{admitted}.*… dispatched in \d+ s$", done.stderr, re.M), done.stderr
+    assert re.search(r"^  admission: job \d+ .* admitted by the reconcile flow", done.stdout, re.M)
+    invariant = re.search(
+        rf"^invariant: job \d+ dispatched to {LINK_POOL}-0\d; its Slurm allocation started "
+        r"(\d+\.\d+) s later \(salloc asked -> granted (\d+\.\d+) s; ",
+        done.stdout,
+        re.M,
+    )
+    assert invariant, done.stdout[-3000:]
+    assert float(invariant[2]) <= float(invariant[1]) < STARTUP_BOUND_S
