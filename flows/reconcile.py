@@ -12,7 +12,7 @@ from prefect.artifacts import Artifact, acreate_table_artifact
 
 from blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.admission.estimates import HistoryError, RuntimeHistory
-from slurmgate.admission.leases import AdmitOutcome
+from slurmgate.admission.leases import AdmitOutcome, FleetVerifier
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
@@ -162,9 +162,11 @@ async def reconcile(
         )
     tick_log = BatchedTickLog(logger)
 
-    async def admit(planned: Admit, fleet_size: int) -> AdmitOutcome:
+    async def admit(
+        planned: Admit, fleet_size: int, verifier: FleetVerifier | None
+    ) -> AdmitOutcome:
         tick_log.flush()  # the decisions appear before the lease task runs they start
-        return await run_lease(planned, fleet_size)
+        return await run_lease(planned, fleet_size, verifier)
 
     steps = TickSteps(
         lambda: read_snapshot(settings),
@@ -174,6 +176,7 @@ async def reconcile(
         # Slurm's nodes for the pools mapped to partitions; a failed read counts runners only
         # (one warning), so it is not a retried task
         read_capacity=slurm_capacity_step(settings),
+        write_interval_s=scope.min_write_interval_s,  # sizes the verification batches
     )
     async with scope.get_client() as client, bound_client(client):
         history = await load_history(logger)

@@ -19,6 +19,7 @@ from slurmgate.admission.leases import (
     Admission,
     AdmitOutcome,
     DispatchCheck,
+    FleetVerifier,
     LeaseSteps,
     RemovalOutcome,
     UnwindReport,
@@ -96,7 +97,9 @@ async def read_snapshot(settings: AdmissionSettings | None = None) -> Snapshot:
     task_run_name="lease-j{admission.admit.job_id}-a{admission.admit.attempt}",
     **_task_options,
 )
-async def lease_task(admission: Admission, fleet_size: int | None = None) -> State[AdmitOutcome]:
+async def lease_task(
+    admission: Admission, fleet_size: int | None = None, verifier: FleetVerifier | None = None
+) -> State[AdmitOutcome]:
     """Label the runners, verify, anchor: one task run per admission, retried as a whole.
 
     A retry resumes where the last run failed (`Admission`): confirmed writes are not sent
@@ -124,7 +127,7 @@ async def lease_task(admission: Admission, fleet_size: int | None = None) -> Sta
             exc,
         )
 
-    steps = LeaseSteps(current_client(), fleet_size)
+    steps = LeaseSteps(current_client(), fleet_size, verifier=verifier)
     outcome = await steps.run(admission, on_rollback=log_rollback)
     line = (
         admit.line("admitted")
@@ -134,13 +137,15 @@ async def lease_task(admission: Admission, fleet_size: int | None = None) -> Sta
     return Completed(message=line, data=outcome)
 
 
-async def run_lease(admit: Admit, fleet_size: int) -> AdmitOutcome:
+async def run_lease(
+    admit: Admit, fleet_size: int, verifier: FleetVerifier | None = None
+) -> AdmitOutcome:
     """The tick's admit step: one `lease` task run, retried on transient faults; when Prefect
     gives up on it some other way (the run cancelled between retries), what it wrote is
-    unwound here."""
+    unwound here. With `verifier`, its verification is a share of its batch's read."""
     admission = Admission(admit, retries=RETRIES)
     try:
-        state = await lease_task(admission, fleet_size)
+        state = await lease_task(admission, fleet_size, verifier)
         return await state.aresult()
     finally:
         if not admission.settled:

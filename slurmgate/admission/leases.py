@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -236,25 +236,40 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
 RUNNERS_PER_PAGE = 100  # GitHub's largest page of the runner list
 
 
+async def read_leased_runners(
+    client: LeaseClient, runner_ids: Collection[int], fleet_size: int | None = None
+) -> list[Runner]:
+    """A fresh read (never a cached copy) of `runner_ids`: one GET each when that is fewer
+    requests than the runner list's pages (`fleet_size` runners), else every page. A runner
+    that is gone is simply missing, which `check_lease` reports."""
+    pages = -(-fleet_size // RUNNERS_PER_PAGE) if fleet_size else 0
+    if len(runner_ids) >= pages:
+        return await client.list_runners(conditional=False)
+    chosen: list[Runner] = []
+    for runner_id in sorted(runner_ids):
+        with contextlib.suppress(NotFoundError):
+            chosen.append(await client.get_runner(runner_id))
+    return chosen
+
+
 async def verify_lease(
     client: LeaseClient, admit: Admit, *, fleet_size: int | None = None
 ) -> Verification:
-    """Step 2: re-read unconditionally (never a cached copy) and check the lease on it.
+    """Step 2: re-read the leased runners unconditionally and check the lease on them.
 
     When the fleet spans more list pages than the lease has runners, only the chosen runners
     are read (one fresh GET each): N reads instead of every page.
     """
-    pages = -(-fleet_size // RUNNERS_PER_PAGE) if fleet_size else 0
-    if len(admit.runner_ids) < pages:
-        chosen: list[Runner] = []
-        for runner_id in admit.runner_ids:
-            try:
-                chosen.append(await client.get_runner(runner_id))
-            except NotFoundError:
-                raise LeaseLost(f"runner {runner_id} is no longer registered") from None
-        return check_lease(admit, chosen)
-    fleet = await client.list_runners(conditional=False)
-    return check_lease(admit, fleet)
+    return check_lease(admit, await read_leased_runners(client, admit.runner_ids, fleet_size))
+
+
+class FleetVerifier(Protocol):
+    """Verification shared by the admissions of one batch (`admission/batch_verify.py`); who
+    runs the batch calls `leave` for each admission that ended, so none is waited for."""
+
+    async def verify(self, client: LeaseClient, admit: Admit) -> Verification: ...
+
+    def leave(self, admit: Admit) -> None: ...
 
 
 # A lease without an anchor is another controller's to release once it is older than the
@@ -475,16 +490,20 @@ async def run_admission(
 
 @dataclass(frozen=True, slots=True)
 class LeaseSteps:
-    """The three protocol steps straight over one client, for `Admission.run`."""
+    """The three protocol steps straight over one client, for `Admission.run`; with a
+    `verifier`, the fresh read that verifies is shared with the rest of its batch."""
 
     client: LeaseClient
     fleet_size: int | None = None
     deadline: AnchorDeadline | None = AnchorDeadline()
+    verifier: FleetVerifier | None = None
 
     async def label(self, admit: Admit, stack: CompensationStack) -> None:
         await add_lease_labels(self.client, admit, stack)
 
     async def verify(self, admit: Admit) -> Verification:
+        if self.verifier is not None:
+            return await self.verifier.verify(self.client, admit)
         return await verify_lease(self.client, admit, fleet_size=self.fleet_size)
 
     async def anchor(self, admit: Admit, stack: CompensationStack, verified: Verification) -> None:
@@ -503,12 +522,14 @@ async def admit_lease(
     fleet_size: int | None = None,
     on_rollback: RollbackHook | None = None,
     deadline: AnchorDeadline | None = AnchorDeadline(),
+    verifier: FleetVerifier | None = None,
 ) -> AdmitOutcome:
-    """The whole protocol straight over a client (no Prefect): N + 1 label writes, one read.
+    """The whole protocol straight over a client (no Prefect): N + 1 label writes, one read
+    (or a share of a batch's read, with `verifier`).
 
     `deadline` bounds when the anchor may be written (None: never give up on time).
     """
-    steps = LeaseSteps(client, fleet_size, deadline)
+    steps = LeaseSteps(client, fleet_size, deadline, verifier)
     return await steps.run(Admission(admit), on_rollback=on_rollback)
 
 

@@ -8,17 +8,20 @@ protocol, so all three do the same work.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from slurmgate.admission.batch_verify import BatchVerification, verification_batches
 from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.labels import LeaseLabel, new_nonce
 from slurmgate.admission.leases import (
     AdmitOutcome,
+    FleetVerifier,
     ReadDispatch,
     RemoveLabels,
     release_lease,
@@ -29,7 +32,9 @@ from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import ExternalError, one_line
 
 ReadSnapshot = Callable[[], Awaitable[Snapshot]]
-AdmitJob = Callable[[Admit, int], Awaitable[AdmitOutcome]]  # the admit and the fleet size
+AdmitJob = Callable[[Admit, int, FleetVerifier | None], Awaitable[AdmitOutcome]]
+"""One admission: the admit, the fleet size, and the verification its batch shares (or None:
+it reads on its own); pass the last on to `leases.admit_lease` or `LeaseSteps`."""
 ReadCapacity = Callable[[], Awaitable[Mapping[str, NodeCapacity]]]
 """What Slurm says of each mapped pool's partition (`runtime/slurm_capacity.py` reads it)."""
 
@@ -58,6 +63,8 @@ class TickSteps:
     still be dispatched (`leases.release_lease`); without it such a release is not re-checked.
     `read_capacity` reads Slurm's nodes for the pools mapped to partitions, with every snapshot
     read; without it (or when it fails: fail-open, one warning a tick) capacity is runners only.
+    `write_interval_s` is how far apart the client sends writes: admissions are verified in
+    batches whose writes fit well inside the anchor deadline at that pace.
     """
 
     read_snapshot: ReadSnapshot
@@ -65,6 +72,7 @@ class TickSteps:
     admit: AdmitJob | None = None
     read_dispatch: ReadDispatch | None = None
     read_capacity: ReadCapacity | None = None
+    write_interval_s: float = 0.0  # the client's write pacing, which sizes verification batches
 
     @property
     def read_only(self) -> bool:
@@ -162,21 +170,43 @@ async def reconcile_tick(
             log.info("deferred to the next tick: %s", deferred)
     log_admissions(decisions, log)
     if steps.admit is not None:
-        # one admission at a time: GitHub has no compare-and-swap, so we are the single writer
-        for planned in decisions.admit:
+        # Batches one after another, a batch's admissions side by side: their runners are
+        # disjoint, and one fresh read verifies them all (`batch_verify.py`).
+        for batch in verification_batches(decisions.admit, steps.write_interval_s):
             # Stamped now, not at plan time: the orphan grace and the anchor deadline then
-            # measure this admission's own protocol, not the admissions queued before it.
-            admit = restamped(planned, now(), nonce())
-            try:
-                outcome = await steps.admit(admit, report.fleet_size)
-            except Exception as exc:
-                report.failures.append(f"lease {admit.lease_label}: {one_line(exc)}")
-                continue
+            # measure this batch's own protocol, not the batches before it.
+            at = now()
+            stamped = [restamped(planned, at, nonce()) for planned in batch]
+            verifier = BatchVerification(stamped, report.fleet_size) if len(batch) > 1 else None
+            await _admit_batch(steps.admit, stamped, report, verifier)
+    return report
+
+
+async def _admit_batch(
+    admit: AdmitJob,
+    batch: list[Admit],
+    report: TickReport,
+    verifier: BatchVerification | None,
+) -> None:
+
+    async def one(planned: Admit) -> AdmitOutcome:
+        try:
+            return await admit(planned, report.fleet_size, verifier)
+        finally:
+            if verifier is not None:
+                verifier.leave(planned)  # ended, verified or not: the batch's read waits no more
+
+    outcomes = await asyncio.gather(*(one(planned) for planned in batch), return_exceptions=True)
+    for planned, outcome in zip(batch, outcomes, strict=True):
+        if isinstance(outcome, AdmitOutcome):
             if outcome.admitted:
                 report.admitted += 1
             else:
                 report.rolled_back += 1
-    return report
+        elif isinstance(outcome, Exception):
+            report.failures.append(f"lease {planned.lease_label}: {one_line(outcome)}")
+        else:
+            raise outcome  # cancelled, interrupted: the tick stops (each admission unwound)
 
 
 def restamped(admit: Admit, at: datetime, nonce: str | None = None) -> Admit:

@@ -10,6 +10,7 @@ from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.leases import (
     AdmitOutcome,
     DispatchCheck,
+    FleetVerifier,
     RemovalOutcome,
     admit_lease,
     read_dispatch,
@@ -52,14 +53,19 @@ def direct_steps(
     async def remove(pairs: Sequence[tuple[int, Sequence[str]]]) -> RemovalOutcome:
         return await remove_labels(client, pairs)
 
-    async def admit(a: Admit, fleet_size: int) -> AdmitOutcome:
-        return await admit_lease(client, a, fleet_size=fleet_size)
+    async def admit(a: Admit, fleet_size: int, verifier: FleetVerifier | None) -> AdmitOutcome:
+        return await admit_lease(client, a, fleet_size=fleet_size, verifier=verifier)
 
     async def dispatch(job_id: int, anchor_id: int | None) -> DispatchCheck:
         return await read_dispatch(client, job_id, anchor_id)
 
     return TickSteps(
-        read, remove=remove, admit=admit, read_dispatch=dispatch, read_capacity=capacity
+        read,
+        remove=remove,
+        admit=admit,
+        read_dispatch=dispatch,
+        read_capacity=capacity,
+        write_interval_s=client.min_write_interval_s,
     )
 
 

@@ -11,8 +11,10 @@ import pytest
 
 from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import (
+    AdmitOutcome,
     AnchorDeadline,
     CompensationStack,
+    FleetVerifier,
     LeaseConflict,
     LeaseLost,
     add_anchor_labels,
@@ -109,9 +111,10 @@ async def test_an_anchor_write_held_by_a_rate_limit_is_abandoned_at_the_deadline
         )
 
 
-async def test_each_admission_is_stamped_when_it_starts_not_when_it_was_planned() -> None:
-    """Admissions run one after another; stamped at plan time, the last ones of a busy tick
-    would start already older than the orphan grace."""
+async def test_each_batch_is_stamped_when_it_starts_not_when_it_was_planned() -> None:
+    """Batches of admissions run one after another; stamped at plan time, the last ones of a
+    busy tick would start already older than the orphan grace. At a 4 s write pace two 2-node
+    admissions (6 writes, 24 s) do not fit one batch's write budget: two batches."""
     clock = [1_800_000_000.0]
 
     def now() -> datetime:
@@ -129,14 +132,16 @@ async def test_each_admission_is_stamped_when_it_starts_not_when_it_was_planned(
             direct = direct_steps(client)
             planned_at: list[int] = []
 
-            async def admit(planned: Admit, fleet_size: int):  # type: ignore[no-untyped-def]
+            async def admit(
+                planned: Admit, fleet_size: int, verifier: FleetVerifier | None
+            ) -> AdmitOutcome:
+                assert verifier is None  # a batch of one reads on its own
                 planned_at.append(LeaseLabel.parse(planned.lease_label).created_at)
                 deadline = AnchorDeadline(clock=lambda: clock[0])
                 return await admit_lease(client, planned, fleet_size=fleet_size, deadline=deadline)
 
-            report = await reconcile_tick(
-                TickSteps(direct.read_snapshot, direct.remove, admit), SETTINGS, now=now
-            )
+            steps = TickSteps(direct.read_snapshot, direct.remove, admit, write_interval_s=4.0)
+            report = await reconcile_tick(steps, SETTINGS, now=now)
         assert report.admitted == 2, report.failures
         planned = [LeaseLabel.parse(a.lease_label).created_at for a in report.decisions.admit]
         assert planned_at[0] > planned[0] and planned_at[1] > planned_at[0]
