@@ -13,9 +13,12 @@ fresh GitHub emulator with the same fleet and work, driven by the core's `reconc
 
 Work: `--runs` active runs over `--repos` repositories on `--runners` runners. All but
 `--admit` runs are one in-progress job each (not slurmgate's: it holds a runner, not a lease);
-then `--admit` managed jobs (nodes:2, each a new run in its own repository) are queued and one
-busy tick admits them. Idle ticks follow once their dispatch has settled. On GitHub, as in the
-emulator, a conditional request answered 304 costs no primary quota.
+then `--admit` managed jobs (`--nodes` each, 4 by default; each a new run in its own
+repository) are queued and one busy tick admits them; then as many again, each admission
+verified by its own read (the reference). After each busy tick, once its dispatch has settled,
+the quietest tick after it reads what the busy tick read apart from the admissions, or less:
+the busy tick's reads beyond it are the admissions' own. Idle ticks follow. On GitHub, as in
+the emulator, a conditional request answered 304 costs no primary quota.
 
 Run: .venv/bin/python benchmarks/bench_many_repos.py [--repos 100] [--runs 300] [--runners 1000]
 Writes benchmarks/results/many_repos.json and .md. `--smoke`: 5 repositories, 12 runs, 40
@@ -38,7 +41,6 @@ from typing import Any
 from options import add_output_flags, write_results
 
 POOL = "a"
-NODES = 2
 
 
 def repo_names(count: int) -> list[str]:
@@ -63,7 +65,12 @@ class StoreFeed:
             self.deliveries += 1
 
 
-async def one_tick(emu: Any, settings: Any, events: Any) -> dict[str, Any]:
+async def one_tick(emu: Any, settings: Any, events: Any, alone: bool = False) -> dict[str, Any]:
+    """One tick on a fresh client. `alone`: each admission verified by its own read, as before
+    a batch of admissions shared one (a write pace at which no two fit one batch's budget)."""
+    from dataclasses import replace
+
+    from slurmgate.admission.batch_verify import BATCH_WRITE_BUDGET_S
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.github.client import client_for_scope
     from slurmgate.github.scope import GitHubScope
@@ -73,7 +80,10 @@ async def one_tick(emu: Any, settings: Any, events: Any) -> dict[str, Any]:
     emu.admin.reset_stats()
     started = time.perf_counter()
     async with client_for_scope(scope, emu.token) as client:
-        report = await reconcile_tick(direct_steps(client, events=events), settings)
+        steps = direct_steps(client, events=events)
+        if alone:
+            steps = replace(steps, write_interval_s=BATCH_WRITE_BUDGET_S + 1)
+        report = await reconcile_tick(steps, settings)
     wall = time.perf_counter() - started
     stats = emu.admin.stats()
     return {
@@ -110,24 +120,11 @@ def run_arm(name: str, args: argparse.Namespace, state_dir: Path) -> dict[str, A
         for i in range(background):  # in progress at once: any runner carries these labels
             emu.admin.add_job(["self-hosted", "Linux"], 36_000, repo=repos[i % len(repos)])
         warm = [asyncio.run(one_tick(emu, settings, events)) for _ in range(2)]
-        step = max(1, len(repos) // max(1, args.admit))
-        for i in range(args.admit):
-            labels = [
-                "self-hosted",
-                f"cluster:{POOL}",
-                f"nodes:{NODES}",
-                f"ci-job-1.000-m{i}",
-                "ci-attempt-1",
-            ]
-            emu.admin.add_job(labels, 36_000, repo=repos[(i * step) % len(repos)])
-        busy = asyncio.run(one_tick(emu, settings, events))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the emulator dispatches admitted jobs to anchors
-            with emu.state.lock:
-                if not emu.state._queued:
-                    break
-            time.sleep(0.05)
+        busy = busy_tick(emu, settings, events, args, "m")
         settle = asyncio.run(one_tick(emu, settings, events))
+        # the reference: as many jobs again, each verified by its own read, in the same arm
+        busy_alone = busy_tick(emu, settings, events, args, "s", alone=True)
+        settle_alone = asyncio.run(one_tick(emu, settings, events))
         idle = [asyncio.run(one_tick(emu, settings, events)) for _ in range(args.idle_ticks)]
         with emu.state.lock:
             active_runs = sum(
@@ -136,6 +133,8 @@ def run_arm(name: str, args: argparse.Namespace, state_dir: Path) -> dict[str, A
     return {
         "warm": warm,
         "busy": busy,
+        "busy_alone": busy_alone,
+        "settle_alone": settle_alone,
         "settle": settle,
         "idle": idle,
         "active_runs": active_runs,
@@ -143,8 +142,34 @@ def run_arm(name: str, args: argparse.Namespace, state_dir: Path) -> dict[str, A
     }
 
 
-def summary(arm: dict[str, Any], admitted_nodes: int) -> dict[str, Any]:
-    idle, busy = arm["idle"], arm["busy"]
+def busy_tick(
+    emu: Any, settings: Any, events: Any, args: argparse.Namespace, tag: str, alone: bool = False
+) -> dict[str, Any]:
+    """Queue `--admit` managed jobs of `--nodes` nodes, each in a new run spread over the
+    repositories; one tick admits them; wait until the emulator dispatched them."""
+    repos = repo_names(args.repos)
+    step = max(1, len(repos) // max(1, args.admit))
+    for i in range(args.admit):
+        labels = [
+            "self-hosted",
+            f"cluster:{POOL}",
+            f"nodes:{args.nodes}",
+            f"ci-job-1.000-{tag}{i}",
+            "ci-attempt-1",
+        ]
+        emu.admin.add_job(labels, 36_000, repo=repos[(i * step) % len(repos)])
+    tick = asyncio.run(one_tick(emu, settings, events, alone=alone))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the emulator dispatches admitted jobs to anchors
+        with emu.state.lock:
+            if not emu.state._queued:
+                break
+        time.sleep(0.05)
+    return tick
+
+
+def summary(arm: dict[str, Any], admitted_nodes: int, nodes: int) -> dict[str, Any]:
+    idle, busy, alone = arm["idle"], arm["busy"], arm["busy_alone"]
     quiet = [t for t in idle if t["reads"] == min(i["reads"] for i in idle)]
     admitted = max(1, busy["admitted"])
     return {
@@ -160,12 +185,19 @@ def summary(arm: dict[str, Any], admitted_nodes: int) -> dict[str, Any]:
         "busy_quota": busy["quota_used"],
         "busy_admitted": busy["admitted"],
         "busy_writes": busy["writes"],
-        "busy_writes_budget_n_plus_1": busy["admitted"] * (NODES + 1),
+        "busy_writes_budget_n_plus_1": busy["admitted"] * (nodes + 1),
         "busy_reads": busy["reads"],
-        # what the admissions add over a quiet tick's reads (verification, the runner list's
-        # changed pages), per admission
+        # what the admissions add over the quietest tick after them (the same runs and runner
+        # pages, or fewer), per admission: verification
         "busy_reads_per_admission_over_idle": round(
-            (busy["reads"] - quiet[0]["reads"]) / admitted, 2
+            (busy["reads"] - min(t["reads"] for t in (arm["settle"], *idle))) / admitted, 2
+        ),
+        # the reference: the same admissions, each verified by a read of its own
+        "busy_alone_admitted": alone["admitted"],
+        "busy_alone_reads_per_admission_over_idle": round(
+            (alone["reads"] - min(t["reads"] for t in (arm["settle_alone"], *idle)))
+            / max(1, alone["admitted"]),
+            2,
         ),
         "busy_wall_s": busy["wall_s"],
         "idle_wall_s_median": round(statistics.median(t["wall_s"] for t in idle), 3),
@@ -182,7 +214,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Org scope over every repository ({size['repos']} repositories, one pool of "
         f"{size['runners']} runners), {size['active_runs']} active runs; the busy tick admits "
-        f"{size['admit']} jobs of {NODES} nodes. Events: a full read every "
+        f"{size['admit']} jobs of {size['nodes']} nodes. Events: a full read every "
         f"{size['full_read_every']} reads. Reference: polling, today's path, same run.",
         "",
         "| per tick | events | polling (reference) | ratio polling / events |",
@@ -201,9 +233,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"| busy: admitted / label writes (N+1 budget) | {ev['busy_admitted']} / "
         f"{ev['busy_writes']} ({ev['busy_writes_budget_n_plus_1']}) | {po['busy_admitted']} / "
         f"{po['busy_writes']} ({po['busy_writes_budget_n_plus_1']}) | |",
-        f"| busy: reads per admission over an idle tick | "
+        f"| busy: reads per admission over the quietest tick after it | "
         f"{ev['busy_reads_per_admission_over_idle']} | "
         f"{po['busy_reads_per_admission_over_idle']} | |",
+        f"| reference: the same busy tick, each admission verified by its own read | "
+        f"{ev['busy_alone_reads_per_admission_over_idle']} | "
+        f"{po['busy_alone_reads_per_admission_over_idle']} | |",
         f"| wall time: busy; idle median (s) | {ev['busy_wall_s']}; {ev['idle_wall_s_median']} | "
         f"{po['busy_wall_s']}; {po['idle_wall_s_median']} | |",
         "",
@@ -213,8 +248,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"previous full read, which the events already told) and at most 20 requests (median "
         f"{ev['idle_requests_median']}: the runner list's pages, all 304s; the full read costs "
         f"{ev['idle_requests_max']}, as much as a polling tick); a busy tick reads at most 2 "
-        f"per admission beyond an idle tick ({ev['busy_reads_per_admission_over_idle']}: "
-        f"verification reads each of the {NODES} leased runners fresh).",
+        f"per admission beyond the quietest tick after it "
+        f"({ev['busy_reads_per_admission_over_idle']}: one fresh read of the runner list "
+        f"verifies the tick's admissions together; verified alone, each reads its "
+        f"{size['nodes']} runners or the list's pages, whichever are fewer: "
+        f"{ev['busy_alone_reads_per_admission_over_idle']}).",
         f"Relay deliveries stored in the events arm: {result['events']['deliveries']}.",
         "",
     ]
@@ -227,6 +265,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--runners", type=int, default=1000)
     parser.add_argument("--admit", type=int, default=20)
+    parser.add_argument("--nodes", type=int, default=4, help="nodes per admitted job")
     parser.add_argument("--full-read-every", type=int, default=10)
     parser.add_argument("--idle-ticks", type=int, default=10)
     add_output_flags(parser, "5 repositories, 12 runs, 40 runners, 4 admissions")
@@ -234,16 +273,19 @@ def main() -> None:
     if args.smoke:
         args.repos, args.runs, args.runners = 5, 12, 40
         args.admit, args.full_read_every, args.idle_ticks = 4, 3, 3
-    if args.runs <= args.admit or args.runners < args.runs - args.admit + args.admit * NODES:
-        parser.error("need --runs > --admit and enough --runners for every run")
+    if args.nodes < 1:
+        parser.error("--nodes must be 1 or more")
+    needed = args.runs - args.admit + 2 * args.admit * args.nodes  # both busy ticks' leases
+    if args.runs <= args.admit or args.runners < needed:
+        parser.error(f"need --runs > --admit and --runners >= {needed} for every run and lease")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     arms: dict[str, Any] = {}
     for name in ("polling", "events"):
         with tempfile.TemporaryDirectory(prefix=f"slurmgate-bench-{name}-") as state:
             arms[name] = run_arm(name, args, Path(state))
-    admitted_nodes = NODES * args.admit
+    admitted_nodes = args.nodes * args.admit
     for arm in arms.values():
-        arm["summary"] = summary(arm, admitted_nodes)
+        arm["summary"] = summary(arm, admitted_nodes, args.nodes)
     ev, po = arms["events"]["summary"], arms["polling"]["summary"]
     result: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
@@ -253,6 +295,7 @@ def main() -> None:
             "active_runs": arms["events"]["active_runs"],
             "runners": args.runners,
             "admit": args.admit,
+            "nodes": args.nodes,
             "full_read_every": args.full_read_every,
             "idle_ticks": args.idle_ticks,
         },

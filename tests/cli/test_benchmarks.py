@@ -218,6 +218,9 @@ def check_many_repos(out: Path) -> None:
         assert arm["busy_admitted"] == data["size"]["admit"]
         assert arm["busy_writes"] == arm["busy_writes_budget_n_plus_1"]
     assert 0 <= ev["busy_reads_per_admission_over_idle"] <= 2
+    # one read verifies the tick's admissions together: fewer reads than each its own
+    assert ev["busy_alone_admitted"] == data["size"]["admit"]
+    assert ev["busy_reads_per_admission_over_idle"] < ev["busy_alone_reads_per_admission_over_idle"]
     assert ev["idle_requests_median"] < po["idle_requests_median"]  # the events save requests
     assert data["ratios"]["idle_requests_polling_over_events"] > 1
     assert events["deliveries"] > 0 and polling["deliveries"] == 0
