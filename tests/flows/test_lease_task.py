@@ -168,3 +168,27 @@ async def test_decisions_are_grouped_and_a_lease_run_logs_its_line_in_its_final_
         *(f"admit job={job}" for job in admitted),
         f"blocked job={blocked}",
     }
+
+
+async def test_a_batch_of_lease_task_runs_shares_one_verification_read(
+    emulator_factory, monkeypatch
+) -> None:
+    """250 runners are 3 pages of the runner list. Two 4-node admissions verified alone read
+    their 4 runners each (8 GETs); run side by side, as two lease task runs, one read of the
+    list's 3 pages verifies both, after both runs' labels were answered."""
+    emu = emulator_factory({"a": 250})
+    jobs = [
+        emu.admin.add_job(job_labels(NODES, token=f"t{i}"), duration_s=600)["id"] for i in (1, 2)
+    ]
+    emu.admin.reset_stats()
+    flow_run_id = await tick(emu, monkeypatch)
+
+    leases = [r for r in await task_runs(flow_run_id, count=2) if r.name.startswith("lease-")]
+    assert sorted(r.name for r in leases) == sorted(f"lease-j{job}-a1" for job in jobs)
+    assert all(r.state is not None and r.state.is_completed() for r in leases)
+    assert all(r.run_count == 1 for r in leases)
+    requests = emu.admin.stats()["requests"]
+    assert requests.get("GET /repos/{owner}/{repo}/actions/runners/{runner_id}", 0) == 0
+    # the snapshot's 3 pages, and the one shared read's 3
+    assert requests["GET /repos/{owner}/{repo}/actions/runners"] == 3 + 3, requests
+    assert len(managed_on(fleet(emu.admin.dump()))) == 2 * NODES
