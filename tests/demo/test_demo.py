@@ -31,14 +31,17 @@ from slurmgate.testbed.board import (
 from slurmgate.testbed.demo import (
     STARTED_AT_ENV,
     STARTUP_BOUND_S,
+    AdmissionLink,
     AdmissionResult,
     DemoError,
     DemoJob,
     Printer,
+    RuntimeResult,
     command_started_at,
     draw_jobs,
     endpoint_totals,
     invariant_line,
+    link_problems,
     processes_with_env,
     summary_lines,
 )
@@ -161,6 +164,53 @@ def test_live_view_shows_capacity_leases_and_blocked_reasons() -> None:
     console.print(render_live(view, view.events))
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "3/4" in text and "no-free-capacity" in text and "admitted job 7" in text
+
+
+def _link(dispatched: float, asked: float, granted: float, **fields: object) -> AdmissionLink:
+    base: dict[str, object] = {
+        "pool": "slurm-demo",
+        "partition": "debug",
+        "job_id": 50001,
+        "anchor": "slurm-demo-01",
+        "admitted_by_flow": 1,
+        "released_by_flow": 1,
+        "slurm_capacity": "4/4 nodes usable in partition debug",
+        "leases_left": 0,
+        "dispatched_at": 1000.0 + dispatched,
+        "flow_started_at": 1000.0 + dispatched + 0.001,
+        "salloc_asked_at": 1000.0 + asked,
+        "granted_at": 1000.0 + granted,
+        "completed": True,
+    }
+    return AdmissionLink(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_the_invariant_line_and_its_problems() -> None:
+    """Dispatch -> grant within the bound is the job's own startup; a late grant, a wait in
+    Slurm's queue, a grant before the dispatch, an admission without Slurm's capacity or a lease
+    left behind each fail the demo with the reason."""
+    good = _link(0.0, 0.4, 0.406)
+    assert link_problems(good) == []
+    rt = RuntimeResult(run_id="r", job_id="1", hosts=["node1", "node2", "node3"], link=good)
+    lines = summary_lines(None, rt, 1.0)
+    assert (
+        "invariant: job 50001 dispatched to slurm-demo-01; its Slurm allocation started 0.406 s "
+        "later (salloc asked -> granted 0.006 s; the rest is the job's own startup: dispatch -> "
+        "allocation flow called 0.001 s, flow -> salloc asked 0.399 s)"
+    ) in lines
+    assert lines[-1] == "demo: OK"
+    late = link_problems(_link(0.0, 2.5, 2.51))
+    assert late == ["Slurm granted job 50001's allocation 2.510 s after its dispatch (bound 2 s)"]
+    queued = link_problems(_link(0.0, 0.4, 10.4))
+    assert "waited 10.000 s in Slurm's queue for nodes the controller believed free" in queued[1]
+    early = link_problems(_link(1.0, 0.0, 0.01))
+    assert early == ["Slurm granted job 50001's allocation 0.990 s before its dispatch"]
+    unread = link_problems(_link(0.0, 0.4, 0.41, slurm_capacity="", leases_left=1))
+    assert "admitted without Slurm's capacity for pool slurm-demo" in unread[0]
+    assert unread[1] == "the runtime's CI job: 1 lease released by the reconcile runs, 1 left"
+    missing = AdmissionLink(pool="slurm-demo", partition="debug", job_id=7)
+    assert invariant_line(missing).startswith("invariant: not measured (job 7:")
+    assert any("dispatch or grant not recorded" in p for p in link_problems(missing))
 
 
 def test_endpoint_totals_read_the_metric_rows() -> None:
