@@ -11,8 +11,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import Artifact, acreate_table_artifact
 
 from blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
+from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.estimates import HistoryError, RuntimeHistory
-from slurmgate.admission.leases import AdmitOutcome, FleetVerifier
+from slurmgate.admission.leases import AdmitOutcome
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
@@ -162,11 +163,9 @@ async def reconcile(
         )
     tick_log = BatchedTickLog(logger)
 
-    async def admit(
-        planned: Admit, fleet_size: int, verifier: FleetVerifier | None
-    ) -> AdmitOutcome:
+    async def admit(planned: Admit, fleet_size: int, share: BatchShare) -> AdmitOutcome:
         tick_log.flush()  # the decisions appear before the lease task runs they start
-        return await run_lease(planned, fleet_size, verifier)
+        return await run_lease(planned, fleet_size, share)
 
     steps = TickSteps(
         lambda: read_snapshot(settings),

@@ -15,11 +15,11 @@ from prefect.states import Completed
 from prefect.tasks import Task
 
 from blocks import GitHubScopeBlock
+from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.leases import (
     Admission,
     AdmitOutcome,
     DispatchCheck,
-    FleetVerifier,
     LeaseSteps,
     RemovalOutcome,
     UnwindReport,
@@ -98,7 +98,7 @@ async def read_snapshot(settings: AdmissionSettings | None = None) -> Snapshot:
     **_task_options,
 )
 async def lease_task(
-    admission: Admission, fleet_size: int | None = None, verifier: FleetVerifier | None = None
+    admission: Admission, fleet_size: int | None = None, share: BatchShare | None = None
 ) -> State[AdmitOutcome]:
     """Label the runners, verify, anchor: one task run per admission, retried as a whole.
 
@@ -127,7 +127,8 @@ async def lease_task(
             exc,
         )
 
-    steps = LeaseSteps(current_client(), fleet_size, verifier=verifier)
+    share = share or BatchShare()
+    steps = LeaseSteps(current_client(), fleet_size, share.deadline(), share.verifier)
     outcome = await steps.run(admission, on_rollback=log_rollback)
     line = (
         admit.line("admitted")
@@ -137,15 +138,13 @@ async def lease_task(
     return Completed(message=line, data=outcome)
 
 
-async def run_lease(
-    admit: Admit, fleet_size: int, verifier: FleetVerifier | None = None
-) -> AdmitOutcome:
+async def run_lease(admit: Admit, fleet_size: int, share: BatchShare | None = None) -> AdmitOutcome:
     """The tick's admit step: one `lease` task run, retried on transient faults; when Prefect
     gives up on it some other way (the run cancelled between retries), what it wrote is
-    unwound here. With `verifier`, its verification is a share of its batch's read."""
+    unwound here. `share` is what its batch shares: the verification read, the deadline."""
     admission = Admission(admit, retries=RETRIES)
     try:
-        state = await lease_task(admission, fleet_size, verifier)
+        state = await lease_task(admission, fleet_size, share)
         return await state.aresult()
     finally:
         if not admission.settled:

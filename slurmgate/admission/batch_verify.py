@@ -9,16 +9,19 @@ conflicting labels, at least one sees the other's (whoever sees the other backs 
 
 A batch is sized so its writes fit well inside the anchor deadline at the client's write pace
 (`verification_batches`): a lease stamped when its batch starts must be anchored within
-`ANCHOR_WITHIN_S`, and waiting for a batch delays its first anchors.
+`leases.anchor_window_s` (20 s, or two thirds of a longer orphan grace), and waiting for a
+batch delays its first anchors.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from slurmgate.admission.leases import (
     ANCHOR_WITHIN_S,
+    AnchorDeadline,
     LeaseClient,
     Verification,
     check_lease,
@@ -29,13 +32,15 @@ from slurmgate.admission.model import Admit
 
 # Half the anchor deadline goes to a batch's writes; the rest is slack for the read, the
 # anchors and retries (an anchor later than the deadline is rolled back, never written).
-BATCH_WRITE_BUDGET_S = ANCHOR_WITHIN_S / 2
+BUDGET_SHARE = 0.5
+BATCH_WRITE_BUDGET_S = ANCHOR_WITHIN_S * BUDGET_SHARE
 # Enough to spread one read of a 100-page fleet (10,000 runners) to under a read per admission,
 # and few enough that one failed read sends no more than this many admissions to their retry.
 MOST_PER_BATCH = 100
 # How long the members that asked wait for one still writing (a retry, a slow answer): then the
 # read serves those waiting, and the late one reads again on its own.
-ROUND_WAIT_S = ANCHOR_WITHIN_S / 4
+ROUND_WAIT_SHARE = 0.25
+ROUND_WAIT_S = ANCHOR_WITHIN_S * ROUND_WAIT_SHARE
 
 
 def verification_batches(
@@ -73,6 +78,18 @@ def verification_batches(
     if current:
         batches.append(current)
     return batches
+
+
+@dataclass(frozen=True)
+class BatchShare:
+    """What a tick's batch hands each of its admissions: the verification they share (None: a
+    batch of one reads on its own) and how long after its stamp an anchor may be written."""
+
+    verifier: BatchVerification | None = None
+    anchor_within_s: float = ANCHOR_WITHIN_S
+
+    def deadline(self) -> AnchorDeadline:
+        return AnchorDeadline(self.anchor_within_s)
 
 
 class BatchVerification:

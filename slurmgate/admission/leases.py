@@ -279,6 +279,13 @@ ANCHOR_WITHIN_S = 20.0
 _DEADLINE_POLL_S = 0.05
 
 
+def anchor_window_s(orphan_grace_s: float) -> float:
+    """How long after its stamp a lease's anchor may still be written: `ANCHOR_WITHIN_S`, or
+    two thirds of a longer orphan grace (the rest is margin for clocks and a slow write).
+    Every controller of a fleet must share the grace, as they share the policy."""
+    return max(ANCHOR_WITHIN_S, orphan_grace_s * 2 / 3)
+
+
 @dataclass(frozen=True, slots=True)
 class AnchorDeadline:
     """When the anchor may still be written: `within_s` after the lease label's stamp, by

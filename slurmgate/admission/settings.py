@@ -234,7 +234,10 @@ class AdmissionSettings(BaseSettings):
         30.0,
         "A lease without an anchor younger than this is left alone, because another "
         "controller may be between its label and anchor steps "
-        "(env SLURMGATE_ORPHAN_GRACE_S, seconds).",
+        "(env SLURMGATE_ORPHAN_GRACE_S, seconds). An anchor may be written up to two thirds "
+        "of it after the lease (at least 20 s): a longer grace lets more admissions share one "
+        "verification read at GitHub's write pace, and keeps a crashed controller's lease "
+        "longer. Every controller of a fleet must use the same grace.",
         ge=0,
     )
     skip_queue_team: str | None = _knob(

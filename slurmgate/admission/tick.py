@@ -15,15 +15,21 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from slurmgate.admission.batch_verify import BatchVerification, verification_batches
+from slurmgate.admission.batch_verify import (
+    BUDGET_SHARE,
+    ROUND_WAIT_SHARE,
+    BatchShare,
+    BatchVerification,
+    verification_batches,
+)
 from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.labels import LeaseLabel, new_nonce
 from slurmgate.admission.leases import (
     AdmitOutcome,
-    FleetVerifier,
     ReadDispatch,
     RemoveLabels,
+    anchor_window_s,
     release_lease,
 )
 from slurmgate.admission.model import Admit, Blocked, Clean, Decisions, Release, Snapshot
@@ -32,9 +38,9 @@ from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import ExternalError, one_line
 
 ReadSnapshot = Callable[[], Awaitable[Snapshot]]
-AdmitJob = Callable[[Admit, int, FleetVerifier | None], Awaitable[AdmitOutcome]]
-"""One admission: the admit, the fleet size, and the verification its batch shares (or None:
-it reads on its own); pass the last on to `leases.admit_lease` or `LeaseSteps`."""
+AdmitJob = Callable[[Admit, int, BatchShare], Awaitable[AdmitOutcome]]
+"""One admission: the admit, the fleet size, and what its batch shares with it (the
+verification, the anchor deadline); pass those on to `leases.admit_lease` or `LeaseSteps`."""
 ReadCapacity = Callable[[], Awaitable[Mapping[str, NodeCapacity]]]
 """What Slurm says of each mapped pool's partition (`runtime/slurm_capacity.py` reads it)."""
 
@@ -172,13 +178,21 @@ async def reconcile_tick(
     if steps.admit is not None:
         # Batches one after another, a batch's admissions side by side: their runners are
         # disjoint, and one fresh read verifies them all (`batch_verify.py`).
-        for batch in verification_batches(decisions.admit, steps.write_interval_s):
+        window = anchor_window_s(settings.orphan_grace_s)
+        budget = window * BUDGET_SHARE
+        for batch in verification_batches(decisions.admit, steps.write_interval_s, budget_s=budget):
             # Stamped now, not at plan time: the orphan grace and the anchor deadline then
             # measure this batch's own protocol, not the batches before it.
             at = now()
             stamped = [restamped(planned, at, nonce()) for planned in batch]
-            verifier = BatchVerification(stamped, report.fleet_size) if len(batch) > 1 else None
-            await _admit_batch(steps.admit, stamped, report, verifier)
+            verifier = (
+                BatchVerification(
+                    stamped, report.fleet_size, round_wait_s=window * ROUND_WAIT_SHARE
+                )
+                if len(batch) > 1
+                else None
+            )
+            await _admit_batch(steps.admit, stamped, report, BatchShare(verifier, window))
     return report
 
 
@@ -186,12 +200,13 @@ async def _admit_batch(
     admit: AdmitJob,
     batch: list[Admit],
     report: TickReport,
-    verifier: BatchVerification | None,
+    share: BatchShare,
 ) -> None:
+    verifier = share.verifier
 
     async def one(planned: Admit) -> AdmitOutcome:
         try:
-            return await admit(planned, report.fleet_size, verifier)
+            return await admit(planned, report.fleet_size, share)
         finally:
             if verifier is not None:
                 verifier.leave(planned)  # ended, verified or not: the batch's read waits no more

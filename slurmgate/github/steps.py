@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from functools import partial
 
+from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.leases import (
     AdmitOutcome,
     DispatchCheck,
-    FleetVerifier,
     RemovalOutcome,
     admit_lease,
     read_dispatch,
@@ -53,8 +53,10 @@ def direct_steps(
     async def remove(pairs: Sequence[tuple[int, Sequence[str]]]) -> RemovalOutcome:
         return await remove_labels(client, pairs)
 
-    async def admit(a: Admit, fleet_size: int, verifier: FleetVerifier | None) -> AdmitOutcome:
-        return await admit_lease(client, a, fleet_size=fleet_size, verifier=verifier)
+    async def admit(a: Admit, fleet_size: int, share: BatchShare) -> AdmitOutcome:
+        return await admit_lease(
+            client, a, fleet_size=fleet_size, verifier=share.verifier, deadline=share.deadline()
+        )
 
     async def dispatch(job_id: int, anchor_id: int | None) -> DispatchCheck:
         return await read_dispatch(client, job_id, anchor_id)

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, Field
 
+from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.labels import (
     ATTEMPT_PREFIX,
     NODES_PREFIX,
@@ -48,7 +49,7 @@ from slurmgate.admission.labels import (
     is_lease,
     is_managed,
 )
-from slurmgate.admission.leases import AdmitOutcome, AnchorDeadline, FleetVerifier, admit_lease
+from slurmgate.admission.leases import AdmitOutcome, AnchorDeadline, admit_lease
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
@@ -807,12 +808,10 @@ async def controller_loop(args: argparse.Namespace) -> None:
     # The anchor deadline runs on the virtual clock, the one the planner stamps leases with.
     deadline = AnchorDeadline(within_s=args.orphan_grace_s * 2 / 3, clock=clock.now)
 
-    async def admit(
-        planned: Admit, fleet_size: int, verifier: FleetVerifier | None
-    ) -> AdmitOutcome:
+    async def admit(planned: Admit, fleet_size: int, share: BatchShare) -> AdmitOutcome:
         try:
             outcome = await admit_lease(
-                client, planned, fleet_size=fleet_size, deadline=deadline, verifier=verifier
+                client, planned, fleet_size=fleet_size, deadline=deadline, verifier=share.verifier
             )
         except Exception as exc:
             log.info("admission %s failed: %s", planned.lease_label, one_line(exc))

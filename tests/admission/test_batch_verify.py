@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 from flowcheck import wait_for
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from slurmgate.admission.batch_verify import BatchVerification, verification_batches
 from slurmgate.admission.labels import LeaseLabel
-from slurmgate.admission.leases import admit_lease
+from slurmgate.admission.leases import ANCHOR_WITHIN_S, admit_lease, anchor_window_s
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
@@ -236,3 +237,32 @@ async def test_a_busy_tick_of_four_node_jobs_reads_at_most_two_per_admission() -
         assert emu.admin.stats()["writes"] == 6 * (4 + 1)  # N + 1 writes each, no more
         running = lambda: all(emu.job_placement(j)[0] == "in_progress" for j in jobs)  # noqa: E731
         wait_for(running, what="every admitted job dispatched")
+
+
+def test_the_anchor_window_grows_with_a_longer_orphan_grace_and_never_shrinks() -> None:
+    assert anchor_window_s(0) == anchor_window_s(30) == ANCHOR_WITHIN_S == 20
+    assert anchor_window_s(90) == pytest.approx(60)
+
+
+async def test_at_githubs_write_pace_a_longer_orphan_grace_buys_fewer_reads() -> None:
+    """At one write a second, 4-node admissions (5 writes each) fit two to a 10 s batch budget:
+    8 GETs for 2 admissions. With a 90 s orphan grace the anchor may come 60 s after the stamp,
+    the budget is 30 s, and one read of the list's 10 pages verifies all six."""
+    counted: dict[float, dict[str, int]] = {}
+    for grace in (30.0, 90.0):
+        settings = SETTINGS.model_copy(update={"orphan_grace_s": grace})
+        with running_emulator({"a": 1000}) as emu:
+            for job in range(1, 7):
+                queue(emu, f"g{job}", 4)
+            async with client_for(emu) as client:
+                # the writes are not paced here (the emulator has no secondary limit); the tick
+                # sizes its batches for the pace the steps declare
+                steps = replace(direct_steps(client), write_interval_s=1.0)
+                await steps.read_snapshot()
+                emu.admin.reset_stats()
+                report = await reconcile_tick(steps, settings)
+            assert report.admitted == 6, report.failures
+            counted[grace] = reads(emu)
+    # the tick's own snapshot is 10 list pages (answered 304) in both
+    assert counted[30.0] == {LIST: 10, ONE: 6 * 4}
+    assert counted[90.0] == {LIST: 10 + 10, ONE: 0}

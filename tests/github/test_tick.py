@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from flowcheck import jobs_by_id, wait_for
 
+from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.estimates import RuntimeHistory
-from slurmgate.admission.leases import AdmitOutcome, FleetVerifier
+from slurmgate.admission.leases import AdmitOutcome
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickFailed, TickSteps, reconcile_tick
@@ -83,14 +84,12 @@ async def test_a_failed_admission_is_collected_and_the_rest_go_on() -> None:
             real = steps(client)
             calls: list[int] = []
 
-            async def flaky(
-                a: Admit, fleet_size: int, verifier: FleetVerifier | None
-            ) -> AdmitOutcome:
+            async def flaky(a: Admit, fleet_size: int, share: BatchShare) -> AdmitOutcome:
                 calls.append(a.job_id)
                 if len(calls) == 1:
                     raise TimeoutError("GitHub did not answer")
                 assert real.admit is not None
-                return await real.admit(a, fleet_size, verifier)
+                return await real.admit(a, fleet_size, share)
 
             report = await reconcile_tick(
                 TickSteps(real.read_snapshot, real.remove, flaky), SETTINGS

@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import (
     AdmitOutcome,
     AnchorDeadline,
     CompensationStack,
-    FleetVerifier,
     LeaseConflict,
     LeaseLost,
     add_anchor_labels,
@@ -132,10 +132,8 @@ async def test_each_batch_is_stamped_when_it_starts_not_when_it_was_planned() ->
             direct = direct_steps(client)
             planned_at: list[int] = []
 
-            async def admit(
-                planned: Admit, fleet_size: int, verifier: FleetVerifier | None
-            ) -> AdmitOutcome:
-                assert verifier is None  # a batch of one reads on its own
+            async def admit(planned: Admit, fleet_size: int, share: BatchShare) -> AdmitOutcome:
+                assert share.verifier is None  # a batch of one reads on its own
                 planned_at.append(LeaseLabel.parse(planned.lease_label).created_at)
                 deadline = AnchorDeadline(clock=lambda: clock[0])
                 return await admit_lease(client, planned, fleet_size=fleet_size, deadline=deadline)
