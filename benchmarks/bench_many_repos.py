@@ -41,6 +41,9 @@ from typing import Any
 from options import add_output_flags, write_results
 
 POOL = "a"
+# GitHub asks for at least a second between mutating requests (its REST API best practices)
+GITHUB_WRITE_PACE_S = 1.0
+PACED_GRACES_S = (30.0, 90.0)  # the default orphan grace, and a longer one
 
 
 def repo_names(count: int) -> list[str]:
@@ -168,6 +171,49 @@ def busy_tick(
     return tick
 
 
+def paced_tick(args: argparse.Namespace, grace_s: float) -> dict[str, Any]:
+    """`--paced-admit` jobs of `--nodes` admitted by one tick whose client writes at GitHub's
+    pace (one write a second) on `--runners` runners of one repository, with `grace_s` as the
+    orphan grace; the reads beyond a quiet tick after it, per admission."""
+    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.github.client import GitHubClient
+    from slurmgate.github.scope import GitHubScope
+    from slurmgate.github.steps import direct_steps
+    from slurmgate.testbed.emulator.testing import running_emulator
+
+    settings = AdmissionSettings(
+        PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True, orphan_grace_s=grace_s
+    )
+
+    async def tick(emu: Any) -> tuple[Any, dict[str, Any], float]:
+        scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+        async with GitHubClient(scope, emu.token, min_write_interval_s=GITHUB_WRITE_PACE_S) as c:
+            emu.admin.reset_stats()
+            started = time.perf_counter()
+            report = await reconcile_tick(direct_steps(c), settings)
+            return report, emu.admin.stats(), time.perf_counter() - started
+
+    with running_emulator({POOL: args.runners}, quota_limit=10_000_000) as emu:
+        for i in range(args.paced_admit):
+            labels = ["self-hosted", f"cluster:{POOL}", f"nodes:{args.nodes}"]
+            emu.admin.add_job([*labels, f"ci-job-1.000-p{i}", "ci-attempt-1"], 36_000)
+        report, busy, wall = asyncio.run(tick(emu))
+        _, quiet, _ = asyncio.run(tick(emu))
+    reads = busy["total"] - busy["writes"]
+    quiet_reads = quiet["total"] - quiet["writes"]
+    return {
+        "orphan_grace_s": grace_s,
+        "admitted": report.admitted,
+        "rolled_back": report.rolled_back,
+        "failures": len(report.failures),
+        "writes": busy["writes"],
+        "reads": reads,
+        "reads_per_admission_over_quiet": round((reads - quiet_reads) / max(1, report.admitted), 2),
+        "wall_s": round(wall, 2),
+    }
+
+
 def summary(arm: dict[str, Any], admitted_nodes: int, nodes: int) -> dict[str, Any]:
     idle, busy, alone = arm["idle"], arm["busy"], arm["busy_alone"]
     quiet = [t for t in idle if t["reads"] == min(i["reads"] for i in idle)]
@@ -256,6 +302,23 @@ def markdown(result: dict[str, Any]) -> str:
         f"Relay deliveries stored in the events arm: {result['events']['deliveries']}.",
         "",
     ]
+    paced = result.get("paced") or []
+    if paced:
+        lines += [
+            f"At GitHub's write pace (one write a second), {size['paced_admit']} jobs of "
+            f"{size['nodes']} nodes on {size['runners']} runners, one tick; a batch's writes must "
+            "fit in half the anchor window (20 s, or two thirds of a longer orphan grace):",
+            "",
+            "| orphan grace (s) | admitted / rolled back | writes | reads per admission | "
+            "tick wall time (s) |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {p['orphan_grace_s']:.0f} | {p['admitted']} / {p['rolled_back']} | "
+                f"{p['writes']} | {p['reads_per_admission_over_quiet']} | {p['wall_s']} |"
+                for p in paced
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -266,6 +329,12 @@ def main() -> None:
     parser.add_argument("--runners", type=int, default=1000)
     parser.add_argument("--admit", type=int, default=20)
     parser.add_argument("--nodes", type=int, default=4, help="nodes per admitted job")
+    parser.add_argument(
+        "--paced-admit",
+        type=int,
+        default=6,
+        help="jobs admitted at GitHub's write pace, once per orphan grace (0: skip; ~1 s a write)",
+    )
     parser.add_argument("--full-read-every", type=int, default=10)
     parser.add_argument("--idle-ticks", type=int, default=10)
     add_output_flags(parser, "5 repositories, 12 runs, 40 runners, 4 admissions")
@@ -273,6 +342,7 @@ def main() -> None:
     if args.smoke:
         args.repos, args.runs, args.runners = 5, 12, 40
         args.admit, args.full_read_every, args.idle_ticks = 4, 3, 3
+        args.paced_admit = 0  # a minute of paced writes is no smoke test
     if args.nodes < 1:
         parser.error("--nodes must be 1 or more")
     needed = args.runs - args.admit + 2 * args.admit * args.nodes  # both busy ticks' leases
@@ -296,6 +366,7 @@ def main() -> None:
             "runners": args.runners,
             "admit": args.admit,
             "nodes": args.nodes,
+            "paced_admit": args.paced_admit,
             "full_read_every": args.full_read_every,
             "idle_ticks": args.idle_ticks,
         },
@@ -312,6 +383,7 @@ def main() -> None:
                 po["busy_requests"] / max(1, ev["busy_requests"]), 1
             ),
         },
+        "paced": [paced_tick(args, grace) for grace in PACED_GRACES_S] if args.paced_admit else [],
         "smoke": args.smoke,
     }
     write_results(args, "many_repos", result, markdown(result))

@@ -221,6 +221,12 @@ def check_many_repos(out: Path) -> None:
     # one read verifies the tick's admissions together: fewer reads than each its own
     assert ev["busy_alone_admitted"] == data["size"]["admit"]
     assert ev["busy_reads_per_admission_over_idle"] < ev["busy_alone_reads_per_admission_over_idle"]
+    paced = data["paced"]  # at GitHub's write pace (left out of a smoke run: a minute of writes)
+    assert all(p["admitted"] == data["size"]["paced_admit"] and not p["rolled_back"] for p in paced)
+    if paced:
+        default, longer = sorted(paced, key=lambda p: p["orphan_grace_s"])
+        assert longer["reads_per_admission_over_quiet"] <= 2
+        assert longer["reads_per_admission_over_quiet"] < default["reads_per_admission_over_quiet"]
     assert ev["idle_requests_median"] < po["idle_requests_median"]  # the events save requests
     assert data["ratios"]["idle_requests_polling_over_events"] > 1
     assert events["deliveries"] > 0 and polling["deliveries"] == 0
