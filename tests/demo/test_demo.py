@@ -29,6 +29,7 @@ from slurmgate.testbed.board import (
     render_live,
 )
 from slurmgate.testbed.demo import (
+    OWN_STARTUP_BOUND_S,
     STARTED_AT_ENV,
     STARTUP_BOUND_S,
     AdmissionLink,
@@ -199,10 +200,16 @@ def test_the_invariant_line_and_its_problems() -> None:
         "allocation flow called 0.001 s, flow -> salloc asked 0.399 s)"
     ) in lines
     assert lines[-1] == "demo: OK"
-    late = link_problems(_link(0.0, 2.5, 2.51))
-    assert late == ["Slurm granted job 50001's allocation 2.510 s after its dispatch (bound 2 s)"]
+    # seconds of the job's own startup (a loaded machine) are not a wait in Slurm's queue
+    assert link_problems(_link(0.0, 2.5, 2.51)) == []
+    late = link_problems(_link(0.0, 40.0, 40.01))
+    assert late == [
+        "Slurm granted job 50001's allocation 40.010 s after its dispatch (bound 30 s): the "
+        "allocation did not start at the dispatch"
+    ]
     queued = link_problems(_link(0.0, 0.4, 10.4))
-    assert "waited 10.000 s in Slurm's queue for nodes the controller believed free" in queued[1]
+    assert len(queued) == 1
+    assert "waited 10.000 s in Slurm's queue for nodes the controller believed free" in queued[0]
     early = link_problems(_link(1.0, 0.0, 0.01))
     assert early == ["Slurm granted job 50001's allocation 0.990 s before its dispatch"]
     unread = link_problems(_link(0.0, 0.4, 0.41, slurm_capacity="", leases_left=1))
@@ -263,7 +270,7 @@ def test_runtime_part_serves_throttles_and_cleans_up(
     assert link.salloc_asked_at is not None and link.flow_started_at is not None
     assert link.dispatched_at <= link.flow_started_at <= link.salloc_asked_at < link.granted_at
     waited = link.dispatch_to_grant_s
-    assert waited is not None and 0 < waited < STARTUP_BOUND_S, link
+    assert waited is not None and 0 < waited < OWN_STARTUP_BOUND_S, link
     assert link.queue_wait_s is not None and link.queue_wait_s < STARTUP_BOUND_S
     assert link.completed and link.released_by_flow == 1 and link.leases_left == 0
     line = invariant_line(link)
@@ -429,4 +436,5 @@ def test_the_demo_command_says_what_it_starts_and_ends_with_its_summary(
         re.M,
     )
     assert invariant, done.stdout[-3000:]
-    assert float(invariant[2]) <= float(invariant[1]) < STARTUP_BOUND_S
+    assert float(invariant[2]) < STARTUP_BOUND_S
+    assert float(invariant[2]) <= float(invariant[1]) < OWN_STARTUP_BOUND_S
