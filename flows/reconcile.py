@@ -17,6 +17,8 @@ from slurmgate.admission.leases import AdmitOutcome
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
+from slurmgate.github.access import ScopeAccessError, app_id_of, explain
+from slurmgate.github.client import GitHubError
 from slurmgate.github.scope import ScopeError
 from slurmgate.github.steps import slurm_capacity_step
 from tasks.allocation import reap_crashed_allocations
@@ -181,6 +183,9 @@ async def reconcile(
         history = await load_history(logger)
         try:
             report = await reconcile_tick(steps, settings, history=history, log=tick_log)
+        except GitHubError as exc:  # a read that failed for good: say why, as the CLI does
+            line = explain(scope.scope(), exc, app_id_of(scope.credentials()))
+            raise ScopeAccessError(line) from None
         finally:
             tick_log.flush()
         if report.runtimes_learned:

@@ -119,7 +119,7 @@ def status(
     """The pool and lease board of a live GitHub scope (reads only; token from GITHUB_TOKEN)."""
     from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
-    from slurmgate.github.access import explain
+    from slurmgate.github.access import app_id_of, explain
     from slurmgate.github.app_auth import AppAuthError
     from slurmgate.github.client import GitHubClient, GitHubError
     from slurmgate.github.steps import direct_steps
@@ -146,7 +146,7 @@ def status(
     try:
         rows = asyncio.run(read())
     except GitHubError as exc:
-        raise fail(explain(scope, exc), code=1) from None
+        raise fail(explain(scope, exc, app_id_of(token)), code=1) from None
     except AppAuthError as exc:
         raise fail(str(exc), code=1) from None
     if as_json:

@@ -256,6 +256,16 @@ def github_app(
             help="Where to write the App's private key (created 0600).", show_default=False
         ),
     ],
+    permission: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=(
+                "A permission the installation grants, NAME=LEVEL (read, write or admin); "
+                "repeat it. Default: all the controller needs. Fewer show GitHub's refusal."
+            ),
+            show_default=False,
+        ),
+    ] = None,
     url: EmulatorUrl = DEFAULT_URL,
 ) -> None:
     """Register a GitHub App installed on the emulator's owner, write its private key, and print
@@ -265,8 +275,16 @@ def github_app(
         raise fail(
             f"--key-file {str(target)!r} exists; give a new path (a key is never overwritten)"
         )
+    granted: dict[str, str] | None = None
+    if permission:
+        granted = {}
+        for given in permission:
+            name, sep, level = given.partition("=")
+            if not sep or not name.strip() or not level.strip():
+                raise fail(f"--permission {given!r} is not NAME=LEVEL; e.g. actions=read")
+            granted[name.strip()] = level.strip()
     with _admin(url) as admin:
-        created = admin.create_app()
+        created = admin.create_app(permissions=granted)
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as out:

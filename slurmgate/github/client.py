@@ -91,6 +91,18 @@ class GitHubError(ExternalError):
             f"{method} {self.path} -> {status if status is not None else 'no response'}: {message}"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Prefect may pickle a failed task's exception; the default would call __init__ with
+        # the one formatted message and fail to load it.
+        return (_rebuild_error, (type(self), str(self), dict(self.__dict__)))
+
+
+def _rebuild_error(cls: type[GitHubError], text: str, fields: dict[str, Any]) -> GitHubError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, text)
+    error.__dict__.update(fields)
+    return error
+
 
 class NotFound(GitHubError, NotFoundError):
     """404: the runner, label, run or job does not exist."""
@@ -101,7 +113,36 @@ class ValidationFailed(GitHubError):
 
 
 class AuthError(GitHubError):
-    """401, or a 403 that is not a rate limit: the token is wrong or lacks a permission."""
+    """401, or a 403 that is not a rate limit: the token is wrong or lacks a permission.
+
+    `accepted_permissions` is GitHub's `X-Accepted-GitHub-Permissions` on a 403 (the permission
+    sets any one of which would do, e.g. `administration=write`), when it is well formed.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        template: str,
+        status: int | None,
+        message: str,
+        *,
+        path: str | None = None,
+        accepted_permissions: str | None = None,
+    ) -> None:
+        super().__init__(method, template, status, message, path=path)
+        self.accepted_permissions = accepted_permissions
+
+
+_PERMISSION_SETS = re.compile(
+    r"[a-z_]{1,64}=(read|write|admin)(\s*[,;]\s*[a-z_]{1,64}=(read|write|admin)){0,15}"
+)
+
+
+def accepted_permissions(headers: httpx.Headers) -> str | None:
+    """GitHub's `X-Accepted-GitHub-Permissions`, or None when absent or not of its shape (a
+    hostile or broken answer must not put arbitrary text into an error line)."""
+    value = headers.get("x-accepted-github-permissions", "").strip()
+    return value if len(value) <= 512 and _PERMISSION_SETS.fullmatch(value) else None
 
 
 class MalformedResponse(GitHubError):
@@ -757,7 +798,14 @@ class GitHubClient:
                     attempt += 1
                     await asyncio.sleep(wait)
                     continue
-                raise AuthError(method, template, status, message, path=sent)
+                raise AuthError(
+                    method,
+                    template,
+                    status,
+                    message,
+                    path=sent,
+                    accepted_permissions=accepted_permissions(response.headers),
+                )
             if status >= 500:
                 await self._back_off(method, template, status, message, attempt, sent)
                 attempt += 1

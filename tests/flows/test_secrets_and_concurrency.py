@@ -126,6 +126,25 @@ async def test_app_key_jwt_and_tokens_never_reach_prefect_or_the_output(
     assert "eyJ" not in text  # every JWT (and its header) starts so
 
 
+async def test_an_app_without_actions_read_fails_the_tick_in_one_line(
+    emulator_factory, monkeypatch
+) -> None:
+    """The flow run's failure says what the CLI would: the App, the request, GitHub's accepted
+    permission and what to grant, with no traceback of the read in its state message."""
+    emu = emulator_factory({"a": 2})
+    app = emu.admin.create_app(permissions={"administration": "write", "metadata": "read"})
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    monkeypatch.setenv(APP_ID_ENV, str(app["app_id"]))
+    monkeypatch.setenv(APP_PRIVATE_KEY_ENV, app["private_key"])
+    emu.admin.add_job(job_labels(2, token="hidden"), duration_s=600)
+    state = await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo, return_state=True)
+    assert state.is_failed()
+    message = state.message or ""
+    assert f"GitHub App {app['app_id']}: GitHub answered 403 for GET /repos/{emu.repo}/" in message
+    assert "GitHub accepts actions=read" in message and '"Actions: read"' in message
+    assert "Traceback" not in message
+
+
 async def test_two_reconcile_flows_at_once_never_over_admit(emulator_factory, monkeypatch) -> None:
     """The deployment's concurrency limit should prevent this; if it happens anyway, the
     verification (whoever sees another lease backs off) keeps the fleet consistent."""

@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.errors import SlurmgateError
-from slurmgate.github.access import ScopeAccessError, check_access
+from slurmgate.github.access import ScopeAccessError, check_access, explain
 from slurmgate.github.app_auth import (
     APP_ID_ENV,
     APP_INSTALLATION_ID_ENV,
@@ -39,7 +39,7 @@ from slurmgate.github.app_auth import (
     InstallationTokenProvider,
     credentials_from_env,
 )
-from slurmgate.github.client import GitHubClient
+from slurmgate.github.client import AuthError, GitHubClient, NotFound, accepted_permissions
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.steps import direct_steps
 from slurmgate.runtime.redact import redact_patterns
@@ -307,6 +307,14 @@ def test_emulator_app_endpoints_validate_against_the_openapi(
             refused = api.get(runners, headers={"Authorization": f"Bearer {bearer}"})
             # (the subset's runner listing declares no 401, so only its body is checked here)
             assert refused.status_code == 401 and refused.json()["message"] == "Bad credentials"
+        emu.admin.suspend_installation(installation)
+        suspended = api.post(f"/app/installations/{installation}/access_tokens", headers=signed)
+        assert suspended.status_code == 403, suspended.text
+        assert suspended.json()["message"] == "This installation has been suspended"
+        validate(suspended)
+        looked_up = api.get(f"/repos/{emu.repo}/installation", headers=signed)
+        assert looked_up.json()["suspended_at"].endswith("Z")
+        validate(looked_up)
 
 
 def _cli(
@@ -384,6 +392,40 @@ def test_emulator_app_command_prints_what_the_commands_need(
         [*command, "--key-file", str(key)], capture_output=True, text=True, timeout=60, check=False
     )
     assert again.returncode == 2 and "exists; give a new path" in again.stderr
+    narrow = tmp_path / "narrow.pem"
+    bad = subprocess.run(
+        [*command, "--key-file", str(narrow), "--permission", "actions=owner"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "permissions.actions must be one of read, write, admin" in (
+        bad.stderr
+    )
+    assert not narrow.exists()
+    made = subprocess.run(
+        [*command, "--key-file", str(narrow), "--permission", "administration=read"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    narrowed = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in made.stdout.splitlines()
+        if line.startswith("export ")
+    )
+    refused = _cli("status", emu, {**narrowed, "COLUMNS": "200"})
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.splitlines()[-1:] == [
+        f"error: GitHub App {narrowed[APP_ID_ENV]}: GitHub answered 403 for GET /repos/"
+        f"{emu.repo}/actions/runs (Resource not accessible by integration; GitHub accepts "
+        "actions=read): the App lacks a permission; grant it the repository permissions "
+        '"Administration: read and write" and "Actions: read" in the App\'s settings '
+        "(Permissions & events), then approve them on its installation"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -426,3 +468,107 @@ def test_a_key_pasted_on_one_line_still_loads() -> None:
     whole = GitHubAppCredentials(5, SecretStr(pem))
     for flattened in (pem.replace("\n", " "), pem.replace("\n", "\\n"), pem.replace("\n", "")):
         assert GitHubAppCredentials(5, SecretStr(flattened)).fingerprint == whole.fingerprint
+
+
+async def test_an_app_without_the_runner_permission_is_told_which_to_grant() -> None:
+    """GitHub answers 403 with the permission it accepts; the line names the App, that
+    permission and what to grant in the App's settings."""
+    with running_emulator({"a": 2}) as emu:
+        app = emu.admin.create_app(permissions={"actions": "read", "metadata": "read"})
+        scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+        with pytest.raises(ScopeAccessError) as caught:
+            await check_access(scope, credentials(app))
+    line = str(caught.value)
+    assert line == (
+        f"GitHub App {app['app_id']}: GitHub answered 403 for GET /repos/{emu.repo}/actions/"
+        "runners (Resource not accessible by integration; GitHub accepts administration=read): "
+        'the App lacks a permission; grant it the repository permissions "Administration: read '
+        'and write" and "Actions: read" in the App\'s settings (Permissions & events), then '
+        "approve them on its installation"
+    )
+
+
+async def test_an_app_that_can_read_but_not_write_runners_leases_nothing() -> None:
+    """Administration read only: the tick reads and plans, its first label write is refused
+    (403 administration=write), and no runner keeps a label of ours."""
+    with running_emulator({"a": 3}) as emu:
+        app = emu.admin.create_app(
+            permissions={"actions": "read", "administration": "read", "metadata": "read"}
+        )
+        emu.admin.add_job(job_labels(2, "ro"), duration_s=600)
+        async with GitHubClient(
+            GitHubScope(api_url=emu.url, repo=emu.repo), credentials(app)
+        ) as gh:
+            report = await reconcile_tick(direct_steps(gh), SETTINGS)
+        assert report.admitted == 0 and len(report.failures) == 1
+        assert "403" in report.failures[0] and "Resource not accessible" in report.failures[0]
+        managed = ("ci-lease-", "ci-job-", "ci-attempt-", "nodes:")
+        for runner in emu.admin.dump()["runners"]:
+            assert not [x for x in runner["labels"] if x["name"].startswith(managed)]
+
+
+async def test_an_app_without_actions_read_cannot_see_jobs_and_says_so() -> None:
+    with running_emulator({"a": 2}) as emu:
+        app = emu.admin.create_app(permissions={"administration": "write"})
+        scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+        assert await check_access(scope, credentials(app)) == 2  # the runners are readable
+        async with GitHubClient(scope, credentials(app)) as gh:
+            with pytest.raises(AuthError) as caught:
+                await gh.get_job(1)
+    assert caught.value.status == 403 and caught.value.accepted_permissions == "actions=read"
+    line = explain(scope, caught.value, app["app_id"])
+    assert line.startswith(f"GitHub App {app['app_id']}: GitHub answered 403 for GET ")
+    assert "GitHub accepts actions=read" in line and '"Actions: read"' in line
+
+
+async def test_a_suspended_installation_is_named_mid_tick(
+    app_emu: tuple[RunningEmulator, dict[str, Any]],
+) -> None:
+    """Its token is refused (401); the refresh is refused too (403), in one line that says
+    the installation is suspended and names the App."""
+    emu, app = app_emu
+    scope = GitHubScope(api_url=emu.url, repo=emu.repo)
+    async with GitHubClient(scope, credentials(app)) as gh:
+        await gh.list_runners(conditional=False)
+        emu.admin.suspend_installation(app["installation_id"])
+        with pytest.raises(AppAuthError) as caught:
+            await gh.list_runners(conditional=False)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"GitHub App {app['app_id']}: ")
+    assert "This installation has been suspended" in line
+    assert "check the installation is not suspended" in line
+
+
+def test_a_hostile_accepted_permissions_header_is_not_repeated() -> None:
+    """Only GitHub's shape (name=level sets) reaches an error line."""
+    ok = httpx.Headers({"x-accepted-github-permissions": "issues=read; pull_requests=read"})
+    assert accepted_permissions(ok) == "issues=read; pull_requests=read"
+    for hostile in ("admin=write\x1b[2J", "run `rm -rf /`", "a=read," * 200, "a=owner"):
+        headers = httpx.Headers({"x-accepted-github-permissions": hostile})
+        assert accepted_permissions(headers) is None
+
+
+def test_explain_for_an_app_names_the_installation_not_the_token() -> None:
+    scope = GitHubScope(api_url="https://api.github.com", org="acme", repos=("acme/a",))
+    path = "/orgs/acme/actions/runners"
+    refused = AuthError("GET", path, 401, "Bad credentials", path=path)
+    line = explain(scope, refused, 7)
+    assert line.startswith("GitHub App 7: GitHub answered 401 for GET /orgs/acme/actions/runners")
+    assert "suspended or removed" in line and "installation on acme" in line
+    assert "token is not valid" not in line  # a person's-token diagnosis would mislead here
+    assert "install the App on acme" in explain(
+        scope, NotFound("GET", path, 404, "x", path=path), 7
+    )
+    assert "Self-hosted runners: read and write" in explain(
+        scope, AuthError("GET", path, 403, "Resource not accessible by integration", path=path), 7
+    )
+
+
+def test_github_errors_survive_pickling() -> None:
+    """Prefect may pickle a failed task's exception."""
+    import pickle
+
+    error = AuthError("GET", "/x", 403, "no", path="/x", accepted_permissions="actions=read")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is AuthError and str(again) == str(error)
+    assert again.accepted_permissions == "actions=read" and again.status == 403

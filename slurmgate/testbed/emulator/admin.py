@@ -201,13 +201,17 @@ class EmulatorAdmin:
         account: str | None = None,
         public_key: str | None = None,
         token_ttl_s: float | None = None,
+        permissions: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Register a GitHub App installed on `account` (the emulator's owner by default):
+        """Register a GitHub App installed on `account` (the emulator's owner by default),
+        granting `permissions` (default: all the controller needs):
         {"app_id", "installation_id", "slug", "account", and "private_key" (PEM) unless
         `public_key` was given}."""
         body: dict[str, Any] = {"account": account, "public_key": public_key}
         if token_ttl_s is not None:
             body["token_ttl_s"] = token_ttl_s
+        if permissions is not None:
+            body["permissions"] = permissions
         result: dict[str, Any] = self._call("POST", "/apps", body)
         return result
 
@@ -215,6 +219,13 @@ class EmulatorAdmin:
         """Expire every installation token now, or after `after_requests` more requests."""
         result: dict[str, Any] = self._call(
             "POST", "/apps/expire-tokens", {"after_requests": after_requests}
+        )
+        return result
+
+    def suspend_installation(self, installation_id: int) -> dict[str, Any]:
+        """Suspend an App's installation: no new tokens, and the issued ones refused."""
+        result: dict[str, Any] = self._call(
+            "POST", "/apps/suspend", {"installation_id": installation_id}
         )
         return result
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from slurmgate.testbed.emulator.apps import app_admin_routes, app_routes
+from slurmgate.testbed.emulator.apps import app_admin_routes, app_routes, refusal_for
 from slurmgate.testbed.emulator.state import (
     API_DOCS,
     EmuJob,
@@ -385,8 +385,18 @@ def _planned_refusal(state: EmulatorState, kind: str, method: str) -> Response |
     return None
 
 
-def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[str]) -> Route:
-    """Wrap one GitHub endpoint: auth, counters, faults, quota, ETag/304, rate-limit headers."""
+def _api(
+    state: EmulatorState,
+    template: str,
+    handler: Endpoint,
+    methods: list[str],
+    needs: tuple[str, ...] = (),
+) -> Route:
+    """Wrap one GitHub endpoint: auth, counters, faults, quota, ETag/304, rate-limit headers.
+
+    `needs`: the App permissions any one of which (read for GET, write otherwise) lets an
+    installation token call it, as GitHub's "Permissions required for GitHub Apps" lists them.
+    """
     free_of_quota = template == "/rate_limit"
 
     async def endpoint(request: Request) -> Response:
@@ -400,9 +410,17 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
         presented = token.strip()
         # The emulator's own token first: a configured token may have GitHub's ghs_ shape too.
         if state.token is None or not hmac.compare_digest(presented, state.token):
-            installation_token = state.apps.check_token(presented)  # None: not a ghs_ token
-            if installation_token is False or (installation_token is None and state.token):
+            granted = state.apps.check_token(presented)  # None: not a ghs_ token
+            if granted is False or (granted is None and state.token):
                 return _error_response(state, ApiError(401, "Bad credentials"))
+            accepted = refusal_for(granted, needs, method) if isinstance(granted, dict) else None
+            if accepted is not None:
+                state.consume_quota()
+                return _error_response(
+                    state,
+                    ApiError(403, "Resource not accessible by integration"),
+                    {"x-accepted-github-permissions": accepted},
+                )
         latency = state.take_fault("latency", method, path)
         if latency is not None and not await _stall(latency.latency_ms / 1000):
             return Response(status_code=503)
@@ -476,39 +494,51 @@ def _api(state: EmulatorState, template: str, handler: Endpoint, methods: list[s
     return Route(template, endpoint, methods=methods, name=template)
 
 
+ORG_RUNNERS_PERM = "organization_self_hosted_runners"
+"""The organisation permission GitHub's settings page calls "Self-hosted runners"."""
+
+
 def github_routes(state: EmulatorState) -> list[BaseRoute]:
     routes: list[BaseRoute] = []
-    for base in (REPO_RUNNERS, ORG_RUNNERS):
+    for base, runners in ((REPO_RUNNERS, "administration"), (ORG_RUNNERS, ORG_RUNNERS_PERM)):
+        need = (runners,)
         routes += [
-            _api(state, base, list_runners, ["GET"]),
-            _api(state, base + "/{runner_id}", get_runner, ["GET"]),
-            _api(state, base + "/{runner_id}", delete_runner, ["DELETE"]),
-            _api(state, base + "/{runner_id}/labels", list_labels, ["GET"]),
-            _api(state, base + "/{runner_id}/labels", add_labels, ["POST"]),
-            _api(state, base + "/{runner_id}/labels", set_labels, ["PUT"]),
-            _api(state, base + "/{runner_id}/labels", remove_all_labels, ["DELETE"]),
-            _api(state, base + "/{runner_id}/labels/{name}", remove_label, ["DELETE"]),
+            _api(state, base, list_runners, ["GET"], need),
+            _api(state, base + "/{runner_id}", get_runner, ["GET"], need),
+            _api(state, base + "/{runner_id}", delete_runner, ["DELETE"], need),
+            _api(state, base + "/{runner_id}/labels", list_labels, ["GET"], need),
+            _api(state, base + "/{runner_id}/labels", add_labels, ["POST"], need),
+            _api(state, base + "/{runner_id}/labels", set_labels, ["PUT"], need),
+            _api(state, base + "/{runner_id}/labels", remove_all_labels, ["DELETE"], need),
+            _api(state, base + "/{runner_id}/labels/{name}", remove_label, ["DELETE"], need),
         ]
+    actions = ("actions",)
     routes += [
-        _api(state, REPO_ACTIONS + "/runs", list_runs, ["GET"]),
-        _api(state, REPO_ACTIONS + "/runs/{run_id}", get_run, ["GET"]),
-        _api(state, REPO_ACTIONS + "/runs/{run_id}/jobs", list_run_jobs, ["GET"]),
+        _api(state, REPO_ACTIONS + "/runs", list_runs, ["GET"], actions),
+        _api(state, REPO_ACTIONS + "/runs/{run_id}", get_run, ["GET"], actions),
+        _api(state, REPO_ACTIONS + "/runs/{run_id}/jobs", list_run_jobs, ["GET"], actions),
         _api(
             state,
             REPO_ACTIONS + "/runs/{run_id}/attempts/{attempt_number}/jobs",
             list_run_jobs,
             ["GET"],
+            actions,
         ),
-        _api(state, REPO_ACTIONS + "/jobs/{job_id}", get_job, ["GET"]),
-        _api(state, "/orgs/{org}/repos", list_org_repos, ["GET"]),
+        _api(state, REPO_ACTIONS + "/jobs/{job_id}", get_job, ["GET"], actions),
+        _api(state, "/orgs/{org}/repos", list_org_repos, ["GET"], ("metadata",)),
         _api(
-            state, "/repos/{owner}/{repo}/issues/{issue_number}/events", list_issue_events, ["GET"]
+            state,
+            "/repos/{owner}/{repo}/issues/{issue_number}/events",
+            list_issue_events,
+            ["GET"],
+            ("issues", "pull_requests"),
         ),
         _api(
             state,
             "/orgs/{org}/teams/{team_slug}/memberships/{username}",
             get_team_membership,
             ["GET"],
+            ("members",),
         ),
         _api(state, "/rate_limit", rate_limit, ["GET"]),
     ]

@@ -6,7 +6,11 @@ request to an `/app/...` endpoint or an installation lookup carries a JWT the Ap
 its private key (RS256, `iss` the App id, `iat` not in the future, `exp` at most 10 minutes
 ahead and not past, all by the emulator's clock); `POST /app/installations/{id}/access_tokens`
 answers an installation token (`ghs_...`) with its `expires_at`; and the normal API answers 401
-to an installation token that expired or was never issued.
+to an installation token that expired or was never issued. An installation grants permissions
+(all the controller needs unless it was created with fewer); a request its token lacks one for
+is answered 403 "Resource not accessible by integration" with the permissions GitHub would
+accept in `X-Accepted-GitHub-Permissions` (https://github.blog/changelog/2023-08-10-x-accepted-
+github-permissions-header-for-fine-grained-permission-actors).
 """
 
 from __future__ import annotations
@@ -62,6 +66,44 @@ class AppRefusal(ExternalError):
         self.message = message
 
 
+PERMISSIONS = {
+    "actions": "read",
+    "administration": "write",
+    "organization_self_hosted_runners": "write",
+    "metadata": "read",
+    "issues": "read",
+    "members": "read",
+}
+"""What an installation grants by default: everything the README asks a real App to request
+(repository or organisation runners read/write, Actions read, and skip-queue's Issues and
+Members read)."""
+LEVELS = {"read": 1, "write": 2, "admin": 3}
+MAX_PERMISSIONS = 64
+
+
+def _valid_permissions(permissions: Any) -> dict[str, str]:
+    if not isinstance(permissions, dict) or len(permissions) > MAX_PERMISSIONS:
+        raise AppInputError(
+            f"permissions must be an object of at most {MAX_PERMISSIONS} names, "
+            'e.g. {"actions": "read"}'
+        )
+    for name, level in permissions.items():
+        if not (isinstance(name, str) and name.replace("_", "").isalpha() and name.islower()):
+            raise AppInputError(f"permissions: {name!r} is not a permission name (a_z and _)")
+        if level not in LEVELS:
+            raise AppInputError(f"permissions.{name} must be one of read, write, admin")
+    return dict(permissions)
+
+
+def refusal_for(granted: dict[str, str], needs: tuple[str, ...], method: str) -> str | None:
+    """None when `granted` holds one of `needs` at the method's level (read for GET, else
+    write); otherwise the `X-Accepted-GitHub-Permissions` value GitHub answers with its 403."""
+    level = "read" if method in ("GET", "HEAD") else "write"
+    if not needs or any(LEVELS.get(granted.get(name, ""), 0) >= LEVELS[level] for name in needs):
+        return None
+    return "; ".join(f"{name}={level}" for name in needs)
+
+
 @dataclass
 class EmuApp:
     id: int
@@ -77,6 +119,8 @@ class EmuInstallation:
     account: str
     target_type: str = "Organization"
     created_at: float = field(default_factory=time.time)
+    permissions: dict[str, str] = field(default_factory=lambda: dict(PERMISSIONS))
+    suspended_at: float | None = None
 
 
 @dataclass
@@ -125,9 +169,12 @@ class AppRegistry:
         target_type: str = "Organization",
         token_ttl_s: float = DEFAULT_TOKEN_TTL_S,
         slug: str | None = None,
+        permissions: Any = None,
     ) -> tuple[EmuApp, EmuInstallation, str | None]:
         """Register an App installed on `account`; with no `public_key` a key pair is made and
-        its private key returned (once, as GitHub's settings page hands it out)."""
+        its private key returned (once, as GitHub's settings page hands it out). `permissions`
+        (name -> read/write/admin) replaces what the installation grants."""
+        granted = dict(PERMISSIONS) if permissions is None else _valid_permissions(permissions)
         private_pem: str | None = None
         if public_key is None:
             private_pem = new_private_key()
@@ -150,12 +197,21 @@ class AppRegistry:
             )
             self._next_app += 1
             installation = EmuInstallation(
-                self._next_installation, app.id, account, target_type, self.clock()
+                self._next_installation, app.id, account, target_type, self.clock(), granted
             )
             self._next_installation += 1
             self.apps[app.id] = app
             self.installations[installation.id] = installation
         return app, installation, private_pem
+
+    def suspend(self, installation_id: int) -> None:
+        """Suspend an installation, as its owner can: no new tokens (403 "This installation has
+        been suspended") and the ones issued are refused (401)."""
+        with self.lock:
+            installation = self.installations.get(installation_id)
+            if installation is None:
+                raise AppInputError(f"installation_id {installation_id} does not exist")
+            installation.suspended_at = self.clock()
 
     def expire_tokens(self, after_requests: int = 0) -> None:
         """Expire every issued token now (0), or after `after_requests` more requests that
@@ -221,12 +277,19 @@ class AppRegistry:
             installation = self.installations.get(installation_id)
             if installation is None or installation.app_id != app.id:
                 raise AppRefusal(404, "Not Found")
+            if installation.suspended_at is not None:
+                raise AppRefusal(403, "This installation has been suspended")
             # GitHub's shape: ghs_ and 36 letters and digits
             token = TOKEN_PREFIX + "".join(secrets.choice(_TOKEN_CHARS) for _ in range(36))
             expires_at = self.clock() + app.token_ttl_s
             self.tokens[token] = EmuToken(installation_id, expires_at)
             self.issued += 1
             return token, expires_at
+
+    def permissions_of(self, installation_id: int) -> dict[str, str]:
+        with self.lock:
+            installation = self.installations.get(installation_id)
+            return dict(installation.permissions) if installation is not None else {}
 
     def installation_on(self, app: EmuApp, account: str) -> EmuInstallation | None:
         with self.lock:
@@ -239,9 +302,10 @@ class AppRegistry:
                 None,
             )
 
-    def check_token(self, token: str) -> bool | None:
-        """None: not an installation token (the normal token rules apply); True: issued and
-        not expired (counts toward `expire_tokens(after_requests=n)`); False: refuse it."""
+    def check_token(self, token: str) -> dict[str, str] | bool | None:
+        """None: not an installation token (the normal token rules apply); issued and not
+        expired: what its installation grants (counts toward `expire_tokens(after_requests=n)`);
+        False: refuse it."""
         if not token.startswith(TOKEN_PREFIX):
             return None
         with self.lock:
@@ -257,7 +321,11 @@ class AppRegistry:
                     self._expire_after = None
                     for issued in self.tokens.values():
                         issued.expires_at = min(issued.expires_at, self.clock() - 1)
-            return True
+            installation = self.installations.get(found.installation_id)
+            if installation is None or installation.suspended_at is not None:
+                self.refused_tokens += 1
+                return False
+            return dict(installation.permissions)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -291,20 +359,17 @@ class AppRegistry:
             "client_id": f"Iv1.{app.id:016x}",
             "target_id": 1,
             "target_type": installation.target_type,
-            "permissions": PERMISSIONS,
+            "permissions": installation.permissions,
             "events": ["workflow_job"],
             "created_at": stamp,
             "updated_at": stamp,
             "single_file_name": None,
             "app_slug": app.slug,
-            "suspended_at": None,
+            "suspended_at": (
+                None if installation.suspended_at is None else _iso(installation.suspended_at)
+            ),
             "suspended_by": None,
         }
-
-
-PERMISSIONS = {"actions": "read", "administration": "write", "metadata": "read"}
-"""What the emulator's installations grant: repository runners (Administration read/write,
-Actions read), as the README asks a real App to request."""
 
 
 # ---- routes -------------------------------------------------------------------------------------
@@ -337,7 +402,7 @@ def app_routes(state: EmulatorWithApps) -> list[BaseRoute]:
         body = {
             "token": token,
             "expires_at": _iso(expires_at),
-            "permissions": PERMISSIONS,
+            "permissions": registry.permissions_of(installation_id),
             "repository_selection": "all",
         }
         return JSONResponse(body, status_code=201)
@@ -372,7 +437,8 @@ def app_routes(state: EmulatorWithApps) -> list[BaseRoute]:
 
 def app_admin_routes(state: EmulatorWithApps, prefix: str) -> list[BaseRoute]:
     """`POST {prefix}/apps`: register an App installed on the emulator's owner (its private key
-    in the answer when none was given); `POST {prefix}/apps/expire-tokens`."""
+    in the answer when none was given); `POST {prefix}/apps/expire-tokens`; `POST
+    {prefix}/apps/suspend` (an installation's owner suspends it)."""
     registry: AppRegistry = state.apps
 
     async def body_of(request: Request) -> dict[str, Any]:
@@ -395,6 +461,7 @@ def app_admin_routes(state: EmulatorWithApps, prefix: str) -> list[BaseRoute]:
                 public_key=body.get("public_key"),
                 target_type=str(body.get("target_type", "Organization")),
                 token_ttl_s=body.get("token_ttl_s", DEFAULT_TOKEN_TTL_S),
+                permissions=body.get("permissions"),
             )
         except AppInputError as exc:
             return JSONResponse({"message": str(exc)}, status_code=400)
@@ -419,6 +486,17 @@ def app_admin_routes(state: EmulatorWithApps, prefix: str) -> list[BaseRoute]:
         registry.expire_tokens(after)
         return JSONResponse(registry.stats())
 
+    async def suspend(request: Request) -> Response:
+        try:
+            body = await body_of(request)
+            installation_id = body.get("installation_id")
+            if isinstance(installation_id, bool) or not isinstance(installation_id, int):
+                raise AppInputError("installation_id must be an installation's id (a number)")
+            registry.suspend(installation_id)
+        except AppInputError as exc:
+            return JSONResponse({"message": str(exc)}, status_code=400)
+        return JSONResponse(registry.stats())
+
     async def stats(request: Request) -> Response:
         return JSONResponse(registry.stats())
 
@@ -426,4 +504,5 @@ def app_admin_routes(state: EmulatorWithApps, prefix: str) -> list[BaseRoute]:
         Route(f"{prefix}/apps", create, methods=["POST"]),
         Route(f"{prefix}/apps", stats, methods=["GET"]),
         Route(f"{prefix}/apps/expire-tokens", expire, methods=["POST"]),
+        Route(f"{prefix}/apps/suspend", suspend, methods=["POST"]),
     ]
