@@ -4,7 +4,8 @@
 (the script, the hook's whole environment, its timeout and the secret values to mask), starts
 the hook in a session of its own and, as a child subreaper, stays the parent of everything the
 hook leaves behind. It stops that whole tree when the hook times out, when it is signalled,
-and when its own parent (the controller) dies, even by SIGKILL: it polls getppid(). Each
+and when its own parent (the controller) dies, even by SIGKILL: it polls getppid(). Should
+the guard alone be SIGKILLed, the runner stops what is left of the hook's session. Each
 output line is masked, written to the hook's log and echoed (bounded) to its stdout, which the
 runner streams into the run's log. What happened is left in a small result file for the run.
 """
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from pydantic import BaseModel
 
 from slurmgate.runtime.records import HookOutcome, live_processes, process_start_ticks
 from slurmgate.runtime.redact import Redactor
@@ -66,6 +69,11 @@ class HookInvocation:
     def script_path(self) -> Path:
         return self.run_dir / f"hook-{self.name}.sh"
 
+    @property
+    def session_path(self) -> Path:
+        """The hook's session, written by the guard as it starts the hook."""
+        return self.run_dir / f"hook-{self.name}.session"
+
     def guard_argv(self) -> list[str]:
         # The controller's own interpreter: the guard runs on this host (the spec's `python`
         # is the compute nodes' one).
@@ -96,11 +104,18 @@ class HookInvocation:
         return fd
 
     def outcome(self) -> HookOutcome:
-        """What the guard reported (a guard that died without a word: returncode None)."""
+        """What the guard reported. A guard that died without a word (SIGKILLed alone) could
+        not stop its hook: what is left of the hook's session is stopped here, and the outcome
+        says so (returncode None, `leftovers`)."""
         try:
             return HookOutcome.model_validate_json(self.result_path.read_bytes())
         except (OSError, ValueError):
-            return HookOutcome(name=self.name, log=str(self.log_path))
+            pass
+        leftovers = 0
+        with contextlib.suppress(OSError, ValueError):
+            started = HookSession.model_validate_json(self.session_path.read_bytes())
+            leftovers = stop_session(started.session, started.started)
+        return HookOutcome(name=self.name, log=str(self.log_path), leftovers=leftovers)
 
     def log_tail(self, chars: int = 1500) -> str:
         """The end of the hook's log (masked when written)."""
@@ -109,6 +124,33 @@ class HookInvocation:
         except OSError:
             return ""
         return data[-chars:].decode(errors="replace")
+
+
+class HookSession(BaseModel):
+    """The session the guard started its hook in: the hook shell's pid, and when it started."""
+
+    session: int
+    started: int
+
+
+def stop_session(session: int, started: int) -> int:
+    """SIGKILL every process of `session` that started no earlier than its leader (a reused
+    pid's session is someone else's), until none is left; how many were found at first."""
+    found = 0
+    for _ in range(20):
+        members = [
+            p.pid
+            for p in live_processes()
+            if p.session == session and (process_start_ticks(p.pid) or -1) >= started
+        ]
+        found = max(found, len(members))
+        if not members:
+            break
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    return found
 
 
 # Runs the guard of one invocation to its end (the Prefect layer streams its output into the
@@ -306,6 +348,10 @@ def guard(name: str, run_dir: Path, payload: dict[str, Any]) -> HookOutcome:
             start_new_session=True,
             env=dict(payload["env"]),
         )
+        # For the runner, should this guard be SIGKILLed alone: it then stops the session.
+        session = HookSession(session=hook.pid, started=process_start_ticks(hook.pid) or 0)
+        with os.fdopen(os.open(invocation.session_path, flags, 0o600), "w") as fh:
+            fh.write(session.model_dump_json())
         assert hook.stdout is not None
         reader = threading.Thread(target=echo.pump, args=(hook.stdout,), daemon=True)
         reader.start()

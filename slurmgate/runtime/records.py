@@ -77,6 +77,7 @@ class LiveProcess:
     pid: int
     ppid: int
     pgrp: int
+    session: int
 
 
 def live_processes() -> list[LiveProcess]:
@@ -90,10 +91,10 @@ def live_processes() -> list[LiveProcess]:
                 stat = fh.read()
         except OSError:
             continue
-        # Fields after the parenthesised command: state ppid pgrp ...
+        # Fields after the parenthesised command: state ppid pgrp session ...
         rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 3 and rest[0] not in (b"Z", b"X"):
-            found.append(LiveProcess(int(entry.name), int(rest[1]), int(rest[2])))
+        if len(rest) >= 4 and rest[0] not in (b"Z", b"X"):
+            found.append(LiveProcess(int(entry.name), int(rest[1]), int(rest[2]), int(rest[3])))
     return found
 
 

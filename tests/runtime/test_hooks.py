@@ -10,6 +10,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,39 @@ inv = HookInvocation("prolog", Path(sys.argv[1]), ["echo started", "sleep 304"],
                      {"PATH": "/usr/bin:/bin", "HOOK_MARKER": sys.argv[2]}, 600.0)
 run_plain(inv, lambda line: print(line, flush=True))
 """
+
+
+def test_a_sigkilled_guard_leaves_no_hook_process(tmp_path: Path) -> None:
+    """The guard alone is SIGKILLed (an OOM kill): it cannot stop its hook, so the runner
+    stops what is left of the hook's session and the outcome says the guard died."""
+    marker = f"hook-marker-{secrets.token_hex(4)}"
+    invocation = _invocation(tmp_path, ["echo started; sleep 305 & sleep 306"], HOOK_MARKER=marker)
+    lines: list[str] = []
+    runner = threading.Thread(target=run_plain, args=(invocation, lines.append))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while len([p for p in processes_with(marker) if "sleep 30" in p]) < 2:
+            assert time.monotonic() < deadline, "the hook's sleeps never started"
+            time.sleep(0.05)
+        guards = [
+            int(p.split(":", 1)[0])
+            for p in processes_with(str(invocation.run_dir))
+            if "slurmgate.runtime.hooks" in p
+        ]
+        assert len(guards) == 1, guards
+        os.kill(guards[0], signal.SIGKILL)
+        runner.join(timeout=10.0)
+        assert not runner.is_alive()
+        outcome = invocation.outcome()
+        assert outcome.returncode is None and not outcome.ok
+        assert outcome.leftovers == 3, outcome  # the hook's bash and both sleeps
+        assert "its guard died" in outcome.describe()
+        assert "3 process(es) it left running were stopped" in outcome.describe()
+        assert_no_orphans(marker, within=2.0)
+    finally:
+        kill_marked(marker)
+        runner.join(timeout=10.0)
 
 
 def test_a_sigkilled_controller_leaves_no_hook_process(tmp_path: Path) -> None:
