@@ -361,6 +361,8 @@ class AllocationRun:
                     ("partition", site.partition),
                     ("account", site.account),
                     ("qos", site.qos),
+                    ("reservation", site.reservation),
+                    ("constraint", site.constraint),
                 )
                 if value
             )
@@ -392,6 +394,8 @@ class AllocationRun:
             "partition": self.spec.slurm.partition,
             "account": self.spec.slurm.account,
             "qos": self.spec.slurm.qos,
+            "reservation": self.spec.slurm.reservation,
+            "constraint": self.spec.slurm.constraint,
         }
 
     def resolve(self) -> layout_mod.Layout:

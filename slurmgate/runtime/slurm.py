@@ -217,6 +217,8 @@ def salloc_argv(
     partition: str | None = None,
     account: str | None = None,
     qos: str | None = None,
+    reservation: str | None = None,
+    constraint: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The `salloc --no-shell` that holds the nodes; unset site options are left to Slurm."""
@@ -225,7 +227,13 @@ def salloc_argv(
         argv.append(f"--gres=gpu:{gpus_per_node}")
     if time_limit:
         argv.append(f"--time={time_limit}")
-    for flag, value in (("partition", partition), ("account", account), ("qos", qos)):
+    for flag, value in (
+        ("partition", partition),
+        ("account", account),
+        ("qos", qos),
+        ("reservation", reservation),
+        ("constraint", constraint),
+    ):
         if value:
             argv.append(f"--{flag}={value}")
     argv += list(extra)

@@ -39,6 +39,8 @@ _TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
 # Slurm names of partitions, accounts and QOSes (a partition may be a comma list): no spaces,
 # nothing that could read as another option.
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(,[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})*$")
+# A Slurm constraint: features joined by & | , with brackets, counts (*N) and parentheses.
+_SLURM_CONSTRAINT = re.compile(r"^[A-Za-z0-9_(\[][A-Za-z0-9_.&|,*()\[\]:-]{0,199}$")
 
 
 class SpecError(InputError):
@@ -372,6 +374,32 @@ class SlurmSpec(_Strict):
     )
     account: str | None = Field(default=None, description="salloc --account to charge")
     qos: str | None = Field(default=None, description="salloc --qos")
+    reservation: str | None = Field(
+        default=None,
+        description="salloc --reservation: the reservation the run's pool is mapped to, when "
+        "its nodes are the only ones the controller counted",
+    )
+    constraint: str | None = Field(
+        default=None,
+        description="salloc --constraint, e.g. mi300x or a&b: the feature the run's pool is "
+        "mapped to",
+    )
+
+    @field_validator("reservation")
+    @classmethod
+    def _reservation(cls, v: str | None) -> str | None:
+        return _slurm_name("reservation", v, "gpu-ci (`scontrol show reservation` lists them)")
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v: str | None) -> str | None:
+        if v is not None and not _SLURM_CONSTRAINT.match(v):
+            raise _problem(
+                "constraint",
+                f"{v!r} is not a Slurm constraint",
+                "use node features as `sinfo -o %f` shows them, joined by & or |, e.g. mi300x",
+            )
+        return v
 
     @field_validator("partition")
     @classmethod
@@ -503,7 +531,8 @@ class AllocationSpec(_Strict):
     time_limit: str = Field(default="03:55:00", description="[D-]HH:MM:SS for an owned allocation")
     slurm: SlurmSpec = Field(
         default_factory=SlurmSpec,
-        description="partition, account and QOS of the allocation a run requests itself",
+        description="partition, account, QOS, reservation and constraint of the allocation a "
+        "run requests itself",
     )
     python: str | None = Field(
         default=None,

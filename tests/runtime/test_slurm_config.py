@@ -225,14 +225,65 @@ def _site_spec(**fields: object) -> AllocationSpec:
 
 
 def test_the_slurm_site_options_reach_salloc(tmp_path: Path) -> None:
-    spec = _site_spec(slurm={"partition": "gpu,gpu-long", "account": "proj-7", "qos": "high"})
-    run = AllocationRun(spec, runs_root=tmp_path)
+    site = {
+        "partition": "gpu,gpu-long",
+        "account": "proj-7",
+        "qos": "high",
+        "reservation": "gpu-ci",
+        "constraint": "mi300x&ib",
+    }
+    run = AllocationRun(_site_spec(slurm=site), runs_root=tmp_path)
     argv = slurm.salloc_argv(**run.salloc_request())
     assert argv[:2] == ["salloc", "--no-shell"]
-    assert {"--partition=gpu,gpu-long", "--account=proj-7", "--qos=high"} <= set(argv)
+    assert {
+        "--partition=gpu,gpu-long",
+        "--account=proj-7",
+        "--qos=high",
+        "--reservation=gpu-ci",
+        "--constraint=mi300x&ib",
+    } <= set(argv)
     assert "--nodes=3" in argv and "--time=00:10:00" in argv
     plain = slurm.salloc_argv(**AllocationRun(_site_spec(), runs_root=tmp_path).salloc_request())
-    assert not [a for a in plain if a.startswith(("--partition", "--account", "--qos"))]
+    site_flags = ("--partition", "--account", "--qos", "--reservation", "--constraint")
+    assert not [a for a in plain if a.startswith(site_flags)]
+
+
+def test_a_run_of_a_reservation_mapped_pool_gets_the_nodes_the_controller_counted(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """A pool mapped to a reservation counts only that reservation's nodes; a run whose spec
+    names it is granted those nodes at once, and one that does not would wait in the queue."""
+    from slurmgate.admission.settings import PoolPartition
+    from slurmgate.runtime.slurm_capacity import read_pool_capacity
+
+    name = f"sg-ci-{os.getpid()}"
+    slurm.run(
+        [
+            *("scontrol", "create", "reservation", f"reservationname={name}"),
+            *("nodes=node[2-4]", "starttime=now", "duration=10", "users=root"),
+        ]
+    )
+    job_id = None
+    unmapped = AllocationRun(_site_spec(), runs_root=tmp_path / "plain")
+    try:
+        pools = {"cluster:x": PoolPartition(partition="debug", reservation=name)}
+        assert read_pool_capacity(pools)["cluster:x"].usable == 3
+        with pytest.raises(slurm.SlurmError):  # node1 alone is outside the reservation
+            slurm.salloc_no_shell(**unmapped.salloc_request(), extra=["--immediate=2"], timeout=30)
+        spec = _site_spec(slurm={"partition": "debug", "reservation": name})
+        request = AllocationRun(spec, runs_root=tmp_path / "mapped").salloc_request()
+        job_id = slurm.salloc_no_shell(**request, extra=["--immediate=10"], timeout=30)
+        info = slurm.show_job(job_id)
+        assert info is not None and info.num_nodes == 3
+        assert slurm.show_hostnames(info.nodelist) == ["node2", "node3", "node4"]
+    finally:
+        if job_id:
+            slurm.scancel(job_id)
+        slurm.scancel_by_name(unmapped.run_id)
+        deadline = time.monotonic() + 30
+        while slurm.run(["scontrol", "delete", f"reservation={name}"], check=False).returncode:
+            assert time.monotonic() < deadline, "the reservation could not be deleted"
+            time.sleep(0.5)
 
 
 @pytest.mark.parametrize(
@@ -241,7 +292,10 @@ def test_the_slurm_site_options_reach_salloc(tmp_path: Path) -> None:
         ({"slurm": {"partition": "gpu --exclusive"}}, "slurm.partition"),
         ({"slurm": {"account": "-A"}}, "slurm.account"),
         ({"slurm": {"qos": ""}}, "slurm.qos"),
-        ({"slurm": {"reservation": "x"}}, "slurm.reservation"),
+        ({"slurm": {"reservation": "gpu-ci --exclusive"}}, "slurm.reservation"),
+        ({"slurm": {"constraint": "-x"}}, "slurm.constraint"),
+        ({"slurm": {"constraint": "a b"}}, "slurm.constraint"),
+        ({"slurm": {"reservaton": "gpu-ci"}}, "slurm.reservaton"),
         ({"python": "python3"}, "python"),
         ({"python": "/opt/my env/bin/python"}, "python"),
     ],
