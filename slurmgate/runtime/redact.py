@@ -9,10 +9,12 @@ MASK = "***"
 # Shorter values would mask ordinary words and numbers all over a log.
 MIN_SECRET_CHARS = 4
 
-_KEY_WORDS = r"(?:api[_-]?key|access[_-]?key|secret|token|password|passwd|auth[_-]?string)"
+CREDENTIAL_WORDS = r"(?:api[_-]?key|access[_-]?key|secret|token|password|passwd|auth[_-]?string)"
+CREDENTIAL_FLAG = re.compile(rf"^--[\w-]*{CREDENTIAL_WORDS}$", re.I)
+"""A command-line flag whose value is a credential: --api-key, --hf-token, --password."""
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # --api-key X, --hf-token=X, --password X: flags that carry a credential
-    (re.compile(rf"(--[\w-]*{_KEY_WORDS}(?:=|\s+))(\S+)", re.I), rf"\1{MASK}"),
+    (re.compile(rf"(--[\w-]*{CREDENTIAL_WORDS}(?:=|\s+))(\S+)", re.I), rf"\1{MASK}"),
     # Authorization: Bearer X (and Basic, token), as a header line or in a dict's repr
     (
         re.compile(
@@ -23,7 +25,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # NAME=VALUE, NAME: VALUE, 'api_key': ['X'] where NAME ends in a credential word
     (
         re.compile(
-            rf"(\b[\w.-]*{_KEY_WORDS}['\"]?\s*[:=]\s*)(\[?'[^']*'\]?|\[?\"[^\"]*\"\]?|[^\s,}}\]]+)",
+            rf"(\b[\w.-]*{CREDENTIAL_WORDS}['\"]?\s*[:=]\s*)(\[?'[^']*'\]?|\[?\"[^\"]*\"\]?|[^\s,}}\]]+)",
             re.I,
         ),
         rf"\1{MASK}",

@@ -22,6 +22,7 @@ from slurmgate.errors import InputError
 from slurmgate.runtime import engines
 from slurmgate.runtime.endpoint.config import TOKEN_ENV
 from slurmgate.runtime.layout import port_problems
+from slurmgate.runtime.redact import CREDENTIAL_FLAG
 
 # Flags the launcher owns, per engine: a command that sets them itself would fight the layout.
 LAUNCHER_FLAGS: dict[str, tuple[str, ...]] = {
@@ -170,7 +171,8 @@ class DeploymentSpec(_Strict):
         min_length=1,
         description="the server's argv; the launcher appends the engine's layout flags (a "
         "command that sets one of them is refused), and an absolute model path in it is "
-        "checked on every node",
+        "checked on every node; a credential flag with a value (--api-key K) is refused: "
+        "give the credential in env",
     )
     tensor_parallel: int = Field(
         default=1, ge=1, description="GPUs of one replica on each of its nodes"
@@ -265,13 +267,27 @@ class DeploymentSpec(_Strict):
         engine = info.data.get("engine")
         if engine is None:  # the engine itself was refused: that error says enough
             return v
-        for arg in v:
+        for i, arg in enumerate(v):
             flag = engines.profile(engine).owned_flag(arg)
             if flag is not None:
                 raise _problem(
                     "command",
                     f"{flag} is set by the launcher from the layout (engine {engine})",
                     f"remove {flag} from the command",
+                )
+            name, eq, value = arg.partition("=")
+            following = v[i + 1] if i + 1 < len(v) else ""
+            if CREDENTIAL_FLAG.match(name) and (
+                value if eq else following and not following.startswith("-")
+            ):
+                raise _problem(
+                    "command",
+                    f"{name} carries a credential, which would be stored in Prefect with the "
+                    "spec and shown in every node's process list",
+                    f"remove {name} and its value: give the server the credential in env as "
+                    "{secret: BLOCK} or {from_env: NAME} (vLLM reads VLLM_API_KEY, llama.cpp "
+                    "LLAMA_API_KEY, Hugging Face HF_TOKEN); clients authenticate at the "
+                    "endpoint with endpoint_token",
                 )
         return v
 

@@ -51,6 +51,44 @@ def test_a_plain_credential_value_in_the_spec_is_refused_with_the_fix() -> None:
     assert "{secret: BLOCK-NAME}" in message and "hf_plainvalue" not in message
 
 
+@pytest.mark.parametrize(
+    "tail",
+    [
+        ["--api-key", "sk-lane-literal"],
+        ["--api-key=sk-lane-literal"],
+        ["--hf-token", "hf_lanevalue"],
+        ["--admin-api-key", "k-lane-literal"],
+    ],
+)
+def test_a_credential_in_a_lane_command_is_refused_with_the_fix(tail: list[str]) -> None:
+    """The command is part of the spec, a flow-run parameter, and of every node's argv."""
+    data = example_data()
+    data["deployments"][0]["command"] = [*data["deployments"][0]["command"], *tail]
+    with pytest.raises(SpecError) as caught:
+        AllocationSpec.from_data(data)
+    field, message, fix = caught.value.problems[0]
+    assert field == "deployments[0].command", caught.value
+    assert "carries a credential" in message and "VLLM_API_KEY" in fix
+    assert "endpoint_token" in fix
+    assert "literal" not in str(caught.value) and "lanevalue" not in str(caught.value)
+
+
+def test_a_bare_credential_flag_and_token_sized_flags_are_kept() -> None:
+    """vLLM's bare --hf-token means "the cached login"; --max-num-batched-tokens is a size."""
+    data = example_data()
+    base = data["deployments"][0]["command"]
+    data["deployments"][0]["command"] = [
+        *base,
+        "--hf-token",
+        "--max-num-batched-tokens",
+        "8192",
+        "--tokenizer",
+        "/models/tok",
+    ]
+    spec = AllocationSpec.from_data(data)
+    assert spec.deployments[0].command[-5:] == data["deployments"][0]["command"][-5:]
+
+
 def test_the_spec_stores_only_references_and_a_secretstr_is_masked() -> None:
     value = _value("inline")
     data = example_data()
