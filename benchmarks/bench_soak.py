@@ -32,6 +32,9 @@ def run(sim_s: float, speed: float, seed: int, runtime_scale: float) -> dict[str
     faulty = SoakConfig(seed=seed, sim_s=sim_s, speed=speed, runtime_scale=runtime_scale)
     if sim_s < 1800:  # a smoke run: kill more often so at least one kill lands
         faulty = faulty.model_copy(update={"kill_mean_s": sim_s / 2})
+        # At 40x the default 20 s anchor window is half a wall second, shorter than one
+        # timeout fault: on a loaded machine every admission of a batch would roll back.
+        faulty = faulty.model_copy(update={"orphan_grace_s": 120.0})
     clean = faulty.model_copy(update={"fault_rate": 0.0, "kill_mean_s": None})
     with tempfile.TemporaryDirectory(prefix="slurmgate-soak-") as logs:
         soaked = run_soak(faulty, log_dir=Path(logs) / "faulty")
