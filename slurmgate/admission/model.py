@@ -201,6 +201,9 @@ class Snapshot:
     listed in a shape that could not be read: any of them may be a lease's anchor or holder.
     `skip_queue_job_ids` are the queued jobs whose `ci-skip-queue-pr-<PR>` label the read
     verified (someone allowed to added the PR's skip-queue label): they outrank every score.
+    `unread_repos` are (repository, why) for the repositories of a many-repository scope whose
+    jobs GitHub would not list this time (404, or 403 to an App not granted them): their queued
+    jobs are not in `jobs`, and their leases' jobs were looked up by id as usual.
     """
 
     runners: tuple[Runner, ...]
@@ -209,6 +212,7 @@ class Snapshot:
     missing_job_ids: frozenset[int] = frozenset()
     unreadable_runners: int = 0
     skip_queue_job_ids: frozenset[int] = frozenset()
+    unread_repos: tuple[tuple[str, str], ...] = ()
 
 
 # ---- decisions -------------------------------------------------------------------------------

@@ -157,6 +157,13 @@ async def reconcile_tick(
     # slow read would let a lease another controller anchored meanwhile pass the orphan grace.
     read_at = now()
     snapshot = await steps.read_snapshot()
+    for repo, why in snapshot.unread_repos:  # every tick: the others are admitted meanwhile
+        log.warning(
+            "repository %s unread (%s): its queued jobs wait, its leases are kept; fix its "
+            "name in the scope's repos, or grant the App access to it",
+            repo,
+            why,
+        )
     slurm = _Capacity(steps.read_capacity, log)
     learned = history.learn(snapshot.jobs, settings.node_slots) if history is not None else 0
     decisions, plan_s = _timed_plan(snapshot, settings, history, lambda: read_at, await slurm())

@@ -97,6 +97,11 @@ class GitHubError(ExternalError):
         return (_rebuild_error, (type(self), str(self), dict(self.__dict__)))
 
 
+def _refused_repository(exc: GitHubError) -> bool:
+    """A 404, or a 403 that is not a rate limit: GitHub will not show this repository."""
+    return isinstance(exc, NotFound) or (isinstance(exc, AuthError) and exc.status == 403)
+
+
 def _rebuild_error(cls: type[GitHubError], text: str, fields: dict[str, Any]) -> GitHubError:
     error = cls.__new__(cls)
     Exception.__init__(error, text)
@@ -280,6 +285,7 @@ class GitHubClient:
         self.max_pages = max_pages
         self.problems = ProblemMemory(self.etag_cache)
         self.unreadable_runners = 0  # runners the last listing left out as malformed
+        self.unread_repos: dict[str, str] = {}  # repository -> why the last job read skipped it
         self.calls = CallCounter()
         self._rate_limit: RateLimit | None = None
         self._repos_read: tuple[float, tuple[str, ...]] | None = None
@@ -445,6 +451,7 @@ class GitHubClient:
         job is then unknown, which is not the same as gone.
         """
         template = "/repos/{owner}/{repo}/actions/jobs/{job_id}"
+        refused: AuthError | None = None
         for name in (repo,) if repo else await self.job_repos():
             try:
                 reply = await self._call(
@@ -452,11 +459,18 @@ class GitHubClient:
                 )
             except NotFound:
                 continue
+            except AuthError as exc:
+                if repo or not _refused_repository(exc):
+                    raise
+                refused = refused or exc  # the job may be there: not gone, unknown
+                continue
             try:
                 return self._job(reply.body)
             except MalformedPayload as exc:
                 self._skip(exc)
                 raise MalformedResponse("GET", template, reply.status, str(exc)) from None
+        if refused is not None:
+            raise refused
         return None
 
     async def get_run_pull_requests(self, run_id: int, *, repo: str) -> frozenset[int]:
@@ -485,7 +499,9 @@ class GitHubClient:
         pull requests), keyed by job id."""
         jobs: dict[int, Job] = {}
         sources: dict[int, JobSource] = {}
-        for name in await self.job_repos():
+        repos = await self.job_repos()
+        self.unread_repos = {}
+        for name in repos:
             seen: set[int] = set()
             for status in ("queued", "in_progress"):
                 try:
@@ -493,6 +509,17 @@ class GitHubClient:
                 except MalformedResponse as exc:
                     self.problems.report(f"{status} run listing", name, str(exc), "skipped")
                     continue
+                except (NotFound, AuthError) as exc:
+                    # One repository of many that cannot be read (renamed, deleted, or not
+                    # granted to the App) must not stop the others' admissions; alone, it is
+                    # the scope that is wrong, and the tick says so.
+                    if len(repos) == 1 or not _refused_repository(exc):
+                        raise
+                    self.unread_repos[name] = str(exc)
+                    for job_id in [i for i, source in sources.items() if source.repo == name]:
+                        jobs.pop(job_id, None)  # half a repository is none of it
+                        sources.pop(job_id, None)
+                    break
                 for run in runs:
                     try:
                         run_id = parse_run_id(run)
@@ -507,6 +534,8 @@ class GitHubClient:
                     except MalformedResponse as exc:
                         self.problems.report("job listing of run", str(run_id), str(exc), "skipped")
                         continue
+                    except NotFound:
+                        continue  # the run was deleted since it was listed: no jobs to admit
                     source = JobSource(name, parse_run_pull_requests(run))
                     for job in run_jobs:
                         if job.active:

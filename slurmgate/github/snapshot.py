@@ -15,7 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot, leases_from_fleet
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.github.client import GitHubError, JobSource, MalformedResponse, state_dir
+from slurmgate.github.client import (
+    AuthError,
+    GitHubError,
+    JobSource,
+    MalformedResponse,
+    state_dir,
+)
 from slurmgate.github.jobstore import JobEventStore, store_path
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.skipqueue import SkipQueueAuthorizer, SkipQueueClient, skip_queue_pr
@@ -36,6 +42,9 @@ class SnapshotClient(SkipQueueClient, Protocol):
 
     @property
     def unreadable_runners(self) -> int: ...
+
+    @property
+    def unread_repos(self) -> dict[str, str]: ...
 
     @property
     def scope(self) -> GitHubScope: ...
@@ -115,9 +124,11 @@ async def take_snapshot(
     """
     runners = await client.list_runners(conditional=True)
     stored: dict[int, Job] = {}
+    polled = False
     if events is not None and not events.store.full_read_due(events.full_read_every):
         active, sources = await jobs_from_events(client, events, settings is not None)
     else:
+        polled = True
         try:
             active, sources = await client.read_active_jobs()
         except BaseException:
@@ -147,6 +158,13 @@ async def take_snapshot(
             job = await client.get_job(job_id)
         except MalformedResponse:
             continue  # unknown is not gone: the client has warned about it
+        except AuthError as exc:
+            if exc.status != 403:
+                raise
+            # A repository that may hold it refused (one of many, not granted): unknown, so
+            # its lease is kept.
+            log.warning("lease job %d: its state is unknown (%s); its lease is kept", job_id, exc)
+            continue
         if job is None:
             missing.add(job_id)
         else:
@@ -159,6 +177,7 @@ async def take_snapshot(
         missing_job_ids=frozenset(missing),
         unreadable_runners=client.unreadable_runners,
         skip_queue_job_ids=skip_queue,
+        unread_repos=tuple(sorted(client.unread_repos.items())) if polled else (),
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
-from slurmgate.github.client import GitHubClient
+from slurmgate.github.client import GitHubClient, NotFound
 from slurmgate.github.jobstore import JobEventStore
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.snapshot import EventReads, EventReadSettings, take_snapshot
@@ -301,3 +301,74 @@ def test_status_reads_an_org_over_a_repo_list_or_every_repo_from_the_command_lin
         both = _cli(emu, "status", "--all-repos", "--repos", REPOS[0])
         assert both.returncode == 2 and "not both" in both.stderr
         assert "Traceback" not in both.stderr and len(both.stderr.strip().splitlines()) == 1
+
+
+class Said:
+    """A tick log that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def info(self, msg: str, *args: object) -> None:
+        pass
+
+    def warning(self, msg: str, *args: object) -> None:
+        self.warnings.append(msg % args if args else msg)
+
+
+async def test_a_repository_github_will_not_list_is_skipped_and_named_every_tick() -> None:
+    """A renamed repository in the list (404) and one the App was not granted (403): the
+    other repositories' jobs are admitted, and each tick's log names both, with the fix."""
+    with org_emulator(runners=4) as emu:
+        admitted = emu.admin.add_job(labels(1, "here"), 600, repo="acme/gpu-ci")["id"]
+        emu.admin.add_job(labels(1, "hidden"), 600, repo="acme/serving")
+        emu.admin.fault("status", status=403, path="/repos/acme/serving/*", count=None)
+        scope = ("acme/gpu-ci", "acme/serving", "acme/renamed")
+        async with org_client(emu, repos=scope) as client:
+            for _ in range(2):
+                said = Said()
+                report = await reconcile_tick(direct_steps(client), SETTINGS, log=said)
+                unread = [w for w in said.warnings if w.startswith("repository ")]
+                assert len(unread) == 2, said.warnings
+                assert unread[0].startswith("repository acme/renamed unread (GET /repos/acme/")
+                assert "-> 404" in unread[0] and "fix its name in the scope's repos" in unread[0]
+                assert unread[1].startswith("repository acme/serving unread (GET /repos/acme/")
+                assert "-> 403" in unread[1] and "grant the App access to it" in unread[1]
+        assert report.failures == []
+        assert emu.job_placement(admitted)[0] == "in_progress"
+        assert [j for j in emu.admin.dump()["jobs"] if j["status"] == "queued"]  # serving's waits
+
+
+async def test_a_lease_whose_repository_turns_unreadable_is_kept() -> None:
+    """Its job is neither listed nor found by id: unknown, not gone, so nothing is released."""
+    with org_emulator(runners=4) as emu:
+        job = emu.admin.add_job(labels(2, "kept"), 600, repo="acme/serving")["id"]
+        async with org_client(emu, repos=("acme/gpu-ci", "acme/serving")) as client:
+            first = await reconcile_tick(direct_steps(client), SETTINGS)
+            assert first.admitted == 1
+            emu.admin.fault("status", status=403, path="/repos/acme/serving/*", count=None)
+            second = await reconcile_tick(direct_steps(client), SETTINGS)
+        assert second.failures == [] and second.decisions.release == ()
+        leased = [
+            r
+            for r in emu.admin.dump()["runners"]
+            if any(x["name"].startswith(f"ci-lease-j{job}-") for x in r["labels"])
+        ]
+        assert len(leased) == 2
+
+
+async def test_a_single_repository_scope_still_fails_on_a_repository_it_cannot_read() -> None:
+    with org_emulator() as emu:
+        async with org_client(emu, repos=("acme/renamed",)) as client:
+            with pytest.raises(NotFound):
+                await reconcile_tick(direct_steps(client), SETTINGS)
+
+
+async def test_a_run_deleted_between_listing_and_its_jobs_read_is_passed_over() -> None:
+    with org_emulator() as emu:
+        kept = emu.admin.add_job(labels(1, "kept"), 600, repo="acme/gpu-ci")["id"]
+        gone = emu.admin.add_job(labels(1, "gone"), 600, repo="acme/gpu-ci")["run_id"]
+        emu.admin.fault("status", status=404, path=f"/repos/acme/gpu-ci/actions/runs/{gone}/jobs")
+        async with org_client(emu, repos=("acme/gpu-ci",)) as client:
+            jobs, _ = await client.read_active_jobs()
+        assert [job.id for job in jobs] == [kept]
