@@ -47,6 +47,7 @@ def app_permissions(scope: GitHubScope) -> str:
 
 
 def app_id_of(credentials: str | SecretStr | GitHubAppCredentials) -> int | None:
+    """The App id when the credentials are a GitHub App's; None for a token."""
     return credentials.app_id if isinstance(credentials, GitHubAppCredentials) else None
 
 
