@@ -995,17 +995,23 @@ def _next_link(headers: httpx.Headers) -> str | None:
 
 
 def _error_message(response: httpx.Response, content: bytes) -> str:
+    """GitHub's `message` (and `errors`), at most 500 printable characters: it ends up in a
+    one-line error, and a hostile answer must not break the line or drive the terminal."""
     try:
         body = json.loads(content)
     except (ValueError, RecursionError):
-        return response.reason_phrase or "error"
+        return _printable(response.reason_phrase or "error")
     if isinstance(body, dict):
         message = str(body.get("message") or response.reason_phrase or "error")
         errors = body.get("errors")
         if errors:
             message += f" ({'; '.join(str(e) for e in errors)[:300]})"
-        return message[:500]
-    return response.reason_phrase or "error"
+        return _printable(message[:500])
+    return _printable(response.reason_phrase or "error")
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else " " for c in text)
 
 
 STATE_DIR_ENV = "SLURMGATE_STATE_DIR"

@@ -572,3 +572,20 @@ def test_github_errors_survive_pickling() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is AuthError and str(again) == str(error)
     assert again.accepted_permissions == "actions=read" and again.status == 403
+
+
+async def test_a_hostile_error_message_stays_one_printable_line() -> None:
+    """GitHub's `message` reaches the error line; control characters in it do not."""
+
+    def github(request: httpx.Request) -> httpx.Response:
+        body = {"message": "Resource\nnot accessible\x1b[2J by integration\r\nX-Evil: 1"}
+        return httpx.Response(403, json=body, headers={"x-accepted-github-permissions": "a=read"})
+
+    scope = GitHubScope(api_url="https://api.github.com", repo="acme/gpu-ci")
+    async with GitHubClient(scope, "token", transport=httpx.MockTransport(github)) as gh:
+        with pytest.raises(AuthError) as caught:
+            await gh.list_runners(conditional=False)
+    line = explain(scope, caught.value, 7)
+    assert line.isprintable() and "\x1b" not in line
+    assert "Resource not accessible [2J by integration  X-Evil: 1" in line
+    assert "GitHub accepts a=read" in line
