@@ -229,8 +229,38 @@ def check_lease(admit: Admit, fleet: Sequence[Runner]) -> Verification:
         raise LeaseConflict(
             f"anchor {anchor.name} ({anchor.id}) already carries job labels {', '.join(foreign)}"
         )
+    twin = _anchored_twin(admit, fleet, wanted, ours)
+    if twin is not None:
+        runner, label = twin
+        raise LeaseConflict(
+            f"job {admit.job_id} is already anchored on runner {runner.name} ({runner.id}) "
+            f"under {label}; this admission backs off"
+        )
     present = frozenset(label for label in anchor.managed_job_labels() if label in wanted)
     return Verification(present)
+
+
+def _anchored_twin(
+    admit: Admit, fleet: Sequence[Runner], wanted: frozenset[str] | set[str], ours: str
+) -> tuple[Runner, str] | None:
+    """Another lease of the same job and attempt whose anchor already carries the job's labels:
+    a second controller admitted the job first, so this lease would only hold runners until the
+    next tick releases it. Seen only when the read was the whole fleet (the list pages); an
+    unanchored twin is left to the planner, as both would back off from each other."""
+    mine = set(admit.runner_ids)
+    for runner in fleet:
+        if runner.id in mine or not wanted <= runner.folded:
+            continue
+        for label in runner.lease_labels:
+            if label == ours:
+                continue
+            try:
+                other = LeaseLabel.parse(label)
+            except LabelError:
+                continue
+            if other.job_id == admit.job_id and other.attempt == admit.attempt:
+                return runner, label
+    return None
 
 
 RUNNERS_PER_PAGE = 100  # GitHub's largest page of the runner list

@@ -120,7 +120,10 @@ async def test_two_controllers_admitting_one_job_in_the_same_second_leave_one_le
         assert by_a.lease_label != by_b.lease_label
         async with _client(emu) as a, _client(emu) as b:
             assert (await admit_lease(a, by_a, fleet_size=4)).admitted
-            assert (await admit_lease(b, by_b, fleet_size=4)).admitted
+            # B verifies by reading its own two runners (a fleet of many list pages), so it
+            # cannot see A's anchor; on a whole-fleet read it would back off instead
+            # (test_lease_races.py).
+            assert (await admit_lease(b, by_b, fleet_size=1000)).admitted
             leases = leases_from_fleet(_fleet(emu))[0]
             assert sorted(lease.size for lease in leases) == [2, 2]
             report = await reconcile_tick(direct_steps(a), ON)

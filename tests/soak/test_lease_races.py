@@ -224,3 +224,31 @@ async def test_the_second_to_verify_backs_off_even_when_it_is_older() -> None:
             await add_lease_labels(b, lease_b, stack_b)
             with pytest.raises(LeaseConflict, match="backs off"):
                 await verify_lease(b, lease_b)  # B is older, and still must not proceed
+
+
+async def test_a_lease_that_sees_its_job_anchored_under_a_twin_backs_off() -> None:
+    """Two controllers admitted one job on disjoint runners. The second to verify reads the
+    whole fleet, sees the first's anchor carrying the job, and unwinds rather than hold two
+    more runners until the next tick releases them. An unanchored twin is not a reason: both
+    would back off, and the planner keeps one of two committed leases next tick."""
+    with running_emulator({"a": 4}) as emu:
+        job_id = _queue_job(emu)
+        now = time.time()
+        first = dataclasses.replace(_admit(job_id, now - 2), runner_ids=(3, 4), anchor_id=3)
+        second = _admit(job_id, now)  # runners 1 and 2, another stamp: another lease
+        async with _client(emu, min_write_interval_s=0) as client:
+            await add_lease_labels(client, first, CompensationStack())
+            stack = CompensationStack()
+            await add_lease_labels(client, second, stack)
+            await verify_lease(client, second, fleet_size=4)  # the twin has no anchor yet
+            await stack.unwind()
+            assert (await admit_lease(client, first, fleet_size=4)).admitted
+            assert emu.job_placement(job_id) == ("in_progress", 3)
+            outcome = await admit_lease(client, second, fleet_size=4)
+        assert not outcome.admitted and outcome.undone
+        assert (
+            "already anchored on runner" in outcome.reason and first.lease_label in outcome.reason
+        )
+        for runner_id in (1, 2):
+            assert not {second.lease_label, *GATE} & emu.runner_labels(runner_id)
+        assert {first.lease_label, *GATE} <= emu.runner_labels(3)
