@@ -200,6 +200,9 @@ def test_admin_api_rejects_bad_input_naming_the_field(emu: RunningEmulator) -> N
         assert bad.status_code == 400 and "labels" in bad.json()["message"]
         bad = admin.post("/faults", json={"kind": "meteor"})
         assert bad.status_code == 400 and "kind" in bad.json()["message"]
+        bad = admin.post("/faults", json={"kind": "status", "remaining": None})
+        assert bad.status_code == 400 and "'remaining' is unknown" in bad.json()["message"]
+        assert "count" in bad.json()["message"]
         bad = admin.post("/runners/1/status", json={"status": "asleep"})
         assert bad.status_code == 400 and "status" in bad.json()["message"]
         assert admin.post("/jobs/424242/complete").status_code == 404

@@ -127,6 +127,9 @@ class Fault:
 
 
 FAULT_KINDS = ("status", "rate_limit", "latency", "fail_nth_write", "hang_nth_write")
+FAULT_FIELDS = frozenset(
+    {"kind", "method", "path", "count", "status", "retry_after_s", "ms", "hang_s", "applied", "n"}
+)
 
 # The random faults a fault plan draws from, and what each answers:
 #   server-error      500, 502 or 503 (nothing applied);
@@ -670,6 +673,11 @@ class EmulatorState:
         kind = spec.get("kind")
         if kind not in FAULT_KINDS:
             raise EmulatorInputError(f"kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        unknown = sorted(str(key) for key in spec if key not in FAULT_FIELDS)
+        if unknown:  # a misspelt field would silently give a fault of other shape
+            raise EmulatorInputError(
+                f"fault field {unknown[0]!r} is unknown; use {', '.join(sorted(FAULT_FIELDS))}"
+            )
         with self.lock:
             fault = Fault(id=self._next_fault, kind=str(kind))
             self._next_fault += 1
