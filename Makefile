@@ -16,4 +16,4 @@ bench:
 	bash scripts/bench.sh
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && MYPY=.venv/bin/mypy scripts/typecheck.sh

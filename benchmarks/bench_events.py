@@ -174,7 +174,15 @@ def run_arm(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) ->
                 "SLURMGATE_STATE_DIR": str(log_dir / f"state-{mode}"),
                 "PREFECT_LOGGING_EXTRA_LOGGERS": "slurmgate",
             }
-            cmd = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--name", name]
+            cmd = [
+                sys.executable,
+                "-m",
+                "slurmgate.deployments.serve",
+                "--only",
+                "reconcile",
+                "--name",
+                name,
+            ]
             cmd += ["--api-url", emu.url, "--repo", emu.repo]
             if mode == "events":
                 cmd += ["--events", "--interval", str(args.interval)]

@@ -1,9 +1,10 @@
 """Prefect's share of one busy reconcile tick, on equal work, on SQLite and on PostgreSQL.
 
-The flow arm runs `flows.reconcile.reconcile` (one `lease` task run per admission) against a
-real `prefect server start`; the core arm runs the core's `reconcile_tick` with the plain steps
-(`bench_reconcile.core_tick`: the same settings, client options, releases and re-plan, and a
-log of the same lines) and no Prefect, on a fresh emulator with the same fleet and queue, once
+The flow arm runs `slurmgate.flows.reconcile.reconcile` (one `lease` task run per admission)
+against a real `prefect server start`; the core arm runs the core's `reconcile_tick` with the
+plain steps (`bench_reconcile.core_tick`: the same settings, client options, releases and
+re-plan, and a log of the same lines) and no Prefect, on a fresh emulator with the same fleet
+and queue, once
 the server has recorded the flow's task runs (so that the core arm never shares the CPU with
 the flow's event backlog; that catch-up is reported with the flow arm). The ratio flow / core
 is Prefect's share; SQLite's and PostgreSQL's are measured side by side:
@@ -367,7 +368,7 @@ def tick_child(api: str, gh_url: str, repo: str) -> dict[str, Any]:
     client_logger.addFilter(count)
     routes = count_api_requests(api)
 
-    from flows.reconcile import reconcile
+    from slurmgate.flows.reconcile import reconcile
 
     started, cpu_before = time.perf_counter(), cpu_s()
     error = None
@@ -778,8 +779,8 @@ def markdown(result: dict[str, Any]) -> str:
         "# Prefect's share of a busy reconcile tick, on SQLite and PostgreSQL",
         "",
         f"{fleet['runners']} emulator runners, {fleet['queued_jobs']} queued jobs (InferenceX "
-        f"mix, seed {fleet['seed']}). Flow arm: `flows.reconcile.reconcile`, one `lease` task "
-        "run per admission, on a fresh `prefect server start` (loopback, Prefect "
+        f"mix, seed {fleet['seed']}). Flow arm: `slurmgate.flows.reconcile.reconcile`, one "
+        "`lease` task run per admission, on a fresh `prefect server start` (loopback, Prefect "
         f"{result['prefect']}) and a fresh fleet. Core arm: the core's `reconcile_tick` with "
         "the plain steps and no Prefect (same settings, client options, queue and log lines), "
         "on a fresh fleet, once the server has recorded the flow's task runs (their events "

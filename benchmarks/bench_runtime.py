@@ -188,7 +188,7 @@ def start_to_ready_s(runs_root: Path) -> dict[str, float]:
 
 def flow_start_to_ready_s(runs_root: Path) -> float:
     """The same, through the Prefect `allocation` flow (subflow per phase), from the call."""
-    from flows.allocation import allocation
+    from slurmgate.flows.allocation import allocation
 
     spec = AllocationSpec.from_data(four_node_spec())
     t0 = time.time()

@@ -36,7 +36,7 @@ class GitHubScopeBlock(_SlurmgateBlock):
 
     Examples:
         ```python
-        from blocks import GitHubScopeBlock
+        from slurmgate.blocks import GitHubScopeBlock
         GitHubScopeBlock(repo="acme/bench", token="ghp_...").save("BLOCK_NAME")
         # or as a GitHub App:
         # GitHubScopeBlock(repo="acme/bench", app_id=123456,
@@ -191,7 +191,7 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
 
     Examples:
         ```python
-        from blocks import AdmissionPolicyBlock
+        from slurmgate.blocks import AdmissionPolicyBlock
         AdmissionPolicyBlock(priority_scheduler_enabled=True,
                              node_slot_scheduler_enabled=True, policy="easy").save("BLOCK_NAME")
         policy = AdmissionPolicyBlock.load("BLOCK_NAME")
@@ -273,7 +273,7 @@ class RuntimeHistoryBlock(_SlurmgateBlock):
 
     Examples:
         ```python
-        from blocks import RuntimeHistoryBlock
+        from slurmgate.blocks import RuntimeHistoryBlock
         block = RuntimeHistoryBlock.load("BLOCK_NAME")
         history = block.runtime_history()
         ```

@@ -9,8 +9,8 @@ sets the run to `Crashed`. Reconcile then treats what the run held as stale.
 
 Create or update it (idempotent, by name) once per Prefect server, after `prefect deploy`:
 
-    python deployments/automations.py                 # within = 3 heartbeats + 60 s (600 s)
-    python deployments/automations.py --within 150 --heartbeat 30
+    python -m slurmgate.deployments.automations    # within = 3 heartbeats + 60 s (600 s)
+    python -m slurmgate.deployments.automations --within 150 --heartbeat 30
 
 `--heartbeat` must match the PREFECT_FLOWS_HEARTBEAT_FREQUENCY of the workers and serve
 processes that run the flows (this process's own setting is the default).
@@ -138,7 +138,7 @@ async def aensure_heartbeat_automation(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").splitlines()[0],
-        epilog="example: python deployments/automations.py --within 150 --heartbeat 30",
+        epilog="example: python -m slurmgate.deployments.automations --within 150 --heartbeat 30",
     )
     parser.add_argument(
         "--within",

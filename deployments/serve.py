@@ -1,6 +1,7 @@
 """Serve the reconcile, release-lease and allocation deployments from one process (no work pool).
 
-Run from the repository root: `python deployments/serve.py [--interval 30] [--scope default]`.
+Run it wherever slurmgate is installed: `python -m slurmgate.deployments.serve [--interval 30]
+[--scope default]`.
 `--only reconcile` serves one of them; `--interval 0` serves without a schedule.
 
 `--events` runs the admission loop (flows/admission_loop.py) in this process: reconcile ticks
@@ -18,9 +19,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, NamedTuple
 
-from triggers import reconcile_triggers
-
 from slurmgate.admission.wakeups import WakeSettings, WakeSettingsError
+from slurmgate.deployments.triggers import reconcile_triggers
 
 RECONCILE_INTERVAL_S = 30
 NAMES = ("reconcile", "release-lease", "allocation")
@@ -49,9 +49,9 @@ def build_deployments(
     `schedule` reconcile gets no interval schedule (the admission loop ticks it instead)."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
-    from flows.allocation import allocation
-    from flows.reconcile import reconcile
-    from flows.release import release_lease
+    from slurmgate.flows.allocation import allocation
+    from slurmgate.flows.reconcile import reconcile
+    from slurmgate.flows.release import release_lease
 
     single = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
     parameters: dict[str, Any] = {"scope_block": scope_block, "policy_block": policy_block}
@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     import asyncio
 
-    from flows.admission_loop import serve_with_admission_loop
-    from flows.reconcile import reconcile
+    from slurmgate.flows.admission_loop import serve_with_admission_loop
+    from slurmgate.flows.reconcile import reconcile
 
     every = f"every {wake.interval_s:g} s and " if wake.interval_s else ""
     names = ", ".join(f"{d.flow_name}/{d.name}" for d in deployments)

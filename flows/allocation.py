@@ -9,10 +9,10 @@ from prefect import flow
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import Flow
 
-import tasks.allocation as registry
+import slurmgate.tasks.allocation as registry
 from slurmgate.runtime.run import AllocationRun, new_run_id
 from slurmgate.runtime.spec import AllocationSpec
-from tasks.allocation import (
+from slurmgate.tasks.allocation import (
     Progress,
     log,
     publish_endpoint_stats,
@@ -21,8 +21,8 @@ from tasks.allocation import (
     quiet_known_failures,
     read_secret_block,
 )
-from tasks.hooks import run_site_hook
-from tasks.load_reports import publish_load_reports
+from slurmgate.tasks.hooks import run_site_hook
+from slurmgate.tasks.load_reports import publish_load_reports
 
 quiet_known_failures()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from prefect.settings import get_current_settings
 
-from blocks import AdmissionPolicyBlock, GitHubScopeBlock, RuntimeHistoryBlock
+from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock, RuntimeHistoryBlock
 
 
 def configured_prefect_api() -> tuple[str, str | None] | None:

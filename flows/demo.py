@@ -81,7 +81,15 @@ def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
         PREFECT_RUNNER_POLL_FREQUENCY="1",
         PREFECT_RESULTS_PERSIST_BY_DEFAULT="true",
     )
-    serve = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--interval", "0"]
+    serve = [
+        sys.executable,
+        "-m",
+        "slurmgate.deployments.serve",
+        "--only",
+        "reconcile",
+        "--interval",
+        "0",
+    ]
     proc = subprocess.Popen(
         [*serve, "--scope", SCOPE_BLOCK, "--policy", ""],
         stdout=log,
@@ -110,7 +118,7 @@ def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
 async def _board_rows() -> list[dict[str, Any]]:
     from prefect.artifacts import Artifact
 
-    from flows.reconcile import BOARD_KEY
+    from slurmgate.flows.reconcile import BOARD_KEY
 
     artifact = await Artifact.aget(BOARD_KEY)
     if artifact is None:
@@ -130,7 +138,7 @@ async def _tick(
 ) -> dict[str, Any]:
     """One reconcile run; its summary (admitted, released, api_calls, ...)."""
     if mode == "direct":
-        from flows.reconcile import reconcile
+        from slurmgate.flows.reconcile import reconcile
 
         result: dict[str, Any] = await reconcile(scope_block=scope, policy_block=policy)
         return result
@@ -168,7 +176,7 @@ async def run_admission(
 ) -> AdmissionResult:
     """Queue `jobs` on the emulator, tick reconcile until every job that can run has run and
     released its lease (or `max_ticks`/`timeout_s` pass), following the fleet with the tracker."""
-    from blocks import GitHubScopeBlock
+    from slurmgate.blocks import GitHubScopeBlock
 
     # The controller authenticates as a GitHub App, as a site's should: the emulator registers
     # one, installed on the demo's owner, and hands out its private key; each flow run's client
@@ -334,8 +342,8 @@ class Dispatch:
 
 
 async def _save_link_blocks(emu: Any, partition: str) -> None:
-    from blocks import AdmissionPolicyBlock, GitHubScopeBlock
     from slurmgate.admission.settings import PoolPartition
+    from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock
 
     app = emu.admin.create_app()
     await GitHubScopeBlock(
@@ -510,7 +518,7 @@ def run_runtime(
 
 def _allocation(spec: Any, workdir: Path, result: RuntimeResult) -> dict[str, Any]:
     """The allocation flow in this (main) thread; its result, or {} with the failure noted."""
-    from flows.allocation import allocation
+    from slurmgate.flows.allocation import allocation
 
     # The flow's own log lines reach the console only from WARNING up: without this line the
     # run's half a minute would be silent.
@@ -611,7 +619,7 @@ def contextmanager_chain(mode: str, workdir: Path) -> Iterator[str | None]:
     """Deployment mode: a local Prefect server and the served reconcile deployment.
     Direct mode: whatever PREFECT_API_URL names, or Prefect's ephemeral server."""
     if mode != "deployment":
-        from flows.prefect_api import use_prefect_api
+        from slurmgate.flows.prefect_api import use_prefect_api
 
         use_prefect_api()
         yield None

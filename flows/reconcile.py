@@ -10,19 +10,19 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import Artifact, acreate_table_artifact
 
-from blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.estimates import HistoryError, RuntimeHistory
 from slurmgate.admission.leases import AdmitOutcome
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
+from slurmgate.blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.github.access import ScopeAccessError, app_id_of, explain
 from slurmgate.github.client import GitHubError
 from slurmgate.github.scope import ScopeError
 from slurmgate.github.steps import slurm_capacity_step
-from tasks.allocation import reap_crashed_allocations
-from tasks.github import (
+from slurmgate.tasks.allocation import reap_crashed_allocations
+from slurmgate.tasks.github import (
     bound_client,
     read_dispatch_task,
     read_snapshot,

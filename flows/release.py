@@ -8,7 +8,7 @@ from prefect import flow, get_run_logger
 
 from slurmgate.admission.labels import is_lease
 from slurmgate.admission.leases import lease_labels_for_job
-from tasks.github import bound_client, current_client, remove_labels_task, resolve_scope
+from slurmgate.tasks.github import bound_client, current_client, remove_labels_task, resolve_scope
 
 
 @flow(name="release-lease", flow_run_name="release-lease-j{job_id}", log_prints=False)

@@ -14,7 +14,6 @@ from prefect.client.schemas.objects import State, TaskRun
 from prefect.states import Completed
 from prefect.tasks import Task
 
-from blocks import GitHubScopeBlock
 from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.leases import (
     Admission,
@@ -28,6 +27,7 @@ from slurmgate.admission.leases import (
 )
 from slurmgate.admission.model import Admit, Snapshot
 from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.blocks import GitHubScopeBlock
 from slurmgate.errors import is_transient
 from slurmgate.github.app_auth import (
     AppCredentialsError,

@@ -8,7 +8,7 @@ import shlex
 from prefect_shell import ShellOperation
 
 from slurmgate.runtime.hooks import HookInvocation, start_watchdog
-from tasks.allocation import warn
+from slurmgate.tasks.allocation import warn
 
 
 def run_site_hook(invocation: HookInvocation) -> None:

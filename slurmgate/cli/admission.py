@@ -77,7 +77,7 @@ def reconcile(
     if not once:
         raise fail(
             "pass --once; for a tick every 30 s run the reconcile deployment "
-            "(python deployments/serve.py, or prefect deploy with deployments/prefect.yaml)"
+            "(python -m slurmgate.deployments.serve, or slurmgate deploy and a worker)"
         )
     if (repo is None) == (org is None):
         raise fail("pass exactly one of --repo OWNER/NAME or --org NAME")

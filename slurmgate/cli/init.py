@@ -1,6 +1,6 @@
 """`slurmgate init`: save the GitHub scope and admission policy blocks the deployments load.
 
-The deployments in deployments/prefect.yaml name a `slurmgate-github-scope` and a
+The packaged deployments (`slurmgate deploy`) name a `slurmgate-github-scope` and a
 `slurmgate-admission-policy` block called `default`; a worker without them fails its first run.
 This command saves both on the Prefect API the user configured, from a few flags, with the token
 from GITHUB_TOKEN or a hidden prompt (never from argv, where `ps` and shell history see it), or
@@ -29,7 +29,7 @@ app = typer.Typer()
 
 NEXT_STEP = (
     "next: prefect work-pool create slurmgate --type process; "
-    "prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml; "
+    "slurmgate deploy; "
     "prefect worker start --pool slurmgate"
 )
 

@@ -1,4 +1,4 @@
-"""The one door from the command line into the Prefect layer (`flows/`), imported on demand.
+"""The one door from the command line into the Prefect layer (`slurmgate.flows`), on demand.
 
 The core never imports prefect, so that node workers and endpoints start fast; only the commands
 that run a flow come through here, and only when they run. Importing it sets Prefect's defaults
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # Prefect's temporary server needs ~20 s to start on a 2-core login node (its imports alone take
@@ -33,9 +34,16 @@ def _prefect_settings() -> None:
 _prefect_settings()
 
 
+def prefect_yaml() -> Path:
+    """The prefect.yaml installed with the deployments (`slurmgate.deployments`)."""
+    from slurmgate import deployments
+
+    return Path(deployments.__file__).with_name("prefect.yaml")
+
+
 def use_prefect_api() -> None:
     """Say on stderr which Prefect API this command's flow runs go to (`flows/prefect_api.py`)."""
-    from flows.prefect_api import use_prefect_api as announce
+    from slurmgate.flows.prefect_api import use_prefect_api as announce
 
     announce()
 
@@ -50,7 +58,7 @@ def run_reconcile_tick(scope: GitHubScope) -> dict[str, Any]:
     """One tick of the `reconcile` flow on an inline scope (token from $GITHUB_TOKEN)."""
     _prefect_settings()
     use_prefect_api()
-    from flows.reconcile import reconcile
+    from slurmgate.flows.reconcile import reconcile
 
     return asyncio.run(
         reconcile(
@@ -68,7 +76,7 @@ def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]
     """The `allocation` flow, in this process; raises when the run or its cleanup fails."""
     _prefect_settings()
     use_prefect_api()
-    from flows.allocation import allocation
+    from slurmgate.flows.allocation import allocation
 
     return allocation(spec=spec, runs_dir=runs_dir)
 
@@ -80,7 +88,7 @@ def run_demo(options: DemoOptions) -> int:
     # all still reach the Prefect server and its UI).
     for handler in ("CONSOLE", "CONSOLE_FLOW_RUNS"):
         os.environ.setdefault(f"PREFECT_LOGGING_HANDLERS_{handler}_LEVEL", "WARNING")
-    from flows.demo import run_demo as demo
+    from slurmgate.flows.demo import run_demo as demo
 
     return demo(options)
 
@@ -89,7 +97,7 @@ def configured_prefect_api() -> tuple[str, str | None] | None:
     """The Prefect API the user configured (PREFECT_API_URL from the environment or the active
     profile) with its auth string, or None: flows would then run on a temporary server."""
     _prefect_settings()
-    from flows.blocks_setup import configured_prefect_api as configured
+    from slurmgate.flows.blocks_setup import configured_prefect_api as configured
 
     return configured()
 
@@ -98,6 +106,6 @@ def save_slurmgate_blocks(name: str, scope: dict[str, Any], policy: dict[str, An
     """Register slurmgate's block types and save the scope and policy blocks as `name`
     (replacing blocks of that name), on the configured Prefect API."""
     _prefect_settings()
-    from flows.blocks_setup import save_slurmgate_blocks as save
+    from slurmgate.flows.blocks_setup import save_slurmgate_blocks as save
 
     save(name, scope, policy)

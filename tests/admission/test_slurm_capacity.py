@@ -287,7 +287,7 @@ def test_pool_partitions_come_from_the_environment_as_json(
 
 
 def test_the_policy_block_carries_pool_partitions() -> None:
-    from blocks import AdmissionPolicyBlock
+    from slurmgate.blocks import AdmissionPolicyBlock
 
     block = AdmissionPolicyBlock(
         priority_scheduler_enabled=True,

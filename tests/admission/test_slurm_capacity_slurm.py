@@ -365,7 +365,7 @@ async def test_the_reconcile_flow_admits_on_slurm_capacity_and_its_board_says_wh
     """The Prefect flow wires the same read: the board artifact names the drained nodes."""
     from prefect.artifacts import Artifact
 
-    from flows.reconcile import BOARD_KEY, reconcile
+    from slurmgate.flows.reconcile import BOARD_KEY, reconcile
 
     env = {
         "PRIORITY_SCHEDULER_ENABLED": "true",

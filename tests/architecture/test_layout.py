@@ -13,7 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = "slurmgate"
-PREFECT_LAYER = ("blocks", "tasks", "flows")
+# The Prefect layer: top-level folders of the repository, installed under the core's namespace
+# (pyproject.toml's package-dir), so `flows/reconcile.py` is `slurmgate.flows.reconcile`.
+PREFECT_LAYER = ("blocks", "tasks", "flows", "deployments")
+LAYER_PACKAGES = tuple(f"{CORE}.{folder}" for folder in PREFECT_LAYER)
 # The one door from the core into the Prefect layer: the CLI commands that run a flow.
 DOOR = "slurmgate.cli.prefect_layer"
 PARTS = ("admission", "ci", "github", "runtime", "simulator", "testbed", "cli")
@@ -23,15 +26,22 @@ def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in PREFECT_LAYER:
+        parts.insert(0, CORE)
     return ".".join(parts)
 
 
-def modules(*packages: str) -> dict[str, Path]:
+def modules(*folders: str) -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for package in packages:
-        for path in sorted((REPO / package).rglob("*.py")):
+    for folder in folders:
+        for path in sorted((REPO / folder).rglob("*.py")):
             found[module_name(path)] = path
     return found
+
+
+def layer(module: str) -> str | None:
+    """The Prefect-layer package a module name belongs to (`slurmgate.flows`), or None."""
+    return next((p for p in LAYER_PACKAGES if module == p or module.startswith(f"{p}.")), None)
 
 
 def imports_of(name: str, path: Path) -> Iterator[str]:
@@ -62,15 +72,19 @@ def test_the_core_never_imports_prefect_or_the_prefect_layer() -> None:
         for imported in imports_of(name, path):
             if imported == "importlib.import_module":
                 offenders.append(f"{name}: importlib.import_module hides an import from mypy")
-            elif top(imported) == "prefect" or (top(imported) in PREFECT_LAYER and name != DOOR):
+            elif top(imported) in ("prefect", "prefect_shell") or (
+                layer(imported) and name != DOOR
+            ):
                 offenders.append(f"{name} imports {imported}")
     assert offenders == []
 
 
-def test_the_door_reaches_only_flows() -> None:
+def test_the_door_reaches_only_flows_and_the_packaged_deployments() -> None:
     path = modules(CORE)[DOOR]
-    reached = {top(m) for m in imports_of(DOOR, path)} & {"prefect", *PREFECT_LAYER}
-    assert reached == {"flows"}
+    imported = list(imports_of(DOOR, path))
+    reached = {layer(m) for m in imported} - {None}
+    assert "prefect" not in {top(m) for m in imported}
+    assert reached == {"slurmgate.flows", "slurmgate.deployments"}
 
 
 def test_the_core_has_one_folder_per_part() -> None:
@@ -129,6 +143,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_module_imports_in_a_circle() -> None:
     assert cycles(import_graph(CORE, *PREFECT_LAYER)) == []
+
+
+def test_the_layer_folders_are_the_namespace_packages_pyproject_installs() -> None:
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {f"{CORE}.{f}": f for f in PREFECT_LAYER}
+    packages = {
+        module_name(path.parent)
+        for folder in (CORE, *PREFECT_LAYER)
+        for path in (REPO / folder).rglob("__init__.py")
+    }
+    assert sorted(setuptools["packages"]) == sorted(packages)
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -6,7 +6,7 @@ import pytest
 from prefect.blocks.core import Block
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 
-from blocks import AdmissionPolicyBlock, GitHubScopeBlock, RuntimeHistoryBlock
+from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock, RuntimeHistoryBlock
 
 
 @pytest.mark.parametrize("block", [GitHubScopeBlock, AdmissionPolicyBlock, RuntimeHistoryBlock])

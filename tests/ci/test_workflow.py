@@ -222,7 +222,7 @@ def test_release_step_always_runs_and_names_a_real_deployment() -> None:
     flow_name, deployment = target.groups()
     config = yaml.safe_load((REPO_ROOT / "deployments" / "prefect.yaml").read_text())
     entry = next(d for d in config["deployments"] if d["name"] == deployment)
-    from flows.release import release_lease
+    from slurmgate.flows.release import release_lease
 
     assert release_lease.name == flow_name
     assert entry["entrypoint"].endswith(":release_lease")

@@ -23,7 +23,7 @@ SLURMGATE = [sys.executable, "-m", "slurmgate.cli"]
 # What a worker does with the reconcile deployment: the flow with the blocks named `default`.
 WORKER_TICK = """
 import asyncio, json
-from flows.reconcile import reconcile
+from slurmgate.flows.reconcile import reconcile
 from slurmgate.github.scope import ScopeError
 
 summary = asyncio.run(reconcile(scope_block="default", policy_block="default",

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(autouse=True)
 def demo_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The flags the demo sets, no write pacing, and a private ETag cache directory."""
-    from flows.demo import FLAGS
+    from slurmgate.flows.demo import FLAGS
 
     for key, value in FLAGS.items():
         monkeypatch.setenv(key, value)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flows.demo import LINK_POOL, run_admission, run_runtime
 from slurmgate.admission.labels import JobLabel
 from slurmgate.ci.priority import job_label
+from slurmgate.flows.demo import LINK_POOL, run_admission, run_runtime
 from slurmgate.testbed.board import (
     AdmissionTracker,
     PoolState,
@@ -299,7 +299,7 @@ async def test_admission_through_the_served_reconcile_deployment(
     (a persisted flow result) agrees with what the fleet showed."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.demo import served_reconcile
+    from slurmgate.flows.demo import served_reconcile
 
     api = PREFECT_API_URL.value()
     jobs = [_job("small", 2, "5.000", "first"), _job("small", 2, "4.000", "next", 1.0)]

@@ -9,14 +9,14 @@ from uuid import UUID
 
 from flowcheck import job_labels
 
-from flows.admission_loop import AdmissionLoop, run_deployment_in_process
-from flows.reconcile import reconcile
 from slurmgate.admission.wakeups import WakeSettings
+from slurmgate.flows.admission_loop import AdmissionLoop, run_deployment_in_process
+from slurmgate.flows.reconcile import reconcile
 
 
 async def apply_reconcile(emu: Any, monkeypatch: Any, name: str) -> UUID:
     """The reconcile deployment as `serve.py --events` builds it (inline scope, slot of one)."""
-    import serve
+    from slurmgate.deployments import serve
 
     monkeypatch.setenv("GITHUB_TOKEN", emu.token)
     (deployment,) = await asyncio.to_thread(  # to_deployment is async inside an event loop

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from flowcheck import assert_invariants, fleet, job_labels, jobs_by_id, managed_on, wait_for
 
-from flows.reconcile import reconcile
-from flows.release import release_lease
+from slurmgate.flows.reconcile import reconcile
+from slurmgate.flows.release import release_lease
 
 POST_LABELS = "POST /repos/{owner}/{repo}/actions/runners/{runner_id}/labels"
 

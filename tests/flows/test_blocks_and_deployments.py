@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 import yaml
 from flowcheck import assert_invariants, fleet, job_labels, lease_of_job
+from prefect import Flow
 from pydantic import ValidationError
 
-from blocks import AdmissionPolicyBlock, GitHubScopeBlock
-from flows.reconcile import reconcile
+from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock
+from slurmgate.flows.reconcile import reconcile
 from slurmgate.github.scope import ScopeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,21 +65,17 @@ def test_prefect_yaml_defines_the_three_deployments() -> None:
     assert reconcile_spec["schedules"][0]["interval"] == 30
     assert reconcile_spec["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
     for deployment in by_name.values():
-        path, _, name = deployment["entrypoint"].partition(":")
-        if deployment["name"] != "allocation":  # built by the allocation runtime
-            assert f"def {name}(" in (REPO / path).read_text(), deployment["entrypoint"]
+        # a module path, importable wherever slurmgate is installed: no checkout needed
+        module, _, name = deployment["entrypoint"].rpartition(".")
+        assert module.startswith("slurmgate.flows."), deployment["entrypoint"]
+        flow = getattr(importlib.import_module(module), name)
+        assert isinstance(flow, Flow), deployment["entrypoint"]
     assert "job_id" not in by_name["release-lease"].get("parameters", {})
 
 
 def test_serve_builds_deployments_with_a_single_reconcile_slot() -> None:
-    import importlib.util
+    from slurmgate.deployments import serve
 
-    module_spec = importlib.util.spec_from_file_location(
-        "slurmgate_serve", REPO / "deployments" / "serve.py"
-    )
-    assert module_spec is not None and module_spec.loader is not None
-    serve = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(serve)
     deployments = {d.name: d for d in serve.build_deployments(interval_s=30)}
     assert {"reconcile", "release-lease"} <= set(deployments)
     limit = deployments["reconcile"].concurrency_limit

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from flowcheck import assert_invariants, fleet, job_labels, jobs_by_id, lease_of_job, managed_on
 
-from flows.reconcile import reconcile
+from slurmgate.flows.reconcile import reconcile
 
 NODES = 10
 

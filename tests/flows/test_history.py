@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from flowcheck import job_labels, jobs_by_id, wait_for
 
-from blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
-from flows.reconcile import HISTORY_BLOCK, reconcile
 from slurmgate.admission.estimates import job_key
+from slurmgate.blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
+from slurmgate.flows.reconcile import HISTORY_BLOCK, reconcile
 
 
 async def tick(emu: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import TaskRun
 from prefect.logging.handlers import APILogHandler
 
-from flows.reconcile import reconcile
+from slurmgate.flows.reconcile import reconcile
 
 NODES = 4
 

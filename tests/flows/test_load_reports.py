@@ -13,6 +13,7 @@ from prefect import flow
 from prefect.artifacts import Artifact
 
 from slurmgate.serving import ThreadedServer
+from slurmgate.tasks.load_reports import publish_load_reports
 from slurmgate.testbed.loadgen import (
     ChatLoadSpec,
     Lengths,
@@ -21,7 +22,6 @@ from slurmgate.testbed.loadgen import (
     write_report,
 )
 from slurmgate.testbed.stub_server import StubApp, StubState, parse_settings
-from tasks.load_reports import publish_load_reports
 
 
 def test_each_report_is_a_table_and_an_e2e_histogram_image(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.reconcile import reconcile
+from slurmgate.flows.reconcile import reconcile
 from slurmgate.testbed.emulator.testing import running_emulator
 
 REPOS = ["acme/gpu-ci", "acme/serving", "acme/training"]

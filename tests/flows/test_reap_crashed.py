@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.reconcile import reconcile
+from slurmgate.flows.reconcile import reconcile
 from slurmgate.runtime import slurm
 from slurmgate.runtime.records import RunRecord, load_records, process_start_ticks
 

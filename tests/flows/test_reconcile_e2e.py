@@ -16,7 +16,7 @@ from flowcheck import (
 )
 from prefect.artifacts import Artifact
 
-from flows.reconcile import BOARD_KEY, reconcile
+from slurmgate.flows.reconcile import BOARD_KEY, reconcile
 
 
 async def tick(emu: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from flowcheck import assert_invariants, fleet, job_labels, jobs_by_id, managed_on, wait_for
 
-from flows.reconcile import reconcile
 from slurmgate.admission.tick import TickFailed
+from slurmgate.flows.reconcile import reconcile
 
 NODES = 10
 WRITES = NODES + 1  # one POST per runner, then one POST for the anchor

@@ -18,10 +18,10 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogHandler
 
-from flows.reconcile import reconcile
 from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import admit_lease
 from slurmgate.admission.model import Admit
+from slurmgate.flows.reconcile import reconcile
 from slurmgate.github.app_auth import APP_ID_ENV, APP_PRIVATE_KEY_ENV
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope

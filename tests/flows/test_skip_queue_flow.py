@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from flowcheck import fleet, jobs_by_id, lease_of_job, wait_for
 
-from flows.reconcile import reconcile
+from slurmgate.flows.reconcile import reconcile
 
 
 def labels(token: str, score: str, pr: int | None = None) -> list[str]:

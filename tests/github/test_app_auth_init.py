@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 SLURMGATE = [sys.executable, "-m", "slurmgate.cli"]
 WORKER_TICK = """
 import asyncio, json
-from blocks import GitHubScopeBlock
-from flows.reconcile import reconcile
+from slurmgate.blocks import GitHubScopeBlock
+from slurmgate.flows.reconcile import reconcile
 
 block = GitHubScopeBlock.load("default")
 summary = asyncio.run(reconcile(scope_block="default", policy_block="default",
@@ -117,7 +117,7 @@ async def test_an_inline_scope_takes_the_app_from_the_environment(
 ) -> None:
     """What `reconcile --once` and `deployments/serve.py --repo` hand the flow: no block, the
     App's variables in the environment (they win over a GITHUB_TOKEN that is also set)."""
-    from tasks.github import resolve_scope
+    from slurmgate.tasks.github import resolve_scope
 
     with running_emulator({"h100": 3}, token="static-token") as emu:
         app = emu.admin.create_app()

@@ -31,19 +31,6 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
 pytestmark = pytest.mark.prefect_server
 
 
-def load_deployments_module(name: str) -> Any:
-    """`deployments/<name>.py` as a module (the folder holds scripts, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        f"slurmgate_deployments_{name}", REPO / "deployments" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class RetryingClient(httpx.Client):
     """An httpx client that retries the SQLite server's 503s ("database is busy") with a short
     backoff, as a CI script should (an idempotency key makes a repeated create safe)."""
@@ -215,7 +202,7 @@ def emulator() -> Iterator[Any]:
 
 def save_default_blocks(server: PrefectServer, emulator: Any) -> None:
     """Save the `default` scope and policy blocks on `server`, the scope on `emulator`."""
-    from blocks import AdmissionPolicyBlock, GitHubScopeBlock
+    from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock
 
     with server.client_settings():
         GitHubScopeBlock(
@@ -238,8 +225,8 @@ DEPLOYMENTS = ("reconcile/reconcile", "release-lease/release-lease", "allocation
 
 @pytest.fixture(scope="session")
 def served(prefect_server: PrefectServer, saved_blocks: dict[str, str]) -> Iterator[PrefectServer]:
-    """`python deployments/serve.py` polling every second; the schedule is an hour apart so
-    that only the tests start runs."""
+    """`python -m slurmgate.deployments.serve` polling every second; the schedule is an hour
+    apart so that only the tests start runs."""
     log = prefect_server.home / "serve.log"
     env = prefect_server.env(
         PREFECT_RUNNER_POLL_FREQUENCY="1",
@@ -247,7 +234,7 @@ def served(prefect_server: PrefectServer, saved_blocks: dict[str, str]) -> Itera
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "deployments/serve.py", "--interval", "3600"],
+            [sys.executable, "-m", "slurmgate.deployments.serve", "--interval", "3600"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from .conftest import REPO, PrefectServer, load_deployments_module
+from slurmgate.deployments import automations as automations_module
+
+from .conftest import REPO, PrefectServer
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.serial]
-
-SCRIPT = "deployments/automations.py"
 
 
 def automations_named(server: PrefectServer, name: str) -> list[dict[str, Any]]:
@@ -26,7 +26,7 @@ def automations_named(server: PrefectServer, name: str) -> list[dict[str, Any]]:
 
 def run_script(server: PrefectServer, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, SCRIPT, *args],
+        [sys.executable, "-m", "slurmgate.deployments.automations", *args],
         capture_output=True,
         text=True,
         env=server.env(),
@@ -91,7 +91,7 @@ def test_a_run_whose_heartbeats_stop_is_marked_crashed_and_a_beating_one_is_not(
     beating every 2 s."""
     import asyncio
 
-    automations = load_deployments_module("automations")
+    automations = automations_module
     name = f"crash-silent-test-{uuid.uuid4().hex[:6]}"
     with prefect_server.client_settings():
         automation_id = asyncio.run(automations.aensure_heartbeat_automation(10, 2, name))

@@ -44,7 +44,7 @@ def venv_env(server: PrefectServer, **extra: str) -> dict[str, str]:
 
 def run_script_venv(server: PrefectServer, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "deployments/automations.py", *args],
+        [sys.executable, "-m", "slurmgate.deployments.automations", *args],
         capture_output=True,
         text=True,
         env=venv_env(server),

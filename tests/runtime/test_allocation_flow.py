@@ -35,7 +35,7 @@ def test_flow_runs_the_example_and_publishes_artifacts(
 ) -> None:
     from prefect.artifacts import Artifact
 
-    from flows.allocation import allocation
+    from slurmgate.flows.allocation import allocation
 
     since = datetime.now(UTC) - timedelta(seconds=1)
     summary = allocation(spec=AllocationSpec.from_data(example_data()), runs_dir=str(runs_root))
@@ -102,7 +102,7 @@ def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> 
 
 
 SERVE = (
-    "from flows.allocation import allocation; "
+    "from slurmgate.flows.allocation import allocation; "
     "allocation.serve(name='allocation-test', print_starting_message=False)"
 )
 

@@ -60,7 +60,7 @@ def _prefect_log_lines(
 def test_a_failing_prolog_launches_nothing_and_the_error_has_its_output(
     prefect_harness: None, runs_root: Path
 ) -> None:
-    from flows.allocation import allocation
+    from slurmgate.flows.allocation import allocation
 
     marker = _marker()
     data = example_data()
@@ -90,7 +90,7 @@ def test_a_failing_prolog_launches_nothing_and_the_error_has_its_output(
 def test_a_hanging_epilog_is_stopped_at_its_timeout_and_the_result_says_so(
     prefect_harness: None, runs_root: Path, tmp_path: Path
 ) -> None:
-    from flows.allocation import allocation
+    from slurmgate.flows.allocation import allocation
 
     marker = _marker()
     seen = tmp_path / "prolog-saw"

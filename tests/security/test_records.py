@@ -150,7 +150,7 @@ class _Lines(logging.Handler):
 
 
 def test_the_scheduled_reap_logs_every_record_it_cannot_use(tmp_path: Path) -> None:
-    from tasks.allocation import reap_crashed_allocations
+    from slurmgate.tasks.allocation import reap_crashed_allocations
 
     broken = tmp_path / "sg-broken-00000000" / RECORD_NAME
     broken.parent.mkdir()
@@ -176,8 +176,8 @@ def test_a_record_artifact_that_cannot_be_published_is_a_warning(
 
     from slurmgate.runtime.run import AllocationRun
     from slurmgate.runtime.spec import AllocationSpec
+    from slurmgate.tasks.allocation import publish_record
     from slurmgate.testbed.localproc import free_port
-    from tasks.allocation import publish_record
 
     data = yaml.safe_load((REPO / "examples" / "specs" / "local-stub.yaml").read_text())
     run = AllocationRun(AllocationSpec.from_data(data), runs_root=tmp_path)

@@ -351,7 +351,7 @@ def test_through_prefect_only_the_reference_is_stored_and_no_copy_holds_the_valu
     from prefect.blocks.system import Secret
     from prefect.client.orchestration import get_client
 
-    from flows.allocation import allocation
+    from slurmgate.flows.allocation import allocation
 
     hf, endpoint_token = _value("hf-block"), _value("endpoint-block")
     Secret(value=hf).save("sg-test-hf-token", overwrite=True)

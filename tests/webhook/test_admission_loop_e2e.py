@@ -53,7 +53,15 @@ def serve_loop(prefect_api: str, tmp_path: Path) -> Iterator[Any]:
         }
         if heartbeat_s is not None:
             env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] = str(heartbeat_s)
-        cmd = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--name", name]
+        cmd = [
+            sys.executable,
+            "-m",
+            "slurmgate.deployments.serve",
+            "--only",
+            "reconcile",
+            "--name",
+            name,
+        ]
         cmd += ["--events", "--interval", "0", "--api-url", emu.url, "--repo", emu.repo]
         log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -124,8 +132,7 @@ def test_a_tick_of_a_killed_loop_process_is_marked_crashed(
     process, stops heartbeating, and the shipped heartbeat automation marks it Crashed."""
     import asyncio
 
-    import automations
-
+    from slurmgate.deployments import automations
     from slurmgate.testbed.emulator.testing import running_emulator
 
     name = f"crash-loop-test-{uuid.uuid4().hex[:6]}"

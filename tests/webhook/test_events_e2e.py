@@ -48,7 +48,15 @@ def serve_reconcile(prefect_api: str, tmp_path: Path) -> Iterator[Callable[..., 
             "SLURMGATE_STATE_DIR": str(tmp_path / "state"),
         }
         log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        serve = [sys.executable, "deployments/serve.py", "--only", "reconcile", "--name", name]
+        serve = [
+            sys.executable,
+            "-m",
+            "slurmgate.deployments.serve",
+            "--only",
+            "reconcile",
+            "--name",
+            name,
+        ]
         serve += ["--interval", "0", "--api-url", emu.url, "--repo", emu.repo]
         proc = subprocess.Popen(
             [*serve, *(["--triggers", str(within_s)] if within_s >= 0 else [])],
@@ -100,7 +108,7 @@ def test_burst_of_50_queued_jobs_makes_one_or_two_reconcile_runs(
 
 
 def test_prefect_yaml_carries_the_same_trigger() -> None:
-    from triggers import reconcile_trigger_specs, reconcile_triggers
+    from slurmgate.deployments.triggers import reconcile_trigger_specs, reconcile_triggers
 
     config = yaml.safe_load((REPO_ROOT / "deployments" / "prefect.yaml").read_text())
     reconcile = next(d for d in config["deployments"] if d["name"] == "reconcile")

@@ -61,7 +61,7 @@ async def test_the_reconcile_flow_reads_its_jobs_from_the_relays_store(
     read, a job the relay stored is admitted without a single run or job read."""
     from relaykit import SECRET
 
-    from flows.reconcile import reconcile
+    from slurmgate.flows.reconcile import reconcile
     from slurmgate.testbed.emulator.testing import running_emulator
 
     state = tmp_path / "state"

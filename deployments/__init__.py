@@ -1,0 +1,1 @@
+"""Prefect deployments of slurmgate: prefect.yaml, the served process, triggers and automations."""
