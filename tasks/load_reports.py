@@ -10,8 +10,8 @@ from pathlib import Path
 
 from prefect.artifacts import create_image_artifact, create_table_artifact
 
+from slurmgate.runtime.loadgen import ChatReport, read_reports
 from slurmgate.tasks.allocation import log, warn
-from slurmgate.testbed.loadgen import ChatReport, read_reports
 
 P50_COLOR = "#28a03c"
 P99_COLOR = "#d23232"

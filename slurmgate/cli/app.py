@@ -16,6 +16,7 @@ from slurmgate.cli import (
     deploy,
     endpoint,
     init,
+    loadgen,
     simulate,
     testbed,
     webhook,
@@ -37,7 +38,7 @@ def _root() -> None:
 
 # Each module holds one command group as a typer app: flat groups merge into the root, the
 # others keep their name as a sub-command.
-for _flat in (init, deploy, admission, ci, webhook, testbed, simulate, endpoint, demo):
+for _flat in (init, deploy, admission, ci, webhook, testbed, loadgen, simulate, endpoint, demo):
     app.add_typer(_flat.app)
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(allocation.app, name="allocation")

@@ -1,1 +1,1 @@
-"""Local stand-ins that are not the product: GitHub emulator, stub model server, load, cluster."""
+"""Local stand-ins that are not the product: GitHub emulator, stub servers, soak, cluster, demo."""

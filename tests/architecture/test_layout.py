@@ -268,3 +268,26 @@ def test_the_architecture_doc_lists_every_module_as_it_is() -> None:
     ).stdout
     doc = (REPO / "docs" / "architecture.md").read_text()
     assert f"```\n{tree}```" in doc, "regenerate the tree: python scripts/architecture-tree.py"
+
+
+TESTBED = "slurmgate.testbed"
+# The testbed's own doors: the commands and the demo driver that start its stand-ins. Nothing
+# else imports it, so the product installs and runs without a line of the testbed.
+TESTBED_DOORS = {
+    "slurmgate.cli.testbed": "`slurmgate emulator`",
+    "slurmgate.cli.cluster": "`slurmgate cluster up|down`, the bundled local cluster",
+    "slurmgate.cli.demo": "`slurmgate demo`",
+    "slurmgate.cli.prefect_layer": "the door's run_demo, for the demo's options type",
+    "slurmgate.flows.demo": "the demo driver",
+}
+
+
+def test_product_code_never_imports_the_testbed() -> None:
+    offenders = sorted(
+        f"{name} imports {imported}"
+        for name, path in modules(CORE, *PREFECT_LAYER).items()
+        if not name.startswith(f"{TESTBED}.") and name != TESTBED and name not in TESTBED_DOORS
+        for imported in imports_of(name, path)
+        if imported == TESTBED or imported.startswith(f"{TESTBED}.")
+    )
+    assert offenders == []

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from endpoint_helpers import Backend, Proc, running_backends, wait_status
 
-from slurmgate.testbed.loadgen import LoadSpec, percentile, retry_after_seconds, run_load
+from slurmgate.runtime.loadgen import LoadSpec, percentile, retry_after_seconds, run_load
 
 
 def test_percentile_is_nearest_rank() -> None:

@@ -28,8 +28,7 @@ from endpoint_helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmgate.runtime.run import CLIENT_REPORTS_ENV
-from slurmgate.testbed.loadgen import (
+from slurmgate.runtime.loadgen import (
     MAX_LENGTH,
     ChatLoadSpec,
     Lengths,
@@ -43,6 +42,7 @@ from slurmgate.testbed.loadgen import (
     run_chat_load,
     stream_chat,
 )
+from slurmgate.runtime.run import CLIENT_REPORTS_ENV
 
 # -- length distributions -----------------------------------------------------------------
 

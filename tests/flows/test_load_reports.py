@@ -12,15 +12,15 @@ import pytest
 from prefect import flow
 from prefect.artifacts import Artifact
 
-from slurmgate.serving import ThreadedServer
-from slurmgate.tasks.load_reports import publish_load_reports
-from slurmgate.testbed.loadgen import (
+from slurmgate.runtime.loadgen import (
     ChatLoadSpec,
     Lengths,
     report_path_in,
     run_chat_load,
     write_report,
 )
+from slurmgate.serving import ThreadedServer
+from slurmgate.tasks.load_reports import publish_load_reports
 from slurmgate.testbed.stub_server import StubApp, StubState, parse_settings
 
 
