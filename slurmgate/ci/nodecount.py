@@ -95,6 +95,21 @@ def gpus_per_node(label: str, hardware: Mapping[str, int], where: str = "runner"
     return _positive_int(values.pop(), f"gpus-per-node of family {family!r}", "fix the record")
 
 
+def _hardware_pair(roles: Mapping[str, Mapping[str, Any]]) -> None:
+    """Both roles name their `hardware`, or neither does (InferenceX's matrix validation): one
+    role on other hardware than the runner's and the other on the runner's is a typo, not a
+    heterogeneous job, and its node count would be read off the wrong GPUs per node."""
+    if len(roles) < len(ROLES):
+        return
+    named = [name for name in ROLES if roles[name].get("hardware")]
+    if len(named) == 1:
+        other = next(name for name in ROLES if name not in named)
+        raise NodeCountError(
+            f"{named[0]}.hardware is set but {other}.hardware is not; hardware must be given "
+            f"for both prefill and decode, or neither (then both run on the row's runner)"
+        )
+
+
 def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | None) -> int | None:
     configs = {
         value
@@ -139,9 +154,18 @@ def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | No
             f"recipe {config} resources has neither agg_nodes nor prefill_nodes/decode_nodes; "
             "add the node counts to the recipe"
         )
+    given = [key for key in ("prefill_nodes", "decode_nodes") if resources.get(key) is not None]
+    if len(given) == 1:
+        # InferenceX's generator refuses such a recipe; counting the missing side as 0 would
+        # under-count the job and over-admit its pool
+        missing = "decode_nodes" if given == ["prefill_nodes"] else "prefill_nodes"
+        raise NodeCountError(
+            f"recipe {config} resources gives {given[0]} but not {missing}; add "
+            f"resources.{missing} (0 when that role has no nodes), or resources.agg_nodes"
+        )
     total = 0
     for key in ("prefill_nodes", "decode_nodes"):
-        value = resources.get(key, 0)
+        value = resources[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise NodeCountError(f"recipe {config} resources.{key} is {value!r}; {fix}")
         total += value
@@ -209,6 +233,7 @@ def node_count(
     """
     disagg = bool(row.get("disagg", False))
     roles = _roles(row)
+    _hardware_pair(roles)
     multinode = bool(row.get("multinode", bool(roles)))
     if "num-nodes" in row:
         if disagg:

@@ -262,3 +262,35 @@ def test_aggregate_topology_counts_the_single_worker() -> None:
     row = {"runner": "gb300", "multinode": True, "disagg": False}
     row |= {"prefill": role(1, 8), "decode": role(0, 8)}
     assert node_count(row, {"gb300": 4}) == 2
+
+
+@pytest.mark.parametrize("given", ["prefill_nodes: 3", "decode_nodes: 2"])
+def test_a_recipe_giving_one_side_only_is_refused_as_inferencex_refuses_it(
+    tmp_path: Path, given: str
+) -> None:
+    # InferenceX's generator reads prefill_nodes + decode_nodes only when both are there and
+    # refuses the recipe otherwise; counting the missing side as 0 would under-count the job
+    (tmp_path / "half.yaml").write_text(f"resources:\n  gpus_per_node: 4\n  {given}\n")
+    row = disagg(role(3, 4, "CONFIG_FILE=recipes/half.yaml"), role(1, 16), runner="gb200")
+    missing = "decode_nodes" if given.startswith("prefill") else "prefill_nodes"
+    with pytest.raises(NodeCountError, match=f"but not {missing}; add resources.{missing}"):
+        node_count(row, HARDWARE, tmp_path)
+    # with the other side written out (0 included), the recipe decides
+    (tmp_path / "whole.yaml").write_text(f"resources:\n  {given}\n  {missing}: 0\n")
+    row = disagg(role(3, 4, "CONFIG_FILE=recipes/whole.yaml"), role(1, 16), runner="gb200")
+    assert node_count(row, HARDWARE, tmp_path) == int(given.split(": ")[1])
+
+
+@pytest.mark.parametrize("where", ["prefill", "decode"])
+def test_hardware_on_one_role_only_is_refused(where: str) -> None:
+    # InferenceX's matrix validation: both roles name their hardware, or neither does
+    roles = {"prefill": role(5, 4), "decode": role(1, 8)}
+    roles[where]["hardware"] = "h100"
+    row = disagg(roles["prefill"], roles["decode"], runner="gb200")
+    with pytest.raises(NodeCountError, match=f"{where}.hardware is set but"):
+        node_count(row, HARDWARE)
+    # even where the node count would not read it (an override or a recipe decides)
+    row["prefill"]["additional-settings"] = ["PREFILL_NODES=2"]
+    row["decode"]["additional-settings"] = ["DECODE_NODES=1"]
+    with pytest.raises(NodeCountError, match="for both prefill and decode, or neither"):
+        node_count(row, HARDWARE)
