@@ -5,7 +5,16 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PolicyName = Literal["greedy", "easy", "conservative"]
@@ -32,6 +41,28 @@ class PoolPartition(BaseModel):
         default=None,
         max_length=200,
         description="The managed jobs run in this reservation: only its nodes count.",
+    )
+
+
+FLAG_NAMES = ("PRIORITY_SCHEDULER_ENABLED", "NODE_SLOT_SCHEDULER_ENABLED")
+
+
+def flag_value(name: str, raw: object) -> tuple[bool, str | None]:
+    """A seed feature flag as its workflow templates test it: `vars.FLAG == 'true'`, which
+    GitHub compares ignoring case. A text value is on only when it is `true` in any case;
+    anything else is off, and a value that is neither `true` nor `false` (nor empty) comes
+    with a note saying so (`1` and `yes` are on for pydantic, off for the workflows, and the
+    controller must agree with the workflow that labelled the jobs). A bool is itself."""
+    if isinstance(raw, bool):
+        return raw, None
+    text = str(raw)
+    if text.casefold() == "true":
+        return True, None
+    if text in ("", "0") or text.casefold() == "false":
+        return False, None
+    return False, (
+        f"{name}={text[:40]!r} reads as off: only true (in any case) turns it on, as the "
+        f"workflow templates' `vars.{name} == 'true'` does; set it to true or false"
     )
 
 
@@ -71,9 +102,13 @@ class AdmissionSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="", populate_by_name=True, extra="ignore")
 
+    # notes on flag values that read as off only because they are not `true` (`flag_value`)
+    _flag_notes: tuple[str, ...] = PrivateAttr(default=())
+
     PRIORITY_SCHEDULER_ENABLED: bool = Field(
         default=False,
-        description="Admit queued jobs by weighted runner leases in priority order.",
+        description="Admit queued jobs by weighted runner leases in priority order (from the "
+        "environment: on only when true, in any case, as the workflow templates test it).",
     )
     NODE_SLOT_SCHEDULER_ENABLED: bool = Field(
         default=False,
@@ -277,6 +312,23 @@ class AdmissionSettings(BaseSettings):
         "(env SLURMGATE_DEFAULT_PRIORITY, decimal, 3 places).",
     )
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_flags(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        """The two flags read as the workflow templates read them (`flag_value`), with a note
+        for each value that reads as off only because it is not `true`."""
+        notes: list[str] = []
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in FLAG_NAMES:
+                if name in data and not isinstance(data[name], bool):
+                    data[name], note = flag_value(name, data[name])
+                    if note:
+                        notes.append(note)
+        settings = handler(data)
+        settings._flag_notes = tuple(notes)
+        return settings
+
     @field_validator("timeout_overrides")
     @classmethod
     def _positive_timeouts(cls, value: dict[str, float]) -> dict[str, float]:
@@ -354,13 +406,14 @@ class AdmissionSettings(BaseSettings):
         """
         if self.NODE_SLOT_SCHEDULER_ENABLED and not self.PRIORITY_SCHEDULER_ENABLED:
             return (
+                *self._flag_notes,
                 "NODE_SLOT_SCHEDULER_ENABLED=true is ignored because PRIORITY_SCHEDULER_ENABLED "
                 "is false: node slots are off, nothing is admitted, and only leases whose job "
                 "finished or vanished are released. Unset NODE_SLOT_SCHEDULER_ENABLED (to roll "
                 "back, turn NODE_SLOT_SCHEDULER_ENABLED off first, then "
                 "PRIORITY_SCHEDULER_ENABLED)",
             )
-        return ()
+        return self._flag_notes
 
     @property
     def node_slots(self) -> bool:

@@ -2,6 +2,8 @@
 
 A CI workflow calls `score()` and `queue_token()` for every matrix row and puts
 `job_label(score, token)` into the job's runs-on; the planner reads the score back from that label.
+The weights are the seed's (`DEFAULT_POLICY`), or those of a policy file in InferenceX's
+`configs/ci-priority.yaml` format (`load_priority_policy`).
 Higher scores run sooner. Every business term is a multiple of 0.25, while the node term is
 -0.001 per node beyond the first, so node count only breaks ties between otherwise equal rows
 (it would take 251 nodes to cross a 0.25 gap).
@@ -14,11 +16,14 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from slurmgate.admission.labels import JOB_PREFIX
+from slurmgate.errors import InputError
 
 SCORE_QUANTUM = Decimal("0.001")
 PATCHWORK = "patchwork"
@@ -78,6 +83,146 @@ class PriorityPolicy(BaseModel):
 
 
 DEFAULT_POLICY = PriorityPolicy()
+
+POLICY_FILE_VERSION = 1
+"""The only version of InferenceX's `configs/ci-priority.yaml` format its loader accepts."""
+
+
+class PriorityPolicyError(InputError):
+    """A priority policy file that cannot be used; the message names the file, field and fix."""
+
+
+def _weight(value: object) -> Decimal:
+    """A weight as InferenceX reads one, `Decimal(str(value))`: 1.25 is exactly 1.25."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ValueError(f"must be a number, got {value!r}")
+    try:
+        weight = Decimal(str(value))
+    except ArithmeticError:
+        raise ValueError(f"must be a number, got {value!r}") from None
+    if not weight.is_finite():
+        raise ValueError(f"must be a finite number, got {value!r}")
+    return weight
+
+
+Weight = Annotated[Decimal, BeforeValidator(_weight)]
+
+
+class _FileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class _Adjustments(_FileModel):
+    # InferenceX reads a missing adjustment as 0 (and a missing table as empty)
+    additional_node: Weight = Field(default=Decimal(0), alias="additional-node")
+    event: dict[str, Weight] = Field(default_factory=dict)
+    multi_node: Weight = Field(default=Decimal(0), alias="multi-node")
+    agentic: Weight = Decimal(0)
+    eval_only: Weight = Field(default=Decimal(0), alias="eval-only")
+    precision: dict[str, Weight] = Field(default_factory=dict)
+    spec_decoding: dict[str, Weight] = Field(default_factory=dict, alias="spec-decoding")
+    framework_prefix: dict[str, Weight] = Field(default_factory=dict, alias="framework-prefix")
+    model_prefix: dict[str, Weight] = Field(default_factory=dict, alias="model-prefix")
+
+
+class _SkipQueueLabel(_FileModel):
+    name: str = Field(min_length=1)
+
+
+class _ChecklistLabels(_FileModel):
+    names: list[str] = Field(default_factory=list)
+    adjustment: Weight = Decimal(0)
+
+
+class _PatchworkLabels(_FileModel):
+    names: list[str]
+    score: Weight
+    waived_by: list[str] = Field(default_factory=list, alias="waived-by")
+
+
+class _Labels(_FileModel):
+    # skip-queue's name is the controller's to read (AdmissionSettings.skip_queue_label)
+    skip_queue: _SkipQueueLabel | None = Field(default=None, alias="skip-queue")
+    checklist_complete: _ChecklistLabels = Field(
+        default_factory=_ChecklistLabels, alias="checklist-complete"
+    )
+    patchwork: _PatchworkLabels
+
+
+class PriorityPolicyFile(_FileModel):
+    """InferenceX's `configs/ci-priority.yaml`, version 1, as its `utils/ci_priority.py` reads
+    it; unknown keys are refused here (InferenceX ignores them), so a misspelt weight is an
+    error rather than a silent 0."""
+
+    version: int
+    base_score: Weight = Field(alias="base-score")
+    adjustments: _Adjustments
+    labels: _Labels
+
+    def policy(self) -> PriorityPolicy:
+        a, labels = self.adjustments, self.labels
+        return PriorityPolicy(
+            base_score=self.base_score,
+            event=a.event,
+            additional_node=a.additional_node,
+            multi_node=a.multi_node,
+            agentic=a.agentic,
+            eval_only=a.eval_only,
+            precision=a.precision,
+            spec_decoding=a.spec_decoding,
+            framework_prefix=a.framework_prefix,
+            model_prefix=a.model_prefix,
+            checklist_labels=frozenset(labels.checklist_complete.names),
+            checklist=labels.checklist_complete.adjustment,
+            patchwork_labels=frozenset(labels.patchwork.names),
+            waiver_labels=frozenset(labels.patchwork.waived_by),
+            patchwork_score=labels.patchwork.score,
+        )
+
+
+def load_priority_policy(path: str | Path, text: str | None = None) -> PriorityPolicy:
+    """The weights of a policy file in InferenceX's `configs/ci-priority.yaml` format.
+
+    As InferenceX's `load_policy`, only `version: 1` is accepted; then every field is checked,
+    and the message of a bad one names it. `text` is the file's content when already read.
+    """
+    where = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise PriorityPolicyError(
+                f"priority policy {where}: cannot read ({exc.strerror}); check the path"
+            ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(exc).split())
+        raise PriorityPolicyError(
+            f"priority policy {where}: not valid YAML ({problem}); fix the syntax"
+        ) from None
+    if not isinstance(data, Mapping):
+        raise PriorityPolicyError(
+            f"priority policy {where}: expected a mapping with version, base-score, "
+            "adjustments and labels (InferenceX's configs/ci-priority.yaml format)"
+        )
+    version = data.get("version")
+    if isinstance(version, bool) or version != POLICY_FILE_VERSION:
+        raise PriorityPolicyError(
+            f"priority policy {where}: unsupported version {version!r}; only version "
+            f"{POLICY_FILE_VERSION} of the configs/ci-priority.yaml format is understood"
+        )
+    try:
+        return PriorityPolicyFile.model_validate(data).policy()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_input=False):
+            field = ".".join(str(part) for part in error["loc"]) or "(top)"
+            said = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{field}: {said}")
+        raise PriorityPolicyError(
+            f"priority policy {where}: " + "; ".join(problems[:5]) + "; fix those fields"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +351,10 @@ def queue_namespace(run_id: int, run_attempt: int, family: str | None = None) ->
 
 
 def canonical_json(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The row as InferenceX's `queue_token` serializes it: sorted keys, no spaces, and
+    non-ASCII text escaped (`json.dumps`' default `ensure_ascii`), so a row naming `café`
+    hashes to the token InferenceX's own generator writes for it."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def queue_token(row: Mapping[str, Any], namespace: str, path: Sequence[str] = ()) -> str:

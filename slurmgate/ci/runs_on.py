@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import TypeAdapter, ValidationError
 
 from slurmgate.admission.labels import (
     MAX_PR_NUMBER,
@@ -41,6 +40,7 @@ from slurmgate.admission.labels import (
     fold,
     nodes_label,
 )
+from slurmgate.admission.settings import flag_value
 from slurmgate.ci.nodecount import NodeCountError, UnknownGpusPerNode, node_count
 from slurmgate.ci.priority import (
     DEFAULT_POLICY,
@@ -72,26 +72,28 @@ class CIError(InputError):
 
 @dataclass(frozen=True, slots=True)
 class LabelFlags:
-    """The seed's two feature flags as the workflow sees them."""
+    """The seed's two feature flags as the workflow sees them; `notes` say why a value that
+    is set reads as off."""
 
     priority: bool = False
     node_slots: bool = False
-
-
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return False
-    try:
-        return TypeAdapter(bool).validate_python(raw)
-    except ValidationError:
-        raise CIError(f"{name}={raw!r} is not a boolean; set it to true or false") from None
+    notes: tuple[str, ...] = ()
 
 
 def flags_from_env(env: Mapping[str, str]) -> LabelFlags:
-    """Read both flags; unset or empty is off. Unlike the planner's settings, node slots on with
-    priority off is not an error here: the seed's table makes that the legacy label set."""
-    return LabelFlags(priority=_flag(env, PRIORITY_FLAG), node_slots=_flag(env, NODE_SLOT_FLAG))
+    """Read both flags as the seed's workflow templates test them (`vars.FLAG == 'true'`,
+    which GitHub compares ignoring case): on only when the value is `true` in any case; unset,
+    empty, `false` or anything else (`1`, `yes`) is off, the last with a note, because the
+    templates' own jobs would take it as off too. Unlike the planner's settings, node slots on
+    with priority off is not an error here: the seed's table makes that the legacy label set."""
+    values: dict[str, bool] = {}
+    notes: list[str] = []
+    for name in (PRIORITY_FLAG, NODE_SLOT_FLAG):
+        raw = env.get(name, "")
+        values[name], note = flag_value(name, raw)
+        if note:
+            notes.append(note)
+    return LabelFlags(values[PRIORITY_FLAG], values[NODE_SLOT_FLAG], tuple(notes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,16 @@ from typing import Annotated
 
 import typer
 
-from slurmgate.ci.priority import criteria_from_classifier
+from slurmgate.ci.priority import (
+    DEFAULT_POLICY,
+    PriorityPolicyError,
+    criteria_from_classifier,
+    load_priority_policy,
+)
 from slurmgate.ci.runs_on import (
     CIError,
     JobSpec,
+    LabelFlags,
     RunContext,
     compute_labels,
     flags_from_env,
@@ -128,13 +134,27 @@ def labels(
     ] = False,
     hardware: HardwareOpt = None,
     recipes: RecipesOpt = None,
+    priority_policy: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SLURMGATE_PRIORITY_POLICY",
+            help="The priority weights from a policy file in InferenceX's "
+            "configs/ci-priority.yaml format (version 1); default: the seed's weights.",
+        ),
+    ] = None,
 ) -> None:
     """Print a job's runs-on labels as JSON (self-hosted, pool, nodes:N, ci-job-*, ci-attempt-*)."""
     job = _read(spec, hardware, recipes)
     try:
+        weights = load_priority_policy(priority_policy) if priority_policy else DEFAULT_POLICY
+    except PriorityPolicyError as exc:
+        raise fail(str(exc)) from None
+    try:
         flags = flags_from_env(os.environ)
+        for note in flags.notes:
+            typer.echo(f"note: {note}", err=True)
         if priority is not None or node_slots is not None:
-            flags = type(flags)(
+            flags = LabelFlags(
                 priority=flags.priority if priority is None else priority,
                 node_slots=flags.node_slots if node_slots is None else node_slots,
             )
@@ -148,7 +168,7 @@ def labels(
             matrix_path=tuple(part for part in matrix_path.split("/") if part),
             skip_queue_pr=skip_queue_pr(skip_queue, "--skip-queue-pr"),
         )
-        result = compute_labels(job, flags, context, runner)
+        result = compute_labels(job, flags, context, runner, weights)
     except CIError as exc:
         raise fail(str(exc)) from None
     for note in result.notes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -13,12 +14,16 @@ from slurmgate.admission.labels import JobLabel
 from slurmgate.ci.priority import (
     DEFAULT_POLICY,
     PriorityContext,
+    PriorityPolicyError,
     criteria_from_classifier,
     job_label,
+    load_priority_policy,
     queue_namespace,
     queue_token,
     score,
 )
+
+INFERENCEX_POLICY = Path(__file__).resolve().parents[2] / "examples" / "github" / "ci-priority.yaml"
 
 BASELINE = {"runner": "h100", "framework": "trt", "precision": "fp8", "model-prefix": "llama"}
 HIGH_VALUE = {
@@ -118,6 +123,56 @@ def test_queue_token_is_sha256_of_namespace_path_and_canonical_row() -> None:
     assert queue_token(row, ns, ("0", "config")) == expected
     assert queue_token({"a": [1, 2], "b": 1}, ns, ("0", "config")) == expected  # key order
     assert queue_token(row, queue_namespace(123, 3, "multinode"), ("0", "config")) != expected
+
+
+def test_the_token_of_a_row_with_non_ascii_text_hashes_inferencex_canonical_json() -> None:
+    # InferenceX's queue_token: json.dumps(row, sort_keys=True, separators=(",", ":")), whose
+    # default ensure_ascii escapes every non-ASCII character; the bytes are written out here
+    row = {"model": "café-模型", "conc": [4]}
+    material = b'7:1:config/0:{"conc":[4],"model":"caf\\u00e9-\\u6a21\\u578b"}'
+    assert queue_token(row, "7:1", ("config", "0")) == hashlib.sha256(material).hexdigest()[:32]
+
+
+def test_inferencex_policy_file_gives_the_seeds_weights() -> None:
+    """The seed's own configs/ci-priority.yaml (examples/github/SOURCE.md) reads as exactly
+    the weights slurmgate uses by default."""
+    assert load_priority_policy(INFERENCEX_POLICY) == DEFAULT_POLICY
+
+
+def test_a_policy_file_changes_the_score_and_missing_weights_count_zero(tmp_path: Path) -> None:
+    text = INFERENCEX_POLICY.read_text()
+    path = tmp_path / "policy.yaml"
+    path.write_text(text.replace("push: 2.0", "push: 4.5").replace("additional-node: -0.001", ""))
+    policy = load_priority_policy(path)
+    row = {**BASELINE, "node-count": 3}
+    # push is 4.5, and without additional-node (InferenceX reads a missing weight as 0) the
+    # node count no longer costs anything
+    assert score(row, PriorityContext(event="push"), policy) == Decimal("5.500")
+    assert score(row, PriorityContext(event="push")) == Decimal("2.998")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("version: 1", "version: 2"), "unsupported version 2; only version 1"),
+        (("version: 1", "version: true"), "unsupported version True"),
+        (("version: 1\n", ""), "unsupported version None"),
+        (("multi-node: 1.25", "multi-nodes: 1.25"), "adjustments.multi-nodes: Extra inputs"),
+        (("fp4: 0.75", "fp4: lots"), r"adjustments.precision.fp4: must be a number"),
+        (("base-score: 1.0", "base-score: .nan"), "base-score: must be a finite number"),
+        (("    score: 0.0\n", ""), "labels.patchwork.score: Field required"),
+    ],
+)
+def test_a_bad_policy_file_is_one_line_naming_the_field(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    text = INFERENCEX_POLICY.read_text()
+    assert change[0] in text
+    path = tmp_path / "policy.yaml"
+    path.write_text(text.replace(change[0], change[1], 1))
+    with pytest.raises(PriorityPolicyError, match=message) as caught:
+        load_priority_policy(path)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
 
 
 def test_job_label_round_trips_through_the_planner_parser() -> None:

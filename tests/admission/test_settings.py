@@ -62,6 +62,35 @@ def test_node_slots_without_priority_is_node_slots_off_with_a_warning(
     assert "turn NODE_SLOT_SCHEDULER_ENABLED off first" in warning
 
 
+@pytest.mark.parametrize(
+    ("value", "on", "noted"),
+    [
+        ("true", True, False),
+        ("TRUE", True, False),
+        ("True", True, False),
+        ("false", False, False),
+        ("", False, False),
+        ("1", False, True),
+        ("yes", False, True),
+        ("on", False, True),
+    ],
+)
+def test_a_flag_is_on_only_when_it_is_true_in_any_case(
+    monkeypatch: pytest.MonkeyPatch, value: str, on: bool, noted: bool
+) -> None:
+    """As the workflow templates test it (`vars.FLAG == 'true'`, case-insensitive): a `1` that
+    pydantic reads as on would make the controller admit jobs the workflow labelled as off."""
+    monkeypatch.setenv("PRIORITY_SCHEDULER_ENABLED", value)
+    s = AdmissionSettings()
+    assert s.PRIORITY_SCHEDULER_ENABLED is on
+    assert bool(s.flag_warnings) is noted
+    if noted:
+        [warning] = s.flag_warnings
+        assert f"PRIORITY_SCHEDULER_ENABLED={value!r} reads as off" in warning
+    # keyword values (the policy block's bools) are themselves
+    assert AdmissionSettings(PRIORITY_SCHEDULER_ENABLED=True).PRIORITY_SCHEDULER_ENABLED
+
+
 def test_queued_lease_limit_defaults_to_the_job_timeout() -> None:
     s = AdmissionSettings()
     assert s.lease_max_queued_age_s is None

@@ -154,12 +154,28 @@ def test_bad_rows_name_the_field(row: dict[str, Any], field: str) -> None:
         compute_labels(spec_from_data(row, "row"), LabelFlags(True, True), RUN)
 
 
-def test_flags_from_env() -> None:
+def test_flags_from_env_are_on_only_when_true_in_any_case() -> None:
+    # the workflow templates test `vars.FLAG == 'true'`, which GitHub compares ignoring case
     assert flags_from_env({}) == LabelFlags(False, False)
-    on = {"PRIORITY_SCHEDULER_ENABLED": "true", "NODE_SLOT_SCHEDULER_ENABLED": "True"}
+    on = {"PRIORITY_SCHEDULER_ENABLED": "true", "NODE_SLOT_SCHEDULER_ENABLED": "TRUE"}
     assert flags_from_env(on) == LabelFlags(True, True)
-    with pytest.raises(CIError, match="PRIORITY_SCHEDULER_ENABLED='maybe'"):
-        flags_from_env({"PRIORITY_SCHEDULER_ENABLED": "maybe"})
+    off = flags_from_env({"PRIORITY_SCHEDULER_ENABLED": "1", "NODE_SLOT_SCHEDULER_ENABLED": "No"})
+    assert (off.priority, off.node_slots) == (False, False)
+    # both off as the workflow reads them, and each says so
+    first, second = off.notes
+    assert "PRIORITY_SCHEDULER_ENABLED='1' reads as off" in first
+    assert "NODE_SLOT_SCHEDULER_ENABLED='No' reads as off" in second
+    assert flags_from_env({"NODE_SLOT_SCHEDULER_ENABLED": "FALSE"}).notes == ()
+
+
+def test_cli_takes_yes_as_off_with_a_note(cli: CliRunner, tmp_path: Path) -> None:
+    row = tmp_path / "row.json"
+    row.write_text(json.dumps({"runner": "cluster:h100", "node-count": 2}))
+    env = {"PRIORITY_SCHEDULER_ENABLED": "yes", "NODE_SLOT_SCHEDULER_ENABLED": "True"}
+    result = cli.invoke(app, ["labels", str(row)], env=env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["runs-on"] == ["cluster:h100"]  # the legacy set
+    assert "PRIORITY_SCHEDULER_ENABLED='yes' reads as off" in result.stderr
 
 
 # ---- historical rows: no node-count, and a count that cannot be derived ----------------------
@@ -460,3 +476,22 @@ def test_label_set_properties(row: dict[str, Any], priority: bool, node_slots: b
         assert labels[0] == "self-hosted" and labels[-1] == f"ci-attempt-{attempt}"
         assert gate.score == Decimal(result.score or "")
         assert str(gate.score) == result.score  # the planner reads back exactly what was scored
+
+
+def test_cli_reads_the_priority_weights_from_an_inferencex_policy_file(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    seed = Path(__file__).resolve().parents[2] / "examples" / "github" / "ci-priority.yaml"
+    row = write_row(tmp_path, ROW)
+    args = ["labels", str(row), "--priority", "--run-id", "9", "--run-attempt", "1"]
+    same = cli.invoke(app, [*args, "--priority-policy", str(seed)])
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.stdout)["score"] == json.loads(cli.invoke(app, args).stdout)["score"]
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(seed.read_text().replace("dsr1: 0.75", "dsr1: 2.0"))
+    changed = cli.invoke(app, args, env={"SLURMGATE_PRIORITY_POLICY": str(mine)})
+    assert json.loads(changed.stdout)["score"] == "2.998"  # 1 + 2.0 - 0.002
+    mine.write_text("version: 2\n")
+    refused = cli.invoke(app, [*args, "--priority-policy", str(mine)])
+    assert refused.exit_code == 2
+    assert "unsupported version 2" in refused.stderr and "Traceback" not in refused.output
