@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from slurmgate.runtime import engines
+from slurmgate.runtime import engines, layout
 from slurmgate.runtime.spec import AllocationSpec
 
 HEADER = """\
@@ -217,6 +217,7 @@ def engine_section(profile: engines.EngineProfile) -> str:
         )
     if profile.note:
         rows.append(f"- **Note**: {profile.note}")
+    rows += role_rows(profile)
     rows += [
         "- **Flags the command may not set**: "
         + ", ".join(f"`{f}`" for f in profile.launcher_flags)
@@ -224,6 +225,59 @@ def engine_section(profile: engines.EngineProfile) -> str:
         "- **Sources**: " + ", ".join(f"<{url}>" for url in profile.docs) + ".",
     ]
     return "\n".join(rows)
+
+
+def _role_example(profile: engines.EngineProfile) -> AllocationSpec:
+    """Two TP=2 prefill workers packed on one node, one TP=8 decode worker over two."""
+    prefill: dict[str, Any] = {"workers": 2, "tensor_parallel": 2}
+    decode: dict[str, Any] = {"tensor_parallel": 8}
+    return AllocationSpec.from_data(
+        {
+            "name": "doc",
+            "client": {"command": ["CLIENT"]},
+            "gpus_per_node": 4,
+            "deployments": [
+                {
+                    "name": "pd",
+                    "engine": profile.name,
+                    "command": ["COMMAND"],
+                    "roles": {"prefill": prefill, "decode": decode},
+                }
+            ],
+        }
+    )
+
+
+def role_rows(profile: engines.EngineProfile) -> list[str]:
+    """What the launcher appends for a prefill and a decode worker, from the real layout."""
+    if profile.roles is None:
+        return ["- **No roles**: `roles` is refused."]
+    spec = _role_example(profile)
+    d = spec.deployments[0]
+    p = layout.plan(spec)
+    (plan,) = p.deployments
+    words = []
+    for lane in (plan.role_heads("prefill")[0], *plan.nodes[-1].lanes):
+        argv = layout.lane_argv(d, lane, "HEAD_ADDR", bind_host="NODE_ADDR")[1:]
+        env = layout.lane_env(d, lane, "NODE_ADDR")
+        where = f"{lane.role} worker {lane.replica} node rank {lane.rank}"
+        words.append(
+            f"{where}: `{' '.join(argv)}`"
+            + (f" with env `{' '.join(f'{k}={v}' for k, v in env.items())}`" if env else "")
+        )
+    nodes = spec.gpus_per_node
+    rule = " ".join((profile.roles.worker_gpus.__doc__ or "").split())
+    return [
+        f"- **A role worker's GPUs**: {rule}",
+        "- **Roles** (`roles`): two prefill workers of TP=2 on one node and a decode "
+        f"worker of TP=8 over {8 // nodes} nodes of {nodes} GPUs append " + "; ".join(words) + ".",
+        "- **Flags a role's `args` may not set**: "
+        + ", ".join(f"`{f}`" for f in profile.roles.launcher_flags)
+        + ".",
+        "- **Transfer backends** (`kv_transfer`): "
+        + ", ".join(f"`{b}`" for b in profile.roles.transfer_backends)
+        + ".",
+    ]
 
 
 def document() -> str:

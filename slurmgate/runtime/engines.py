@@ -18,6 +18,9 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from slurmgate.runtime import role_engines
+from slurmgate.runtime.role_engines import RoleSupport
+
 EngineName = Literal["custom", "vllm", "sglang", "llamacpp"]
 MODELS_PATH = "/v1/models"
 # A Prometheus metric name (the exposition format's rule).
@@ -108,6 +111,9 @@ class EngineProfile:
     # Consecutive ports a multi-node replica's head uses from its rendezvous port on.
     rendezvous_span: int = 1
     note: str = ""  # for docs/spec.md: what a reader of the spec should know besides the above
+    # How the engine runs a deployment's `roles` (prefill/decode workers, or srt-slurm style
+    # aggregated workers in its own sizes); None: it has no role launch.
+    roles: RoleSupport | None = None
 
     def lane_argv(
         self, spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
@@ -344,6 +350,7 @@ CUSTOM = EngineProfile(
     queue=VLLM_QUEUE,
     launcher_flags=_CUSTOM_FLAGS,
     render=_vllm_argv,
+    roles=role_engines.CUSTOM_ROLES,
 )
 
 VLLM = EngineProfile(
@@ -354,6 +361,7 @@ VLLM = EngineProfile(
         "https://docs.vllm.ai/en/latest/serving/data_parallel_deployment.html",
         "https://docs.vllm.ai/en/latest/usage/metrics.html",
         "https://docs.vllm.ai/en/latest/configuration/env_vars.html",
+        "https://docs.vllm.ai/en/latest/features/nixl_connector_usage.html",
     ),
     probes=Probes(models=True, lists_model=True),
     queue=VLLM_QUEUE,
@@ -364,6 +372,7 @@ VLLM = EngineProfile(
     served_name_flags=("--served-model-name",),
     host_ip_env="VLLM_HOST_IP",
     data_parallel=True,
+    roles=role_engines.VLLM_ROLES,
     note="`data_parallel` above 1 makes a replica one vLLM server over that many ranks of "
     "`tensor_parallel` GPUs each (internal load balancing, for MoE models whose ranks step "
     "together): its ranks are spread evenly over `nodes_per_replica` nodes, and only the "
@@ -379,6 +388,7 @@ SGLANG = EngineProfile(
         "https://docs.sglang.ai/references/multi_node_deployment/multi_node.html",
         "https://docs.sglang.ai/references/production_metrics.html",
         "https://docs.sglang.ai/references/environment_variables.html",
+        "https://docs.sglang.ai/advanced_features/pd_disaggregation.html",
     ),
     probes=Probes(models=True, lists_model=True),
     queue=QueueMetrics(waiting="sglang:num_queue_reqs", running="sglang:num_running_reqs"),
@@ -412,6 +422,7 @@ SGLANG = EngineProfile(
     # (PortArgs.init_new in python/sglang/srt/server_args.py).
     rendezvous_span=7,
     note="The nodes of rank ≥ 1 serve no HTTP; only the head is probed and routed to.",
+    roles=role_engines.SGLANG_ROLES,
 )
 
 LLAMACPP = EngineProfile(

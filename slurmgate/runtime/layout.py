@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgate.errors import InputError
 from slurmgate.runtime import engines
+from slurmgate.runtime.role_engines import RoleShape
+
+
+class RoleSizes(RoleShape, Protocol):
+    """What the layout reads of one role (`spec.RoleSpec` is one)."""
+
+    @property
+    def nodes_per_worker(self) -> int | None: ...
+    @property
+    def workers_per_node(self) -> int | None: ...
+
+
+class RolesShape(Protocol):
+    """A deployment's roles (`spec.RolesSpec` is one)."""
+
+    def items(self) -> Sequence[tuple[str, RoleSizes]]: ...
 
 
 class DeploymentShape(Protocol):
@@ -45,6 +62,17 @@ class DeploymentShape(Protocol):
     def distributed_timeout_s(self) -> float: ...
     @property
     def enable_expert_parallel(self) -> bool: ...
+    @property
+    def roles(self) -> RolesShape | None: ...
+    @property
+    def kv_transfer(self) -> str | None: ...
+    @property
+    def bootstrap_base_port(self) -> int: ...
+    @property
+    def side_base_port(self) -> int: ...
+    @property
+    def env(self) -> Mapping[str, object]: ...
+    def worker_gpus(self, role: str) -> int: ...
     def lanes_for(self, node_gpus: int) -> int: ...
     def nodes_for(self, node_gpus: int) -> int: ...
     def used_gpus_per_node(self, node_gpus: int) -> int: ...
@@ -69,7 +97,11 @@ class AllocationShape(Protocol):
 
 @dataclass(frozen=True)
 class LanePlan:
-    """One model-server process: replica `replica`, pipeline rank `rank`, on lane slot `slot`."""
+    """One model-server process: replica `replica`, pipeline rank `rank`, on lane slot `slot`.
+
+    In a deployment with roles, `role` names it (prefill, decode or agg), `replica` is the
+    worker's index within its role, and `rank` the worker's node rank.
+    """
 
     deployment: str
     replica: int
@@ -83,10 +115,31 @@ class LanePlan:
     # Ports the engine opens from rendezvous_port on (SGLang's internal sockets follow its
     # --dist-init-addr port): the next lane's rendezvous starts past them.
     rendezvous_span: int = 1
+    role: str | None = None
+    # A prefill worker's bootstrap port, on every rank (they register with the head's server).
+    bootstrap_port: int | None = None
+    # The first of `side_span` ports this process opens besides HTTP (NCCL, NIXL, status).
+    side_port: int | None = None
+    side_span: int = 0
+    worker_nodes: int = 1  # nodes of this lane's worker (replica)
 
     @property
     def process_id(self) -> str:
+        if self.role is not None:
+            return f"{self.deployment}-{self.role}-{self.replica:05d}-rank-{self.rank:05d}"
         return f"{self.deployment}-replica-{self.replica:05d}-rank-{self.rank:05d}"
+
+    @property
+    def opened_ports(self) -> tuple[int, ...]:
+        """Every port this process opens on its node."""
+        ports = [self.port] if self.port is not None else []
+        if self.rendezvous_port is not None and self.rank == 0:
+            ports += range(self.rendezvous_port, self.rendezvous_port + self.rendezvous_span)
+        if self.bootstrap_port is not None and self.rank == 0:
+            ports.append(self.bootstrap_port)
+        if self.side_port is not None:
+            ports += range(self.side_port, self.side_port + self.side_span)
+        return tuple(ports)
 
 
 @dataclass(frozen=True)
@@ -100,14 +153,7 @@ class NodePlan:
 
     @property
     def ports(self) -> tuple[int, ...]:
-        ports = {p for lane in self.lanes for p in (lane.port,) if p is not None}
-        ports |= {
-            lane.rendezvous_port + i
-            for lane in self.lanes
-            if lane.rendezvous_port is not None and lane.rank == 0
-            for i in range(lane.rendezvous_span)
-        }
-        return tuple(sorted(ports))
+        return tuple(sorted({p for lane in self.lanes for p in lane.opened_ports}))
 
 
 @dataclass(frozen=True)
@@ -127,6 +173,16 @@ class DeploymentPlan:
     @property
     def heads(self) -> tuple[LanePlan, ...]:
         return tuple(lane for n in self.nodes for lane in n.lanes if lane.rank == 0)
+
+    def role_heads(self, role: str) -> tuple[LanePlan, ...]:
+        """The head lane of every worker of `role`, in worker order."""
+        heads = [lane for lane in self.heads if lane.role == role]
+        return tuple(sorted(heads, key=lambda lane: lane.replica))
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles of this deployment's lanes, in launch order (empty: the classic shape)."""
+        return tuple(dict.fromkeys(lane.role for lane in self.heads if lane.role is not None))
 
 
 @dataclass(frozen=True)
@@ -170,6 +226,25 @@ class Layout:
     def head_urls(self, deployment: DeploymentPlan) -> list[str]:
         return [
             f"http://{self.address(lane.rendezvous_node)}:{lane.port}" for lane in deployment.heads
+        ]
+
+    def role_head_urls(self, deployment: DeploymentPlan, role: str) -> list[str]:
+        """The HTTP URL of each worker of `role`, in worker order."""
+        return [
+            f"http://{self.address(lane.rendezvous_node)}:{lane.port}"
+            for lane in deployment.role_heads(role)
+        ]
+
+    def prefill_bootstraps(self, deployment: DeploymentPlan) -> list[tuple[str, int | None]]:
+        """(URL, bootstrap port) of every prefill worker: what a PD router is told
+        (`--prefill URL PORT`)."""
+        return [
+            (url, lane.bootstrap_port)
+            for url, lane in zip(
+                self.role_head_urls(deployment, "prefill"),
+                deployment.role_heads("prefill"),
+                strict=True,
+            )
         ]
 
     def endpoint_url(self, deployment: DeploymentPlan) -> str:
@@ -216,7 +291,125 @@ def plan(spec: AllocationShape) -> AllocationPlan:
     return AllocationPlan(total_nodes=start, client_node=0, deployments=tuple(deployments))
 
 
+class RolePlacementError(InputError):
+    """A role's workers do not fit the nodes; `field` is the role's field to change."""
+
+    def __init__(self, field: str, message: str, fix: str) -> None:
+        self.field, self.message, self.fix = field, message, fix
+        super().__init__(f"{field}: {message} — {fix}")
+
+
+@dataclass(frozen=True)
+class RolePlacement:
+    """How one role's workers sit on nodes."""
+
+    worker_gpus: int
+    nodes_per_worker: int
+    gpus_per_node: int  # GPUs of one worker on each of its nodes
+    workers_per_node: int  # 1 when a worker spans nodes
+    nodes: int  # nodes the role takes, its own
+
+
+def role_placement(worker_gpus: int, node_gpus: int, role: RoleSizes) -> RolePlacement:
+    """Where a role's workers go, as srt-slurm's `allocate_endpoints` packs them: a worker of
+    at most a node's GPUs takes a contiguous GPU slice and shares its node with the next
+    workers (`workers_per_node` caps that); a larger one takes whole consecutive nodes."""
+    if node_gpus < 1:
+        raise RolePlacementError(
+            "workers", "the nodes have no GPUs", "set the allocation's gpus_per_node"
+        )
+    if worker_gpus <= node_gpus:
+        fit = node_gpus // worker_gpus
+        per = role.workers_per_node or fit
+        if per > fit:
+            raise RolePlacementError(
+                "workers_per_node",
+                f"{per} workers of {worker_gpus} GPUs need {per * worker_gpus} GPUs, but a node "
+                f"has {node_gpus}",
+                f"set workers_per_node to at most {fit}",
+            )
+        per = min(per, role.workers)
+        placed = RolePlacement(worker_gpus, 1, worker_gpus, per, math.ceil(role.workers / per))
+    else:
+        if worker_gpus % node_gpus:
+            raise RolePlacementError(
+                "gpus_per_worker",
+                f"a worker of {worker_gpus} GPUs spans nodes of {node_gpus} GPUs but does not "
+                "fill them: a worker over several nodes takes whole nodes",
+                f"use a multiple of {node_gpus} GPUs per worker, or at most {node_gpus}",
+            )
+        if role.workers_per_node not in (None, 1):
+            raise RolePlacementError(
+                "workers_per_node",
+                f"a worker of {worker_gpus} GPUs spans nodes, so no two share one",
+                "remove workers_per_node",
+            )
+        npw = worker_gpus // node_gpus
+        placed = RolePlacement(worker_gpus, npw, node_gpus, 1, role.workers * npw)
+    if role.nodes_per_worker is not None and role.nodes_per_worker != placed.nodes_per_worker:
+        raise RolePlacementError(
+            "nodes_per_worker",
+            f"{role.nodes_per_worker}, but a worker of {worker_gpus} GPUs on nodes of "
+            f"{node_gpus} spans {placed.nodes_per_worker}",
+            f"set nodes_per_worker: {placed.nodes_per_worker}, or change the sizes",
+        )
+    return placed
+
+
+def _role_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[NodePlan, ...]:
+    """Each role in order (prefill, then decode; or agg), on nodes of its own."""
+    assert d.roles is not None
+    support = engines.profile(d.engine).roles
+    assert support is not None
+    by_node: dict[int, list[LanePlan]] = {}
+    first = start
+    for name, role in d.roles.items():
+        placed = role_placement(d.worker_gpus(name), node_gpus, role)
+        side_span = support.side_span(role)
+        for worker in range(role.workers):
+            if placed.nodes_per_worker == 1:
+                head = first + worker // placed.workers_per_node
+                slot = worker % placed.workers_per_node
+            else:
+                head, slot = first + worker * placed.nodes_per_worker, 0
+            g = placed.gpus_per_node
+            multi = placed.nodes_per_worker > 1
+            for rank in range(placed.nodes_per_worker):
+                by_node.setdefault(head + rank, []).append(
+                    LanePlan(
+                        deployment=d.name,
+                        replica=worker,
+                        rank=rank,
+                        slot=slot,
+                        gpus=tuple(range(slot * g, (slot + 1) * g)),
+                        port=d.base_port + slot if rank == 0 else None,
+                        rendezvous_node=head,
+                        rendezvous_port=(
+                            d.rendezvous_base_port + slot * support.rendezvous_span
+                            if multi
+                            else None
+                        ),
+                        delay_s=launch_delay(
+                            worker, d.lead_boot_standoff_s, d.rank_launch_stagger_s
+                        ),
+                        rendezvous_span=support.rendezvous_span,
+                        role=name,
+                        bootstrap_port=d.bootstrap_base_port + slot if name == "prefill" else None,
+                        side_port=d.side_base_port + slot * side_span,
+                        side_span=side_span,
+                        worker_nodes=placed.nodes_per_worker,
+                    )
+                )
+        first += placed.nodes
+    return tuple(
+        NodePlan(deployment=d.name, node=node, position=i, lanes=tuple(lanes))
+        for i, (node, lanes) in enumerate(sorted(by_node.items()))
+    )
+
+
 def _deployment_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[NodePlan, ...]:
+    if d.roles is not None:
+        return _role_nodes(d, node_gpus, start)
     lanes = d.lanes_for(node_gpus)
     npr = d.nodes_per_replica
     span = engines.profile(d.engine).rendezvous_span
@@ -245,6 +438,7 @@ def _deployment_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[N
                             replica, d.lead_boot_standoff_s, d.rank_launch_stagger_s
                         ),
                         rendezvous_span=span,
+                        worker_nodes=npr,
                     )
                 )
             out.append(
@@ -287,6 +481,12 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
                             lane.rendezvous_port + i,
                             f"deployments[{d.index}].rendezvous_base_port",
                         )
+                if lane.bootstrap_port is not None and lane.rank == 0:
+                    where = f"deployments[{d.index}].bootstrap_base_port"
+                    claim(n.node, lane.bootstrap_port, where)
+                if lane.side_port is not None:
+                    for i in range(lane.side_span):
+                        claim(n.node, lane.side_port + i, f"deployments[{d.index}].side_base_port")
     for d in p.deployments:
         claim(p.client_node, d.endpoint_port, f"deployments[{d.index}].endpoint_port")
     return problems
@@ -296,8 +496,28 @@ def lane_argv(
     spec: DeploymentShape, lane: LanePlan, master_addr: str, *, bind_host: str
 ) -> list[str]:
     """The server argv: the spec's command plus the flags the layout decides, in the words of
-    the deployment's engine (`engines.EngineProfile.lane_argv`)."""
-    return engines.profile(spec.engine).lane_argv(spec, lane, master_addr, bind_host)
+    the deployment's engine (`engines.EngineProfile.lane_argv`, or for a role's lane its
+    `role_engines.RoleSupport.render`)."""
+    profile = engines.profile(spec.engine)
+    if lane.role is None:
+        return profile.lane_argv(spec, lane, master_addr, bind_host)
+    assert spec.roles is not None and profile.roles is not None
+    role = dict(spec.roles.items())[lane.role]
+    return profile.roles.render(spec, role, lane, master_addr, bind_host)
+
+
+def lane_env(spec: DeploymentShape, lane: LanePlan, bind_host: str) -> dict[str, str]:
+    """What the launcher adds to one lane's environment (the deployment's own env travels in
+    the step's): the engine's per-node variables unless the deployment's env sets them, and
+    for a role's lane the role's env on top."""
+    profile = engines.profile(spec.engine)
+    if lane.role is None:
+        return profile.lane_env(bind_host, spec.env)
+    assert spec.roles is not None and profile.roles is not None
+    role = dict(spec.roles.items())[lane.role]
+    derived = profile.roles.env(spec, role, lane, bind_host)
+    own = set(role.env)
+    return {k: v for k, v in derived.items() if k in own or k not in spec.env}
 
 
 def describe(layout: Layout) -> list[dict[str, str]]:
@@ -309,6 +529,7 @@ def describe(layout: Layout) -> list[dict[str, str]]:
                 rows.append(
                     {
                         "deployment": d.name,
+                        "role": lane.role or "-",
                         "node": layout.host(n.node),
                         "replica": str(lane.replica),
                         "rank": str(lane.rank),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,7 +20,7 @@ from pydantic import (
 )
 
 from slurmgate.errors import InputError
-from slurmgate.runtime import engines
+from slurmgate.runtime import engines, role_engines
 from slurmgate.runtime.endpoint.config import TOKEN_ENV
 from slurmgate.runtime.layout import port_problems
 from slurmgate.runtime.redact import CREDENTIAL_FLAG
@@ -154,6 +155,210 @@ class ClientSpec(_Strict):
         return _checked_env(v, lanes=False)
 
 
+MAX_ROLE_WORKERS = 512
+MAX_ROLE_ARGS = 512
+MAX_ROLE_ARG_CHARS = 16384
+MAX_ENGINE_CONFIG_CHARS = 256 * 1024
+ROLE_NAMES = role_engines.ROLE_NAMES
+
+
+def _credential_flag(argv: list[str]) -> str | None:
+    """The first credential flag of `argv` that carries a value (--api-key K, --hf-token=V)."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        following = argv[i + 1] if i + 1 < len(argv) else ""
+        if CREDENTIAL_FLAG.match(name) and (
+            value if eq else following and not following.startswith("-")
+        ):
+            return name
+    return None
+
+
+class RoleSpec(_Strict):
+    """One role's workers, in the engine's own sizes: GPUs, flags and env of each worker."""
+
+    workers: int = Field(
+        default=1, ge=1, le=MAX_ROLE_WORKERS, description="independent workers of this role"
+    )
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=4096, description="the engine's tensor-parallel size of one worker"
+    )
+    data_parallel: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="the engine's data-parallel size of one worker (full copies, or attention "
+        "groups inside the TP ranks with dp_attention)",
+    )
+    expert_parallel: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="the engine's expert-parallel size of one worker (SGLang: divides "
+        "tensor_parallel; vLLM: tensor_parallel × data_parallel when on)",
+    )
+    pipeline_parallel: int = Field(
+        default=1, ge=1, le=256, description="the engine's pipeline-parallel size of one worker"
+    )
+    dp_attention: bool = Field(
+        default=False,
+        description="data-parallel attention inside the TP group (SGLang --enable-dp-attention, "
+        "TensorRT-LLM enable_attention_dp): the DP ranks add no GPUs",
+    )
+    gpus_per_worker: int | None = Field(
+        default=None,
+        ge=1,
+        description="GPUs one worker takes; default: what its sizes need by the engine's rule "
+        "(when set, it must agree: a recipe's gpus_per_<role>). Fewer than a node's GPUs "
+        "packs workers on a node; more takes whole nodes",
+    )
+    nodes_per_worker: int | None = Field(
+        default=None,
+        ge=1,
+        description="nodes one worker spans; default: its GPUs over the node's (when set, "
+        "it must agree)",
+    )
+    workers_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        description="workers packed on one node, each on its own GPUs; default: as many as "
+        "fit (1 spreads partial-node workers one per node, srt-slurm's spread_workers)",
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_ROLE_ARGS,
+        description="this role's engine flags, after the deployment's command and the "
+        "launcher's flags (the launcher's own flags are refused here)",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="this role's processes only, plain values (a credential goes in the "
+        "deployment's env, as a reference)",
+    )
+    engine_config: dict[str, Any] | None = Field(
+        default=None,
+        description="the engine's config file for this role, as a mapping (TensorRT-LLM's "
+        "LLM-API YAML); the launcher writes it and passes its path",
+    )
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        for i, arg in enumerate(v):
+            if len(arg) > MAX_ROLE_ARG_CHARS or "\0" in arg:
+                raise _problem(
+                    "args",
+                    f"argument {i} is longer than {MAX_ROLE_ARG_CHARS} characters or holds a "
+                    "NUL byte",
+                    "shorten it (a large engine config goes in engine_config)",
+                )
+        flag = _credential_flag(v)
+        if flag is not None:
+            raise _problem(
+                "args",
+                f"{flag} carries a credential, which would be stored in Prefect with the spec "
+                "and shown in every node's process list",
+                f"remove {flag} and its value: give it to the deployment's env as "
+                "{secret: BLOCK} or {from_env: NAME}",
+            )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not _ENV_NAME.match(key):
+                raise _problem(
+                    "env", f"{key!r} is not a variable name", "use letters, digits and _"
+                )
+            if SECRET_NAME.search(key):
+                raise _problem(
+                    "env",
+                    f"{key} looks like a credential, and a role's env holds plain values only",
+                    f"move {key} to the deployment's env as {{secret: BLOCK-NAME}} or "
+                    "{from_env: NAME}",
+                )
+        _checked_env(dict(v), lanes=True)
+        return v
+
+    @field_validator("engine_config")
+    @classmethod
+    def _engine_config(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        if not role_engines.json_safe(v):
+            raise _problem(
+                "engine_config",
+                "holds something other than strings, numbers, booleans, lists and mappings "
+                "with string keys (or nests deeper than 16)",
+                "write it as plain YAML",
+            )
+        if len(json.dumps(v)) > MAX_ENGINE_CONFIG_CHARS:
+            raise _problem(
+                "engine_config",
+                f"is larger than {MAX_ENGINE_CONFIG_CHARS // 1024} KiB",
+                "keep the engine's own config small",
+            )
+        return v
+
+
+class RolesSpec(_Strict):
+    """A deployment's roles: `prefill` and `decode` (disaggregated), or `agg` alone."""
+
+    prefill: RoleSpec | None = Field(
+        default=None, description="workers that run the prompt and hand its KV cache over"
+    )
+    decode: RoleSpec | None = Field(
+        default=None, description="workers that receive the KV cache and generate the answer"
+    )
+    agg: RoleSpec | None = Field(
+        default=None,
+        description="aggregated workers in the engine's own sizes (a recipe's agg role): "
+        "prefill and decode in one process",
+    )
+
+    @model_validator(mode="after")
+    def _which(self) -> RolesSpec:
+        pd = (self.prefill is not None, self.decode is not None)
+        if self.agg is not None and any(pd):
+            raise _problem(
+                "agg",
+                "an aggregated role beside prefill or decode",
+                "give either prefill and decode (disaggregated) or agg alone",
+            )
+        if self.agg is None and pd != (True, True):
+            missing = "decode" if pd[0] else "prefill"
+            raise _problem(
+                missing,
+                "is missing: a disaggregated deployment needs both prefill and decode",
+                f"add roles.{missing}, or use roles.agg for an aggregated deployment",
+            )
+        return self
+
+    def items(self) -> list[tuple[str, RoleSpec]]:
+        """The roles this deployment has, in launch order (prefill, decode; or agg)."""
+        named = {"prefill": self.prefill, "decode": self.decode, "agg": self.agg}
+        return [(name, role) for name, role in named.items() if role is not None]
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.agg is None
+
+
+# DeploymentSpec fields that describe the classic replica shape; a deployment with roles
+# gives each role its own sizes instead.
+CLASSIC_SHAPE_FIELDS = (
+    "tensor_parallel",
+    "pipeline_parallel",
+    "data_parallel",
+    "replicas",
+    "nodes_per_replica",
+    "lanes_per_node",
+    "gpus_per_node",
+    "enable_expert_parallel",
+)
+
+
 class DeploymentSpec(_Strict):
     """One model deployment: replicas of TP×PP (or DP×TP) lanes, placed on whole nodes."""
 
@@ -245,6 +450,31 @@ class DeploymentSpec(_Strict):
     rank_launch_stagger_s: float = Field(
         default=5.0, ge=0, description="then replica i starts i × this later"
     )
+    roles: RolesSpec | None = Field(
+        default=None,
+        description="prefill and decode workers (disaggregated), or agg workers, each role in "
+        "the engine's own sizes; the classic shape fields above then stay unset",
+    )
+    kv_transfer: str | None = Field(
+        default=None,
+        description="how prefill hands the KV cache to decode: SGLang's "
+        "--disaggregation-transfer-backend (mooncake, nixl, …), vLLM's connector (nixl: "
+        "NixlConnector kv_both, the default), TensorRT-LLM's cache transceiver backend",
+    )
+    bootstrap_base_port: int = Field(
+        default=18500,
+        ge=1024,
+        le=65535,
+        description="a prefill worker's bootstrap port on its head node (lane slot L: +L), "
+        "where decode workers fetch its KV cache handshake (SGLang)",
+    )
+    side_base_port: int = Field(
+        default=20000,
+        ge=1024,
+        le=65535,
+        description="ports a role process opens besides HTTP (SGLang's NCCL port, vLLM's NIXL "
+        "side channel, Dynamo's status server), from here in blocks per lane slot",
+    )
     backpressure: BackpressureSpec = Field(
         default_factory=BackpressureSpec,
         description="the endpoint's per-lane queue limit, read from the engine's queue metric",
@@ -298,6 +528,15 @@ class DeploymentSpec(_Strict):
 
     @model_validator(mode="after")
     def _topology(self) -> DeploymentSpec:
+        if self.roles is not None:
+            self._roles_shape(self.roles)
+            return self
+        if self.kv_transfer is not None:
+            raise _problem(
+                "kv_transfer",
+                "is for a deployment with prefill and decode roles",
+                "remove kv_transfer, or add roles.prefill and roles.decode",
+            )
         for field, message, fix in engines.profile(self.engine).problems(self):
             raise _problem(field, message, fix)
         if self.data_parallel > 1:
@@ -331,6 +570,102 @@ class DeploymentSpec(_Strict):
                 "lower distributed_timeout_s or raise startup_timeout_s",
             )
         return self
+
+    def _roles_shape(self, roles: RolesSpec) -> None:
+        support = engines.profile(self.engine).roles
+        if support is None:
+            raise _problem(
+                "roles",
+                f"engine {self.engine} has no role launch (prefill, decode or agg workers)",
+                "use the classic shape fields (tensor_parallel, replicas, …), or an engine "
+                "with roles: " + ", ".join(n for n, p in engines.PROFILES.items() if p.roles),
+            )
+        for name in CLASSIC_SHAPE_FIELDS:
+            if name in self.model_fields_set:
+                raise _problem(
+                    name,
+                    "describes the classic replica shape, but the deployment has roles",
+                    f"remove {name}: each role sets its own sizes (roles.<role>.tensor_parallel, "
+                    "workers, …)",
+                )
+        for i, arg in enumerate(self.command):
+            if arg.split("=", 1)[0] in support.launcher_flags:
+                flag = arg.split("=", 1)[0]
+                raise _problem(
+                    "command",
+                    f"{flag} (argument {i}) is set by the launcher for each role",
+                    f"remove {flag} from the command",
+                )
+        if self.kv_transfer is not None and not roles.disaggregated:
+            raise _problem(
+                "kv_transfer",
+                "is for a disaggregated deployment, but the roles are aggregated (agg)",
+                "remove kv_transfer",
+            )
+        if self.kv_transfer is not None and self.kv_transfer not in support.transfer_backends:
+            raise _problem(
+                "kv_transfer",
+                f"{self.kv_transfer!r} is not a transfer backend engine {self.engine} knows",
+                "use one of " + ", ".join(support.transfer_backends),
+            )
+        for name, role in roles.items():
+            where = f"roles.{name}"
+            for field, message, fix in support.problems(self.engine, where, role):
+                raise _problem(field, message, fix)
+            if self.kv_transfer is not None and any(
+                a.split("=", 1)[0] == "--kv-transfer-config" for a in role.args
+            ):
+                raise _problem(
+                    f"{where}.args",
+                    "--kv-transfer-config is set in the role's args and kv_transfer is set too",
+                    "keep one: the role's own connector config, or kv_transfer",
+                )
+            if role.engine_config is not None and not support.engine_config:
+                raise _problem(
+                    f"{where}.engine_config",
+                    f"engine {self.engine} takes its settings as flags, not a config file",
+                    "write them as args",
+                )
+            need = support.worker_gpus(role)
+            if role.gpus_per_worker is not None and role.gpus_per_worker != need:
+                raise _problem(
+                    f"{where}.gpus_per_worker",
+                    f"{role.gpus_per_worker} GPUs, but its sizes need {need} on engine "
+                    f"{self.engine} ({_sizes(role)})",
+                    f"set gpus_per_worker: {need}, or change the sizes",
+                )
+
+    def role_problems(self, node_gpus: int) -> list[tuple[str, str, str]]:
+        """What the nodes cannot hold of this deployment's roles: (field, message, fix)."""
+        from slurmgate.runtime.layout import RolePlacementError, role_placement
+
+        found: list[tuple[str, str, str]] = []
+        for name, role in self.roles.items() if self.roles else []:
+            try:
+                placed = role_placement(self.worker_gpus(name), node_gpus, role)
+            except RolePlacementError as exc:
+                found.append((f"roles.{name}.{exc.field}", exc.message, exc.fix))
+                continue
+            support = engines.profile(self.engine).roles
+            if placed.nodes_per_worker > 1 and support is not None and not support.multi_node:
+                found.append(
+                    (
+                        f"roles.{name}",
+                        f"a worker of {self.worker_gpus(name)} GPUs spans "
+                        f"{placed.nodes_per_worker} nodes, and engine {self.engine} launches a "
+                        "worker on one node only here",
+                        "use workers of at most one node's GPUs",
+                    )
+                )
+        return found
+
+    def worker_gpus(self, role: str) -> int:
+        """GPUs one worker of `role` takes (the engine's rule, or gpus_per_worker)."""
+        assert self.roles is not None
+        spec = dict(self.roles.items())[role]
+        support = engines.profile(self.engine).roles
+        assert support is not None
+        return spec.gpus_per_worker or support.worker_gpus(spec)
 
     def _data_parallel_shape(self) -> None:
         if self.pipeline_parallel != 1:
@@ -368,8 +703,25 @@ class DeploymentSpec(_Strict):
         return max(1, min(self.replicas, fit))
 
     def nodes_for(self, node_gpus: int) -> int:
+        if self.roles is not None:
+            from slurmgate.runtime.layout import role_placement
+
+            return sum(
+                role_placement(self.worker_gpus(name), node_gpus, role).nodes
+                for name, role in self.roles.items()
+            )
         groups = -(-self.replicas // self.lanes_for(node_gpus))
         return groups * self.nodes_per_replica
+
+
+def _sizes(role: RoleSpec) -> str:
+    words = [f"tensor_parallel {role.tensor_parallel}"]
+    if role.pipeline_parallel > 1:
+        words.append(f"pipeline_parallel {role.pipeline_parallel}")
+    if role.data_parallel > 1:
+        attention = " (DP attention)" if role.dp_attention else ""
+        words.append(f"data_parallel {role.data_parallel}{attention}")
+    return ", ".join(words)
 
 
 def _slurm_name(field: str, v: str | None, example: str) -> str | None:
@@ -593,6 +945,10 @@ class AllocationSpec(_Strict):
                 raise _problem(
                     f"deployments[{i}].name", f"{d.name!r} is used twice", "give each a name"
                 )
+            if d.roles is not None:
+                for f, m, fix in d.role_problems(self.gpus_per_node):
+                    raise _problem(f"deployments[{i}].{f}", m, fix)
+                continue
             used = d.used_gpus_per_node(self.gpus_per_node)
             if used > self.gpus_per_node:
                 raise _problem(
