@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.settings import (
@@ -16,6 +17,8 @@ from slurmgate.admission.settings import (
     EstimatesName,
     PolicyName,
     PoolPartition,
+    RepoLimits,
+    TeamLimits,
 )
 from slurmgate.github.app_auth import GitHubAppCredentials
 from slurmgate.github.client import GitHubClient, client_for_scope
@@ -179,6 +182,20 @@ def _knob(name: str) -> Any:
     return Field(default=field.default, description=field.description)
 
 
+class _BlockSettings(AdmissionSettings):
+    """AdmissionSettings from a block's fields alone (no environment, no dotenv)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        *others: PydanticBaseSettingsSource,
+        **named: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
 # block field -> AdmissionSettings field (the two seed flags keep their environment names there)
 _FLAG_FIELDS = {
     "priority_scheduler_enabled": "PRIORITY_SCHEDULER_ENABLED",
@@ -226,6 +243,9 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
     skip_queue_label: str = _knob("skip_queue_label")
     default_priority: Decimal = _knob("default_priority")
     pool_partitions: dict[str, PoolPartition] = _knob("pool_partitions")
+    repo_limits: dict[str, RepoLimits] = _knob("repo_limits")
+    teams: dict[str, TeamLimits] = _knob("teams")
+    fair_share: bool = _knob("fair_share")
 
     @model_validator(mode="after")
     def _valid_settings(self) -> AdmissionPolicyBlock:
@@ -243,13 +263,15 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
         return self
 
     def to_settings(self) -> AdmissionSettings:
-        """The planner settings this block describes; raises naming the field on bad input."""
+        """The planner settings this block describes, and only those: the environment of the
+        process that loads it adds nothing (pydantic-settings would merge a SLURMGATE_* JSON
+        mapping into the block's own); raises naming the field on bad input."""
         values = {
             _FLAG_FIELDS.get(name, name): getattr(self, name)
             for name in type(self).model_fields
             if name in _FLAG_FIELDS or name in AdmissionSettings.model_fields
         }
-        return AdmissionSettings(**values)
+        return _BlockSettings(**values)
 
     @classmethod
     def from_settings(cls, settings: AdmissionSettings) -> AdmissionPolicyBlock:

@@ -14,9 +14,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Protocol
 
 from slurmgate.admission.estimates import Estimate, expected_end
-from slurmgate.admission.model import Job, Lease
+from slurmgate.admission.model import Blocked, Job, Lease
 
 DEFAULT_ESTIMATE = Estimate(480 * 60.0, 480 * 60.0)
 
@@ -124,6 +125,7 @@ class JobRequest:
     requirement: frozenset[str]
     estimate: Estimate = DEFAULT_ESTIMATE
     skip_queue: bool = False  # a verified skip-queue job: outranks every score
+    repo: str | None = None  # OWNER/NAME, folded; None: unknown (the simulator's jobs)
 
 
 @dataclass(slots=True)
@@ -155,6 +157,16 @@ class RunningLease:
     nodes: int
     started_s: float
     estimate: Estimate
+
+
+class AdmissionGate(Protocol):
+    """A rule besides capacity that a job must pass to start now (the repository and team
+    node quotas of `admission/fairness.py`): `refuse` says why it waits, `charge` counts an
+    admission against it."""
+
+    def refuse(self, request: JobRequest, fleet: FleetState) -> Blocked | None: ...
+
+    def charge(self, request: JobRequest, nodes: int) -> None: ...
 
 
 class FleetState:
@@ -191,6 +203,7 @@ class FleetState:
         self._eligible = eligible
         # requirement -> {pool or None(legacy): candidate runner ids, or None meaning "all"}
         self._cache: dict[frozenset[str], dict[str | None, frozenset[int] | None]] = {}
+        self.gate: AdmissionGate | None = None  # quotas a placement must also pass
 
     def candidates(self, requirement: frozenset[str]) -> dict[str | None, frozenset[int] | None]:
         """The pools (None = legacy) holding runners that carry every label of `requirement`.
@@ -248,6 +261,8 @@ class FleetState:
     def start(self, placement: Placement) -> None:
         """Admit a placement: take its runners and expect them back after its estimate."""
         self.take(placement.pool, placement.runner_ids)
+        if self.gate is not None:
+            self.gate.charge(placement.request, len(placement.runner_ids))
         if placement.pool is not None:
             request = placement.request
             self.running.setdefault(placement.pool, {})[request.job.id] = RunningLease(

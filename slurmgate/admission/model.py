@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -203,7 +204,9 @@ class Snapshot:
     verified (someone allowed to added the PR's skip-queue label): they outrank every score.
     `unread_repos` are (repository, why) for the repositories of a many-repository scope whose
     jobs GitHub would not list this time (404, or 403 to an App not granted them): their queued
-    jobs are not in `jobs`, and their leases' jobs were looked up by id as usual.
+    jobs are not in `jobs`, and their leases' jobs were looked up by id as usual. `job_repos`
+    says which repository (OWNER/NAME, folded) each listed job belongs to, for the fairness
+    rules (`admission/fairness.py`); a job it lacks belongs to an unknown one.
     """
 
     runners: tuple[Runner, ...]
@@ -213,6 +216,7 @@ class Snapshot:
     unreadable_runners: int = 0
     skip_queue_job_ids: frozenset[int] = frozenset()
     unread_repos: tuple[tuple[str, str], ...] = ()
+    job_repos: Mapping[int, str] = field(default_factory=dict)
 
 
 # ---- decisions -------------------------------------------------------------------------------
@@ -234,6 +238,8 @@ class BlockReason(StrEnum):
     NO_POOL = "no-compatible-pool"
     BAD_INPUT = "bad-input"
     RESERVED = "held-for-reservation"
+    REPO_QUOTA = "repo-quota"
+    TEAM_QUOTA = "team-quota"
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +340,7 @@ class Blocked:
     pool: str | None
     reason: BlockReason
     detail: str
+    scope: str = ""  # a quota's holder and use, e.g. "acme/bench 6/8", shown on the board
 
     def line(self) -> str:
         return (
@@ -379,8 +386,9 @@ class Decisions:
         blocked: dict[str, list[str]] = {}
         for b in self.blocked:
             nodes = f"{b.nodes}n" if b.nodes is not None else "?n"
+            scope = f" {b.scope}" if b.scope else ""
             blocked.setdefault(b.pool or "(none)", []).append(
-                f"job {b.job_id} ({nodes}): {b.reason.value}"
+                f"job {b.job_id} ({nodes}): {b.reason.value}{scope}"
             )
         rows: list[dict[str, object]] = []
         for row in self.board:

@@ -39,6 +39,13 @@ from slurmgate.admission.capacity import (
     RunningLease,
 )
 from slurmgate.admission.estimates import Estimate, Estimator, RuntimeHistory, job_key
+from slurmgate.admission.fairness import (
+    Fairness,
+    QuotaBook,
+    cap_scores,
+    fair_share_order,
+    repo_usage,
+)
 from slurmgate.admission.labels import (
     ANCHOR_PREFIXES,
     CLUSTER_PREFIX,
@@ -68,7 +75,7 @@ from slurmgate.admission.model import (
     Snapshot,
     leases_from_fleet,
 )
-from slurmgate.admission.policies import SKIP_QUEUE_PRIORITY, policy_for
+from slurmgate.admission.policies import SKIP_QUEUE_PRIORITY, policy_for, priority_order
 from slurmgate.admission.settings import AdmissionSettings
 
 # Release reasons that read the lease's runners: a partial fleet cannot tell them apart from
@@ -218,11 +225,19 @@ def plan(
             fleet.pools[pool].slurm = capacity
     _running_leases(fleet, kept, jobs, settings, estimate)
     placements: list[Placement] = []
+    capped: dict[int, str] = {}
     if settings.PRIORITY_SCHEDULER_ENABLED:
         requests = _requests(
-            snapshot.jobs, leases, settings, work, estimate, snapshot.skip_queue_job_ids
+            snapshot.jobs,
+            leases,
+            settings,
+            work,
+            estimate,
+            snapshot.skip_queue_job_ids,
+            snapshot.job_repos,
         )
-        placements, policy_blocked = policy.place(requests, fleet)
+        queue, capped = _fair_queue(requests, kept, snapshot.job_repos, settings, fleet, work)
+        placements, policy_blocked = policy.place(queue, fleet, ordered=True)
         work.blocked.extend(policy_blocked)
 
     stamp = int(now_s)
@@ -238,7 +253,9 @@ def plan(
             anchor_labels=tuple(p.request.job.gate_labels()),
             priority=p.request.priority,
             reason=(
-                f"priority {p.request.priority}, needs {p.request.nodes}: "
+                f"priority {p.request.priority}"
+                + (f" ({capped[p.request.job.id]})" if p.request.job.id in capped else "")
+                + f", needs {p.request.nodes}: "
                 f"{len(p.runner_ids)} free runner(s) of {p.pool or LEGACY}"
             ),
         )
@@ -543,6 +560,37 @@ def _running_leases(
         )
 
 
+def _fair_queue(
+    requests: list[JobRequest],
+    kept: list[Lease],
+    job_repos: Mapping[int, str],
+    settings: AdmissionSettings,
+    fleet: FleetState,
+    work: _Work,
+) -> tuple[list[JobRequest], dict[int, str]]:
+    """The queue the policy walks, after the fairness rules (`admission/fairness.py`): scores
+    capped at their ceilings, repositories taking turns among equal scores, and the quotas
+    set as the fleet's gate. Returns the queue, in order, and the capped jobs' notes."""
+    fairness = Fairness.of(settings)
+    held = repo_usage(kept, job_repos, settings.node_slots)
+    requests, capped = cap_scores(requests, fairness)
+    if capped:
+        work.notes.append(
+            f"score ceilings: {len(capped)} job(s) capped ("
+            + "; ".join(f"job {job_id}: {why}" for job_id, why in sorted(capped.items())[:5])
+            + (", ..." if len(capped) > 5 else "")
+            + ")"
+        )
+    if fairness.has_quotas:
+        fleet.gate = QuotaBook(fairness, held)
+    queue = (
+        fair_share_order(requests, held, fairness)
+        if settings.fair_share
+        else priority_order(requests)
+    )
+    return queue, capped
+
+
 def _requests(
     jobs: Sequence[Job],
     leases: list[Lease],
@@ -550,6 +598,7 @@ def _requests(
     work: _Work,
     estimate: EstimateFn,
     skip_queue: frozenset[int] = frozenset(),
+    job_repos: Mapping[int, str] | None = None,
 ) -> list[JobRequest]:
     """The queued managed jobs to place, sized and scored; a job in `skip_queue` (its
     skip-queue label verified by the snapshot read) outranks every score and shows as
@@ -582,6 +631,7 @@ def _requests(
                 unmanaged(job.labels),
                 estimate(job, nodes),
                 skip_queue=skips,
+                repo=(job_repos or {}).get(job.id),
             )
         )
     return requests

@@ -395,6 +395,10 @@ def fit_now(
             "no online-or-offline runner carries all of its labels "
             f"({', '.join(sorted(request.requirement)) or 'none'})",
         )
+    if fleet.gate is not None:  # the repository and team quotas (admission/fairness.py)
+        refused = fleet.gate.refuse(request, fleet)
+        if refused is not None:
+            return refused
     if nodes == 1 and None in candidates:
         free = fleet.free_for(None, candidates[None])
         if free:

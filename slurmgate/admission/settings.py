@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any, Literal, get_args
 
@@ -42,6 +43,82 @@ class PoolPartition(BaseModel):
         max_length=200,
         description="The managed jobs run in this reservation: only its nodes count.",
     )
+
+
+REPO_PATTERN = r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$"
+ANY_REPO = "*"
+"""The `repo_limits` key whose limits apply to every repository the others do not name."""
+
+
+class RepoLimits(BaseModel):
+    """What the jobs of one repository may claim, whatever their labels say: a score ceiling,
+    a quota of nodes held at once (over every pool), and a weight in the fair-share order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_score: Decimal | None = Field(
+        default=None,
+        ge=0,
+        description="A job's ci-job-<score> above this counts as this (3 decimal places).",
+    )
+    max_nodes: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Nodes the repository's leases may hold at once, over every pool; a job "
+        "that would take it past this waits (repo-quota). 0: none of its jobs is admitted.",
+    )
+    share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Fair-share weight: among jobs of equal score, the repository with the "
+        "fewest nodes per unit of share goes first.",
+    )
+
+    @field_validator("max_score")
+    @classmethod
+    def _three_places(cls, value: Decimal | None) -> Decimal | None:
+        return None if value is None else value.quantize(Decimal("0.001"))
+
+
+class TeamLimits(BaseModel):
+    """A team: repositories sharing one score ceiling and one node quota."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repos: list[str] = Field(
+        min_length=1, max_length=10_000, description="The team's repositories, OWNER/NAME."
+    )
+    max_score: Decimal | None = Field(
+        default=None, ge=0, description="A ceiling on the score of every job of the team."
+    )
+    max_nodes: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Nodes the team's repositories may hold at once together (team-quota).",
+    )
+
+    @field_validator("repos")
+    @classmethod
+    def _repo_names(cls, value: list[str]) -> list[str]:
+        names = [_repo_name(name, "teams[...].repos") for name in value]
+        return sorted(set(names))
+
+    @field_validator("max_score")
+    @classmethod
+    def _three_places(cls, value: Decimal | None) -> Decimal | None:
+        return None if value is None else value.quantize(Decimal("0.001"))
+
+
+def _repo_name(name: object, field: str) -> str:
+    text = str(name).strip()
+    if not re.match(REPO_PATTERN, text):
+        raise ValueError(
+            f"{field}: {text[:100]!r} is not a repository; write it OWNER/NAME, e.g. acme/gpu-ci"
+        )
+    return text.casefold()  # GitHub's repository names ignore case
 
 
 FLAG_NAMES = ("PRIORITY_SCHEDULER_ENABLED", "NODE_SLOT_SCHEDULER_ENABLED")
@@ -305,6 +382,31 @@ class AdmissionSettings(BaseSettings):
         "Slurm can give a managed job now; unmapped pools count runners only. When Slurm does "
         "not answer, every pool counts runners only for that tick (one warning).",
     )
+    repo_limits: dict[str, RepoLimits] = _knob(
+        "repo_limits",
+        {},
+        "Fairness between repositories: per OWNER/NAME (or * for every repository not named) "
+        "a score ceiling (max_score), a node quota over every pool (max_nodes) and a "
+        "fair-share weight (share) (env SLURMGATE_REPO_LIMITS as JSON, e.g. "
+        '{"acme/bench": {"max_score": 3, "max_nodes": 16}, "*": {"max_score": 2}}). A job\'s '
+        "ci-job-<score> above its ceiling counts as the ceiling; a job that would take its "
+        "repository past the quota waits (repo-quota).",
+    )
+    teams: dict[str, TeamLimits] = _knob(
+        "teams",
+        {},
+        "Teams of repositories sharing a score ceiling and a node quota (env SLURMGATE_TEAMS "
+        'as JSON, e.g. {"inference": {"repos": ["acme/a", "acme/b"], "max_nodes": 24}}); a '
+        "repository belongs to at most one team; a job that would take its team past the "
+        "quota waits (team-quota).",
+    )
+    fair_share: bool = _knob(
+        "fair_share",
+        True,
+        "Among queued jobs of equal score, repositories take turns (env SLURMGATE_FAIR_SHARE): "
+        "the one whose leases hold the fewest nodes per unit of share (repo_limits) goes "
+        "next. Off: fewer nodes, then older, first, whatever the repository.",
+    )
     default_priority: Decimal = _knob(
         "default_priority",
         Decimal("1.000"),
@@ -358,6 +460,37 @@ class AdmissionSettings(BaseSettings):
                 target = {"partition": target}
             pools[f"cluster:{name}"] = target
         return pools
+
+    @field_validator("repo_limits", mode="before")
+    @classmethod
+    def _repo_keys(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        keys: dict[str, Any] = {}
+        for key, limits in value.items():
+            name = ANY_REPO if str(key).strip() == ANY_REPO else _repo_name(key, "repo_limits")
+            if name in keys:
+                raise ValueError(f"repo_limits names {name} twice (case does not count)")
+            keys[name] = limits
+        return keys
+
+    @field_validator("teams")
+    @classmethod
+    def _one_team_each(cls, value: dict[str, TeamLimits]) -> dict[str, TeamLimits]:
+        seen: dict[str, str] = {}
+        for team, limits in sorted(value.items()):
+            if not team.strip() or len(team) > 100:
+                raise ValueError(
+                    f"teams key {team[:100]!r} must be a team name of 1-100 characters"
+                )
+            for repo in limits.repos:
+                if repo in seen:
+                    raise ValueError(
+                        f"teams: {repo} is in both {seen[repo]} and {team}; a repository "
+                        "belongs to at most one team"
+                    )
+                seen[repo] = team
+        return value
 
     @field_validator("skip_queue_team")
     @classmethod

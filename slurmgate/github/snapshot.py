@@ -178,6 +178,8 @@ async def take_snapshot(
         unreadable_runners=client.unreadable_runners,
         skip_queue_job_ids=skip_queue,
         unread_repos=tuple(sorted(client.unread_repos.items())) if polled else (),
+        # the fairness rules' key: GitHub's repository names ignore case
+        job_repos={job_id: source.repo.casefold() for job_id, source in sources.items()},
     )
 
 

@@ -102,6 +102,33 @@ async def test_org_scope_over_all_repos_admits_every_repos_jobs_from_one_pool() 
             assert status == "in_progress" and runner is not None  # one org-level pool
 
 
+async def test_the_read_names_each_jobs_repository_and_its_quota_holds_in_a_tick() -> None:
+    """Fairness needs each job's repository: the org read says it, and a repository over its
+    quota waits (repo-quota on the board) while another's job of the same score is admitted."""
+    limited = AdmissionSettings(
+        PRIORITY_SCHEDULER_ENABLED=True,
+        NODE_SLOT_SCHEDULER_ENABLED=True,
+        orphan_grace_s=0,
+        repo_limits={"ACME/gpu-ci": {"max_nodes": 1}},
+    )
+    with org_emulator(runners=4) as emu:
+        hog = emu.admin.add_job(labels(2, "hog"), 600, repo="acme/gpu-ci")["id"]
+        fair = emu.admin.add_job(labels(2, "fair"), 600, repo="acme/serving")["id"]
+        async with org_client(emu, all_repos=True) as client:
+            snap = await take_snapshot(client)
+            report = await reconcile_tick(direct_steps(client), limited)
+        assert snap.job_repos == {hog: "acme/gpu-ci", fair: "acme/serving"}
+        assert report.admitted == 1 and emu.job_placement(fair)[0] == "in_progress"
+        [wait] = report.decisions.blocked
+        assert (wait.job_id, wait.reason.value, wait.scope) == (
+            hog,
+            "repo-quota",
+            "acme/gpu-ci 0/1",
+        )
+        [row] = report.decisions.board_rows()
+        assert f"job {hog} (2n): repo-quota acme/gpu-ci 0/1" in str(row["blocked"])
+
+
 def test_all_repos_is_only_for_an_org_and_not_with_a_list() -> None:
     with pytest.raises(ValueError, match="all_repos needs an org scope"):
         GitHubScope(repo="acme/gpu-ci", all_repos=True)
