@@ -259,3 +259,51 @@ async def until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def endpoint_process(
+    backend: str,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`python -m slurmgate.runtime.endpoint` in front of backend, once its /health answers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "slurmgate.runtime.endpoint", "--name", "big"),
+            *("--listen", f"127.0.0.1:{port}", "--backend", backend, *flags),
+        ],
+        env={**python_env(), **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=preexec_fn,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as client:
+            deadline = time.monotonic() + 20
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(f"{url}/health", timeout=1)).status_code == 200:
+                        break
+                assert proc.poll() is None and time.monotonic() < deadline, "endpoint not up"
+                await asyncio.sleep(0.05)
+        yield url, proc
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def proc_status_mib(pid: int, field: str) -> float:
+    """A memory line of /proc/PID/status (VmRSS, VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field}")
+
+
+def peak_rss_mib(pid: int) -> float:
+    return proc_status_mib(pid, "VmHWM")

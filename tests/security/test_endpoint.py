@@ -10,19 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from endpoint_helpers import Backend, python_env, running_backends, running_endpoint, serve_asgi
+from endpoint_helpers import (
+    Backend,
+    endpoint_process,
+    peak_rss_mib,
+    running_backends,
+    running_endpoint,
+    serve_asgi,
+)
 from pydantic import SecretStr
 
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig, parse_config
-from slurmgate.testbed.localproc import free_port
 
 BODY = {"model": "m", "prompt": "hi", "max_tokens": 2}
 TOKEN = "s3cret-endpoint-token"
@@ -113,7 +116,7 @@ async def test_a_request_head_over_64_kib_is_refused() -> None:
             + b"\r\n"
         )
         response = await raw_exchange(url, request)
-    assert status_of(response) == 400
+    assert status_of(response) == 431
     assert lane.hits == 0
 
 
@@ -185,36 +188,6 @@ def test_the_token_comes_from_the_environment_and_never_from_or_into_argv() -> N
         parse_config([*argv, "--token", TOKEN], environ={})
 
 
-@contextlib.asynccontextmanager
-async def endpoint_process(
-    backend: str, *flags: str, env: dict[str, str] | None = None
-) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "slurmgate.runtime.endpoint", "--name", "big"),
-            *("--listen", f"127.0.0.1:{port}", "--backend", backend, *flags),
-        ],
-        env={**python_env(), **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient() as client:
-            deadline = time.monotonic() + 20
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if (await client.get(f"{url}/health", timeout=1)).status_code == 200:
-                        break
-                assert proc.poll() is None and time.monotonic() < deadline, "endpoint not up"
-                await asyncio.sleep(0.05)
-        yield url, proc
-    finally:
-        proc.kill()
-        proc.wait(5)
-
-
 async def test_the_endpoint_process_takes_its_token_from_the_environment() -> None:
     async with (
         running_backends(Backend("lane")) as (lane_url,),
@@ -228,14 +201,6 @@ async def test_the_endpoint_process_takes_its_token_from_the_environment() -> No
         with open(f"/proc/{proc.pid}/cmdline", "rb") as cmdline:
             assert TOKEN.encode() not in cmdline.read()
     assert refused.status_code == 401 and served.status_code == 200
-
-
-def _peak_rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
 
 
 async def _sink(scope: Any, receive: Any, send: Any) -> None:
@@ -272,13 +237,15 @@ async def test_large_bodies_stay_within_the_buffer_budget() -> None:
         ) as (url, proc),
         httpx.AsyncClient(timeout=60) as client,
     ):
-        before = _peak_rss_mib(proc.pid)
+        before = peak_rss_mib(proc.pid)
         rs = await asyncio.gather(
             *(client.post(f"{url}/v1/completions", content=payload) for _ in range(6))
         )
-        grown = _peak_rss_mib(proc.pid) - before
+        grown = peak_rss_mib(proc.pid) - before
     codes = sorted(r.status_code for r in rs)
-    assert codes == [200, 200, 429, 429, 429, 429], codes
+    # The budget counts what arrived: six uploads side by side each hold part of it until one
+    # no longer fits and is refused; at least the two a budget holds whole get through.
+    assert set(codes) <= {200, 429} and codes.count(200) >= 2, codes
     assert all(r.json()["received"] == size for r in rs if r.status_code == 200)
-    # Two bodies fit the budget; each is held once (it was held about three times before).
+    # Each body is held once (it was held about three times before).
     assert grown < budget / mib + 40, f"peak RSS grew {grown:.0f} MiB"

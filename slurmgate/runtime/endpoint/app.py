@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import resource
 import signal
 import socket
 import sys
@@ -60,8 +61,6 @@ from slurmgate.runtime.endpoint.backpressure import (
 )
 from slurmgate.runtime.endpoint.config import DEFAULT_PROG, EndpointConfig, parse_config
 from slurmgate.runtime.endpoint.dataplane import (
-    CLIENT_HEAD_TIMEOUT_S,
-    CLIENT_KEEPALIVE_S,
     ClientConnection,
     Incoming,
     LanePool,
@@ -111,6 +110,9 @@ class EndpointStats:
     rejected_too_large: int = 0
     rejected_buffer_full: int = 0
     rejected_unauthorized: int = 0
+    rejected_body_timeout: int = 0
+    rejected_head: int = 0  # heads the data plane refused: malformed, too large
+    rejected_connections: int = 0  # connections answered 503 past --max-connections
     client_disconnects: int = 0
     broken_streams: int = 0
 
@@ -152,6 +154,26 @@ class _StatsCollector(Collector):
             "401s for a missing or wrong bearer token",
             stats.rejected_unauthorized,
         )
+        yield counter(
+            "slurmgate_endpoint_body_timeouts",
+            "408s for request bodies not in within --body-timeout",
+            stats.rejected_body_timeout,
+        )
+        yield counter(
+            "slurmgate_endpoint_bad_heads",
+            "400s, 414s and 431s for malformed or oversized request heads",
+            stats.rejected_head,
+        )
+        yield counter(
+            "slurmgate_endpoint_refused_connections",
+            "Connections answered 503 because --max-connections were open",
+            stats.rejected_connections,
+        )
+        open_now = GaugeMetricFamily(
+            "slurmgate_endpoint_open_connections", "Client connections open", labels=["endpoint"]
+        )
+        open_now.add_metric([name], ep.open_connections())
+        yield open_now
         yield counter(
             "slurmgate_endpoint_client_disconnects",
             "Requests abandoned by the client",
@@ -273,6 +295,7 @@ class Endpoint:
         )
         self._attempt_cap = min(config.max_attempts, len(self.lanes))
         self.max_body_bytes = config.max_body_bytes
+        self.connections: set[ClientConnection] = set()  # the clients', kept by the data plane
         self._hosts = [lane.url.removeprefix("http://").encode() for lane in self.lanes]
         self._expected = config.token.get_secret_value().encode() if config.token else None
         self._control_app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
@@ -380,6 +403,16 @@ class Endpoint:
     def release(self, size: int) -> None:
         self._buffered -= size
 
+    def open_connections(self) -> int:
+        return len(self.connections)
+
+    def refused(self, status: int) -> None:
+        if status == 503:
+            self.stats.rejected_connections += 1
+        else:
+            self.stats.rejected_head += 1
+        self.stats.statuses[status] += 1
+
     def admit(self, conn: ClientConnection, req: Incoming) -> bool:
         """Judge a request by its head: answer it at once, or let its body come."""
         target = req.target
@@ -398,6 +431,11 @@ class Endpoint:
             self._answer(conn, req, 401, body, [(b"www-authenticate", b'Bearer realm="slurmgate"')])
             return False
         if req.method in (b"GET", b"HEAD") and target.split(b"?", 1)[0] in CONTROL_PATHS_B:
+            if req.declared or any(key == b"transfer-encoding" for key, _ in req.headers):
+                message = f"{req.method.decode()} {target.split(b'?', 1)[0].decode()} takes no body"
+                body = _json_error(400, "invalid_request_error", message)
+                self.stats.statuses[self._answer(conn, req, 400, body)] += 1
+                return False
             return True
         self.stats.requests += 1
         if not target.startswith(b"/"):
@@ -406,19 +444,12 @@ class Endpoint:
             body = _json_error(400, "invalid_request_error", BAD_TARGET.decode())
             self.stats.statuses[self._answer(conn, req, 400, body)] += 1
             return False
-        declared = req.declared
-        if declared is not None:
-            if declared < 0:
-                body = _json_error(400, "invalid_request_error", "bad Content-Length")
-                self.stats.statuses[self._answer(conn, req, 400, body)] += 1
-                return False
-            if declared > self.max_body_bytes:
-                self.too_large(conn, req)
-                return False
-            if not self.reserve(declared):
-                self.buffer_full(conn, req)
-                return False
-            req.reserved = declared
+        # A length over --max-body-bytes was refused before it came here; the body joins the
+        # budget as it arrives, never as declared.
+        if req.declared is not None and req.declared < 0:
+            body = _json_error(400, "invalid_request_error", "bad Content-Length")
+            self.stats.statuses[self._answer(conn, req, 400, body)] += 1
+            return False
         return True
 
     def _authorized(self, req: Incoming) -> bool:
@@ -449,6 +480,15 @@ class Endpoint:
             "the endpoint holds as many request bodies as it may (--max-buffered-bytes)",
         )
         self.stats.statuses[status] += 1
+
+    def body_timed_out(self, conn: ClientConnection, req: Incoming) -> None:
+        self.stats.rejected_body_timeout += 1
+        message = (
+            f"request body not complete within {self.config.body_timeout:g} s (--body-timeout)"
+        )
+        self.stats.statuses[
+            self._answer(conn, req, 408, _json_error(408, "request_timeout", message))
+        ] += 1
 
     def dispatch(self, conn: ClientConnection, req: Incoming) -> None:
         """The whole request is in: proxy it, or hand a control route to starlette."""
@@ -721,7 +761,8 @@ class EndpointServer:
         self.config = config
         self.endpoint = Endpoint(config)
         self.endpoint._control_app = _control_routes(self.endpoint)
-        self.connections: set[ClientConnection] = set()
+        self.connections = self.endpoint.connections
+        self.max_connections = config.max_connections
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.port = 0
@@ -730,9 +771,22 @@ class EndpointServer:
         """Start the pools and samplers, then listen (on sock, or on the config's address)."""
         await self.endpoint.start()
         loop = asyncio.get_running_loop()
+        cfg = self.config
+        reserve = cfg.pool_size + 4 * len(cfg.backends) + FD_RESERVE
+        fd_limit = raise_fd_limit(cfg.max_connections + reserve)
+        self.max_connections = max(1, min(cfg.max_connections, fd_limit - reserve))
+        if self.max_connections < cfg.max_connections:
+            print(
+                f"endpoint {cfg.name}: at most {self.max_connections} client connections, not "
+                f"{cfg.max_connections} (--max-connections): the file-descriptor limit is "
+                f"{fd_limit} and the lanes' pool needs {reserve}; raise `ulimit -n`",
+                file=sys.stderr,
+                flush=True,
+            )
+        limit = self.max_connections
 
         def factory() -> ClientConnection:
-            return ClientConnection(self.endpoint, self.connections)
+            return ClientConnection(self.endpoint, self.connections, limit)
 
         if sock is not None:
             # Accepted sockets inherit it on Linux; asyncio sets it only when proto says TCP.
@@ -746,14 +800,14 @@ class EndpointServer:
         self._sweeper = asyncio.create_task(self._close_idle_connections())
 
     async def _close_idle_connections(self) -> None:
+        """Cut connections past a deadline (idle, head, lingering) and answer late bodies."""
+        body_timeout = self.config.body_timeout
+        tick = min(1.0, body_timeout / 4)
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(tick)
             now = time.monotonic()
             for conn in list(self.connections):
-                idle, head = conn.idle_since, conn.head_since
-                if (idle is not None and now - idle > CLIENT_KEEPALIVE_S) or (
-                    head is not None and now - head > CLIENT_HEAD_TIMEOUT_S
-                ):
+                if conn.past_deadline(now, body_timeout):
                     conn.abort()
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -780,6 +834,23 @@ class EndpointServer:
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
         await self.endpoint.stop()
+
+
+# File descriptors the endpoint keeps for itself beside the clients' and the lanes' pool: the
+# listener, the control session's scrapes and probes, stdio, the event loop's own.
+FD_RESERVE = 32
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise the soft file-descriptor limit towards ``wanted`` (up to the hard limit); returns
+    the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return int(soft) if soft != resource.RLIM_INFINITY else wanted
 
 
 def _control_routes(endpoint: Endpoint) -> Callable[[Scope, Receive, Send], Awaitable[None]]:

@@ -34,6 +34,8 @@ TUNING_FLAGS: dict[str, type] = {
     "max_attempts": int,
     "max_body_bytes": int,
     "max_buffered_bytes": int,
+    "body_timeout": float,
+    "max_connections": int,
     "connect_timeout": float,
     "read_timeout": float,
     "first_byte_timeout": float,
@@ -69,6 +71,18 @@ class EndpointConfig(BaseModel):
         ge=0,
         description="request bodies held in memory at once, over all requests; a body that "
         "does not fit is answered 429 (bodies are kept whole so another replica can retry them)",
+    )
+    body_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds from a request's first byte until its whole body must be in; "
+        "past it the request is answered 408 and its connection closed",
+    )
+    max_connections: int = Field(
+        default=1024,
+        ge=1,
+        description="client connections open at once; past it a new one is answered 503 and "
+        "closed (lowered to what the file-descriptor limit leaves after the lanes' pool)",
     )
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(

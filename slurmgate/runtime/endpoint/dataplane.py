@@ -10,12 +10,23 @@ connection, and a streamed answer is written to the client from the upstream pro
 callback, with no await per chunk. Routing, retries and limits stay in ``app.py``; this module
 only speaks HTTP.
 
-Downstream (``ClientConnection``): keep-alive, pipelined requests answered in order, request
-bodies bounded while they arrive (the endpoint's ``admit``, ``reserve`` and ``release`` decide),
-heads bounded in size (``MAX_HEADER_BYTES``) and time (``CLIENT_HEAD_TIMEOUT_S``),
+Downstream (``ClientConnection``): keep-alive, pipelined requests answered in order,
 ``Expect: 100-continue``, chunked or close-delimited framing of streamed answers, flow control
 (a client that reads slowly pauses the upstream connection that feeds it), and an idle
-keep-alive connection closed after ``CLIENT_KEEPALIVE_S``.
+keep-alive connection closed after ``CLIENT_KEEPALIVE_S``. What a client can make it hold is
+bounded, since clients are hostile:
+
+- a head by its raw bytes as they arrive (``MAX_HEADER_BYTES``: 414 when the target is most of
+  it, else 431) and by time (``CLIENT_HEAD_TIMEOUT_S``);
+- a body by its declared length as soon as the head is in, on every path and for pipelined
+  requests too (413), and by what has arrived: nothing is reserved or allocated before it came
+  (the endpoint's ``reserve`` and ``release`` keep the total); ``/health`` and ``/metrics``
+  take none;
+- a body's time by the endpoint's ``body_timeout`` (408);
+- a connection refused early (401, 413, 429, 408, a bad head) is not drained: the answer goes
+  out, the write side is shut, and the connection closes when the client closes it or after
+  ``LINGER_S`` (closing at once could reset it before the client read the answer);
+- the number of client connections by ``limit`` (503 and close past it).
 
 Upstream (``LanePool``, ``UpstreamConnection``): per-lane pools of keep-alive connections; a
 first-byte timeout until the answer starts, then the stream's idle timeout, both checked by one
@@ -40,12 +51,18 @@ CLIENT_KEEPALIVE_S = 5.0  # as uvicorn's default: an idle client connection is c
 # A request head must arrive whole within this: a client that trickles one (slowloris) would
 # otherwise hold its connection forever.
 CLIENT_HEAD_TIMEOUT_S = 10.0
+# After an early answer, what the client still sends is read and dropped for at most this long.
+LINGER_S = 2.0
 # Larger request bodies go upstream in slices of this size, each after the last was taken: handed
 # over whole, the transport would copy what the socket did not take at once, holding it twice.
 BODY_SLICE = 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_AT_CAPACITY = (
+    b'{"error": {"message": "the endpoint holds as many connections as it may", '
+    b'"type": "overloaded", "code": 503}}'
+)
 
 
 def status_line(status: int) -> bytes:
@@ -119,6 +136,11 @@ class Handler(Protocol):
 
     def buffer_full(self, conn: ClientConnection, req: Incoming) -> None: ...
 
+    def body_timed_out(self, conn: ClientConnection, req: Incoming) -> None: ...
+
+    def refused(self, status: int) -> None:
+        """The data plane answered a request itself (a bad or oversized head, no room)."""
+
     def dispatch(self, conn: ClientConnection, req: Incoming) -> None:
         """The whole request is in: start answering it."""
 
@@ -126,17 +148,29 @@ class Handler(Protocol):
 class ClientConnection(asyncio.Protocol):
     """One client's HTTP/1.1 connection to the endpoint."""
 
-    def __init__(self, handler: Handler, connections: set[ClientConnection]) -> None:
+    def __init__(
+        self, handler: Handler, connections: set[ClientConnection], limit: int = 1 << 30
+    ) -> None:
         self.handler = handler
         self.connections = connections
+        self.limit = limit  # client connections open at once, this one included
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.parsing: Incoming | None = None
         self.active: Incoming | None = None  # the request being answered
         self.waiting: deque[Incoming] = deque()  # pipelined requests behind it
-        self.header_bytes = 0
+        self.header_bytes = 0  # of the head being parsed, as the parser handed it over
+        # Raw bytes of the head being received, counted as they arrive: the parser keeps an
+        # unfinished header value to itself, so its callbacks alone cannot bound a head.
+        self.head_open = True  # between requests, or inside a head
+        self.head_bytes = 0
+        self.url_parts: list[bytes] = []
+        self.url_bytes = 0
+        self.refusal: tuple[int, bytes] | None = None  # set by a callback before it raises
         self.idle_since: float | None = time.monotonic()
         self.head_since: float | None = None  # a request head started arriving then
+        self.body_since: float | None = None  # the active request's body is awaited since
+        self.linger_since: float | None = None  # answered early; closing
         self.write_paused = False
         self.feeder: UpstreamConnection | None = None  # the upstream streaming into us
         self.closed = False
@@ -145,6 +179,19 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if len(self.connections) >= self.limit:
+            # No room: answered at once and closed, so the file descriptors the endpoint needs
+            # to reach its lanes are never all taken by clients.
+            self.closed = True
+            self.handler.refused(503)
+            self.transport.write(
+                status_line(503)
+                + b"content-type: application/json\r\nconnection: close\r\nretry-after: 1\r\n"
+                + b"content-length: %d\r\n\r\n" % len(_AT_CAPACITY)
+                + _AT_CAPACITY
+            )
+            self.transport.close()
+            return
         self.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -164,6 +211,11 @@ class ClientConnection(asyncio.Protocol):
             feeder.resume()
 
     def data_received(self, data: bytes) -> None:
+        if self.linger_since is not None or self.closed:
+            return  # answered early: what still comes is dropped
+        if self.head_open:
+            # an upper bound: a head that ends in this data resets the count when it does
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -176,7 +228,19 @@ class ClientConnection(asyncio.Protocol):
             elif self.transport is not None:
                 self.transport.close()
         except httptools.HttpParserError:
-            self._fail(400, b"Invalid HTTP request received.")
+            if self.linger_since is not None:
+                return
+            status, message = self.refusal or (400, b"Invalid HTTP request received.")
+            self._fail(status, message)
+            return
+        if self.head_open and self.head_bytes > MAX_HEADER_BYTES:
+            self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        if self.url_bytes * 2 > self.head_bytes:
+            self._fail(414, b"Request target over %d bytes." % MAX_HEADER_BYTES)
+        else:
+            self._fail(431, b"Request head over %d bytes." % MAX_HEADER_BYTES)
 
     def eof_received(self) -> bool | None:
         return None
@@ -194,29 +258,40 @@ class ClientConnection(asyncio.Protocol):
     # -- httptools callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self.linger_since is not None:  # answered early: nothing after it is parsed
+            raise httptools.HttpParserError("connection closing")
         self.parsing = Incoming()
         self.header_bytes = 0
         self.idle_since = None
         self.head_since = time.monotonic()
 
     def on_url(self, url: bytes) -> None:
-        req = self.parsing
-        assert req is not None
-        req.target += url
-        self.header_bytes += len(url)
+        # Pieces are joined once the head is in: adding each to the last copies it all again.
+        self.url_parts.append(url)
+        self.url_bytes += len(url)
+        if self.url_bytes > MAX_HEADER_BYTES:
+            self.refusal = (414, b"Request target over %d bytes." % MAX_HEADER_BYTES)
+            raise httptools.HttpParserError("request target too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         req = self.parsing
         assert req is not None
         self.header_bytes += len(name) + len(value)
-        if self.header_bytes > MAX_HEADER_BYTES:
+        if self.header_bytes + self.url_bytes > MAX_HEADER_BYTES:
+            self.refusal = (431, b"Request head over %d bytes." % MAX_HEADER_BYTES)
             raise httptools.HttpParserError("request headers too large")
         req.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         req = self.parsing
         assert req is not None
-        self.head_since = None
+        started, self.head_since = self.head_since, None
+        self.head_open = False
+        self.head_bytes = 0
+        parts = self.url_parts
+        req.target = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.url_parts = []
+        self.url_bytes = 0
         parser = self.parser
         req.method = parser.get_method()
         req.keep_alive = parser.should_keep_alive()
@@ -230,8 +305,11 @@ class ClientConnection(asyncio.Protocol):
                     req.declared = -1
             elif key == b"expect" and value.lower() == b"100-continue":
                 req.expect_continue = True
+        if req.declared is not None and req.declared > self.handler.max_body_bytes:
+            req.too_large = True  # refused at its turn, on any path; nothing of it is kept
         if self.active is None:
             self.active = req
+            self.body_since = started  # the head and its body are due within body_timeout
             self._begin(req)
         else:
             self.waiting.append(req)
@@ -242,45 +320,42 @@ class ClientConnection(asyncio.Protocol):
         req = self.parsing
         assert req is not None
         if req.answered or req.too_large:
-            return  # answered early (or to be): the rest of the body is read and dropped
+            return  # answered early (or to be): nothing more of it is kept
         end = req.size + len(chunk)
-        limit = self.handler.max_body_bytes
-        if end > limit:
+        if end > self.handler.max_body_bytes:
             self._drop_body(req)
             req.too_large = True
             if req is self.active:
                 self.handler.too_large(self, req)
             return
-        if req.declared is not None and req.declared >= 0:
-            if req.size == 0 and len(chunk) == req.declared:
-                req.body, req.size = chunk, end  # the usual case: the body in one piece
-                return
-            if not isinstance(req.body, bytearray):
-                req.body = bytearray(req.declared)
-            req.body[req.size : end] = chunk
-            req.size = end
-            return
-        # chunked: the budget grows with the body, where the endpoint decides
+        # The budget grows with what arrived, never with what a head declared (a client could
+        # declare the whole budget and send nothing); a pipelined body joins it at its turn.
         if req is self.active:
             if not self.handler.reserve(len(chunk)):
                 self._drop_body(req)
                 self.handler.buffer_full(self, req)
                 return
             req.reserved += len(chunk)
-        if not isinstance(req.body, bytearray):
-            req.body = bytearray(req.body)
-        req.body += chunk
+        if not req.size:
+            req.body = chunk  # the usual case: the body in one piece
+        else:
+            if not isinstance(req.body, bytearray):
+                req.body = bytearray(req.body)
+            req.body += chunk
         req.size = end
 
     def on_message_complete(self) -> None:
         req = self.parsing
         assert req is not None
         self.parsing = None
+        # The next head's bytes in this same data go uncounted: a head may hold at most one
+        # read's worth more than the limit.
+        self.head_open = True
+        self.head_bytes = 0
         req.complete = True
-        if isinstance(req.body, bytearray) and req.size < len(req.body):
-            del req.body[req.size :]  # a declared length the body did not fill (cannot happen)
-        if req is not self.active:
+        if req is not self.active or self.linger_since is not None:
             return
+        self.body_since = None
         if req.answered:
             if req.responded:
                 self._next()
@@ -296,8 +371,8 @@ class ClientConnection(asyncio.Protocol):
             return
         if not self.handler.admit(self, req):
             return
-        if req.complete and req.reserved == 0 and req.declared is None and req.size:
-            # a pipelined chunked body read before its turn: it joins the budget now
+        if req.size and req.reserved == 0:
+            # a pipelined body read before its turn: it joins the budget now
             if not self.handler.reserve(req.size):
                 self.handler.buffer_full(self, req)
                 return
@@ -317,16 +392,50 @@ class ClientConnection(asyncio.Protocol):
             req.reserved = 0
 
     def _fail(self, status: int, message: bytes) -> None:
+        """A head the parser refused: answered (unless an answer already began), then closed."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
             if self.active is None or not self.active.answered:
+                self.handler.refused(status)
                 transport.write(
                     status_line(status)
                     + b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
                     + b"content-length: %d\r\n\r\n" % len(message)
                     + message
                 )
+                self._linger()
+            else:
+                transport.close()
+
+    def _linger(self) -> None:
+        """The answer is out and the connection ends: shut the write side and drop whatever
+        the client still sends until it closes, at most ``LINGER_S`` (the sweeper's part)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.linger_since = time.monotonic()
+        self.body_since = self.head_since = self.idle_since = None
+        transport.resume_reading()  # it may have been paused behind a pipelined request
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:
             transport.close()
+
+    def past_deadline(self, now: float, body_timeout: float) -> bool:
+        """Whether the connection is past one of its deadlines and must be cut; a body that is
+        late is answered 408 here instead (and the connection lingers)."""
+        if self.linger_since is not None:
+            return now - self.linger_since > LINGER_S
+        if self.idle_since is not None and now - self.idle_since > CLIENT_KEEPALIVE_S:
+            return True
+        if self.head_since is not None and now - self.head_since > CLIENT_HEAD_TIMEOUT_S:
+            return True
+        body_since, req = self.body_since, self.active
+        if body_since is not None and now - body_since > body_timeout and req is not None:
+            self.body_since = None
+            if not req.complete and not req.answered:
+                self.handler.body_timed_out(self, req)
+        return False
 
     def send_full(
         self, req: Incoming, status: int, headers: list[tuple[bytes, bytes]], body: bytes
@@ -338,6 +447,8 @@ class ClientConnection(asyncio.Protocol):
             return
         parts = [status_line(status)]
         parts += [b"%s: %s\r\n" % pair for pair in headers]
+        if not req.complete:
+            req.keep_alive = False  # answered before its body was read: the connection ends
         if not req.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"content-length: %d\r\n\r\n" % len(body))
@@ -403,7 +514,9 @@ class ClientConnection(asyncio.Protocol):
         if req is not self.active or self.closed:
             return
         if not req.keep_alive:
-            if self.transport is not None:
+            if not req.complete:
+                self._linger()  # the body was not read: closing now could reset the answer
+            elif self.transport is not None:
                 self.transport.close()
             return
         if req.complete:
@@ -416,6 +529,7 @@ class ClientConnection(asyncio.Protocol):
             self.active = req
             if not self.waiting and self.transport is not None:
                 self.transport.resume_reading()
+            self.body_since = time.monotonic()  # its body could not come while it waited
             self._begin(req)
         elif self.parsing is None:
             self.idle_since = time.monotonic()
