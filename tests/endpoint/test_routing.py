@@ -340,7 +340,9 @@ async def test_waiting_for_a_pooled_connection_is_not_a_connect_timeout(
     assert a.hits == 3 and len(a.client_ports) == 1
 
 
-async def test_small_body_cut_before_relay_is_retried(client: httpx.AsyncClient) -> None:
+async def test_an_answer_cut_before_relay_is_not_retried(client: httpx.AsyncClient) -> None:
+    """The lane took the request and broke mid-answer: it may be the request that broke it."""
+
     async def cuts(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] != "/v1/completions":
             await send({"type": "http.response.start", "status": 404, "headers": []})
@@ -359,5 +361,37 @@ async def test_small_body_cut_before_relay_is_retried(client: httpx.AsyncClient)
         running_endpoint([broken, *urls]) as (url, ep),
     ):
         r = await client.post(f"{url}/v1/completions", json=BODY)
-    assert r.status_code == 200 and served_by(r) == "good"
-    assert ep.stats.retries == {"broken": 1}
+    assert r.status_code == 502 and "not retried" in r.json()["error"]["message"]
+    assert good.hits == 0 and ep.stats.retries == {}
+
+
+async def test_a_request_that_kills_its_lane_is_not_sent_to_the_next(
+    client: httpx.AsyncClient,
+) -> None:
+    """A lane reads the whole request and dies (its connection closes, no answer): 502, and
+    the other replicas never see the request."""
+    seen: list[bytes] = []
+
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        seen.append(await reader.readexactly(length))
+        writer.transport.abort()  # as a crashed engine's sockets: reset, no answer
+
+    good = Backend("good")
+    server = await asyncio.start_server(dies, "127.0.0.1", 0)
+    killer = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with (
+        server,
+        running_backends(good) as urls,
+        # probes far apart: the dying lane stays in rotation, so it is picked first
+        running_endpoint([killer, *urls], health_interval=60) as (url, ep),
+    ):
+        r = await client.post(f"{url}/v1/completions", json=BODY)
+    assert r.status_code == 502, r.text
+    assert len(seen) == 1 and good.hits == 0
+    assert ep.stats.attempts == 1 and ep.stats.retries == {}

@@ -13,9 +13,11 @@ data plane 0.19-0.30x, with the same routing, retry and limit code.
 Routing is least-active with a rotating cursor for ties (``routing.py``), gated per lane by the
 sampled queue depth (``backpressure.py``) and by the lane's health probes, which take a failing
 lane out of rotation. A request is tried on at most ``max_attempts`` distinct backends; it is
-retried on connection errors, timeouts (the first-byte timeout among them), 429 and
-500/502/503/504, and when its lane leaves rotation before answering; never after the response has
-started streaming to the client.
+retried when the connection to a lane could not be made, when a reused idle connection died
+before any byte of the answer (the lane closed it as it was reused; once per request), on the
+first-byte timeout, on 429 and 500/502/503/504, and when its lane leaves rotation before
+answering. A request that was sent whole and then dropped, or whose answer broke off, is not
+retried (502): it may be what killed its lane, and re-sent it would kill every replica.
 
 Each lane has ``pool_size // lanes`` upstream connections; a request that waits for one is held
 here and counts as waiting in the lane's queue. Request bodies are kept whole (a retry needs
@@ -608,6 +610,8 @@ class Endpoint:
         saw_overload = False
         last: _Buffered | None = None  # None after a connection failure
         failures: list[str] = []  # reasons; all but a final failure were retries
+        dropped = False  # a lane dropped the request after it was sent: no more attempts
+        stale_retried = False
         for attempt in range(self._attempt_cap):
             lane = router.pick(time.monotonic(), tried)
             if lane is None:
@@ -646,8 +650,20 @@ class Endpoint:
                     )
                 except (OSError, TimeoutError, UpstreamError) as exc:
                     last = None
-                    failures.append("timeout" if isinstance(exc, TimeoutError) else "connect")
-                    continue
+                    if upstream is None:
+                        failures.append("connect")  # nothing was sent
+                        continue
+                    if isinstance(exc, TimeoutError):
+                        failures.append("timeout")  # no answer began within its time
+                        continue
+                    if upstream.reused and not upstream.received and not stale_retried:
+                        # the lane closed its idle connection as it was reused: a known race
+                        stale_retried = True
+                        failures.append("stale")
+                        continue
+                    failures.append("dropped")
+                    dropped = True
+                    break
                 except asyncio.CancelledError:
                     if me not in lane.cut_off:
                         raise
@@ -682,7 +698,8 @@ class Endpoint:
                     except (OSError, TimeoutError, UpstreamError):
                         last = None
                         failures.append("broken")
-                        continue
+                        dropped = True
+                        break
                 for reason in failures:
                     stats.retries[reason] += 1
                 headers = _response_headers(upstream.headers)
@@ -698,6 +715,12 @@ class Endpoint:
         # Out of attempts (or of admitted lanes): the last failure decides the answer.
         for reason in failures[:-1]:
             stats.retries[reason] += 1
+        if dropped:
+            message = (
+                "the backend dropped the request after it was sent; not retried, since the "
+                "request itself may have broken it"
+            )
+            return self._answer(conn, req, 502, _json_error(502, "bad_gateway", message))
         if last is None:
             if saw_overload:
                 retry_after = first_overload_retry_after or self._retry_after

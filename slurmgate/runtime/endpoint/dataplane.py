@@ -556,6 +556,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.parts: list[bytes] = []
         self.head_done = False
         self.complete = False
+        self.received = False  # a byte of this exchange's answer came
         self.keep_alive = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
@@ -584,6 +585,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
+        self.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
