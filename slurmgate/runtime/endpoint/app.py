@@ -61,6 +61,7 @@ from slurmgate.runtime.endpoint.backpressure import (
     metrics_query,
     start_samplers,
 )
+from slurmgate.runtime.endpoint.breaker import Breaker
 from slurmgate.runtime.endpoint.config import DEFAULT_PROG, EndpointConfig, parse_config
 from slurmgate.runtime.endpoint.dataplane import (
     ClientConnection,
@@ -223,8 +224,18 @@ class _StatsCollector(Collector):
         rotation = GaugeMetricFamily(
             "slurmgate_backend_in_rotation", "1 while the lane's health probes pass", labels=labels
         )
+        breaker_open = GaugeMetricFamily(
+            "slurmgate_backend_breaker_open",
+            "1 while the lane's circuit breaker keeps it out (open or probing)",
+            labels=labels,
+        )
+        trips = CounterMetricFamily(
+            "slurmgate_backend_breaker_trips", "Times the lane's breaker opened", labels=labels
+        )
         for lane in ep.lanes:
             key = [name, lane.url]
+            breaker_open.add_metric(key, 1.0 if lane.breaker.tripped else 0.0)
+            trips.add_metric(key, lane.breaker.trips)
             overdue.add_metric(key, lane.samples_overdue)
             queued.add_metric(key, lane.queued)
             rotation.add_metric(key, 1.0 if lane.in_rotation else 0.0)
@@ -234,6 +245,7 @@ class _StatsCollector(Collector):
             admitted.add_metric(key, 1.0 if ep.policy.admits(lane, now) else 0.0)
             failed.add_metric(key, lane.samples_failed)
         yield from (active, routed, depth, admitted, failed, overdue, queued, rotation)
+        yield from (breaker_open, trips)
 
 
 @dataclass
@@ -277,7 +289,10 @@ class Endpoint:
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
-        self.lanes = [Lane(index=i, url=url) for i, url in enumerate(config.backends)]
+        self.lanes = [
+            Lane(index=i, url=url, breaker=Breaker(config.breaker_failures, config.breaker_open_s))
+            for i, url in enumerate(config.backends)
+        ]
         self.policy = QueuePolicy(max_waiting=config.max_waiting, stale_after=config.stale_after)
         self.router = LeastActiveRouter(self.lanes, self.policy)
         self.stats = EndpointStats()
@@ -641,6 +656,7 @@ class Endpoint:
                 await gate.acquire()
             pool = pools[lane.index]
             upstream: UpstreamConnection | None = None
+            outcome: bool | None = None  # for the lane's breaker: answered well, or failed
             try:
                 lane.awaiting.add(me)
                 try:
@@ -652,9 +668,11 @@ class Endpoint:
                     last = None
                     if upstream is None:
                         failures.append("connect")  # nothing was sent
+                        outcome = False
                         continue
                     if isinstance(exc, TimeoutError):
                         failures.append("timeout")  # no answer began within its time
+                        outcome = False
                         continue
                     if upstream.reused and not upstream.received and not stale_retried:
                         # the lane closed its idle connection as it was reused: a known race
@@ -662,7 +680,7 @@ class Endpoint:
                         failures.append("stale")
                         continue
                     failures.append("dropped")
-                    dropped = True
+                    dropped, outcome = True, False
                     break
                 except asyncio.CancelledError:
                     if me not in lane.cut_off:
@@ -676,6 +694,7 @@ class Endpoint:
                 finally:
                     lane.awaiting.discard(me)
                 status = upstream.status
+                outcome = status < 500  # a 4xx is the client's fault, or the lane being busy
                 if status in RETRY_STATUSES:
                     try:
                         data = await upstream.read_all()
@@ -698,7 +717,7 @@ class Endpoint:
                     except (OSError, TimeoutError, UpstreamError):
                         last = None
                         failures.append("broken")
-                        dropped = True
+                        dropped, outcome = True, False
                         break
                 for reason in failures:
                     stats.retries[reason] += 1
@@ -706,8 +725,16 @@ class Endpoint:
                 if small:
                     conn.send_full(req, status, headers, data)
                     return status
-                return await self._relay(conn, req, upstream, status, headers)
+                try:
+                    return await self._relay(conn, req, upstream, status, headers)
+                except BrokenStream:
+                    outcome = False
+                    raise
             finally:
+                if outcome is None:
+                    lane.breaker.abandoned()
+                else:
+                    lane.breaker.record(outcome, time.monotonic())
                 if upstream is not None:
                     pool.release(upstream)
                 gate.release()

@@ -43,6 +43,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurmgate.runtime.endpoint.breaker import Breaker
+
 WAITING_METRIC = "vllm:num_requests_waiting"
 RUNNING_METRIC = "vllm:num_requests_running"
 
@@ -134,6 +136,7 @@ class Lane:
     # attempts waiting for the lane's answer to start, and those of them the endpoint cut off
     awaiting: set[asyncio.Task[Any]] = field(default_factory=set)
     cut_off: set[asyncio.Task[Any]] = field(default_factory=set)
+    breaker: Breaker = field(default_factory=Breaker)  # judges the lane by its answers
 
     @property
     def in_rotation(self) -> bool:

@@ -32,6 +32,8 @@ TUNING_FLAGS: dict[str, type] = {
     "stale_after": float,
     "metrics_timeout": float,
     "max_attempts": int,
+    "breaker_failures": int,
+    "breaker_open_s": float,
     "max_body_bytes": int,
     "max_buffered_bytes": int,
     "body_timeout": float,
@@ -65,6 +67,18 @@ class EndpointConfig(BaseModel):
     stale_after: float = Field(default=1.0, gt=0)
     metrics_timeout: float = Field(default=0.2, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    breaker_failures: int = Field(
+        default=5,
+        ge=0,
+        description="failed answers in a row (5xx, resets, timeouts; never 4xx) that take a "
+        "lane out of rotation even while its health probe passes; 0 turns the breaker off",
+    )
+    breaker_open_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds an opened breaker keeps its lane out before one request probes "
+        "it; doubled each time the probe fails (at most 8 times)",
+    )
     max_body_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
     max_buffered_bytes: int = Field(
         default=256 * 1024 * 1024,

@@ -1,9 +1,10 @@
 """Backend selection: least active requests among the lanes the queue policy admits.
 
-Only lanes in rotation (their health probes pass) are candidates. When no lane at all is in
-rotation the probes are more likely wrong than every lane dead, so every lane is a candidate
-again (as a load balancer's panic mode): requests then fail or succeed on their own, within the
-first-byte timeout, instead of all being refused.
+Only lanes in rotation (their health probes pass) whose circuit breaker admits them
+(``breaker.py``) are candidates. When no lane at all is, the probes and answers are more likely
+wrong than every lane dead, so every lane is a candidate again (as a load balancer's panic
+mode): requests then fail or succeed on their own, within the first-byte timeout, instead of
+all being refused.
 
 Ties are broken by a rotating cursor: the scan starts one past the lane picked last, and the
 first lane with the lowest in-flight count wins. That is deterministic for a given sequence of
@@ -37,7 +38,7 @@ class LeastActiveRouter:
         any_in_rotation = False
         for offset in range(count):
             lane = lanes[(start + offset) % count]
-            if not lane.in_rotation:
+            if not lane.in_rotation or (lane.breaker.tripped and not lane.breaker.admits(now)):
                 continue
             any_in_rotation = True
             if best is not None and lane.active >= best.active:
@@ -57,6 +58,8 @@ class LeastActiveRouter:
                 best = lane
         if best is not None:
             self._cursor = (best.index + 1) % count
+            if best.breaker.tripped:
+                best.breaker.picked(now)  # a half-open lane's one probe
         return best
 
     def all_over_limit(self, now: float) -> bool:
