@@ -208,7 +208,7 @@ def _chat_load(
         raise fail(str(exc)) from None
     result = asyncio.run(lg.run_chat_load(spec))
     targets = [report] if report is not None else []
-    from slurmgate.runtime.run import CLIENT_REPORTS_ENV
+    from slurmgate.runtime.run.client import CLIENT_REPORTS_ENV
 
     reports_dir = os.environ.get(CLIENT_REPORTS_ENV)
     if reports_dir:

@@ -199,7 +199,6 @@ def test_compute_node_entry_points_load_no_heavy_packages(
 
 # Exceptions that are signals or answers, not errors of slurmgate's.
 NOT_ERRORS = {
-    "slurmgate.runtime.run.Terminated",  # SIGTERM/SIGINT as a BaseException, like KeyboardInterrupt
     "slurmgate.testbed.emulator.app.ApiError",  # the emulator's way to answer GitHub's error JSON
 }
 

@@ -42,7 +42,7 @@ from slurmgate.runtime.loadgen import (
     run_chat_load,
     stream_chat,
 )
-from slurmgate.runtime.run import CLIENT_REPORTS_ENV
+from slurmgate.runtime.run.client import CLIENT_REPORTS_ENV
 
 # -- length distributions -----------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from slurmgate.runtime import layout, slurm
-from slurmgate.runtime.run import AllocationRun, OutputEcho
+from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.client import OutputEcho
 from slurmgate.runtime.slurm_config import (
     BundledCluster,
     cluster_record_path,

@@ -8,7 +8,8 @@ import pytest
 
 from slurmgate.runtime import layout, slurm
 from slurmgate.runtime.node_worker import PREFLIGHT_OK
-from slurmgate.runtime.run import AllocationRun, RunFailed, preflight_reports
+from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.preflight import preflight_reports
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import example_data

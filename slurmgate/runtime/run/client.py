@@ -1,0 +1,183 @@
+"""The client workload: its step and environment, its output echoed, the endpoints' metrics."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from slurmgate.runtime import readiness, slurm
+from slurmgate.runtime.probe_step import ProbeStepFailed
+from slurmgate.runtime.run.endpoints import EndpointsPhase
+from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.supervisor import StepFailed
+
+METRICS_HELLO_TIMEOUT_S = 15.0  # the metrics step after the client: optional, so bounded tighter
+DIRECT_METRICS_TIMEOUT_S = 2.0
+
+# The client's output is copied into the run's log line by line up to this many lines, then
+# only its last lines: a benchmark that prints per request must not flood the Prefect log.
+CLIENT_ECHO_LINES = 400
+CLIENT_ECHO_TAIL_LINES = 20
+CLIENT_ECHO_LINE_CHARS = 2000
+
+# The client's reports directory (on the run's own directory): `slurmgate loadgen --chat` writes
+# its JSON report there, and the allocation flow publishes what it finds as artifacts.
+CLIENT_REPORTS_ENV = "SLURMGATE_RUN_REPORTS_DIR"
+
+
+def env_name(deployment: str) -> str:
+    """SLURMGATE_ENDPOINT_<NAME>: the client's variable for a deployment's endpoint URL."""
+    return "SLURMGATE_ENDPOINT_" + re.sub(r"[^A-Z0-9]", "_", deployment.upper())
+
+
+class OutputEcho:
+    """Copy a step's log to `emit` as it grows: whole lines, bounded (the run's log, which
+    `emit` is, redacts them).
+
+    A line rewritten with carriage returns (a progress bar) shows as its last state. Past
+    `limit` lines only the last `tail` are kept, and `finish` logs them with a count of the
+    lines it left out.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        emit: Callable[[str], None],
+        *,
+        limit: int = CLIENT_ECHO_LINES,
+        tail: int = CLIENT_ECHO_TAIL_LINES,
+    ) -> None:
+        self.path = path
+        self.emit = emit
+        self.limit = limit
+        self.offset = 0
+        self.partial = b""
+        self.echoed = 0
+        self.skipped = 0
+        self.held: collections.deque[str] = collections.deque(maxlen=tail)
+
+    def poll(self) -> None:
+        """Emit the whole lines written since the last poll."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(1 << 20)
+        except OSError:
+            return
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        for line in lines:
+            self._line(line)
+
+    def finish(self) -> None:
+        """Emit what is left: a last line without a newline, and the held tail."""
+        self.poll()
+        if self.partial:
+            self._line(self.partial)
+            self.partial = b""
+        if self.held:
+            if self.skipped:
+                self.emit(f"... {self.skipped} line(s) left out, the last {len(self.held)}:")
+            while self.held:
+                self.emit(self.held.popleft())
+
+    def _line(self, raw: bytes) -> None:
+        text = raw.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1]
+        text = text[:CLIENT_ECHO_LINE_CHARS]
+        if self.echoed < self.limit:
+            self.echoed += 1
+            self.emit(text)
+            return
+        if len(self.held) == self.held.maxlen:
+            self.skipped += 1
+        self.held.append(text)
+
+
+class ClientPhase(EndpointsPhase):
+    """The client step, and the endpoints' metrics read before anything stops."""
+
+    def client_env(self) -> dict[str, str]:
+        assert self.layout
+        urls = {d.name: self.layout.endpoint_url(d) for d in self.plan.deployments}
+        env = {env_name(name): url for name, url in urls.items()}
+        env["SLURMGATE_ENDPOINTS"] = json.dumps(urls, sort_keys=True)
+        env["OPENAI_BASE_URL"] = next(iter(urls.values())) + "/v1"
+        env[CLIENT_REPORTS_ENV] = str(self.client_reports_dir)
+        env.update(self.credentials.client_env)
+        env.update(self._token_env())
+        return env
+
+    def run_client(self) -> int:
+        """The client step on the client host; the run fails if it fails or a server dies."""
+        self._enter("client")
+        assert self.layout and self.job_id
+        step = self.supervisor.start(
+            "client",
+            slurm.srun_argv(
+                list(self.spec.client.command),
+                job_id=self.job_id,
+                nodelist=[self.layout.client_host],
+                step_name=self._step_name("client"),
+                gres="none",
+                cpus_per_task=self.client_cpus,
+            ),
+            env=self._base_env(self.client_env()),
+            step_name=self._step_name("client"),
+            required=False,
+        )
+        # Its output reaches the run's log (the console and Prefect) as it comes; the whole
+        # of it stays in the step's log file.
+        echo = OutputEcho(step.log_path, lambda line: self.log(f"client| {line}"))
+        try:
+            rc = self.supervisor.wait(step, on_poll=echo.poll)
+        except StepFailed as exc:
+            raise RunFailed("client", f"{exc}; its output: {step.log_path}") from None
+        finally:
+            echo.finish()
+        if rc != 0:
+            raise RunFailed(
+                "client",
+                f"client exited {rc}; its output: {step.log_path}, which ends:\n"
+                + step.log_tail(600),
+            )
+        self.log(f"client succeeded; its output: {step.log_path}")
+        return rc
+
+    def collect_endpoint_metrics(self) -> dict[str, str]:
+        """The endpoints' Prometheus text, fetched before they stop.
+
+        Straight from this process first, with a short timeout: after the client the numbers
+        are optional, and a new probe step costs an srun, which a slow or stuck slurmctld can
+        hold up for its whole start-up budget. Only endpoints this process cannot reach are
+        read through a probe step on the client host.
+        """
+        if not self.layout:
+            return {}
+        token = self.credentials.endpoint_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        urls = {d.name: self.layout.endpoint_url(d) + "/metrics" for d in self.plan.deployments}
+        with httpx.Client(trust_env=False) as http:
+            direct = readiness.LocalProber(http)
+            for name, url in urls.items():
+                text = direct.fetch(url, headers, DIRECT_METRICS_TIMEOUT_S)
+                if text is not None:
+                    self.endpoint_metrics[name] = text
+        missing = {name: url for name, url in urls.items() if name not in self.endpoint_metrics}
+        if not missing:
+            return self.endpoint_metrics
+        try:
+            prober = self.open_prober(60.0, hello_timeout_s=METRICS_HELLO_TIMEOUT_S)
+            for name, url in missing.items():
+                text = prober.fetch(url, headers, 2.0)
+                if text is not None:
+                    self.endpoint_metrics[name] = text
+        except (StepFailed, ProbeStepFailed) as exc:
+            self.log(f"endpoint metrics not collected: {exc}")
+        finally:
+            self.shut_prober()
+        return self.endpoint_metrics

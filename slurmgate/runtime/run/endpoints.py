@@ -1,0 +1,79 @@
+"""The logical endpoints: one step per deployment on the client host, up once /health is 200."""
+
+from __future__ import annotations
+
+import time
+
+from slurmgate.runtime import engines, readiness, slurm
+from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
+from slurmgate.runtime.probe_step import ProbeStepFailed
+from slurmgate.runtime.run.probes import ProbeSteps
+from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.supervisor import StepFailed
+
+ENDPOINT_STARTUP_S = 60.0
+
+
+class EndpointsPhase(ProbeSteps):
+    """The deployments' logical endpoints on the client host."""
+
+    def start_endpoints(self) -> None:
+        """One logical endpoint step per deployment on the client host; wait for /health 200."""
+        self._enter("endpoints")
+        assert self.layout and self.job_id
+        targets = []
+        for d in self.plan.deployments:
+            dspec = self.spec.deployments[d.index]
+            config = EndpointConfig(
+                name=d.name,
+                host=self.layout.address(self.plan.client_node),
+                port=d.endpoint_port,
+                backends=self.layout.head_urls(d),
+                max_waiting=dspec.backpressure.max_waiting_requests,
+                retry_after=dspec.backpressure.retry_after_s,
+                backend_health_path=dspec.readiness_path,
+                queue_waiting_metric=engines.profile(dspec.engine).queue.waiting,
+                queue_running_metric=engines.profile(dspec.engine).queue.running,
+            )
+            argv = [self.python, "-m", "slurmgate.runtime.endpoint", *config.argv()]
+            self.supervisor.start(
+                f"endpoint-{d.name}",
+                slurm.srun_argv(
+                    argv,
+                    job_id=self.job_id,
+                    nodelist=[self.layout.client_host],
+                    step_name=self._step_name(f"endpoint-{d.name}"),
+                    gres="none",
+                ),
+                env=self._base_env(self._token_env()),
+                step_name=self._step_name(f"endpoint-{d.name}"),
+                required=True,
+            )
+            targets.append(
+                readiness.Target(
+                    name=f"endpoint {d.name}",
+                    base_url=self.layout.endpoint_url(d),
+                    deadline=time.monotonic() + ENDPOINT_STARTUP_S,
+                    models=False,
+                )
+            )
+        self.supervisor.resolve_step_ids(timeout=3.0)
+        try:
+            readiness.wait_ready(
+                targets,
+                probe_timeout=1.0,
+                poll_s=0.1,
+                check_alive=self.supervisor.check_required,
+                prober=self.open_prober(ENDPOINT_STARTUP_S + 60.0),
+            )
+        except (readiness.ReadinessTimeout, StepFailed, ProbeStepFailed) as exc:
+            raise RunFailed("endpoints", str(exc)) from None
+        finally:
+            self.shut_prober()
+        for d in self.plan.deployments:
+            self.log(f"endpoint {d.name} ready at {self.layout.endpoint_url(d)}")
+
+    def _token_env(self) -> dict[str, str]:
+        token = self.credentials.endpoint_token
+        # The endpoints read it from there (never argv), and so does the client.
+        return {TOKEN_ENV: token} if token else {}

@@ -1,0 +1,145 @@
+"""Preflight: the client host, then every node, checked before anything heavy starts."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from slurmgate.runtime.node_worker import PREFLIGHT_OK
+from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.run.workers import WorkerSteps
+
+PREFLIGHT_TIMEOUT_S = 120.0
+
+# The seed gives its client 32 CPUs; an allocation that holds fewer on the client node gets
+# them all (a step cannot ask for more than the job holds there).
+SEED_CLIENT_CPUS = 32
+
+_PREFLIGHT_LINE = re.compile(
+    r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
+)
+# What slurmstepd says when a task's program cannot be executed, and Python without slurmgate.
+_EXEC_FAILED = re.compile(
+    r"slurmstepd(?:-(?P<node>[^:\s]+))?: error: execve\(\): (?P<path>[^:]+): (?P<reason>[^\n]*)"
+)
+_NO_SLURMGATE = re.compile(r"No module named '?slurmgate")
+# Not anchored: srun may run two tasks' lines together.
+_PREFLIGHT_OK_LINE = re.compile(rf"{PREFLIGHT_OK} host=(\S+?) cpus=(\d+) gpus=(\d+)")
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node's preflight task reported: the node it ran on, its CPUs and GPUs."""
+
+    host: str
+    cpus: int
+    gpus: int
+
+
+def preflight_reports(log: str, planned: list[str], step: str) -> dict[str, NodeReport]:
+    """Every planned node reported from itself, once: else RunFailed naming the node."""
+    reports = [
+        NodeReport(host=h, cpus=int(c), gpus=int(g)) for h, c, g in _PREFLIGHT_OK_LINE.findall(log)
+    ]
+    stray = [r.host for r in reports if r.host not in planned]
+    if stray:
+        raise RunFailed(
+            "preflight",
+            f"{step}: a task ran on {stray[0]}, which the plan does not have "
+            f"(planned: {', '.join(planned)}); the node's SLURMD_NODENAME must be its name in "
+            "the allocation",
+        )
+    by_host = {r.host: r for r in reports}
+    missing = [h for h in planned if h not in by_host]
+    if missing or len(reports) != len(planned):
+        raise RunFailed(
+            "preflight",
+            f"{step}: node {missing[0] if missing else planned[0]} did not report its preflight "
+            f"({len(reports)} report(s) for {len(planned)} node(s))",
+        )
+    return by_host
+
+
+class PreflightPhase(WorkerSteps):
+    """The preflight of the client host and of every deployment's nodes."""
+
+    def preflight(self) -> None:
+        """Client (zero GPU) first, then every node of every deployment; nothing heavy starts."""
+        self._enter("preflight")
+        assert self.layout and self.job_id
+        t0 = time.monotonic()
+        client = self._start_workers(
+            "preflight-client",
+            "preflight",
+            self._client_worker_spec(),
+            [self.layout.client_host],
+            gres="none",
+            env=self._base_env(),
+            required=False,
+        )
+        (report,) = self._expect_ok(client, [self.layout.client_host]).values()
+        if self.client_cpus is None:
+            self.client_cpus = max(1, min(SEED_CLIENT_CPUS, report.cpus))
+            self.log(
+                f"decision: the client gets {self.client_cpus} CPU(s): the allocation holds "
+                f"{report.cpus} on {report.host}, the default asks for up to {SEED_CLIENT_CPUS}"
+            )
+        steps = []
+        for d in self.plan.deployments:
+            steps.append(
+                (
+                    d,
+                    self._start_workers(
+                        f"preflight-{d.name}",
+                        "preflight",
+                        self._worker_spec(d),
+                        self.layout.nodelist(d),
+                        gres=None,
+                        env=self._base_env(self.credentials.deployment_env[d.index]),
+                        required=False,
+                    ),
+                )
+            )
+        for d, step in steps:
+            self._expect_ok(step, self.layout.nodelist(d))
+        self.timings.mark("preflight_done", t0)
+        self.log(f"preflight passed on {len(self.layout.hosts)} node(s)")
+
+    def _expect_ok(self, step: Any, planned: list[str]) -> dict[str, NodeReport]:
+        """The preflight step passed, and each planned node reported from itself."""
+        rc = self.supervisor.wait(step, timeout=PREFLIGHT_TIMEOUT_S)
+        tail = step.log_tail(4000 + 200 * len(planned))
+        if rc == 0:
+            return preflight_reports(tail, planned, step.name)
+        problem = self.interpreter_problem(tail)
+        if problem:
+            raise RunFailed("preflight", problem)
+        found = _PREFLIGHT_LINE.findall(tail)
+        if found:
+            host, check, message = found[0]
+            raise RunFailed("preflight", f"node {host}: check {check}: {message}")
+        raise RunFailed("preflight", f"{step.name} exited {rc}: {tail.strip()[-600:]}")
+
+    def interpreter_problem(self, log: str) -> str | None:
+        """The node-side interpreter could not run, or has no slurmgate: a message naming
+        the spec's `python` field and the fix; None for any other failure."""
+        exec_failed = _EXEC_FAILED.search(log)
+        if exec_failed and exec_failed.group("path") == self.python:
+            node = exec_failed.group("node") or "a node"
+            cause = f"cannot run on {node} ({exec_failed.group('reason').strip()})"
+        elif _NO_SLURMGATE.search(log):
+            cause = "has no slurmgate package on the nodes"
+        else:
+            return None
+        if self.spec.python:
+            return (
+                f"python: {self.python} {cause} — fix: set the spec's `python` to an "
+                "interpreter with slurmgate installed at that path on every node"
+            )
+        return (
+            f"python: the controller's interpreter {self.python} {cause} — fix: install the "
+            "same environment at the same path on the compute nodes, or set the spec's "
+            "`python` to one that is there"
+        )

@@ -1,0 +1,91 @@
+"""Where probes run: in the controller on the client host, or in one long-lived step there."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import subprocess
+
+import httpx
+
+from slurmgate.runtime import readiness, slurm
+from slurmgate.runtime.node_worker import node_name
+from slurmgate.runtime.probe_step import HELLO_TIMEOUT_S, ProbeChannel, ProbeStepFailed
+from slurmgate.runtime.run.state import RunState
+
+
+def controller_on(host: str) -> bool:
+    """Whether this process runs on `host` (e.g. inside the allocation, on its first node)."""
+    return node_name() == host
+
+
+class ProbeSteps(RunState):
+    """The run's prober, opened on demand and shut when a phase is done with it."""
+
+    def open_prober(
+        self, lifetime_s: float, hello_timeout_s: float = HELLO_TIMEOUT_S
+    ) -> readiness.Prober:
+        """Probes from the client host: in this process when it runs there, else one
+        long-lived step there (reused until `shut_prober`), bounded by `lifetime_s`."""
+        if self._prober is not None:
+            return self._prober
+        assert self.layout and self.job_id
+        client_host = self.layout.client_host
+        if controller_on(client_host):
+            http = httpx.Client(trust_env=False)
+            self._prober, self._close_prober = readiness.LocalProber(http), http.close
+            if self.probe_origin is None:
+                self.log(f"decision: probes run in the controller, which is on {client_host}")
+            self.probe_origin = client_host
+            return self._prober
+        minutes = max(1, math.ceil(lifetime_s / 60.0))
+        name = "probe"
+        step = self.supervisor.start(
+            name,
+            slurm.srun_argv(
+                [self.python, "-m", "slurmgate.runtime.probe_step"],
+                job_id=self.job_id,
+                nodelist=[client_host],
+                step_name=self._step_name(name),
+                gres="none",
+                extra=[f"--time={minutes}"],
+            ),
+            env=self._base_env(),
+            step_name=self._step_name(name),
+            required=False,
+            pipes=True,
+        )
+        assert step.popen.stdin is not None and step.popen.stdout is not None
+
+        def describe() -> str:
+            step.popen.poll()
+            return f"status {step.returncode()}; log tail: {step.log_tail(600).strip()}"
+
+        channel = ProbeChannel(step.popen.stdin, step.popen.stdout, describe)
+
+        def close() -> None:
+            channel.close()
+            if step.popen.stdout is not None:
+                step.popen.stdout.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.popen.wait(timeout=5.0)
+
+        self._prober, self._close_prober = channel, close
+        origin = channel.hello(hello_timeout_s)
+        if origin != client_host:
+            raise ProbeStepFailed(
+                f"the probe step ran on {origin}, not on the client host {client_host}"
+            )
+        if self.probe_origin is None:
+            self.log(
+                f"decision: probes run on the client host {origin} in one step for "
+                f"{minutes} min at most (the controller is on {node_name()})"
+            )
+        self.probe_origin = origin
+        return self._prober
+
+    def shut_prober(self) -> None:
+        """Close the probe step's input (it exits) or the in-process client; idempotent."""
+        close, self._close_prober = self._close_prober, lambda: None
+        self._prober = None
+        close()

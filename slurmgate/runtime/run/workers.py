@@ -1,0 +1,107 @@
+"""Node-worker steps: what each node's worker is told, and the srun that starts it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurmgate.runtime import engines, slurm
+from slurmgate.runtime import layout as layout_mod
+from slurmgate.runtime.node_worker import NodeSpec, WorkerSpec
+from slurmgate.runtime.run.state import RunState
+from slurmgate.runtime.spec import DeploymentSpec
+
+
+class WorkerSteps(RunState):
+    """The node-worker steps every phase that runs on the nodes starts."""
+
+    def _worker_spec(self, d: layout_mod.DeploymentPlan) -> WorkerSpec:
+        assert self.layout
+        dspec = self.spec.deployments[d.index]
+        nodes = []
+        for n in d.nodes:
+            lanes = []
+            address = self.layout.address(n.node)
+            for lane in n.lanes:
+                master = self.layout.address(lane.rendezvous_node)
+                argv = layout_mod.lane_argv(dspec, lane, master, bind_host=address)
+                # The deployment's env travels in the step's environment, never in argv
+                # (argv is world-readable in /proc and may hold tokens); a lane's own env is
+                # only what its engine needs per node (the address it advertises).
+                env = engines.profile(dspec.engine).lane_env(address, dspec.env)
+                lanes.append(layout_lane(lane, argv, env))
+            nodes.append(
+                NodeSpec(
+                    host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes, address=address
+                )
+            )
+        return WorkerSpec(
+            run_id=self.run_id,
+            name=d.name,
+            gpus_per_node=self.spec.gpus_per_node,
+            model_path=self.spec.model_path,
+            grace_s=min(self.grace_s, 10.0),
+            nodes=nodes,
+            model_paths=_command_model_paths(dspec),
+        )
+
+    def _client_worker_spec(self) -> WorkerSpec:
+        assert self.layout
+        ports = sorted(d.endpoint_port for d in self.plan.deployments)
+        return WorkerSpec(
+            run_id=self.run_id,
+            name="client",
+            gpus_per_node=0,
+            model_path=None,
+            grace_s=1.0,
+            nodes=[
+                NodeSpec(
+                    host=self.layout.client_host,
+                    ports=ports,
+                    lanes=[],
+                    address=self.layout.address(self.plan.client_node),
+                )
+            ],
+        )
+
+    def worker_argv(self, name: str, mode: str, nodelist: list[str], gres: str | None) -> list[str]:
+        """The srun of one node-worker step: one task per listed node, fail-fast.
+
+        The serve steps of `launch` are exactly this with mode `serve` and the job's GPUs.
+        """
+        argv = [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"]
+        return slurm.srun_argv(
+            argv,
+            job_id=self.job_id or "",
+            nodelist=nodelist,
+            step_name=self._step_name(name),
+            gres=gres,
+            extra=["--input=all"],
+        )
+
+    def _start_workers(
+        self, name: str, mode: str, ws: WorkerSpec, nodelist: list[str], **step: Any
+    ) -> Any:
+        """One node-worker srun; its spec goes through stdin (to every task), never argv: the
+        lanes' commands are the user's and argv is public in /proc."""
+        gres = step.pop("gres")
+        return self.supervisor.start(
+            name,
+            self.worker_argv(name, mode, nodelist, gres),
+            step_name=self._step_name(name),
+            stdin_data=ws.encode().encode(),
+            **step,
+        )
+
+
+def _command_model_paths(dspec: DeploymentSpec) -> list[str]:
+    """The absolute model path the deployment's command loads, as its engine reads it."""
+    path = engines.profile(dspec.engine).model_path(dspec.command)
+    return [path] if path else []
+
+
+def layout_lane(lane: layout_mod.LanePlan, argv: list[str], env: dict[str, str]) -> Any:
+    from slurmgate.runtime.node_worker import LaneSpec
+
+    return LaneSpec(
+        id=lane.process_id, argv=argv, gpus=list(lane.gpus), delay_s=lane.delay_s, env=dict(env)
+    )
