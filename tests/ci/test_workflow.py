@@ -225,7 +225,7 @@ def test_release_step_always_runs_and_names_a_real_deployment() -> None:
     from slurmgate.flows.release import release_lease
 
     assert release_lease.name == flow_name
-    assert entry["entrypoint"].endswith(":release_lease")
+    assert entry["entrypoint"] == "slurmgate.flows.release.release_lease"
     assert "--param job_id=" in release["run"]
 
 

@@ -1,8 +1,14 @@
-"""`prefect deploy --all` with deployments/prefect.yaml on its own server, as operators run it."""
+"""The built wheel in a fresh venv: `slurmgate deploy` from an empty directory, and a worker.
+
+As operators run it, on a server of its own with basic auth: the wheel is built from this
+checkout and installed into a new venv, and everything below runs from directories that are
+not a checkout, so the deployments can only reach the installed `slurmgate.flows`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -36,54 +42,112 @@ def deploy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectS
         yield server
 
 
-def venv_env(server: PrefectServer, **extra: str) -> dict[str, str]:
-    """A client environment from the activated venv (the build step runs its `python`)."""
-    venv_bin = str(Path(sys.executable).parent)
-    return server.env(PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel built from this checkout; its bin directory.
 
+    The wheel goes in without dependencies, which come from the test's own environment through
+    a path file (site-packages only: the checkout's editable finder is not loaded there, and
+    their console scripts are not in this bin, so commands run as `python -m prefect`), so the
+    test costs seconds; pyproject's dependency list is checked against the imports in
+    tests/architecture.
+    """
+    import sysconfig
 
-def run_script_venv(server: PrefectServer, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurmgate.deployments.automations", *args],
-        capture_output=True,
-        text=True,
-        env=venv_env(server),
-        cwd=str(REPO),
-        timeout=60,
-        check=False,
+    root = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), "."],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (root / "dist").glob("slurmgate-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", purelib],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     )
+    (site / "zz-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv / "bin"
 
 
-def prefect_cli(server: PrefectServer, *args: str) -> subprocess.CompletedProcess[str]:
-    """`prefect ...` as an operator runs it from the activated venv."""
+def venv_env(server: PrefectServer, bindir: Path, **extra: str) -> dict[str, str]:
+    """A client environment with `bindir` first on PATH (the build step runs its `python`) and
+    no PYTHONPATH: nothing of the checkout is importable."""
+    env = server.env(PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
+    env.pop("PYTHONPATH")
+    return env
+
+
+def test_the_wheel_installs_one_namespace_and_imports_from_the_venv(wheel_venv: Path) -> None:
+    code = (
+        "import importlib.util, json, slurmgate.flows.reconcile as r, slurmgate.blocks as b;"
+        "from importlib.metadata import entry_points;"
+        "print(json.dumps({'flows': r.__file__, 'blocks': b.__file__,"
+        " 'generic': [n for n in ('blocks', 'tasks', 'flows', 'deployments')"
+        "             if importlib.util.find_spec(n)],"
+        " 'collections': sorted({e.value for e in entry_points(group='prefect.collections')"
+        "                        if e.name == 'slurmgate'})}))"
+    )
+    ran = subprocess.run(
+        [str(wheel_venv / "python"), "-c", code],
+        capture_output=True, text=True, cwd=wheel_venv, timeout=120, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    found = json.loads(ran.stdout)
+    venv = str(wheel_venv.parent)
+    assert found["flows"].startswith(venv) and found["blocks"].startswith(venv), found
+    assert found["generic"] == []  # no `blocks`, `tasks`, `flows` packages of their own
+    assert found["collections"] == ["slurmgate.blocks"]
+
+
+def run_in_venv(
+    server: PrefectServer, bindir: Path, cwd: Path, *argv: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """A command of the wheel's venv, run from `cwd` (never the checkout)."""
     return subprocess.run(
-        [sys.executable, "-m", "prefect", *args],
+        [str(bindir / argv[0]), *argv[1:]],
         capture_output=True,
         text=True,
-        env=venv_env(server),
-        cwd=str(REPO),
-        timeout=120,
+        env=venv_env(server, bindir),
+        cwd=str(cwd),
+        timeout=timeout,
         check=False,
     )
 
 
 def test_deploy_all_creates_the_three_deployments_and_the_heartbeat_automation(
-    deploy_server: PrefectServer,
+    deploy_server: PrefectServer, wheel_venv: Path, tmp_path: Path
 ) -> None:
-    pool = prefect_cli(deploy_server, "work-pool", "create", "slurmgate", "--type", "process")
+    empty = tmp_path / "ops"  # an operator's directory: no checkout, no prefect.yaml
+    empty.mkdir()
+    pool = run_in_venv(
+        deploy_server, wheel_venv, empty,
+        "python", "-m", "prefect", "work-pool", "create", "slurmgate", "--type", "process",
+    )  # fmt: skip
     assert pool.returncode == 0, pool.stdout + pool.stderr
     for _ in range(2):  # deploying again updates in place
-        deploy = prefect_cli(
-            deploy_server,
-            "--no-prompt",
-            "deploy",
-            "--all",
-            "--prefect-file",
-            "deployments/prefect.yaml",
-        )
+        deploy = run_in_venv(deploy_server, wheel_venv, empty, "slurmgate", "deploy")
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    assert sorted(p.name for p in empty.iterdir()) == []  # nothing copied or written here
 
     api = deploy_server.api
+    deployments = api.post("/deployments/filter", json={}).json()
+    assert sorted(d["entrypoint"] for d in deployments) == [
+        "slurmgate.flows.allocation.allocation",
+        "slurmgate.flows.reconcile.reconcile",
+        "slurmgate.flows.release.release_lease",
+    ]
     reconcile = api.get("/deployments/name/reconcile/reconcile").json()
     assert reconcile["work_pool_name"] == "slurmgate"
     assert reconcile["global_concurrency_limit"]["limit"] == 1
@@ -147,13 +211,16 @@ def heartbeats_seen(server: PrefectServer, run_id: str) -> int:
 
 
 def test_a_sigkilled_worker_run_is_marked_crashed_by_the_shipped_automation(
-    deploy_server: PrefectServer,
+    deploy_server: PrefectServer, wheel_venv: Path, tmp_path: Path
 ) -> None:
     """Host loss: the worker and the flow run's process die by SIGKILL, so nobody reports a
     final state; the heartbeat automation (30 s heartbeats, 35 s window) marks it Crashed."""
     from slurmgate.testbed.emulator.testing import running_emulator
 
-    window = run_script_venv(deploy_server, "--within", "35", "--heartbeat", "30")
+    window = run_in_venv(
+        deploy_server, wheel_venv, tmp_path, "python", "-m", "slurmgate.deployments.automations",
+        "--within", "35", "--heartbeat", "30",
+    )  # fmt: skip
     assert window.returncode == 0, window.stderr
     with running_emulator({"a": 4}, token=TOKEN) as emu:
         save_default_blocks(deploy_server, emu)
@@ -161,16 +228,25 @@ def test_a_sigkilled_worker_run_is_marked_crashed_by_the_shipped_automation(
         log = deploy_server.home / "worker.log"
         with log.open("wb") as out:
             worker = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "worker", "start", "--pool", "slurmgate"],
+                [
+                    str(wheel_venv / "python"),
+                    "-m",
+                    "prefect",
+                    "worker",
+                    "start",
+                    "--pool",
+                    "slurmgate",
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=venv_env(
                     deploy_server,
+                    wheel_venv,
                     PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30",
                     PREFECT_WORKER_QUERY_SECONDS="1",
                     SLURMGATE_STATE_DIR=str(deploy_server.home / "state"),
                 ),
-                cwd=str(REPO),
+                cwd=str(tmp_path),  # the run imports the installed flows, not the checkout's
                 start_new_session=True,
             )
         try:
