@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast setup bench lint
+.PHONY: demo test test-fast setup bench lint wheel
 
 demo:
 	bash scripts/demo.sh
@@ -17,3 +17,6 @@ bench:
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && MYPY=.venv/bin/mypy scripts/typecheck.sh
+
+wheel:
+	.venv/bin/python -m pip wheel --no-deps -w dist .

