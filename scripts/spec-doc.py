@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from slurmgate.runtime import engines, layout
+from slurmgate.runtime import engines, frontends, layout
 from slurmgate.runtime.spec import AllocationSpec
 
 HEADER = """\
@@ -154,25 +154,9 @@ def _appended(profile: engines.EngineProfile, shape: _Shape, lane: _Lane, node: 
     return "`" + " ".join(argv) + "`" if argv else "nothing"
 
 
-def engine_section(profile: engines.EngineProfile) -> str:
-    one = _Shape(tensor_parallel=1, pipeline_parallel=1, nodes_per_replica=1)
-    two = _Shape()
-    q = profile.queue
+def classic_rows(profile: engines.EngineProfile, one: _Shape, two: _Shape) -> list[str]:
+    """What the launcher appends for the classic replica shape."""
     rows = [
-        f"### `{profile.name}`",
-        "",
-        f"{profile.summary}.",
-        "",
-        f"- **Ready when**: {profile.probes.describe()}"
-        + (
-            "; the served model is the one the command names with "
-            + " or ".join(f"`{f}`" for f in profile.served_name_flags)
-            + ", else any model"
-            if profile.probes.lists_model
-            else ""
-        )
-        + ".",
-        f"- **Queue metric** (backpressure): waiting `{q.waiting}`, running `{q.running}`.",
         f"- **Appended on a one-node replica (TP=1)**: "
         f"{_appended(profile, one, _Lane(0, 18000, None), 'NODE_ADDR')}.",
     ]
@@ -201,6 +185,36 @@ def engine_section(profile: engines.EngineProfile) -> str:
         rows.append("- **No data-parallel launch**: `data_parallel` above 1 is refused.")
     if not profile.expert_parallel:
         rows.append("- **No expert parallelism**: `enable_expert_parallel` is refused.")
+    return rows
+
+
+def engine_section(profile: engines.EngineProfile) -> str:
+    one = _Shape(tensor_parallel=1, pipeline_parallel=1, nodes_per_replica=1)
+    two = _Shape()
+    q = profile.queue
+    rows = [
+        f"### `{profile.name}`",
+        "",
+        f"{profile.summary}.",
+        "",
+        f"- **Ready when**: {profile.probes.describe()}"
+        + (
+            "; the served model is the one the command names with "
+            + " or ".join(f"`{f}`" for f in profile.served_name_flags)
+            + ", else any model"
+            if profile.probes.lists_model
+            else ""
+        )
+        + ".",
+        f"- **Queue metric** (backpressure): waiting `{q.waiting}`, running `{q.running}`.",
+    ]
+    if profile.roles_only:
+        rows.append(
+            "- **Roles only**: a deployment of this engine gives `roles` (the classic shape "
+            "fields are refused)."
+        )
+    else:
+        rows += classic_rows(profile, one, two)
     if profile.host_ip_env:
         rows.append(
             f"- **Lane environment**: `{profile.host_ip_env}` = the node's address (unless "
@@ -230,7 +244,8 @@ def engine_section(profile: engines.EngineProfile) -> str:
 def _role_example(profile: engines.EngineProfile) -> AllocationSpec:
     """Two TP=2 prefill workers packed on one node, one TP=8 decode worker over two."""
     prefill: dict[str, Any] = {"workers": 2, "tensor_parallel": 2}
-    decode: dict[str, Any] = {"tensor_parallel": 8}
+    multi = profile.roles is not None and profile.roles.multi_node
+    decode: dict[str, Any] = {"tensor_parallel": 8 if multi else 4}
     return AllocationSpec.from_data(
         {
             "name": "doc",
@@ -242,6 +257,7 @@ def _role_example(profile: engines.EngineProfile) -> AllocationSpec:
                     "engine": profile.name,
                     "command": ["COMMAND"],
                     "roles": {"prefill": prefill, "decode": decode},
+                    **({"frontend": {"type": profile.frontend}} if profile.frontend else {}),
                 }
             ],
         }
@@ -257,7 +273,7 @@ def role_rows(profile: engines.EngineProfile) -> list[str]:
     p = layout.plan(spec)
     (plan,) = p.deployments
     words = []
-    for lane in (plan.role_heads("prefill")[0], *plan.nodes[-1].lanes):
+    for lane in (plan.role_heads("prefill")[0], *plan.nodes[-1].lanes[:1]):
         argv = layout.lane_argv(d, lane, "HEAD_ADDR", bind_host="NODE_ADDR")[1:]
         env = layout.lane_env(d, lane, "NODE_ADDR")
         where = f"{lane.role} worker {lane.replica} node rank {lane.rank}"
@@ -266,11 +282,15 @@ def role_rows(profile: engines.EngineProfile) -> list[str]:
             + (f" with env `{' '.join(f'{k}={v}' for k, v in env.items())}`" if env else "")
         )
     nodes = spec.gpus_per_node
+    multi = profile.roles.multi_node
     rule = " ".join((profile.roles.worker_gpus.__doc__ or "").split())
     return [
         f"- **A role worker's GPUs**: {rule}",
         "- **Roles** (`roles`): two prefill workers of TP=2 on one node and a decode "
-        f"worker of TP=8 over {8 // nodes} nodes of {nodes} GPUs append " + "; ".join(words) + ".",
+        + (f"worker of TP=8 over 2 nodes of {nodes} GPUs" if multi else "worker of TP=4")
+        + " append "
+        + "; ".join(words)
+        + ".",
         "- **Flags a role's `args` may not set**: "
         + ", ".join(f"`{f}`" for f in profile.roles.launcher_flags)
         + ".",
@@ -278,6 +298,29 @@ def role_rows(profile: engines.EngineProfile) -> list[str]:
         + ", ".join(f"`{b}`" for b in profile.roles.transfer_backends)
         + ".",
     ]
+
+
+def frontend_section(profile: frontends.FrontendProfile) -> str:
+    rows = [
+        f"### `{profile.name}`",
+        "",
+        f"{profile.summary}.",
+        "",
+        f"- **Command** (default): `{' '.join(profile.command)}`.",
+        "- **Fronts engines**: "
+        + ", ".join(f"`{e}`" for e in profile.engines)
+        + (" (prefill and decode only)" if profile.pd_only else "")
+        + ".",
+        f"- **Ready when**: `{profile.readiness_path}` answers 200 and lists the workers.",
+    ]
+    if profile.services:
+        rows.append(
+            "- **Service lanes started first**: "
+            + ", ".join(f"`{name}`" for name in profile.services)
+            + " (on the client node, each ready on its own health path)."
+        )
+    rows.append("- **Sources**: " + ", ".join(f"<{url}>" for url in profile.docs) + ".")
+    return "\n".join(rows)
 
 
 def document() -> str:
@@ -292,6 +335,14 @@ def document() -> str:
         "lane's own node, as Slurm's `NodeAddr` gives them; ports are the defaults' (lane 0)."
     )
     parts += [engine_section(p) for p in engines.PROFILES.values()]
+    parts.append(
+        "## Frontends\n\n"
+        "`deployments[].frontend.type` starts the field's own router or frontend on the client\n"
+        "node (`slurmgate/runtime/frontends.py`), after the service lanes it needs, and the\n"
+        "logical endpoint routes to it. Each is ready when its readiness path answers 200 and\n"
+        "lists every worker of each role."
+    )
+    parts += [frontend_section(f) for f in frontends.FRONTENDS.values()]
     return "\n\n".join(parts) + "\n"
 
 

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
 if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
-scripts/setup.sh
+SLURMGATE_WITH_ENGINE_PARSERS="${SLURMGATE_WITH_ENGINE_PARSERS:-1}" scripts/setup.sh
 VENV="${SLURMGATE_VENV:-.venv}"
 export PATH="$PWD/$VENV/bin:$PATH"
 export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
@@ -21,6 +21,7 @@ if [ "$fast" = 1 ]; then
         tests/admission tests/ci tests/github tests/simulator tests/endpoint tests/blocks \
         tests/security tests/runtime/test_records.py \
         tests/runtime/test_spec.py tests/runtime/test_layout.py tests/runtime/test_readiness.py \
+        tests/runtime/test_roles.py tests/runtime/test_role_engines.py \
         tests/runtime/test_supervisor.py tests/runtime/test_node_worker.py "$@"
 fi
 

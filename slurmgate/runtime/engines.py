@@ -21,7 +21,16 @@ from typing import Literal, Protocol
 from slurmgate.runtime import role_engines
 from slurmgate.runtime.role_engines import RoleSupport
 
-EngineName = Literal["custom", "vllm", "sglang", "llamacpp"]
+EngineName = Literal[
+    "custom",
+    "vllm",
+    "sglang",
+    "llamacpp",
+    "trtllm",
+    "dynamo-sglang",
+    "dynamo-vllm",
+    "dynamo-trtllm",
+]
 MODELS_PATH = "/v1/models"
 # A Prometheus metric name (the exposition format's rule).
 METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -114,6 +123,13 @@ class EngineProfile:
     # How the engine runs a deployment's `roles` (prefill/decode workers, or srt-slurm style
     # aggregated workers in its own sizes); None: it has no role launch.
     roles: RoleSupport | None = None
+    # Only with `roles` (the engine's workers have no classic TP × PP replica launch here).
+    roles_only: bool = False
+    # The lanes serve clients over HTTP; False: a frontend does (Dynamo's workers register in
+    # etcd and answer its request plane), so lanes are not probed or routed to one by one.
+    lane_http: bool = True
+    # The frontend (`DeploymentSpec.frontend.type`) this engine's workers need, if any.
+    frontend: str | None = None
 
     def lane_argv(
         self, spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
@@ -131,6 +147,14 @@ class EngineProfile:
     def problems(self, spec: EngineDeployment) -> list[Problem]:
         """What this engine cannot run of the deployment, as (field, message, fix)."""
         found: list[Problem] = []
+        if self.roles_only:
+            found.append(
+                (
+                    "roles",
+                    f"engine {self.name} runs its workers in roles only",
+                    "give roles.agg (or roles.prefill and roles.decode) with the worker sizes",
+                )
+            )
         if not self.multi_node and spec.nodes_per_replica > 1:
             found.append(
                 (
@@ -443,7 +467,102 @@ LLAMACPP = EngineProfile(
     "over them by its own `--split-mode` (layers by default), so no flag is appended.",
 )
 
-PROFILES: dict[str, EngineProfile] = {p.name: p for p in (CUSTOM, VLLM, SGLANG, LLAMACPP)}
+
+def _roles_only(
+    spec: EngineDeployment, lane: EngineLane, master_addr: str, bind_host: str
+) -> list[str]:
+    raise AssertionError("the spec refuses this engine without roles")
+
+
+TRTLLM_DOCS = (
+    "https://nvidia.github.io/TensorRT-LLM/commands/trtllm-serve/trtllm-serve.html",
+    "https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html",
+    "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/commands/serve.py",
+)
+DYNAMO_DOCS = (
+    "https://docs.nvidia.com/dynamo/latest/",
+    "https://docs.nvidia.com/dynamo/latest/guides/metrics.html",
+    "https://github.com/NVIDIA/srt-slurm/tree/main/src/srtctl/backends",
+)
+# Dynamo's frontend exposes the queue; its workers have no OpenAI HTTP server.
+DYNAMO_QUEUE = QueueMetrics(
+    waiting="dynamo_frontend_queued_requests", running="dynamo_frontend_inflight_requests"
+)
+
+TRTLLM = EngineProfile(
+    name="trtllm",
+    summary="TensorRT-LLM's OpenAI server (`trtllm-serve MODEL`), one server per worker",
+    docs=TRTLLM_DOCS,
+    probes=Probes(models=True, lists_model=False),
+    queue=QueueMetrics(
+        waiting="trtllm_num_requests_waiting", running="trtllm_num_requests_running"
+    ),
+    launcher_flags=role_engines.TRTLLM_ROLE_FLAGS,
+    render=_roles_only,
+    model_after="trtllm-serve",
+    roles=role_engines.TRTLLM_ROLES,
+    roles_only=True,
+    note="Each role's `engine_config` is written as the worker's LLM-API YAML (`--config`) "
+    "with the sizes the launcher owns (`tensor_parallel_size`, `pipeline_parallel_size`, "
+    "`moe_expert_parallel_size`, `enable_attention_dp`) and, for prefill and decode, "
+    "`cache_transceiver_config.backend` from `kv_transfer` (DEFAULT when unset). A worker "
+    "over several nodes needs an MPI launch and is refused.",
+)
+
+
+def _dynamo(name: EngineName, summary: str, roles: RoleSupport, model: str) -> EngineProfile:
+    return EngineProfile(
+        name=name,
+        summary=summary,
+        docs=DYNAMO_DOCS,
+        probes=Probes(models=False, lists_model=False),
+        queue=DYNAMO_QUEUE,
+        launcher_flags=roles.launcher_flags,
+        render=_roles_only,
+        model_flags=(model,),
+        served_name_flags=("--served-model-name",),
+        roles=roles,
+        roles_only=True,
+        lane_http=False,
+        frontend="dynamo",
+        note="Workers register with etcd and serve Dynamo's frontend over its request plane "
+        "(`frontend.request_plane`); they answer no client HTTP, so readiness is the "
+        "frontend's `/health` listing every worker, and the endpoint routes to the frontend.",
+    )
+
+
+DYNAMO_SGLANG = _dynamo(
+    "dynamo-sglang",
+    "SGLang as a Dynamo worker (`python3 -m dynamo.sglang`)",
+    role_engines.DYNAMO_SGLANG_ROLES,
+    "--model-path",
+)
+DYNAMO_VLLM = _dynamo(
+    "dynamo-vllm",
+    "vLLM as a Dynamo worker (`python3 -m dynamo.vllm`)",
+    role_engines.DYNAMO_VLLM_ROLES,
+    "--model",
+)
+DYNAMO_TRTLLM = _dynamo(
+    "dynamo-trtllm",
+    "TensorRT-LLM as a Dynamo worker (`python3 -m dynamo.trtllm`)",
+    role_engines.DYNAMO_TRTLLM_ROLES,
+    "--model-path",
+)
+
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p
+    for p in (
+        CUSTOM,
+        VLLM,
+        SGLANG,
+        LLAMACPP,
+        TRTLLM,
+        DYNAMO_SGLANG,
+        DYNAMO_VLLM,
+        DYNAMO_TRTLLM,
+    )
+}
 
 
 def profile(name: str) -> EngineProfile:

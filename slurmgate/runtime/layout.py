@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgate.errors import InputError
-from slurmgate.runtime import engines
+from slurmgate.runtime import engines, frontends
 from slurmgate.runtime.role_engines import RoleShape
 
 
@@ -19,6 +19,29 @@ class RoleSizes(RoleShape, Protocol):
     def nodes_per_worker(self) -> int | None: ...
     @property
     def workers_per_node(self) -> int | None: ...
+
+
+class FrontendShape(Protocol):
+    """A deployment's frontend (`spec.FrontendSpec` is one)."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def args(self) -> Sequence[str]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def request_plane(self) -> str: ...
+    @property
+    def argv_head(self) -> list[str]: ...
+    @property
+    def service_ports(self) -> dict[str, int]: ...
+    @property
+    def etcd_command(self) -> Sequence[str]: ...
+    @property
+    def nats_command(self) -> Sequence[str]: ...
 
 
 class RolesShape(Protocol):
@@ -72,6 +95,10 @@ class DeploymentShape(Protocol):
     def side_base_port(self) -> int: ...
     @property
     def env(self) -> Mapping[str, object]: ...
+    @property
+    def frontend(self) -> FrontendShape | None: ...
+    @property
+    def request_plane(self) -> str: ...
     def worker_gpus(self, role: str) -> int: ...
     def lanes_for(self, node_gpus: int) -> int: ...
     def nodes_for(self, node_gpus: int) -> int: ...
@@ -157,6 +184,17 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
+class ServicePlan:
+    """A lane on the client node that is not a model server: a frontend, etcd or NATS."""
+
+    name: str  # "frontend", "etcd", "nats"
+    node: int
+    ports: tuple[int, ...]  # every port it opens there
+    probe_port: int  # the port its readiness is asked on
+    readiness_path: str
+
+
+@dataclass(frozen=True)
 class DeploymentPlan:
     """A deployment's nodes (in srun task order) and its lane heads."""
 
@@ -165,6 +203,8 @@ class DeploymentPlan:
     nodes: tuple[NodePlan, ...]
     endpoint_port: int
     gpus_per_node: int
+    # Services first (etcd, NATS), then the frontend: the order they start in.
+    services: tuple[ServicePlan, ...] = ()
 
     @property
     def node_indices(self) -> tuple[int, ...]:
@@ -267,6 +307,101 @@ def bind(plan: AllocationPlan, hosts: list[str], addresses: dict[str, str] | Non
     return Layout(plan=plan, hosts=tuple(hosts), addresses=dict(addresses or {}))
 
 
+def _services(d: DeploymentShape, client_node: int) -> tuple[ServicePlan, ...]:
+    if d.frontend is None:
+        return ()
+    f = d.frontend
+    profile = frontends.FRONTENDS[f.type]
+    ports = f.service_ports
+    out = []
+    for name in profile.services:
+        owned = {"etcd": ("etcd", "etcd_peer"), "nats": ("nats", "nats_monitor")}[name]
+        probe_key, path = frontends.SERVICE_READINESS[name]
+        out.append(
+            ServicePlan(name, client_node, tuple(ports[k] for k in owned), ports[probe_key], path)
+        )
+    out.append(ServicePlan("frontend", client_node, (f.port,), f.port, profile.readiness_path))
+    return tuple(out)
+
+
+def frontend_workers(lay: Layout, d: DeploymentPlan) -> frontends.Workers:
+    """The workers a frontend routes to, by role, with the prefill bootstrap ports."""
+    return frontends.Workers(
+        prefill=tuple(lay.prefill_bootstraps(d)),
+        decode=tuple(lay.role_head_urls(d, "decode")),
+        agg=tuple(lay.role_head_urls(d, "agg")),
+    )
+
+
+@dataclass(frozen=True)
+class ServiceLaunch:
+    """What the runtime starts for one service lane: argv, env and the files it reads."""
+
+    plan: ServicePlan
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, str]
+
+
+def service_launches(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> list[ServiceLaunch]:
+    """Every service lane of a deployment with a frontend, in start order (etcd, NATS, then
+    the frontend), bound to the client node's address."""
+    f = spec.frontend
+    if f is None:
+        return []
+    host = lay.address(lay.plan.client_node)
+    ports = f.service_ports
+    out = []
+    for service in d.services:
+        if service.name == "frontend":
+            workers = frontend_workers(lay, d)
+            argv = frontends.frontend_argv(f.type, f.argv_head, f.args, host, f.port, workers)
+            env = {**service_env(spec, lay), **f.env}
+            files = frontends.frontend_files(f.type, host, f.port, workers)
+        else:
+            command = f.etcd_command if service.name == "etcd" else f.nats_command
+            argv, env, files = frontends.service_argv(service.name, command, host, ports), {}, {}
+        out.append(ServiceLaunch(service, argv, env, files))
+    return out
+
+
+def service_env(spec: DeploymentShape, lay: Layout) -> dict[str, str]:
+    """What the frontend and every worker of the deployment need to find etcd and NATS
+    (Dynamo): the same for all, so it belongs in the deployment's step environment."""
+    if spec.frontend is None:
+        return {}
+    host = lay.address(lay.plan.client_node)
+    return frontends.frontend_env(
+        spec.frontend.type, host, spec.frontend.service_ports, spec.frontend.request_plane
+    )
+
+
+def expected_workers(spec: DeploymentShape, d: DeploymentPlan) -> dict[str, int]:
+    """How many workers of each role the frontend must list before the deployment is ready:
+    one per worker, except that a Dynamo vLLM worker with per-node data parallelism registers
+    once per node (hybrid load balancing, srt-slurm's `_get_health_expectations`)."""
+    counts: dict[str, int] = {}
+    for n in d.nodes:
+        for lane in n.lanes:
+            if lane.role is None:
+                continue
+            registers = lane.rank == 0 or (
+                spec.engine == "dynamo-vllm"
+                and "--data-parallel-hybrid-lb" in lane_argv(spec, lane, "h", bind_host="h")
+            )
+            counts[lane.role] = counts.get(lane.role, 0) + int(registers)
+    return counts
+
+
+def lane_files(spec: DeploymentShape, lane: LanePlan) -> dict[str, str]:
+    """Files a role's lane reads under `role_engines.LANE_DIR` (TensorRT-LLM's YAML)."""
+    profile = engines.profile(spec.engine)
+    if lane.role is None or profile.roles is None or spec.roles is None:
+        return {}
+    role = dict(spec.roles.items())[lane.role]
+    return profile.roles.files(spec, role, lane)
+
+
 def launch_delay(replica: int, standoff_s: float, stagger_s: float) -> float:
     """Replica 0 starts at once; replica i waits standoff + i × stagger."""
     return 0.0 if replica == 0 else standoff_s + replica * stagger_s
@@ -285,6 +420,7 @@ def plan(spec: AllocationShape) -> AllocationPlan:
                 nodes=nodes,
                 endpoint_port=d.endpoint_port,
                 gpus_per_node=d.used_gpus_per_node(spec.gpus_per_node),
+                services=_services(d, client_node=0),
             )
         )
         start += d.nodes_for(spec.gpus_per_node)
@@ -470,6 +606,9 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
 
     p = plan(spec)
     for d in p.deployments:
+        for service in d.services:
+            for port in service.ports:
+                claim(service.node, port, f"deployments[{d.index}].frontend.{service.name}")
         for n in d.nodes:
             for lane in n.lanes:
                 if lane.port is not None:

@@ -74,6 +74,8 @@ class RoleDeployment(Protocol):
     def kv_transfer(self) -> str | None: ...
     @property
     def distributed_timeout_s(self) -> float: ...
+    @property
+    def request_plane(self) -> str: ...
 
 
 class RoleLane(Protocol):
@@ -100,6 +102,15 @@ class RoleLane(Protocol):
 Problem = tuple[str, str, str]  # (field, message, fix), as spec.SpecError words them
 RoleRender = Callable[[RoleDeployment, RoleShape, RoleLane, str, str], list[str]]
 RoleEnv = Callable[[RoleDeployment, RoleShape, RoleLane, str], dict[str, str]]
+RoleFiles = Callable[[RoleDeployment, RoleShape, RoleLane], dict[str, str]]
+
+# In a lane's argv, the directory the node worker writes the lane's files into (one per lane,
+# private to the run): `RoleSupport.files` names them, the argv refers to them under it.
+LANE_DIR = "{lane_dir}"
+
+
+def no_files(spec: RoleDeployment, role: RoleShape, lane: RoleLane) -> dict[str, str]:
+    return {}
 
 
 def tp_pp_dp(role: RoleShape) -> int:
@@ -141,6 +152,10 @@ class RoleSupport:
     multi_node: bool = True
     # The role's settings go in a config file (`RoleSpec.engine_config`), not only flags.
     engine_config: bool = False
+    # Files the lane reads, by name under LANE_DIR (a TensorRT-LLM engine YAML).
+    files: RoleFiles = no_files
+    # Keys of engine_config the launcher sets from the role's sizes.
+    launcher_keys: tuple[str, ...] = ()
 
     def problems(self, engine: str, where: str, role: RoleShape) -> list[Problem]:
         """What this engine cannot run of one role, as (field, message, fix)."""
@@ -182,6 +197,17 @@ class RoleSupport:
                     f"set expert_parallel: {tp * dp} (expert parallel on) or 1 (off)",
                 )
             )
+        config = getattr(role, "engine_config", None) or {}
+        for key in self.launcher_keys:
+            if key in config:
+                found.append(
+                    (
+                        f"{where}.engine_config",
+                        f"{key} is set by the launcher from the role's sizes",
+                        f"remove {key}: use the role's fields (tensor_parallel, "
+                        "expert_parallel, pipeline_parallel, dp_attention) or kv_transfer",
+                    )
+                )
         for i, arg in enumerate(role.args):
             flag = arg.split("=", 1)[0]
             if flag in self.launcher_flags:
@@ -509,6 +535,196 @@ CUSTOM_ROLES = RoleSupport(
     transfer_backends=SGLANG_TRANSFER_BACKENDS,
     dp_attention=False,
     expert_parallel="tp-times-dp",
+)
+
+
+# -- Dynamo workers ----------------------------------------------------------------------------
+# https://docs.nvidia.com/dynamo/latest/ (backends sglang, vllm, trtllm; `--disaggregation-mode`
+# since Dynamo 1.0, `--request-plane`), and srt-slurm's builders: a Dynamo worker is the
+# engine's own flags plus Dynamo's, registers with etcd (discovery) and serves the frontend
+# over the request plane, not over HTTP.
+
+DYNAMO_FLAGS = ("--request-plane", "--disaggregation-mode")
+
+
+def dynamo_sglang_argv(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, master_addr: str, bind_host: str
+) -> list[str]:
+    """`python3 -m dynamo.sglang`: SGLang's flags, then the request plane (srt-slurm order)."""
+    argv = sglang_role_argv(spec, role, lane, master_addr, bind_host)
+    cut = len(argv) - len(role.args)
+    return [*argv[:cut], "--request-plane", spec.request_plane, *role.args]
+
+
+def dynamo_vllm_argv(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, master_addr: str, bind_host: str
+) -> list[str]:
+    """`python3 -m dynamo.vllm`: the role as `--disaggregation-mode` (Dynamo 1.0's word, which
+    replaced `--is-prefill-worker`), the connector, per-node DP with hybrid load balancing so
+    every node's process registers, then the request plane."""
+    argv = list(spec.command)
+    if lane.role in PD_ROLES:
+        argv += ["--disaggregation-mode", str(lane.role)]
+        argv += kv_transfer_config(spec, role)
+    argv += _vllm_sizes(role)
+    argv += _vllm_topology(spec, role, lane, master_addr, hybrid_lb=True)
+    return [*argv, "--request-plane", spec.request_plane, *role.args]
+
+
+def dynamo_vllm_env(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, bind_host: str
+) -> dict[str, str]:
+    env = vllm_role_env(spec, role, lane, bind_host)
+    if lane.side_port is not None:
+        env["DYN_SYSTEM_PORT"] = str(lane.side_port + vllm_side_span(role))
+    return {**env, **role.env}
+
+
+def dynamo_sglang_env(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, bind_host: str
+) -> dict[str, str]:
+    env = {"SGLANG_HOST_IP": bind_host}
+    if lane.side_port is not None:
+        env["DYN_SYSTEM_PORT"] = str(lane.side_port + 1)  # after SGLang's NCCL port
+    return {**env, **role.env}
+
+
+# -- TensorRT-LLM ------------------------------------------------------------------------------
+# `trtllm-serve MODEL` (tensorrt_llm/commands/serve.py: --tp_size/--pp_size/--ep_size, --config
+# is the LLM-API YAML that overrides them, --host/--port) and its disaggregated service
+# (https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html: context and generation
+# servers need `cache_transceiver_config` in their YAML). A worker on several nodes needs an
+# MPI launch (one srun with a task per GPU, --mpi pmix), which lanes do not do: refused.
+
+TRTLLM_ROLE_FLAGS = (
+    "--host",
+    "--port",
+    "--tp_size",
+    "--tensor_parallel_size",
+    "--pp_size",
+    "--pipeline_parallel_size",
+    "--ep_size",
+    "--moe_expert_parallel_size",
+    "--config",
+    "--extra_llm_api_options",
+    "--extra-engine-args",
+)
+TRTLLM_KEYS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "moe_expert_parallel_size",
+    "enable_attention_dp",
+)
+
+
+def trtllm_config(spec: RoleDeployment, role: RoleShape, lane: RoleLane) -> dict[str, Any]:
+    """The role's LLM-API YAML: its engine_config, with the sizes the launcher owns."""
+    config: dict[str, Any] = dict(getattr(role, "engine_config", None) or {})
+    config |= {
+        "tensor_parallel_size": role.tensor_parallel,
+        "pipeline_parallel_size": role.pipeline_parallel,
+        "moe_expert_parallel_size": role.expert_parallel,
+        "enable_attention_dp": role.dp_attention,
+    }
+    if lane.role in PD_ROLES:
+        # the role's own transceiver settings (max_tokens_in_buffer, …) stay; the backend is
+        # the deployment's kv_transfer
+        own = config.get("cache_transceiver_config")
+        own = dict(own) if isinstance(own, dict) else {}
+        config["cache_transceiver_config"] = {**own, "backend": spec.kv_transfer or "DEFAULT"}
+    return config
+
+
+def trtllm_config_name(lane: RoleLane) -> str:
+    return f"trtllm-{lane.role}.yaml"
+
+
+def trtllm_files(spec: RoleDeployment, role: RoleShape, lane: RoleLane) -> dict[str, str]:
+    # JSON is YAML, and the standard library writes it (node workers import no yaml).
+    return {trtllm_config_name(lane): json.dumps(trtllm_config(spec, role, lane), indent=1)}
+
+
+def trtllm_role_argv(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, master_addr: str, bind_host: str
+) -> list[str]:
+    argv = list(spec.command)
+    _head(argv, lane, bind_host)
+    argv += ["--tp_size", str(role.tensor_parallel), "--pp_size", str(role.pipeline_parallel)]
+    if role.expert_parallel > 1:
+        argv += ["--ep_size", str(role.expert_parallel)]
+    argv += ["--config", f"{LANE_DIR}/{trtllm_config_name(lane)}"]
+    return [*argv, *role.args]
+
+
+def dynamo_trtllm_argv(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, master_addr: str, bind_host: str
+) -> list[str]:
+    """`python3 -m dynamo.trtllm`: the sizes live in the engine YAML (srt-slurm's
+    `--extra-engine-args`), the role in `--disaggregation-mode`."""
+    argv = list(spec.command)
+    if lane.role in PD_ROLES:
+        argv += ["--disaggregation-mode", str(lane.role)]
+    argv += ["--extra-engine-args", f"{LANE_DIR}/{trtllm_config_name(lane)}"]
+    return [*argv, "--request-plane", spec.request_plane, *role.args]
+
+
+def trtllm_env(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, bind_host: str
+) -> dict[str, str]:
+    return dict(role.env)
+
+
+def dynamo_trtllm_env(
+    spec: RoleDeployment, role: RoleShape, lane: RoleLane, bind_host: str
+) -> dict[str, str]:
+    assert lane.side_port is not None
+    return {"DYN_SYSTEM_PORT": str(lane.side_port), **role.env}
+
+
+TRTLLM_ROLES = RoleSupport(
+    worker_gpus=tp_pp,
+    render=trtllm_role_argv,
+    env=trtllm_env,
+    launcher_flags=TRTLLM_ROLE_FLAGS,
+    transfer_backends=TRTLLM_TRANSFER_BACKENDS,
+    multi_node=False,
+    engine_config=True,
+    files=trtllm_files,
+    launcher_keys=TRTLLM_KEYS,
+)
+
+DYNAMO_SGLANG_ROLES = RoleSupport(
+    worker_gpus=tp_pp_dp_attention,
+    render=dynamo_sglang_argv,
+    env=dynamo_sglang_env,
+    launcher_flags=(*SGLANG_ROLE_FLAGS, *DYNAMO_FLAGS),
+    transfer_backends=SGLANG_TRANSFER_BACKENDS,
+    rendezvous_span=7,
+    side_span=lambda role: 2,  # SGLang's NCCL port, then DYN_SYSTEM_PORT
+)
+
+DYNAMO_VLLM_ROLES = RoleSupport(
+    worker_gpus=tp_pp_dp,
+    render=dynamo_vllm_argv,
+    env=dynamo_vllm_env,
+    launcher_flags=(*VLLM_ROLE_FLAGS, *DYNAMO_FLAGS),
+    transfer_backends=tuple(VLLM_CONNECTORS),
+    rendezvous_span=2,
+    side_span=lambda role: vllm_side_span(role) + 1,  # the NIXL block, then DYN_SYSTEM_PORT
+    dp_attention=False,
+    expert_parallel="tp-times-dp",
+)
+
+DYNAMO_TRTLLM_ROLES = RoleSupport(
+    worker_gpus=tp_pp,
+    render=dynamo_trtllm_argv,
+    env=dynamo_trtllm_env,
+    launcher_flags=(*TRTLLM_ROLE_FLAGS, *DYNAMO_FLAGS),
+    transfer_backends=TRTLLM_TRANSFER_BACKENDS,
+    multi_node=False,
+    engine_config=True,
+    files=trtllm_files,
+    launcher_keys=TRTLLM_KEYS,
 )
 
 

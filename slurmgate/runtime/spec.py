@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from slurmgate.errors import InputError
-from slurmgate.runtime import engines, role_engines
+from slurmgate.runtime import engines, frontends, role_engines
 from slurmgate.runtime.endpoint.config import TOKEN_ENV
 from slurmgate.runtime.layout import port_problems
 from slurmgate.runtime.redact import CREDENTIAL_FLAG
@@ -345,6 +345,76 @@ class RolesSpec(_Strict):
         return self.agg is None
 
 
+def _port(default: int, description: str) -> Any:
+    return Field(default=default, ge=1024, le=65535, description=description)
+
+
+class FrontendSpec(_Strict):
+    """The field's own router or frontend, started on the client node in front of the workers."""
+
+    type: frontends.FrontendName = Field(
+        description="dynamo (with the etcd and NATS it needs), sglang-router, vllm-router, or "
+        "trtllm-serve (disaggregated); the logical endpoint then routes to it"
+    )
+    command: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="its argv before the launcher's flags; default: the type's own (python3 -m "
+        "dynamo.frontend, python3 -m sglang_router.launch_router, vllm-router, trtllm-serve "
+        "disaggregated)",
+    )
+    args: list[str] = Field(
+        default_factory=list, max_length=MAX_ROLE_ARGS, description="its own flags, last"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="its own env, plain values")
+    port: int = _port(8000, "its HTTP port on the client node")
+    request_plane: frontends.RequestPlane = Field(
+        default="tcp", description="Dynamo's request plane between frontend and workers"
+    )
+    etcd_port: int = _port(2379, "Dynamo: etcd's client port on the client node (+1: peers)")
+    nats_port: int = _port(4222, "Dynamo: NATS's port on the client node")
+    nats_monitor_port: int = _port(8222, "Dynamo: NATS's monitoring port (readiness)")
+    etcd_command: list[str] = Field(
+        default_factory=lambda: ["etcd"], min_length=1, description="Dynamo: etcd's binary"
+    )
+    nats_command: list[str] = Field(
+        default_factory=lambda: ["nats-server"],
+        min_length=1,
+        description="Dynamo: the NATS server's binary",
+    )
+    startup_timeout_s: float = Field(
+        default=600.0, gt=0, description="seconds it has to list every worker once they are up"
+    )
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        return RoleSpec._args(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return RoleSpec._env(v)
+
+    @property
+    def profile(self) -> frontends.FrontendProfile:
+        return frontends.FRONTENDS[self.type]
+
+    @property
+    def argv_head(self) -> list[str]:
+        """Its command: the spec's, or the type's own."""
+        return list(self.command or self.profile.command)
+
+    @property
+    def service_ports(self) -> dict[str, int]:
+        return {
+            "etcd": self.etcd_port,
+            "etcd_peer": self.etcd_port + 1,
+            "nats": self.nats_port,
+            "nats_monitor": self.nats_monitor_port,
+        }
+
+
 # DeploymentSpec fields that describe the classic replica shape; a deployment with roles
 # gives each role its own sizes instead.
 CLASSIC_SHAPE_FIELDS = (
@@ -468,6 +538,12 @@ class DeploymentSpec(_Strict):
         description="a prefill worker's bootstrap port on its head node (lane slot L: +L), "
         "where decode workers fetch its KV cache handshake (SGLang)",
     )
+    frontend: FrontendSpec | None = Field(
+        default=None,
+        description="the field's own router or frontend on the client node (Dynamo's, "
+        "sglang-router, vllm-router, trtllm-serve); unset: the logical endpoint routes to the "
+        "workers itself",
+    )
     side_base_port: int = Field(
         default=20000,
         ge=1024,
@@ -528,6 +604,7 @@ class DeploymentSpec(_Strict):
 
     @model_validator(mode="after")
     def _topology(self) -> DeploymentSpec:
+        self._frontend_pairing()
         if self.roles is not None:
             self._roles_shape(self.roles)
             return self
@@ -570,6 +647,42 @@ class DeploymentSpec(_Strict):
                 "lower distributed_timeout_s or raise startup_timeout_s",
             )
         return self
+
+    def _frontend_pairing(self) -> None:
+        needed = engines.profile(self.engine).frontend
+        if self.frontend is None:
+            if needed is not None:
+                raise _problem(
+                    "frontend",
+                    f"engine {self.engine}'s workers serve no client HTTP: they need the "
+                    f"{needed} frontend",
+                    f"add frontend: {{type: {needed}}}",
+                )
+            return
+        profile = self.frontend.profile
+        if self.engine not in profile.engines:
+            raise _problem(
+                "frontend.type",
+                f"{self.frontend.type} does not front engine {self.engine}",
+                "use it with engine " + " or ".join(profile.engines),
+            )
+        if self.roles is None:
+            raise _problem(
+                "frontend",
+                "a frontend fronts a deployment's role workers",
+                "give roles (prefill and decode, or agg), or remove frontend",
+            )
+        if profile.pd_only and not self.roles.disaggregated:
+            raise _problem(
+                "frontend.type",
+                f"{self.frontend.type} fronts prefill and decode workers only",
+                "give roles.prefill and roles.decode, or remove frontend",
+            )
+
+    @property
+    def request_plane(self) -> str:
+        """Dynamo's request plane (its workers' `--request-plane`)."""
+        return self.frontend.request_plane if self.frontend else "tcp"
 
     def _roles_shape(self, roles: RolesSpec) -> None:
         support = engines.profile(self.engine).roles

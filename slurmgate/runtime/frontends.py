@@ -1,0 +1,282 @@
+"""The field's own routers and frontends, and the services they need: argv and readiness rules.
+
+A deployment may name a frontend (`DeploymentSpec.frontend`) that the runtime starts on the
+client node in front of its workers, like any lane: Dynamo's frontend (with the etcd and NATS
+it needs, as service lanes of their own), sglang-router or vllm-router in PD mode, or
+`trtllm-serve disaggregated`. Everything here is pure: what each one runs (given the workers'
+URLs), which ports it opens and when it counts as ready (a rule over the JSON it answers).
+Standard library only.
+
+Sources:
+- Dynamo: https://docs.nvidia.com/dynamo/latest/ (`python -m dynamo.frontend --http-port`,
+  `ETCD_ENDPOINTS`, `NATS_SERVER`, `DYN_REQUEST_PLANE`); its `/health` lists `instances`
+  (srt-slurm `core/health.py`: entries with endpoint `generate`, component `prefill` for
+  prefill, `backend`/`decode`/`tensorrt_llm` for decode).
+- sglang-router: https://docs.sglang.ai/advanced_features/router.html (`--pd-disaggregation`,
+  `--prefill URL BOOTSTRAP_PORT`, `--decode URL`, `--worker-urls`); `GET /workers` answers
+  `stats.{prefill_count, decode_count, regular_count}` (sglang-router 0.3.2, measured).
+- vllm-router: https://github.com/vllm-project/router (`--vllm-pd-disaggregation`, `--prefill`,
+  `--decode`, `--worker-urls`), same `/workers` stats shape.
+- trtllm-serve disaggregated: https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html
+  (`trtllm-serve disaggregated -c CONFIG`, `context_servers` and `generation_servers` URLs).
+- etcd: https://etcd.io/docs/v3.5/op-guide/configuration/ (`GET /health` answers
+  `{"health":"true"}`); NATS: https://docs.nats.io/running-a-nats-service/nats_admin/monitoring
+  (`-m PORT`, `GET /healthz`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from slurmgate.runtime.role_engines import LANE_DIR
+
+FrontendName = Literal["dynamo", "sglang-router", "vllm-router", "trtllm-serve"]
+RequestPlane = Literal["tcp", "nats", "http"]
+
+# Dynamo's /health components that count for each role (srt-slurm core/health.py).
+DYNAMO_COMPONENTS = {"prefill": ("prefill",), "decode": ("decode", "backend", "tensorrt_llm")}
+
+
+@dataclass(frozen=True)
+class FrontendProfile:
+    """One frontend: its default command, the engines it fronts, and its readiness path."""
+
+    name: FrontendName
+    summary: str
+    docs: tuple[str, ...]
+    command: tuple[str, ...]
+    engines: tuple[str, ...]
+    readiness_path: str
+    pd_only: bool = False  # it fronts prefill and decode workers only (no agg)
+    services: tuple[str, ...] = ()  # the service lanes it needs, started before it
+
+
+FRONTENDS: dict[str, FrontendProfile] = {
+    p.name: p
+    for p in (
+        FrontendProfile(
+            name="dynamo",
+            summary="Dynamo's OpenAI frontend, which finds its workers in etcd",
+            docs=("https://docs.nvidia.com/dynamo/latest/",),
+            command=("python3", "-m", "dynamo.frontend"),
+            engines=("dynamo-sglang", "dynamo-vllm", "dynamo-trtllm"),
+            readiness_path="/health",
+            services=("etcd", "nats"),
+        ),
+        FrontendProfile(
+            name="sglang-router",
+            summary="SGLang's router (sglang-router), in PD mode for prefill and decode",
+            docs=("https://docs.sglang.ai/advanced_features/router.html",),
+            command=("python3", "-m", "sglang_router.launch_router"),
+            engines=("sglang", "custom"),
+            readiness_path="/workers",
+        ),
+        FrontendProfile(
+            name="vllm-router",
+            summary="vLLM's router (vllm-router), in PD mode for prefill and decode",
+            docs=("https://github.com/vllm-project/router",),
+            command=("vllm-router",),
+            engines=("vllm", "custom"),
+            readiness_path="/workers",
+        ),
+        FrontendProfile(
+            name="trtllm-serve",
+            summary="TensorRT-LLM's disaggregated server (`trtllm-serve disaggregated`)",
+            docs=("https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html",),
+            command=("trtllm-serve", "disaggregated"),
+            engines=("trtllm",),
+            readiness_path="/health",
+            pd_only=True,
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Workers:
+    """What a frontend is told of the workers: URLs per role, and prefill bootstrap ports."""
+
+    prefill: tuple[tuple[str, int | None], ...] = ()
+    decode: tuple[str, ...] = ()
+    agg: tuple[str, ...] = ()
+
+
+def frontend_argv(
+    name: str,
+    command: Sequence[str],
+    args: Sequence[str],
+    bind_host: str,
+    port: int,
+    workers: Workers,
+) -> list[str]:
+    """The frontend's argv: its command, the workers it routes to, where it listens, its args."""
+    argv = list(command)
+    if name == "dynamo":
+        # Dynamo finds the workers itself (etcd); srt-slurm passes only the port.
+        argv += ["--http-port", str(port)]
+    elif name == "sglang-router":
+        if workers.agg:
+            argv += ["--worker-urls", *workers.agg]
+        else:
+            argv.append("--pd-disaggregation")
+            for url, bootstrap in workers.prefill:
+                argv += ["--prefill", url, *([str(bootstrap)] if bootstrap is not None else [])]
+            for url in workers.decode:
+                argv += ["--decode", url]
+        argv += ["--host", bind_host, "--port", str(port)]
+    elif name == "vllm-router":
+        if workers.agg:
+            argv += ["--worker-urls", *workers.agg]
+        else:
+            argv.append("--vllm-pd-disaggregation")
+            for url, _ in workers.prefill:
+                argv += ["--prefill", url]
+            for url in workers.decode:
+                argv += ["--decode", url]
+        argv += ["--host", bind_host, "--port", str(port)]
+    elif name == "trtllm-serve":
+        argv += ["-c", f"{LANE_DIR}/{TRTLLM_DISAGG_FILE}"]
+    else:
+        raise ValueError(f"unknown frontend {name!r}")
+    return [*argv, *args]
+
+
+TRTLLM_DISAGG_FILE = "disagg.yaml"
+
+
+def trtllm_disagg_config(bind_host: str, port: int, workers: Workers) -> str:
+    """`trtllm-serve disaggregated`'s config: where it listens and its two server lists."""
+
+    def hostport(url: str) -> str:
+        return url.removeprefix("http://")
+
+    config = {
+        "hostname": bind_host,
+        "port": port,
+        "backend": "pytorch",
+        "context_servers": {
+            "num_instances": len(workers.prefill),
+            "urls": [hostport(url) for url, _ in workers.prefill],
+        },
+        "generation_servers": {
+            "num_instances": len(workers.decode),
+            "urls": [hostport(url) for url in workers.decode],
+        },
+    }
+    return json.dumps(config, indent=1)
+
+
+def frontend_files(name: str, bind_host: str, port: int, workers: Workers) -> dict[str, str]:
+    """Files the frontend reads, by name under LANE_DIR."""
+    if name == "trtllm-serve":
+        return {TRTLLM_DISAGG_FILE: trtllm_disagg_config(bind_host, port, workers)}
+    return {}
+
+
+def frontend_env(
+    name: str, services_host: str, ports: Mapping[str, int], plane: str
+) -> dict[str, str]:
+    """What the frontend (and, for Dynamo, every worker) needs to find the services."""
+    if name != "dynamo":
+        return {}
+    return {
+        "ETCD_ENDPOINTS": f"http://{services_host}:{ports['etcd']}",
+        "NATS_SERVER": f"nats://{services_host}:{ports['nats']}",
+        "DYN_REQUEST_PLANE": plane,
+    }
+
+
+def service_argv(
+    name: str, command: Sequence[str], bind_host: str, ports: Mapping[str, int]
+) -> list[str]:
+    """etcd or NATS as srt-slurm's head node runs them, listening on the node's address, with
+    their data under the lane's own directory."""
+    argv = list(command)
+    if name == "etcd":
+        client = f"http://{bind_host}:{ports['etcd']}"
+        peer = f"http://{bind_host}:{ports['etcd_peer']}"
+        return [
+            *argv,
+            "--name",
+            "slurmgate",
+            "--data-dir",
+            f"{LANE_DIR}/etcd",
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"slurmgate={peer}",
+        ]
+    if name == "nats":
+        return [
+            *argv,
+            "-a",
+            bind_host,
+            "-p",
+            str(ports["nats"]),
+            "-m",
+            str(ports["nats_monitor"]),
+            "-js",
+            "-sd",
+            f"{LANE_DIR}/nats",
+        ]
+    raise ValueError(f"unknown service {name!r}")
+
+
+SERVICE_READINESS = {"etcd": ("etcd", "/health"), "nats": ("nats_monitor", "/healthz")}
+"""Per service: the port it is probed on (a key of the service ports) and the path."""
+
+
+def service_ready(name: str, status: int, body: Any) -> bool:
+    """etcd answers {"health": "true"}; NATS's monitor answers /healthz with 200."""
+    if status != 200:
+        return False
+    if name == "etcd":
+        return isinstance(body, dict) and body.get("health") in ("true", True)
+    return True
+
+
+def ready_counts(name: str, body: Any) -> dict[str, int]:
+    """Workers a frontend's readiness answer lists, per role (prefill, decode, agg)."""
+    counts = {"prefill": 0, "decode": 0, "agg": 0}
+    if not isinstance(body, dict):
+        return counts
+    if name == "dynamo":
+        for instance in body.get("instances") or []:
+            if not isinstance(instance, dict) or instance.get("endpoint") != "generate":
+                continue
+            component = instance.get("component")
+            for role, names in DYNAMO_COMPONENTS.items():
+                if component in names:
+                    counts[role] += 1
+        counts["agg"] = counts["decode"]
+        return counts
+    stats = body.get("stats")
+    if isinstance(stats, dict):
+        counts["prefill"] = _count(stats.get("prefill_count"))
+        counts["decode"] = _count(stats.get("decode_count")) + _count(stats.get("regular_count"))
+        counts["agg"] = _count(stats.get("regular_count"))
+    return counts
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def frontend_ready(name: str, status: int, body: Any, expected: Mapping[str, int]) -> bool:
+    """Ready when the answer is 200 and lists at least the expected workers of each role
+    (trtllm-serve disaggregated: 200 alone, as srt-slurm checks it)."""
+    if status != 200:
+        return False
+    if name == "trtllm-serve":
+        return True
+    counts = ready_counts(name, body)
+    return all(counts[role] >= n for role, n in expected.items())

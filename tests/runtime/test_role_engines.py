@@ -1,0 +1,291 @@
+"""Role launches, frontends and services, each pinned to the engine's documentation or source.
+
+- SGLang PD: https://docs.sglang.ai/advanced_features/pd_disaggregation.html (the role flag,
+  the prefill bootstrap port, the transfer backend; multi-node `--dist-init-addr/--nnodes/
+  --node-rank`); `ServerArgs` itself parses these argv in test_engine_parsers.py.
+- vLLM PD: https://docs.vllm.ai/en/latest/features/nixl_connector_usage.html (NixlConnector
+  `kv_both` in `--kv-transfer-config`, `VLLM_NIXL_SIDE_CHANNEL_HOST/PORT`).
+- trtllm-serve: tensorrt_llm/commands/serve.py (`--tp_size`, `--pp_size`, `--ep_size`,
+  `--config`), https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html.
+- Dynamo: https://docs.nvidia.com/dynamo/latest/ and srt-slurm's builders
+  (`--disaggregation-mode`, `--request-plane`, `--extra-engine-args`, `dynamo.frontend
+  --http-port`, `ETCD_ENDPOINTS`, `NATS_SERVER`, `DYN_SYSTEM_PORT`).
+- Routers: https://docs.sglang.ai/advanced_features/router.html, vllm-project/router.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from slurmgate.runtime import engines, frontends, layout
+from slurmgate.runtime.role_engines import LANE_DIR
+from slurmgate.runtime.spec import AllocationSpec
+
+
+def _plan(
+    engine: str, command: list[str], roles: dict[str, Any], gpus: int = 4, **dep: Any
+) -> tuple[AllocationSpec, layout.Layout]:
+    spec = AllocationSpec.from_data(
+        {
+            "name": "a",
+            "client": {"command": ["true"]},
+            "gpus_per_node": gpus,
+            "deployments": [
+                {"name": "pd", "engine": engine, "command": command, "roles": roles, **dep}
+            ],
+        }
+    )
+    p = layout.plan(spec)
+    hosts = [f"n{i}" for i in range(p.total_nodes)]
+    return spec, layout.bind(p, hosts, {h: f"10.0.0.{i + 1}" for i, h in enumerate(hosts)})
+
+
+def _argv(spec: AllocationSpec, lay: layout.Layout, role: str, rank: int = 0) -> list[str]:
+    (d,) = lay.plan.deployments
+    lane = next(
+        lane
+        for n in d.nodes
+        for lane in n.lanes
+        if lane.role == role and lane.replica == 0 and lane.rank == rank
+    )
+    node = next(n.node for n in d.nodes if lane in n.lanes)
+    master = lay.address(lane.rendezvous_node)
+    return layout.lane_argv(spec.deployments[0], lane, master, bind_host=lay.address(node))
+
+
+def _value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_sglang_prefill_and_decode_speak_sglangs_pd_flags() -> None:
+    roles = {"prefill": {"tensor_parallel": 2}, "decode": {"tensor_parallel": 8}}
+    spec, lay = _plan("sglang", ["python", "-m", "sglang.launch_server"], roles, kv_transfer="nixl")
+    prefill, decode0, decode1 = (
+        _argv(spec, lay, "prefill"),
+        _argv(spec, lay, "decode"),
+        _argv(spec, lay, "decode", 1),
+    )
+    assert _value(prefill, "--disaggregation-mode") == "prefill"
+    assert _value(prefill, "--disaggregation-bootstrap-port") == "18500"
+    assert _value(prefill, "--disaggregation-transfer-backend") == "nixl"
+    assert _value(decode0, "--disaggregation-mode") == "decode"
+    assert "--disaggregation-bootstrap-port" not in decode0  # decode asks the prefill's
+    # the decode worker spans two 4-GPU nodes: SGLang's multi-node launch, head on node 1
+    assert [_value(a, "--node-rank") for a in (decode0, decode1)] == ["0", "1"]
+    assert _value(decode1, "--dist-init-addr") == "10.0.0.2:19000"
+    assert _value(decode1, "--nnodes") == "2" and "--port" not in decode1
+    assert _value(decode0, "--tp-size") == "8"
+
+
+def test_vllm_nixl_roles_and_per_node_data_parallel() -> None:
+    roles = {
+        "prefill": {"data_parallel": 8, "expert_parallel": 8},  # DEP8 over two 4-GPU nodes
+        "decode": {"tensor_parallel": 8},  # TP8 over two nodes: vLLM's multi-node executor
+    }
+    spec, lay = _plan("vllm", ["vllm", "serve", "/m"], roles)
+    head, follower = _argv(spec, lay, "prefill"), _argv(spec, lay, "prefill", 1)
+    nixl = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+    assert _value(head, "--kv-transfer-config") == nixl
+    assert json.loads(nixl) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert _value(follower, "--data-parallel-size-local") == "4"
+    assert _value(follower, "--data-parallel-start-rank") == "4"
+    assert _value(follower, "--data-parallel-address") == "10.0.0.1"
+    assert "--headless" in follower and "--headless" not in head
+    decode = _argv(spec, lay, "decode", 1)
+    assert _value(decode, "--nnodes") == "2" and _value(decode, "--master-addr") == "10.0.0.3"
+    assert "--data-parallel-size-local" not in decode and "--headless" in decode
+    (d,) = lay.plan.deployments
+    lane = d.role_heads("prefill")[0]
+    env = layout.lane_env(spec.deployments[0], lane, "10.0.0.1")
+    # NIXL listens on its side-channel port + the local DP rank: a block of data_parallel
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "20000" and lane.side_span == 8
+
+
+def test_trtllm_worker_reads_its_llm_api_yaml() -> None:
+    roles = {
+        "prefill": {
+            "tensor_parallel": 4,
+            "expert_parallel": 4,
+            "dp_attention": True,
+            "data_parallel": 4,
+            "engine_config": {"max_batch_size": 2, "kv_cache_config": {"dtype": "fp8"}},
+        },
+        "decode": {"tensor_parallel": 4},
+    }
+    spec, lay = _plan(
+        "trtllm",
+        ["trtllm-serve", "/m"],
+        roles,
+        kv_transfer="UCX",
+        frontend={"type": "trtllm-serve"},
+    )
+    argv = _argv(spec, lay, "prefill")
+    assert argv[argv.index("--tp_size") + 1] == "4" and _value(argv, "--ep_size") == "4"
+    assert _value(argv, "--config") == f"{LANE_DIR}/trtllm-prefill.yaml"
+    (d,) = lay.plan.deployments
+    files = layout.lane_files(spec.deployments[0], d.role_heads("prefill")[0])
+    config = json.loads(files["trtllm-prefill.yaml"])
+    assert config["cache_transceiver_config"] == {"backend": "UCX"}
+    assert config["enable_attention_dp"] is True and config["kv_cache_config"] == {"dtype": "fp8"}
+    (frontend,) = layout.service_launches(spec.deployments[0], lay, d)
+    assert frontend.argv == ["trtllm-serve", "disaggregated", "-c", f"{LANE_DIR}/disagg.yaml"]
+    disagg = json.loads(frontend.files["disagg.yaml"])
+    assert disagg["context_servers"] == {"num_instances": 1, "urls": ["10.0.0.1:18000"]}
+    assert disagg["generation_servers"]["urls"] == ["10.0.0.2:18000"]
+
+
+def test_dynamo_workers_frontend_and_services() -> None:
+    roles = {"prefill": {"workers": 2, "tensor_parallel": 2}, "decode": {"tensor_parallel": 4}}
+    spec, lay = _plan(
+        "dynamo-sglang",
+        ["python3", "-m", "dynamo.sglang", "--model-path", "/model"],
+        roles,
+        frontend={"type": "dynamo", "args": ["--router-mode", "kv"]},
+    )
+    argv = _argv(spec, lay, "prefill")
+    assert _value(argv, "--disaggregation-mode") == "prefill"
+    assert _value(argv, "--request-plane") == "tcp"
+    (d,) = lay.plan.deployments
+    etcd, nats, frontend = layout.service_launches(spec.deployments[0], lay, d)
+    assert frontend.argv == [
+        "python3",
+        "-m",
+        "dynamo.frontend",
+        "--http-port",
+        "8000",
+        "--router-mode",
+        "kv",
+    ]
+    assert frontend.env == {
+        "ETCD_ENDPOINTS": "http://10.0.0.1:2379",
+        "NATS_SERVER": "nats://10.0.0.1:4222",
+        "DYN_REQUEST_PLANE": "tcp",
+    }
+    assert _value(etcd.argv, "--listen-client-urls") == "http://10.0.0.1:2379"
+    assert _value(nats.argv, "-p") == "4222" and _value(nats.argv, "-m") == "8222"
+    assert [s.name for s in d.services] == ["etcd", "nats", "frontend"]
+    # the workers find etcd through the step's env, the same on every node
+    assert layout.service_env(spec.deployments[0], lay)["ETCD_ENDPOINTS"].endswith(":2379")
+    env = layout.lane_env(spec.deployments[0], d.role_heads("prefill")[1], "10.0.0.1")
+    assert env["DYN_SYSTEM_PORT"] == "20003"  # slot 1: NCCL 20002, status 20003
+    assert layout.expected_workers(spec.deployments[0], d) == {"prefill": 2, "decode": 1}
+    assert not engines.profile("dynamo-sglang").lane_http
+
+
+def test_dynamo_vllm_expects_one_instance_per_node_with_per_node_dp() -> None:
+    roles = {"prefill": {"data_parallel": 4}, "decode": {"data_parallel": 8}}
+    spec, lay = _plan(
+        "dynamo-vllm",
+        ["python3", "-m", "dynamo.vllm", "--model", "/model"],
+        roles,
+        frontend={"type": "dynamo"},
+    )
+    (d,) = lay.plan.deployments
+    assert "--data-parallel-hybrid-lb" in _argv(spec, lay, "decode", 1)
+    assert layout.expected_workers(spec.deployments[0], d) == {"prefill": 1, "decode": 2}
+
+
+def test_pd_routers_are_told_each_prefill_with_its_bootstrap_port() -> None:
+    roles = {"prefill": {"workers": 2, "tensor_parallel": 2}, "decode": {"tensor_parallel": 4}}
+    spec, lay = _plan(
+        "sglang",
+        ["python", "-m", "sglang.launch_server"],
+        roles,
+        frontend={"type": "sglang-router"},
+    )
+    (d,) = lay.plan.deployments
+    (router,) = layout.service_launches(spec.deployments[0], lay, d)
+    assert router.argv == [
+        "python3",
+        "-m",
+        "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--prefill",
+        "http://10.0.0.1:18000",
+        "18500",
+        "--prefill",
+        "http://10.0.0.1:18001",
+        "18501",
+        "--decode",
+        "http://10.0.0.2:18000",
+        "--host",
+        "10.0.0.1",
+        "--port",
+        "8000",
+    ]
+    workers = layout.frontend_workers(lay, d)
+    vllm = frontends.frontend_argv("vllm-router", ["vllm-router"], [], "h", 8000, workers)
+    assert vllm[1:6] == [
+        "--vllm-pd-disaggregation",
+        "--prefill",
+        "http://10.0.0.1:18000",
+        "--prefill",
+        "http://10.0.0.1:18001",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "expected", "ready"),
+    [
+        (
+            "dynamo",
+            {
+                "instances": [
+                    {"component": "prefill", "endpoint": "generate"},
+                    {"component": "backend", "endpoint": "generate"},
+                    {"component": "backend", "endpoint": "clear_kv_blocks"},
+                ]
+            },
+            {"prefill": 1, "decode": 1},
+            True,
+        ),
+        (
+            "dynamo",
+            {"instances": [{"component": "backend", "endpoint": "generate"}]},
+            {"prefill": 1, "decode": 1},
+            False,
+        ),
+        (
+            "sglang-router",
+            {"stats": {"prefill_count": 2, "decode_count": 1, "regular_count": 0}},
+            {"prefill": 2, "decode": 1},
+            True,
+        ),
+        (
+            "vllm-router",
+            {"stats": {"prefill_count": 1, "decode_count": 0}},
+            {"prefill": 1, "decode": 1},
+            False,
+        ),
+        ("sglang-router", {"stats": {"regular_count": 3}}, {"agg": 3}, True),
+        ("sglang-router", "not json", {"agg": 1}, False),
+    ],
+)
+def test_frontend_readiness_counts_workers_per_role(
+    name: str, body: Any, expected: dict[str, int], ready: bool
+) -> None:
+    assert frontends.frontend_ready(name, 200, body, expected) is ready
+    assert frontends.frontend_ready(name, 503, body, expected) is False
+
+
+def test_service_readiness() -> None:
+    assert frontends.service_ready("etcd", 200, {"health": "true"})
+    assert not frontends.service_ready("etcd", 200, {"health": "false"})
+    assert frontends.service_ready("nats", 200, None) and not frontends.service_ready(
+        "nats", 500, None
+    )
+
+
+def test_frontend_ports_collide_with_the_endpoint_are_refused() -> None:
+    from slurmgate.runtime.spec import SpecError
+
+    with pytest.raises(SpecError, match="port 17000 on node 0 is also claimed by"):
+        _plan(
+            "dynamo-sglang",
+            ["python3", "-m", "dynamo.sglang"],
+            {"agg": {}},
+            frontend={"type": "dynamo", "port": 17000},
+        )
