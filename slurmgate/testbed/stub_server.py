@@ -1,5 +1,10 @@
 """An OpenAI-compatible stand-in for a vLLM lane, with vLLM metrics, rendezvous and failure knobs.
 
+With `--disaggregation-mode prefill|decode` (SGLang's flag) it plays one side of a disaggregated
+pair behind a PD router (the real sglang-router or slurmgate's PD endpoint): it answers the
+router's `/server_info` and `/model_info`, a prefill lane serves its bootstrap port and a decode
+lane waits for its request's `bootstrap_room` there before emitting tokens (`stub_pd`).
+
 Run it as ``python -m slurmgate.testbed.stub_server --host H --port P [knobs]``. It accepts the
 vLLM flags the launcher passes (parallel sizes, node rank, master address, ``--headless``) so a
 deployment spec can swap it for ``vllm serve`` without changing the launch path. Every knob can
@@ -25,6 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmgate.errors import InputError
+from slurmgate.testbed.stub_pd import (
+    PairingError,
+    PrefilledRooms,
+    await_prefill,
+    request_rooms,
+    serve_bootstrap,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -66,6 +78,10 @@ class StubSettings:
     fail_retry_after: str
     metrics_delay: float
     wedge_after: int
+    disaggregation_mode: str = "null"
+    bootstrap_port: int = 8998
+    bootstrap_timeout: float = 30.0
+    log_rooms: bool = False
 
 
 class KnobError(InputError):
@@ -115,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--distributed-executor-backend", default=None)
     parser.add_argument("--data-parallel-backend", default=None)
     parser.add_argument("--enable-expert-parallel", action="store_true")
+    # SGLang's PD flags (the launcher renders them for a role lane); the stub honours them.
+    parser.add_argument(
+        "--disaggregation-mode", choices=("null", "prefill", "decode"), default="null"
+    )
+    parser.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
+    parser.add_argument("--disaggregation-transfer-backend", default=None)
     knobs: list[tuple[str, type, Any, str]] = [
         ("tokens-per-second", float, 500.0, "generation speed per request; <= 0 means instant"),
         ("first-token-delay", float, 0.0, "seconds before the first token (fixed latency)"),
@@ -137,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("fail-retry-after", str, "", "Retry-After header on injected failures (empty = none)"),
         ("metrics-delay", float, 0.0, "seconds /metrics takes to answer, as a saturated vLLM"),
         (
+            "bootstrap-timeout",
+            float,
+            30.0,
+            "seconds a decode lane waits for its prefill's bootstrap_room (and a prefill's "
+            "bootstrap server holds a decode's question)",
+        ),
+        (
             "wedge-after",
             int,
             0,
@@ -148,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             f"--{name}", type=kind, default=_env_default(name, kind, default), help=help_text
         )
+    parser.add_argument(
+        "--log-rooms",
+        action="store_true",
+        default=_env_default("log_rooms", bool, False),
+        help="print each prefilled and each paired bootstrap_room on stderr",
+    )
     parser.add_argument(
         "--hang",
         action="store_true",
@@ -194,6 +229,11 @@ def parse_settings(argv: list[str] | None = None) -> StubSettings:
         (100 <= ns.fail_status <= 599, "--fail-status must be an HTTP status (100-599)"),
         (ns.metrics_delay >= 0, "--metrics-delay must be >= 0"),
         (ns.wedge_after >= 0, "--wedge-after must be >= 0 (0 = never)"),
+        (ns.bootstrap_timeout > 0, "--bootstrap-timeout must be > 0"),
+        (
+            1 <= ns.disaggregation_bootstrap_port <= 65535,
+            "--disaggregation-bootstrap-port must be a TCP port (1-65535)",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -226,6 +266,10 @@ def parse_settings(argv: list[str] | None = None) -> StubSettings:
         fail_retry_after=ns.fail_retry_after,
         metrics_delay=ns.metrics_delay,
         wedge_after=ns.wedge_after,
+        disaggregation_mode=ns.disaggregation_mode,
+        bootstrap_port=ns.disaggregation_bootstrap_port,
+        bootstrap_timeout=ns.bootstrap_timeout,
+        log_rooms=ns.log_rooms,
     )
 
 
@@ -250,6 +294,8 @@ class StubState:
         self.listener_closed = asyncio.Event()
         self._fail_credit = 0.0
         self.slots = asyncio.Semaphore(settings.max_concurrency)
+        self.rooms = PrefilledRooms(settings.log_rooms)
+        self.paired = 0  # decode requests whose prefill's bootstrap room was confirmed
 
     @property
     def applies_exit_knobs(self) -> bool:
@@ -322,7 +368,26 @@ class StubState:
                 f'slurmgate_stub_requests_total{{status="{status}"}} {float(count)}\n'
                 for status, count in sorted(self.answered.items())
             )
+            + "# HELP slurmgate_stub_bootstrap_rooms_total Bootstrap rooms prefilled (prefill "
+            "lane) or paired with their prefill (decode lane).\n"
+            "# TYPE slurmgate_stub_bootstrap_rooms_total counter\n"
+            f'slurmgate_stub_bootstrap_rooms_total{{side="prefill"}} {self.rooms.prefilled:.1f}\n'
+            f'slurmgate_stub_bootstrap_rooms_total{{side="decode"}} {self.paired:.1f}\n'
         )
+
+    def server_info(self) -> dict[str, Any]:
+        """What SGLang's /server_info tells a router (the fields sglang-router reads)."""
+        s = self.settings
+        info: dict[str, Any] = {
+            "model_path": s.model,
+            "served_model_name": s.served_model_name,
+            "tp_size": s.tensor_parallel_size,
+            "dp_size": 1,
+            "disaggregation_mode": s.disaggregation_mode,
+        }
+        if s.disaggregation_mode == "prefill":
+            info["disaggregation_bootstrap_port"] = s.bootstrap_port
+        return info
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -386,6 +451,11 @@ class StubApp:
             await _json(
                 send, 200, {"object": "list", "data": [{**card, "root": state.settings.model}]}
             )
+        elif path in ("/server_info", "/get_server_info") and method == "GET":
+            await _json(send, 200, state.server_info())
+        elif path in ("/model_info", "/get_model_info") and method == "GET":
+            info = {"model_path": state.settings.model, "is_generation": True}
+            await _json(send, 200, info)
         elif path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
             await self._generate(scope, receive, send, chat=path.endswith("chat/completions"))
         else:
@@ -408,12 +478,20 @@ class StubApp:
             request = json.loads(raw or b"{}")
             if not isinstance(request, dict):
                 raise ValueError("body must be a JSON object")
-            max_tokens = int(request.get("max_tokens") or 16)
+            # sglang-router turns a chat request's max_tokens into max_completion_tokens
+            limit = request.get("max_tokens") or request.get("max_completion_tokens")
+            max_tokens = int(limit or 16)
             if max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
+            mode = settings.disaggregation_mode
+            rooms = request_rooms(request, required=mode == "decode")
         except (ValueError, TypeError) as exc:
             state.answer(400)
             await _json(send, 400, _error(f"bad request: {exc}", "invalid_request_error", 400))
+            return
+        except PairingError as exc:
+            state.answer(exc.status)
+            await _json(send, exc.status, _error(str(exc), "invalid_request_error", exc.status))
             return
         if state.should_fail():
             extra = []
@@ -423,6 +501,19 @@ class StubApp:
             state.answer(status)
             await _json(send, status, _error("injected failure", "stub_failure", status), extra)
             return
+        if mode == "decode":
+            state.waiting += 1  # waiting for the KV cache counts as queued, as in SGLang
+            try:
+                await await_prefill(request, rooms, settings.bootstrap_timeout, settings.log_rooms)
+            except PairingError as exc:
+                state.answer(exc.status)
+                await _json(send, exc.status, _error(str(exc), "pairing_failed", exc.status))
+                return
+            finally:
+                state.waiting -= 1
+            state.paired += 1
+        elif mode == "prefill":
+            max_tokens = 1  # the prefill computes the KV cache and one token; decode the rest
         stream = bool(request.get("stream"))
         model = str(request.get("model") or settings.served_model_name)
         per_token = 1.0 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
@@ -434,6 +525,9 @@ class StubApp:
         with slot:
             if settings.first_token_delay:
                 await asyncio.sleep(settings.first_token_delay)
+            if mode == "prefill":
+                state.rooms.done(rooms)  # the KV cache is on its way: the decode may start
+                per_token = 0.0
             if not stream:
                 if per_token:
                     await asyncio.sleep(per_token * max_tokens)
@@ -620,6 +714,18 @@ async def run(settings: StubSettings) -> int:
     from slurmgate.serving import quiet_server  # deferred: followers never pay for uvicorn
 
     rendezvous = await _serve_rendezvous(state) if settings.nnodes > 1 else None
+    bootstrap = None
+    if settings.disaggregation_mode == "prefill":
+        try:
+            bootstrap = await serve_bootstrap(
+                state.rooms, settings.host, settings.bootstrap_port, settings.bootstrap_timeout
+            )
+        except OSError as exc:
+            _die(
+                1,
+                f"cannot listen on --disaggregation-bootstrap-port {settings.bootstrap_port}: "
+                f"{exc}",
+            )
     server = quiet_server(StubApp(state), host=settings.host, port=settings.port, lifespan="off")
 
     def on_stop() -> None:
@@ -643,6 +749,8 @@ async def run(settings: StubSettings) -> int:
         await stop.wait()  # a live process without a listener: connects are refused
     if rendezvous is not None:
         rendezvous.close()
+    if bootstrap is not None:
+        bootstrap.close()
     if not server.started and not stop.is_set():
         return 1
     return 0

@@ -200,6 +200,7 @@ def test_compute_node_entry_points_load_no_heavy_packages(
 # Exceptions that are signals or answers, not errors of slurmgate's.
 NOT_ERRORS = {
     "slurmgate.testbed.emulator.app.ApiError",  # the emulator's way to answer GitHub's error JSON
+    "slurmgate.testbed.stub_pd.PairingError",  # the stub's way to answer a pairing failure
 }
 
 
