@@ -36,6 +36,7 @@ from pydantic import SecretStr
 from slurmgate.admission.model import Job, JobStatus, Runner
 from slurmgate.errors import ExternalError, NotFoundError
 from slurmgate.github.app_auth import GitHubAppAuth, GitHubAppCredentials, shared_provider
+from slurmgate.github.bodies import ACCEPT_ENCODING, BodyRefused, read_capped
 from slurmgate.github.etags import EtagCache, FileEtagCache, MemoryEtagCache
 from slurmgate.github.payloads import (
     LabelEvent,
@@ -302,6 +303,7 @@ class GitHubClient:
                 "Accept": "application/vnd.github+json",
                 "X-GitHub-Api-Version": "2022-11-28",
                 "User-Agent": "slurmgate",
+                "Accept-Encoding": ACCEPT_ENCODING,
             },
         )
 
@@ -754,98 +756,110 @@ class GitHubClient:
         json_body: Any = None,
         conditional: bool = False,
     ) -> _Reply:
-        write = method in _WRITE_METHODS
+        """One request, with its retries: transport failures and 5xx back off, rate limits wait;
+        any other status is a typed error (``_STATUS_ERRORS``)."""
         sent = _sent_path(url)
-        cacheable = method == "GET"
         cache_key = str(self._http.build_request(method, url, params=params).url)
-        secondary_hits = 0
-        attempt = 0
+        conditional = conditional and method == "GET"
+        secondary_hits = attempt = 0
         while True:
-            headers = (
-                {"Authorization": f"Bearer {self._token.get_secret_value()}"}
-                if self._token is not None
-                else {}
-            )
-            cached = self.etag_cache.get(cache_key) if cacheable and conditional else None
-            if cached is not None and not (isinstance(cached[1], dict) and "body" in cached[1]):
-                cached = None  # an entry in an older or foreign format: read afresh
-            if cached is not None:
-                headers["If-None-Match"] = cached[0]
-            if write:
-                await self._pace_write()
-            self.calls.requests[(method, template)] += 1
-            if attempt:
-                self.calls.retries += 1
-            response = await self._send(method, url, params, json_body, headers)
-            content = await self._read_capped(response) if not isinstance(response, str) else ""
-            if isinstance(response, str) or isinstance(content, str):
+            cached = self._cached(cache_key) if conditional else None
+            got = await self._exchange(method, template, url, params, json_body, cached, attempt)
+            if isinstance(got, str):
                 # Raised here, outside any `except`, so no httpx exception (which holds the
                 # request and its Authorization header) is chained to what the caller sees.
-                failure = response if isinstance(response, str) else str(content)
-                await self._back_off(method, template, None, failure, attempt, sent)
+                await self._back_off(method, template, None, got, attempt, sent)
                 attempt += 1
                 continue
-            self._note_rate_limit(response.headers)
+            response, content = got
             status = response.status_code
-            log.debug("%s %s -> %d", method, template, status)
             if status == 304 and cached is not None:
                 self.calls.not_modified[(method, template)] += 1
-                # A 304 may omit Link; the cached entry keeps the page's own Link header.
-                reply_headers = httpx.Headers(response.headers)
-                if cached[1].get("link") and "link" not in reply_headers:
-                    reply_headers["link"] = cached[1]["link"]
-                return _Reply(status, cached[1].get("body"), reply_headers, not_modified=True)
-            if content is None:
-                raise MalformedResponse(
-                    method,
-                    template,
-                    status,
-                    f"response body is larger than {self.max_body_bytes} bytes; refused",
-                    path=sent,
-                )
+                return _not_modified(response, cached)
+            if isinstance(content, BodyRefused):
+                message = f"response body is {content}; refused"
+                raise MalformedResponse(method, template, status, message, path=sent)
             if 200 <= status < 300:
-                body = _json_body(content, method, template, status, sent)
-                etag = response.headers.get("etag")
-                if cacheable and etag and len(content) <= MAX_CACHED_BODY_BYTES:
-                    entry = {"body": body, "link": response.headers.get("link", "")}
-                    self.etag_cache.put(cache_key, etag, entry)
-                return _Reply(status, body, response.headers)
+                return self._success(method, template, sent, response, content, cache_key)
             message = _error_message(response, content)
-            if status in (403, 429):
-                wait = self._rate_limit_wait(response, message, secondary_hits)
-                if wait is not None:
-                    if (
-                        not response.headers.get("retry-after")
-                        and response.headers.get("x-ratelimit-remaining") != "0"
-                    ):
-                        secondary_hits += 1
-                    if attempt >= self.max_retries or wait > self.max_wait_s:
-                        raise RateLimited(method, template, status, message, wait, path=sent)
-                    log.warning(
-                        "%s %s rate limited (%d); waiting %.2f s", method, sent, status, wait
-                    )
-                    attempt += 1
-                    await asyncio.sleep(wait)
-                    continue
-                raise AuthError(
-                    method,
-                    template,
-                    status,
-                    message,
-                    path=sent,
-                    accepted_permissions=accepted_permissions(response.headers),
-                )
+            wait = (
+                self._rate_limit_wait(response, message, secondary_hits)
+                if status in (403, 429)
+                else None
+            )
+            if wait is not None:
+                headers = response.headers
+                if not headers.get("retry-after") and headers.get("x-ratelimit-remaining") != "0":
+                    secondary_hits += 1
+                if attempt >= self.max_retries or wait > self.max_wait_s:
+                    raise RateLimited(method, template, status, message, wait, path=sent)
+                log.warning("%s %s rate limited (%d); waiting %.2f s", method, sent, status, wait)
+                attempt += 1
+                await asyncio.sleep(wait)
+                continue
             if status >= 500:
                 await self._back_off(method, template, status, message, attempt, sent)
                 attempt += 1
                 continue
-            if status == 404:
-                raise NotFound(method, template, status, message, path=sent)
-            if status == 422:
-                raise ValidationFailed(method, template, status, message, path=sent)
-            if status == 401:
-                raise AuthError(method, template, status, message, path=sent)
-            raise GitHubError(method, template, status, message, path=sent)
+            raise _status_error(method, template, status, message, sent, response.headers)
+
+    def _cached(self, cache_key: str) -> tuple[str, dict[str, Any]] | None:
+        """The ETag cache's entry for a conditional GET, when it is in the current format."""
+        cached = self.etag_cache.get(cache_key)
+        if cached is None or not (isinstance(cached[1], dict) and "body" in cached[1]):
+            return None  # none, or an entry in an older or foreign format: read afresh
+        return cached
+
+    async def _exchange(
+        self,
+        method: str,
+        template: str,
+        url: str,
+        params: dict[str, Any] | None,
+        json_body: Any,
+        cached: tuple[str, dict[str, Any]] | None,
+        attempt: int,
+    ) -> tuple[httpx.Response, bytes | BodyRefused] | str:
+        """The transport: send once (paced, counted, conditional) and read the body capped.
+        Returns the response and its body (or why the body was refused), or the name of the
+        transport failure."""
+        headers = (
+            {"Authorization": f"Bearer {self._token.get_secret_value()}"}
+            if self._token is not None
+            else {}
+        )
+        if cached is not None:
+            headers["If-None-Match"] = cached[0]
+        if method in _WRITE_METHODS:
+            await self._pace_write()
+        self.calls.requests[(method, template)] += 1
+        if attempt:
+            self.calls.retries += 1
+        response = await self._send(method, url, params, json_body, headers)
+        if isinstance(response, str):
+            return response
+        content = await self._read_capped(response)
+        if isinstance(content, str):
+            return content
+        self._note_rate_limit(response.headers)
+        log.debug("%s %s -> %d", method, template, response.status_code)
+        return response, content
+
+    def _success(
+        self,
+        method: str,
+        template: str,
+        sent: str,
+        response: httpx.Response,
+        content: bytes,
+        cache_key: str,
+    ) -> _Reply:
+        body = _json_body(content, method, template, response.status_code, sent)
+        etag = response.headers.get("etag")
+        if method == "GET" and etag and len(content) <= MAX_CACHED_BODY_BYTES:
+            entry = {"body": body, "link": response.headers.get("link", "")}
+            self.etag_cache.put(cache_key, etag, entry)
+        return _Reply(response.status_code, body, response.headers)
 
     async def _send(
         self,
@@ -865,25 +879,15 @@ class GitHubClient:
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             return type(exc).__name__
 
-    async def _read_capped(self, response: httpx.Response) -> bytes | str | None:
-        """The (decoded) body, None once it passes `max_body_bytes`, or the name of the failure
-        that cut it short; closes the response either way."""
+    async def _read_capped(self, response: httpx.Response) -> bytes | BodyRefused | str:
+        """The decoded body (identity or one gzip, at most `max_body_bytes` as it streams), why
+        it was refused, or the name of the failure that cut it short; closes the response."""
         try:
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > self.max_body_bytes:
-                return None
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > self.max_body_bytes:
-                    return None
-                chunks.append(chunk)
-            return b"".join(chunks)
-        except (httpx.TimeoutException, httpx.TransportError, httpx.DecodingError) as exc:
+            return await read_capped(response, self.max_body_bytes)
+        except BodyRefused as refused:
+            return refused
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
             return type(exc).__name__
-        finally:
-            await response.aclose()
 
     def _rate_limit_wait(
         self, response: httpx.Response, message: str, secondary_hits: int
@@ -953,6 +957,36 @@ class GitHubClient:
                 used=int(headers.get("x-ratelimit-used", "0")),
                 resource=headers.get("x-ratelimit-resource", "core"),
             )
+
+
+# What a status no retry helps means, as an error; a 403 here is not a rate limit. Any other
+# status is a plain GitHubError.
+_STATUS_ERRORS: dict[int, type[GitHubError]] = {
+    401: AuthError,
+    403: AuthError,
+    404: NotFound,
+    422: ValidationFailed,
+}
+
+
+def _status_error(
+    method: str, template: str, status: int, message: str, sent: str, headers: httpx.Headers
+) -> GitHubError:
+    kind = _STATUS_ERRORS.get(status, GitHubError)
+    if status == 403:
+        permissions = accepted_permissions(headers)
+        return AuthError(
+            method, template, status, message, path=sent, accepted_permissions=permissions
+        )
+    return kind(method, template, status, message, path=sent)
+
+
+def _not_modified(response: httpx.Response, cached: tuple[str, dict[str, Any]]) -> _Reply:
+    """A 304's reply from the cache. A 304 may omit Link; the cached entry keeps the page's."""
+    reply_headers = httpx.Headers(response.headers)
+    if cached[1].get("link") and "link" not in reply_headers:
+        reply_headers["link"] = cached[1]["link"]
+    return _Reply(304, cached[1].get("body"), reply_headers, not_modified=True)
 
 
 def _label_names(body: Any) -> list[str] | None:

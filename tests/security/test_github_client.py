@@ -10,13 +10,14 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import tracemalloc
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -24,12 +25,18 @@ from starlette.routing import Route
 
 from slurmgate.admission.model import JobStatus
 from slurmgate.errors import ExternalError
+from slurmgate.github.app_auth import (
+    AppTokenUnavailable,
+    GitHubAppCredentials,
+    InstallationTokenProvider,
+)
 from slurmgate.github.client import GitHubClient, MalformedResponse
 from slurmgate.github.etags import FileEtagCache, MemoryEtagCache
 from slurmgate.github.payloads import MAX_LABEL_LENGTH
 from slurmgate.github.scope import GitHubScope, is_login, is_repo
 from slurmgate.github.snapshot import take_snapshot
 from slurmgate.serving import ThreadedServer
+from slurmgate.testbed.emulator.apps import new_private_key
 
 TOKEN = "ghp_hostile-test-token-0123456789"
 REPO = "acme/gpu-ci"
@@ -441,3 +448,75 @@ def test_a_login_or_repository_with_a_trailing_newline_is_refused(value: str) ->
     assert not is_login(value)
     assert not is_repo(f"octo/{value}")
     assert is_login(value.strip()) and is_repo(f"octo/{value.strip()}")
+
+
+# ---- decoded size bounded as it streams -------------------------------------------------------
+
+
+async def test_a_gzip_bomb_is_cut_as_it_inflates_not_after(fake: Servers) -> None:
+    """64 MiB in 64 KiB of gzip: httpx inflated a raw chunk whole before the cap could count."""
+    bomb = gzip.compress(b"".join(_padded_page(64 * 1024 * 1024)))
+    fake.github.handler = lambda request: Response(
+        bomb, media_type="application/json", headers={"content-encoding": "gzip"}
+    )
+    scope = GitHubScope(api_url=fake.github_url, repo=REPO)
+    caught: list[BaseException] = []
+
+    async def read() -> None:
+        async with GitHubClient(scope, TOKEN, max_retries=0, max_body_bytes=1024 * 1024) as gh:
+            try:
+                await gh.list_runners()
+            except MalformedResponse as exc:
+                caught.append(exc)
+
+    tracemalloc.start()
+    try:
+        await read()
+        peak = tracemalloc.get_traced_memory()[1] / (1024 * 1024)
+    finally:
+        tracemalloc.stop()
+    assert caught and "larger than 1048576 bytes" in str(caught[0])
+    assert peak < 8, f"{peak:.0f} MiB held for a 1 MiB cap"
+
+
+@pytest.mark.parametrize("encoding", ["gzip, gzip", "deflate", "br", "gzip, identity"])
+async def test_only_identity_or_one_gzip_is_read(fake: Servers, encoding: str) -> None:
+    """Stacked gzip took the client to about 1 GB before its cap refused it."""
+    inner = gzip.compress(b"".join(_padded_page(16 * 1024 * 1024)))
+    body = gzip.compress(inner) if encoding.startswith("gzip") else inner
+    fake.github.handler = lambda request: Response(
+        body, media_type="application/json", headers={"content-encoding": encoding}
+    )
+    scope = GitHubScope(api_url=fake.github_url, repo=REPO)
+    tracemalloc.start()
+    try:
+        async with GitHubClient(scope, TOKEN, max_retries=0) as gh:
+            with pytest.raises(MalformedResponse, match="only identity or gzip"):
+                await gh.list_runners()
+        peak = tracemalloc.get_traced_memory()[1] / (1024 * 1024)
+    finally:
+        tracemalloc.stop()
+    assert peak < 8, f"{peak:.0f} MiB held"
+    assert fake.github.seen[0][0] == "GET"
+
+
+async def test_the_app_token_answer_is_read_under_a_cap(fake: Servers) -> None:
+    """The access-token request is the App's own; its answer was read whole, with no cap."""
+    bomb = gzip.compress(b'{"token": "' + b"x" * (64 * 1024 * 1024) + b'"}')
+    fake.github.handler = lambda request: Response(
+        bomb, status_code=201, media_type="application/json", headers={"content-encoding": "gzip"}
+    )
+    credentials = GitHubAppCredentials(77, SecretStr(new_private_key()), 5)
+    provider = InstallationTokenProvider(
+        credentials, GitHubScope(api_url=fake.github_url, repo=REPO)
+    )
+    tracemalloc.start()
+    try:
+        with pytest.raises(AppTokenUnavailable) as caught:
+            await provider.token()
+        peak = tracemalloc.get_traced_memory()[1] / (1024 * 1024)
+    finally:
+        tracemalloc.stop()
+    assert "larger than 1048576 bytes" in str(caught.value)
+    assert str(caught.value).startswith("GitHub App 77") and "\n" not in str(caught.value)
+    assert peak < 8, f"{peak:.0f} MiB held"
