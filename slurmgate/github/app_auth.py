@@ -9,21 +9,27 @@ call carries; it expires after an hour (`expires_at`).
 
 `InstallationTokenProvider` keeps one token per App installation, refreshes it 5 minutes before
 it expires, and is shared by every client of the process (`shared_provider`), so a tick every
-30 s does not mint a token each time. `GitHubAppAuth` is the httpx auth plug-in the GitHub
-client uses: it sets the token on each request and, when GitHub answers 401 to a cached token
-(revoked, or expired early by a skewed clock), refreshes once and sends the request again.
+30 s does not mint a token each time; requests that find the token due at once wait for one
+refresh (single flight) instead of each minting one. GitHub's answers to these requests are
+read under a cap (``MAX_ANSWER_BYTES``, identity or one gzip). `GitHubAppAuth` is the httpx
+auth plug-in the GitHub client uses: it sets the token on each request and, when GitHub
+answers 401 to a cached token (revoked, or expired early by a skewed clock), refreshes once and
+sends the request again.
 
 The private key, the JWT and the tokens never appear in a repr, a log line or an exception.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import logging
 import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from pydantic import SecretStr
 
 from slurmgate.errors import ExternalError, InputError
+from slurmgate.github.bodies import ACCEPT_ENCODING, BodyRefused, read_capped
 from slurmgate.github.scope import GitHubScope
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,8 @@ REFRESH_BEFORE_S = 300.0
 """Refresh an installation token this long before its `expires_at`."""
 MAX_KEY_BYTES = 64 * 1024
 MAX_TOKEN_CHARS = 1024
+MAX_ANSWER_BYTES = 1024 * 1024
+"""Largest answer read from the token and installation requests (a token answer is ~1 KiB)."""
 FIX_KEY = (
     "generate a private key in the App's settings (Settings > Developer settings > GitHub Apps "
     f"> the App > Private keys) and give its .pem file as ${APP_PRIVATE_KEY_FILE_ENV} (or the "
@@ -275,13 +284,19 @@ class _Token:
         return f"_Token(value='**********', expires_at={self.expires_at})"
 
 
-def _message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    said = body.get("message") if isinstance(body, dict) else None
-    text = str(said) if said else response.reason_phrase or "error"
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """GitHub's answer to one App request: its status, its JSON body (None when it is not
+    JSON) and its reason phrase."""
+
+    status: int
+    body: Any
+    reason: str
+
+
+def _message(answer: _Answer) -> str:
+    said = answer.body.get("message") if isinstance(answer.body, dict) else None
+    text = str(said) if said else answer.reason or "error"
     return " ".join(text.split())[:200]
 
 
@@ -315,6 +330,11 @@ class InstallationTokenProvider:
         self._transport = transport
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
+        # one refresh at a time per event loop: the coroutines that find the token due wait
+        # for it instead of each minting one
+        self._refreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._token: _Token | None = None
         self._installation_id = credentials.installation_id
         self.issued = 0  # installation tokens obtained, for tests and logs
@@ -337,14 +357,25 @@ class InstallationTokenProvider:
 
     async def token(self) -> tuple[str, bool]:
         """A valid installation token, and whether it was issued by this call."""
+        cached = self._valid()
+        if cached is not None:
+            return cached.value, False
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            refreshing = self._refreshing.setdefault(loop, asyncio.Lock())
+        async with refreshing:
+            cached = self._valid()  # another coroutine may have refreshed it meanwhile
+            if cached is not None:
+                return cached.value, False
+            fresh = await self._issue()
+            with self._lock:
+                self._token = fresh
+        return fresh.value, True
+
+    def _valid(self) -> _Token | None:
         with self._lock:
             cached = self._token
-        if cached is not None and self.clock() < cached.refresh_at:
-            return cached.value, False
-        fresh = await self._issue()
-        with self._lock:
-            self._token = fresh
-        return fresh.value, True
+        return cached if cached is not None and self.clock() < cached.refresh_at else None
 
     def invalidate(self, token: str) -> None:
         """Forget `token` (GitHub refused it), unless a newer one already replaced it."""
@@ -362,17 +393,15 @@ class InstallationTokenProvider:
                 "Accept": "application/vnd.github+json",
                 "X-GitHub-Api-Version": "2022-11-28",
                 "User-Agent": "slurmgate",
+                "Accept-Encoding": ACCEPT_ENCODING,
             },
         ) as http:
             installation_id = self._installation_id or await self._look_up(http)
             path = f"/app/installations/{installation_id}/access_tokens"
-            response = await self._post_jwt(http, "POST", path)
-            if response.status_code != 201:
-                raise self._refusal("POST", path, response)
-            try:
-                body = response.json()
-            except ValueError:
-                body = None
+            answer = await self._post_jwt(http, "POST", path)
+            if answer.status != 201:
+                raise self._refusal("POST", path, answer)
+            body = answer.body
             value = body.get("token") if isinstance(body, dict) else None
             expires = _parse_time(body.get("expires_at")) if isinstance(body, dict) else None
             if (
@@ -410,20 +439,17 @@ class InstallationTokenProvider:
             path, where = f"/orgs/{self.scope.org}/installation", f"organization {self.scope.org}"
         else:
             path, where = f"/repos/{self.scope.repo}/installation", f"repository {self.scope.repo}"
-        response = await self._post_jwt(http, "GET", path)
-        if response.status_code == 404:
+        answer = await self._post_jwt(http, "GET", path)
+        if answer.status == 404:
             raise AppAuthError(
                 f"GitHub App {self.app_id} is not installed on the {where} (GET {path} -> 404); "
                 f"install the App there (the App's settings > Install App), or set "
                 f"${APP_INSTALLATION_ID_ENV} / the block's app_installation_id",
                 status=404,
             )
-        if response.status_code != 200:
-            raise self._refusal("GET", path, response)
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
+        if answer.status != 200:
+            raise self._refusal("GET", path, answer)
+        body = answer.body
         found = body.get("id") if isinstance(body, dict) else None
         if isinstance(found, bool) or not isinstance(found, int) or found < 1:
             raise AppTokenUnavailable(
@@ -433,13 +459,18 @@ class InstallationTokenProvider:
         self._installation_id = found
         return found
 
-    async def _post_jwt(self, http: httpx.AsyncClient, method: str, path: str) -> httpx.Response:
-        """One request signed with a new JWT; transport failures become AppTokenUnavailable,
-        raised outside the `except` so no httpx object (holding the JWT) is chained."""
+    async def _post_jwt(self, http: httpx.AsyncClient, method: str, path: str) -> _Answer:
+        """One request signed with a new JWT, its answer read capped; transport failures and
+        refused bodies become AppTokenUnavailable, raised outside the `except` so no httpx
+        object (holding the JWT) is chained."""
         headers = {"Authorization": f"Bearer {self.credentials.jwt(self.clock())}"}
         failure: str | None = None
         try:
-            response = await http.request(method, path, headers=headers)
+            request = http.build_request(method, path, headers=headers)
+            response = await http.send(request, stream=True)
+            content = await read_capped(response, MAX_ANSWER_BYTES)
+        except BodyRefused as refused:
+            failure = f"its answer is {refused}"
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             failure = type(exc).__name__
         if failure is not None:
@@ -447,11 +478,15 @@ class InstallationTokenProvider:
                 f"GitHub App {self.app_id}: {method} {path} failed ({failure}); check "
                 f"{self.scope.api_url} is reachable, then retry"
             )
-        return response
+        try:
+            body = json.loads(content) if content else None
+        except (ValueError, RecursionError):
+            body = None
+        return _Answer(response.status_code, body, response.reason_phrase)
 
-    def _refusal(self, method: str, path: str, response: httpx.Response) -> AppAuthError:
-        status = response.status_code
-        said = _message(response)
+    def _refusal(self, method: str, path: str, answer: _Answer) -> AppAuthError:
+        status = answer.status
+        said = _message(answer)
         asked = f"{method} {path} -> {status}: {said}"
         if status == 401:
             return AppAuthError(

@@ -9,6 +9,7 @@ installation (`POST /app/installations/{installation_id}/access_tokens`, one-hou
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -589,3 +590,26 @@ async def test_a_hostile_error_message_stays_one_printable_line() -> None:
     assert line.isprintable() and "\x1b" not in line
     assert "Resource not accessible [2J by integration  X-Evil: 1" in line
     assert "GitHub accepts a=read" in line
+
+
+async def test_requests_that_find_the_token_due_share_one_refresh() -> None:
+    """Ten requests at once, no token yet: one access-token request, not ten."""
+    minted = 0
+
+    async def github(request: httpx.Request) -> httpx.Response:
+        nonlocal minted
+        minted += 1
+        await asyncio.sleep(0.05)  # GitHub takes a moment: the others arrive meanwhile
+        return httpx.Response(
+            201, json={"token": f"ghs_t{minted}", "expires_at": "2099-01-01T00:00:00Z"}
+        )
+
+    provider = InstallationTokenProvider(
+        GitHubAppCredentials(99, SecretStr(new_private_key()), 5),
+        GitHubScope(api_url="https://api.github.com", repo="acme/gpu-ci"),
+        transport=httpx.MockTransport(github),
+    )
+    tokens = await asyncio.gather(*(provider.token() for _ in range(10)))
+    assert minted == 1 and provider.issued == 1
+    assert {value for value, _ in tokens} == {"ghs_t1"}
+    assert sum(fresh for _, fresh in tokens) == 1
