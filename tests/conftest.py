@@ -1,10 +1,11 @@
-"""Suite-wide fixtures: an isolated Prefect home, and the bundled Slurm cluster when it is up."""
+"""Suite-wide fixtures: an isolated Prefect home, the bundled Slurm cluster, the built wheel."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,3 +85,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel built from this checkout; its bin directory.
+
+    The wheel goes in without dependencies, which come from the test's own environment through
+    a path file (site-packages only: the checkout's editable finder is not loaded there; of
+    their console scripts only `prefect` is put in this bin, as a shim), so it costs seconds;
+    pyproject's dependency list is checked against the imports in tests/architecture.
+    """
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), "."],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (root / "dist").glob("slurmgate-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", purelib],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (site / "zz-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # the console script a full install of the dependencies would have put here
+    shim = venv / "bin" / "prefect"
+    shim.write_text(f'#!/bin/sh\nexec "{venv / "bin" / "python"}" -m prefect "$@"\n')
+    shim.chmod(0o755)
+    return venv / "bin"

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from .conftest import (
-    REPO,
     TOKEN,
     PrefectServer,
     running_prefect_server,
@@ -40,45 +38,6 @@ def deploy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectS
     home = tmp_path_factory.mktemp("deploy-server")
     with running_prefect_server(home, auth=f"ops:{AUTH_PASSWORD}") as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel built from this checkout; its bin directory.
-
-    The wheel goes in without dependencies, which come from the test's own environment through
-    a path file (site-packages only: the checkout's editable finder is not loaded there, and
-    their console scripts are not in this bin, so commands run as `python -m prefect`), so the
-    test costs seconds; pyproject's dependency list is checked against the imports in
-    tests/architecture.
-    """
-    import sysconfig
-
-    root = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), "."],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
-    (wheel,) = (root / "dist").glob("slurmgate-*.whl")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    installed = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stderr[-3000:]
-    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    site = Path(
-        subprocess.run(
-            [str(venv / "bin" / "python"), "-c", purelib],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    (site / "zz-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return venv / "bin"
 
 
 def venv_env(server: PrefectServer, bindir: Path, **extra: str) -> dict[str, str]:
