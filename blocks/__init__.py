@@ -243,6 +243,7 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
     skip_queue_label: str = _knob("skip_queue_label")
     default_priority: Decimal = _knob("default_priority")
     pool_partitions: dict[str, PoolPartition] = _knob("pool_partitions")
+    cordoned_pools: dict[str, str] = _knob("cordoned_pools")
     repo_limits: dict[str, RepoLimits] = _knob("repo_limits")
     teams: dict[str, TeamLimits] = _knob("teams")
     fair_share: bool = _knob("fair_share")

@@ -140,6 +140,7 @@ class PoolState:
     admitted: int = 0
     blocked: int = 0
     slurm: NodeCapacity | None = None  # None: runner-only capacity (no partition, or unread)
+    cordoned: str | None = None  # why nothing new is admitted here; None: open
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +290,8 @@ class FleetState:
         idle nodes; a managed allocation without a lease does not free any).
         """
         state = self.pools[pool]
+        if state.cordoned is not None:
+            return 0  # cordoned: its leases finish, nothing new starts
         room = state.online - state.in_use
         if state.slurm is not None:
             room = min(room, state.slurm.usable - state.in_use, state.slurm.idle - state.admitted)

@@ -238,6 +238,7 @@ class BlockReason(StrEnum):
     NO_POOL = "no-compatible-pool"
     BAD_INPUT = "bad-input"
     RESERVED = "held-for-reservation"
+    CORDONED = "pool-cordoned"
     REPO_QUOTA = "repo-quota"
     TEAM_QUOTA = "team-quota"
 
@@ -362,6 +363,7 @@ class PoolRow:
     admitted_nodes: int
     blocked: int
     slurm: str = ""  # a pool with a partition: usable nodes, and why the others are missing
+    cordon: str = ""  # a cordoned pool: "cordoned (why): draining, N leases" or "... drained"
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,6 +405,7 @@ class Decisions:
                     "admitted_nodes": row.admitted_nodes,
                     "blocked": "; ".join(blocked.pop(row.pool, [])),
                     "slurm": row.slurm,
+                    "cordon": row.cordon,
                 }
             )
         for pool, jobs in sorted(blocked.items()):
@@ -417,6 +420,7 @@ class Decisions:
                     "admitted_nodes": 0,
                     "blocked": "; ".join(jobs),
                     "slurm": "",
+                    "cordon": "",
                 }
             )
         return rows

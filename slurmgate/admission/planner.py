@@ -223,6 +223,9 @@ def plan(
     for pool, capacity in (slurm or {}).items():
         if pool in fleet.pools:
             fleet.pools[pool].slurm = capacity
+    for pool, why in settings.cordoned_pools.items():
+        if pool in fleet.pools:
+            fleet.pools[pool].cordoned = why
     _running_leases(fleet, kept, jobs, settings, estimate)
     placements: list[Placement] = []
     capped: dict[int, str] = {}
@@ -665,6 +668,11 @@ def _board(
     for name in sorted(fleet.pools):
         state = fleet.pools[name]
         members = per_pool[name]
+        leases = {label for r in members for label in facts[r.id].lease_labels}
+        cordon = ""
+        if state.cordoned is not None:
+            left = f"draining, {len(leases)} lease(s) left" if leases else "drained"
+            cordon = f"cordoned ({state.cordoned}): {left}"
         rows.append(
             PoolRow(
                 pool=name,
@@ -676,6 +684,7 @@ def _board(
                 admitted_nodes=state.in_use,
                 blocked=state.blocked,
                 slurm=state.slurm.summary() if state.slurm is not None else "",
+                cordon=cordon,
             )
         )
     legacy = per_pool.get(None, [])

@@ -283,7 +283,7 @@ class ReservationBackfill(AdmissionPolicy):
     ) -> tuple[str, float] | None:
         best: tuple[float, str] | None = None
         for pool, allowed in fleet.candidates(request.requirement).items():
-            if pool is None or pool in full:
+            if pool is None or pool in full or fleet.pools[pool].cordoned is not None:
                 continue
             if fleet.total_for(pool, allowed) < request.nodes:
                 continue
@@ -432,7 +432,14 @@ def fit_now(
             BlockReason.RESERVED,
             f"needs {nodes}: {vetoed} has them free, but starting now would delay a reservation",
         )
-    pool, allowed = min(possible, key=lambda e: (-fleet.free_count(e[0], e[1]), e[0]))
+    open_pools = [(p, a) for p, a in possible if fleet.pools[p].cordoned is None]
+    if not open_pools:  # every pool it could use is cordoned: its leases finish first
+        pool = possible[0][0]
+        why = fleet.pools[pool].cordoned
+        cordoned = ", ".join(p for p, _ in possible)
+        detail = f"needs {nodes}: {cordoned} cordoned ({why}); `slurmgate uncordon` reopens"
+        return Blocked(job.id, nodes, pool, BlockReason.CORDONED, detail)
+    pool, allowed = min(open_pools, key=lambda e: (-fleet.free_count(e[0], e[1]), e[0]))
     state = fleet.pools[pool]
     free_count = fleet.free_count(pool, allowed)
     detail = (

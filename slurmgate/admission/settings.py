@@ -121,6 +121,17 @@ def _repo_name(name: object, field: str) -> str:
     return text.casefold()  # GitHub's repository names ignore case
 
 
+def pool_key(key: object, field: str) -> str:
+    """A pool named with or without `cluster:`, as its label folds: `cluster:<name>`."""
+    name = str(key).strip().casefold().removeprefix("cluster:")
+    if not name or len(name) > 200 or any(c.isspace() for c in name):
+        raise ValueError(
+            f"{field} key {str(key)[:100]!r} must be a pool name such as mi300 or cluster:mi300 "
+            f"(SLURMGATE_{field.upper()})"
+        )
+    return f"cluster:{name}"
+
+
 FLAG_NAMES = ("PRIORITY_SCHEDULER_ENABLED", "NODE_SLOT_SCHEDULER_ENABLED")
 
 
@@ -382,6 +393,15 @@ class AdmissionSettings(BaseSettings):
         "Slurm can give a managed job now; unmapped pools count runners only. When Slurm does "
         "not answer, every pool counts runners only for that tick (one warning).",
     )
+    cordoned_pools: dict[str, str] = _knob(
+        "cordoned_pools",
+        {},
+        "Cordoned pools, each with why (env SLURMGATE_CORDONED_POOLS as JSON, e.g. "
+        '{"h100": "node swap until Friday"}): nothing new is admitted there, running and '
+        "already-admitted leases finish, and the board says cordoned, then drained once no "
+        "lease is left. `slurmgate cordon POOL` and `slurmgate uncordon POOL` edit a saved "
+        "policy block's.",
+    )
     repo_limits: dict[str, RepoLimits] = _knob(
         "repo_limits",
         {},
@@ -449,17 +469,21 @@ class AdmissionSettings(BaseSettings):
             return value
         pools: dict[str, Any] = {}
         for key, target in value.items():
-            pool = str(key).strip().casefold()
-            name = pool.removeprefix("cluster:")
-            if not name or any(c.isspace() for c in name):
-                raise ValueError(
-                    f"pool_partitions key {key!r} must be a pool name such as mi300 or "
-                    "cluster:mi300 (SLURMGATE_POOL_PARTITIONS)"
-                )
             if isinstance(target, str):
                 target = {"partition": target}
-            pools[f"cluster:{name}"] = target
+            pools[pool_key(key, "pool_partitions")] = target
         return pools
+
+    @field_validator("cordoned_pools", mode="before")
+    @classmethod
+    def _cordons(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        cordons: dict[str, str] = {}
+        for key, why in value.items():
+            text = " ".join(str(why if why is not None else "").split())[:200]
+            cordons[pool_key(key, "cordoned_pools")] = text or "cordoned"
+        return cordons
 
     @field_validator("repo_limits", mode="before")
     @classmethod

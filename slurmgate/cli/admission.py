@@ -181,13 +181,14 @@ def print_board(rows: list[dict[str, Any]]) -> None:
     table = Table(title="slurmgate pools", box=box.SIMPLE_HEAD, pad_edge=False)
     # pools mapped to Slurm partitions say what Slurm lacks; without any, the board is as before
     said = any(row.get("slurm") for row in rows)
-    for name in [*BOARD_COLUMNS, "blocked", *(["slurm"] if said else [])]:
+    cordons = any(row.get("cordon") for row in rows)  # a cordoned pool says so, and how drained
+    extra = [*(["slurm"] if said else []), *(["cordon"] if cordons else [])]
+    for name in [*BOARD_COLUMNS, "blocked", *extra]:
         table.add_column(name.replace("_", " "), no_wrap=True)
     for row in rows:
         cells = [str(row.get(name, "")) for name in BOARD_COLUMNS]
         cells.append("\n".join(str(row.get("blocked", "")).split("; ")))
-        if said:
-            cells.append("\n".join(str(row.get("slurm", "")).split("; ")))
+        cells += ["\n".join(str(row.get(name, "")).split("; ")) for name in extra]
         table.add_row(*cells)
     # measured unbounded: rich clamps a measurement to the width it is given
     unbounded = console.options.update_width(10_000)
@@ -212,8 +213,9 @@ def print_board(rows: list[dict[str, Any]]) -> None:
         typer.echo("\n".join(lines(fields, ", ")))
         if row.get("blocked"):
             typer.echo("\n".join(lines(["blocked:", *str(row["blocked"]).split()], " ")))
-        if row.get("slurm"):
-            typer.echo("\n".join(lines(["slurm:", *str(row["slurm"]).split()], " ")))
+        for name in ("slurm", "cordon"):
+            if row.get(name):
+                typer.echo("\n".join(lines([f"{name}:", *str(row[name]).split()], " ")))
 
 
 def _say_what_the_flags_do(settings: AdmissionSettings) -> None:

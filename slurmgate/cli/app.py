@@ -12,6 +12,7 @@ from slurmgate.cli import (
     allocation,
     ci,
     cluster,
+    cordon,
     demo,
     deploy,
     endpoint,
@@ -38,7 +39,8 @@ def _root() -> None:
 
 # Each module holds one command group as a typer app: flat groups merge into the root, the
 # others keep their name as a sub-command.
-for _flat in (init, deploy, admission, ci, webhook, testbed, loadgen, simulate, endpoint, demo):
+_FLAT = (init, deploy, admission, cordon, ci, webhook, testbed, loadgen, simulate, endpoint, demo)
+for _flat in _FLAT:
     app.add_typer(_flat.app)
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(allocation.app, name="allocation")

@@ -109,3 +109,11 @@ def save_slurmgate_blocks(name: str, scope: dict[str, Any], policy: dict[str, An
     from slurmgate.flows.blocks_setup import save_slurmgate_blocks as save
 
     save(name, scope, policy)
+
+
+def set_cordon(name: str, pool: str, reason: str | None) -> dict[str, str]:
+    """Cordon (or, with `reason` None, reopen) a pool in the saved policy block `name`."""
+    _prefect_settings()
+    from slurmgate.flows.blocks_setup import set_cordon as set_it
+
+    return set_it(name, pool, reason)

@@ -36,6 +36,21 @@ except ScopeError as exc:
 print(json.dumps({"summary": summary, "missing": missing}))
 """
 
+# Two ticks of the worker around `slurmgate uncordon`: blocked while cordoned, then admitted.
+CORDONED_TICKS = """
+import asyncio, json, subprocess, sys
+from slurmgate.flows.reconcile import reconcile
+
+def tick():
+    return asyncio.run(reconcile(scope_block="default", policy_block="default",
+                                 reap_allocations=False))
+
+first = tick()
+undo = subprocess.run([sys.executable, "-m", "slurmgate.cli", "uncordon", "h100"],
+                      capture_output=True, text=True, check=True).stdout.strip()
+print(json.dumps([first, undo, tick()]))
+"""
+
 
 def run(
     args: list[str], env: dict[str, str], timeout: float = 120
@@ -113,6 +128,22 @@ def test_init_saves_the_blocks_a_worker_loads(tmp_path: Path) -> None:
         assert len(leased) == 3, f"job {job} should hold 3 runners"
         assert "slurmgate init --repo OWNER/NAME --name missing" in result["missing"]
         assert "prefect block register -m blocks" in result["missing"]
+
+        # a cordon lives in the saved policy block: the next tick admits nothing to the pool,
+        # and one command undoes it
+        cordon = run([*SLURMGATE, "cordon", "h100", "--reason", "PSU swap"], env)
+        assert cordon.returncode == 0, cordon.stderr
+        assert cordon.stdout.strip() == "cordoned cluster:h100 (PSU swap)"
+        second = emu.admin.add_job(["self-hosted", "cluster:h100", "nodes:1"], 600)["id"]
+        cordoned = run([sys.executable, "-c", CORDONED_TICKS], env)
+        assert cordoned.returncode == 0, cordoned.stderr[-3000:]
+        while_cordoned, uncordon, reopened = json.loads(cordoned.stdout.strip().splitlines()[-1])
+        assert (while_cordoned["admitted"], while_cordoned["blocked"]) == (0, 1)
+        assert uncordon == "uncordoned h100; cordoned pools now: none"
+        assert reopened["admitted"] == 1
+        assert emu.job_placement(second)[0] == "in_progress"
+        missing = run([*SLURMGATE, "cordon", "h100", "--name", "nope"], env)
+        assert missing.returncode == 2 and "slurmgate init --name nope" in missing.stderr
 
 
 def test_the_token_is_asked_for_hidden_on_a_terminal(tmp_path: Path) -> None:
