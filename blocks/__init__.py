@@ -18,6 +18,7 @@ from slurmgate.admission.settings import (
     PolicyName,
     PoolPartition,
     RepoLimits,
+    SlurmCluster,
     TeamLimits,
 )
 from slurmgate.github.app_auth import GitHubAppCredentials
@@ -243,6 +244,7 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
     skip_queue_label: str = _knob("skip_queue_label")
     default_priority: Decimal = _knob("default_priority")
     pool_partitions: dict[str, PoolPartition] = _knob("pool_partitions")
+    slurm_clusters: dict[str, SlurmCluster] = _knob("slurm_clusters")
     cordoned_pools: dict[str, str] = _knob("cordoned_pools")
     repo_limits: dict[str, RepoLimits] = _knob("repo_limits")
     teams: dict[str, TeamLimits] = _knob("teams")

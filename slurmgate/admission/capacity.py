@@ -11,13 +11,14 @@ from __future__ import annotations
 import bisect
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
 from slurmgate.admission.estimates import Estimate, expected_end
 from slurmgate.admission.model import Blocked, Job, Lease
+from slurmgate.errors import ExternalError
 
 DEFAULT_ESTIMATE = Estimate(480 * 60.0, 480 * 60.0)
 
@@ -112,6 +113,22 @@ def compact_hostlist(names: Iterable[str]) -> str:
         else:
             parts.append(f"{prefix}[{','.join(spans)}]")
     return ",".join(sorted(parts))
+
+
+class CapacityUnread(ExternalError):
+    """Some Slurm clusters did not answer a capacity read: `capacity` is what the others said,
+    `unread` is per cluster why and its pools (which count runners only)."""
+
+    def __init__(
+        self,
+        capacity: Mapping[str, NodeCapacity],
+        unread: Mapping[str, tuple[str, tuple[str, ...]]],
+    ) -> None:
+        self.capacity = dict(capacity)
+        self.unread = dict(unread)
+        super().__init__(
+            "; ".join(f"cluster {name} unread ({why})" for name, (why, _) in sorted(unread.items()))
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,51 @@ class PoolPartition(BaseModel):
         max_length=200,
         description="The managed jobs run in this reservation: only its nodes count.",
     )
+    cluster: str | None = Field(
+        default=None,
+        max_length=100,
+        description="The Slurm cluster of slurm_clusters the partition is in; unset: the "
+        "controller's own (its SLURM_CONF, or SLURMGATE_SLURMRESTD_URL).",
+    )
+
+
+class SlurmCluster(BaseModel):
+    """Where one Slurm cluster answers a capacity read: its slurm.conf (scontrol and squeue
+    with that SLURM_CONF), or its slurmrestd with the token taken from an environment variable
+    or a file (never written here, so the block holds no secret)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    slurm_conf: str | None = Field(
+        default=None, max_length=4096, description="Path of the cluster's slurm.conf."
+    )
+    slurmrestd_url: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="The cluster's slurmrestd: http(s)://host:port or unix:/path.",
+    )
+    slurmrestd_user: str | None = Field(default=None, max_length=200)
+    slurmrestd_token_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,200}$",
+        description="The environment variable (of the controller) holding its auth/jwt token.",
+    )
+    slurmrestd_token_file: str | None = Field(
+        default=None, max_length=4096, description="A file holding its auth/jwt token."
+    )
+    slurmrestd_api_version: str = Field(default="v0.0.38", pattern=r"^v0\.0\.\d{2}$")
+    timeout_s: float = Field(default=10.0, gt=0, le=120)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SlurmCluster:
+        if (self.slurm_conf is None) == (self.slurmrestd_url is None):
+            raise ValueError(
+                "a slurm_clusters entry gives exactly one of slurm_conf (a path to its "
+                "slurm.conf) and slurmrestd_url"
+            )
+        if self.slurmrestd_token_env and self.slurmrestd_token_file:
+            raise ValueError("give slurmrestd_token_env or slurmrestd_token_file, not both")
+        return self
 
 
 REPO_PATTERN = r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$"
@@ -393,6 +438,15 @@ class AdmissionSettings(BaseSettings):
         "Slurm can give a managed job now; unmapped pools count runners only. When Slurm does "
         "not answer, every pool counts runners only for that tick (one warning).",
     )
+    slurm_clusters: dict[str, SlurmCluster] = _knob(
+        "slurm_clusters",
+        {},
+        "Slurm clusters besides the controller's own, by name, for pool_partitions' cluster "
+        '(env SLURMGATE_SLURM_CLUSTERS as JSON, e.g. {"east": {"slurm_conf": '
+        '"/etc/slurm-east/slurm.conf"}, "west": {"slurmrestd_url": "https://west:6820", '
+        '"slurmrestd_user": "ci", "slurmrestd_token_env": "WEST_SLURM_TOKEN"}}). Each is read '
+        "on its own and fails open alone: its pools count runners only for that tick.",
+    )
     cordoned_pools: dict[str, str] = _knob(
         "cordoned_pools",
         {},
@@ -473,6 +527,18 @@ class AdmissionSettings(BaseSettings):
                 target = {"partition": target}
             pools[pool_key(key, "pool_partitions")] = target
         return pools
+
+    @model_validator(mode="after")
+    def _known_clusters(self) -> AdmissionSettings:
+        for pool, target in self.pool_partitions.items():
+            if target.cluster is not None and target.cluster not in self.slurm_clusters:
+                known = ", ".join(sorted(self.slurm_clusters)) or "none"
+                raise ValueError(
+                    f"pool_partitions[{pool}].cluster {target.cluster!r} is not in slurm_clusters "
+                    f"(known: {known}); add it there, or leave cluster unset for the "
+                    "controller's own Slurm"
+                )
+        return self
 
     @field_validator("cordoned_pools", mode="before")
     @classmethod

@@ -22,7 +22,7 @@ from slurmgate.admission.batch_verify import (
     BatchVerification,
     verification_batches,
 )
-from slurmgate.admission.capacity import NodeCapacity
+from slurmgate.admission.capacity import CapacityUnread, NodeCapacity
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.labels import LeaseLabel, new_nonce
 from slurmgate.admission.leases import (
@@ -251,12 +251,26 @@ class _Capacity:
     def __init__(self, read: ReadCapacity | None, log: TickLog) -> None:
         self.read = read
         self.log = log
+        self.warned: set[str] = set()
 
     async def __call__(self) -> Mapping[str, NodeCapacity] | None:
         if self.read is None:
             return None
         try:
             return await self.read()
+        except CapacityUnread as exc:
+            # several clusters: the ones that answered stand, each unread one fails open alone
+            for name, (why, pools) in sorted(exc.unread.items()):
+                if name not in self.warned:
+                    self.warned.add(name)
+                    self.log.warning(
+                        "slurm capacity of cluster %s unread (%s): its pools (%s) count "
+                        "runners only this tick",
+                        name,
+                        why,
+                        ", ".join(pools),
+                    )
+            return exc.capacity
         except Exception as exc:
             self.read = None
             self.log.warning(

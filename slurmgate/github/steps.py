@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from slurmgate.admission.batch_verify import BatchShare
@@ -17,11 +17,12 @@ from slurmgate.admission.leases import (
     remove_labels,
 )
 from slurmgate.admission.model import Admit, Snapshot
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.admission.settings import AdmissionSettings, PoolPartition
 from slurmgate.admission.tick import ReadCapacity, TickSteps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.snapshot import EventReads, take_snapshot
 from slurmgate.runtime.slurm_capacity import read_pool_capacity
+from slurmgate.runtime.slurm_clusters import ClusterReads
 from slurmgate.runtime.slurmrestd import (
     SlurmRestConfigError,
     SlurmRestSettings,
@@ -86,13 +87,26 @@ def slurm_capacity_step(
         # a misconfigured read is a failed read: each tick warns with the fix, runner-only
         failure = exc
 
-        async def misconfigured() -> Mapping[str, NodeCapacity]:
+        def own(pools: Mapping[str, PoolPartition]) -> dict[str, NodeCapacity]:
             raise failure
 
-        return misconfigured
-    read = partial(read_rest_capacity, rest) if rest.url else read_pool_capacity
+    else:
+        reader = rest
+
+        def own(pools: Mapping[str, PoolPartition]) -> dict[str, NodeCapacity]:
+            if reader.url:
+                return read_rest_capacity(reader, pools)
+            return read_pool_capacity(pools)
+
+    if any(target.cluster for target in partitions.values()):
+        # pools in several clusters: each read on its own, each failing open alone
+        read: Callable[[], dict[str, NodeCapacity]] = ClusterReads(
+            partitions, settings.slurm_clusters, own
+        )
+    else:
+        read = partial(own, partitions)
 
     async def read_capacity() -> Mapping[str, NodeCapacity]:
-        return await asyncio.to_thread(read, partitions)
+        return await asyncio.to_thread(read)
 
     return read_capacity

@@ -15,6 +15,7 @@ nodes are not missing: the leases of their jobs already count them.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -297,20 +298,27 @@ def pool_capacity(
 
 
 def read_pool_capacity(
-    partitions: Mapping[str, PoolPartition], *, timeout: float = 10.0
+    partitions: Mapping[str, PoolPartition],
+    *,
+    timeout: float = 10.0,
+    slurm_conf: str | None = None,
 ) -> dict[str, NodeCapacity]:
-    """Read Slurm (three short commands) and say what each mapped pool can use now.
+    """Read Slurm (three short commands) and say what each mapped pool can use now;
+    `slurm_conf` names another cluster's configuration than the controller's own.
 
     Raises `SlurmError` (and its `SlurmNotConfigured`) when Slurm does not answer: the tick
     then counts runners only (fail-open), with one warning.
     """
     if not partitions:
         return {}
-    node_text = slurm.run(["scontrol", "show", "node", "-o"], timeout=timeout).stdout
-    reservation_text = slurm.run(["scontrol", "show", "reservation", "-o"], timeout=timeout).stdout
-    job_text = slurm.run(
-        ["squeue", "-h", "-a", "-t", _HOLDING, "-o", _SQUEUE_FORMAT], timeout=timeout
-    ).stdout
+    env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
+
+    def run(argv: list[str]) -> str:
+        return slurm.run(argv, timeout=timeout, env=env).stdout
+
+    node_text = run(["scontrol", "show", "node", "-o"])
+    reservation_text = run(["scontrol", "show", "reservation", "-o"])
+    job_text = run(["squeue", "-h", "-a", "-t", _HOLDING, "-o", _SQUEUE_FORMAT])
     nodes = parse_nodes(node_text)
     if not nodes:
         raise slurm.SlurmError(["scontrol", "show", "node", "-o"], "listed no nodes")
