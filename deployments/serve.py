@@ -11,7 +11,9 @@ one (0: events only); the deployment then has no server-side schedule (the loop 
 `--triggers 10` instead adds the deployment triggers of prefect.yaml (debounced over 10 s, see
 triggers.py), whose runs the runner starts as new processes, as a `prefect deploy` worker does.
 With `--api-url URL --repo OWNER/NAME` (or `--org`) reconcile reads that scope directly, with the
-token from $GITHUB_TOKEN, instead of the saved scope and policy blocks.
+token from $GITHUB_TOKEN, instead of the saved scope and policy blocks. With `--events`,
+`--metrics-port 9464` serves the admission's Prometheus metrics (`admission/metrics.py`) on
+`GET /metrics` of `--metrics-host` (127.0.0.1 by default).
 """
 
 from __future__ import annotations
@@ -91,6 +93,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-gap", type=float, default=WakeSettings.min_gap_s, metavar="S")
     parser.add_argument("--quiet", type=float, default=WakeSettings.quiet_s, metavar="S")
     parser.add_argument("--max-delay", type=float, default=WakeSettings.max_delay_s, metavar="S")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="with --events: serve the admission's Prometheus metrics on GET /metrics here",
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", help="address of --metrics-port (127.0.0.1)"
+    )
     parser.add_argument("--api-url", help="an inline scope instead of the blocks")
     parser.add_argument("--repo")
     parser.add_argument("--org")
@@ -99,6 +110,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--events replaces --triggers: pass one of them")
     if args.events and args.only not in (None, "reconcile"):
         parser.error("--events ticks reconcile: drop --only or pass --only reconcile")
+    if args.metrics_port is not None and not args.events:
+        parser.error(
+            "--metrics-port needs --events: only then do the ticks run in this process (under "
+            "a worker, set SLURMGATE_METRICS_TEXTFILE for node_exporter's textfile collector)"
+        )
     wake = None
     if args.events:
         try:
@@ -139,6 +155,16 @@ def main(argv: list[str] | None = None) -> None:
     from slurmgate.flows.admission_loop import serve_with_admission_loop
     from slurmgate.flows.reconcile import reconcile
 
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from slurmgate.admission.metrics import METRICS
+
+        try:
+            start_http_server(args.metrics_port, args.metrics_host, registry=METRICS.registry)
+        except OSError as exc:
+            parser.exit(1, f"error: --metrics-port {args.metrics_port}: {exc.strerror}\n")
+        print(f"metrics on http://{args.metrics_host}:{args.metrics_port}/metrics")
     every = f"every {wake.interval_s:g} s and " if wake.interval_s else ""
     names = ", ".join(f"{d.flow_name}/{d.name}" for d in deployments)
     print(f"serving {names}; reconcile ticks here {every}on GitHub job events (Ctrl-C stops)")

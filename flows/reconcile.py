@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,13 @@ from prefect.artifacts import Artifact, acreate_table_artifact
 from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.estimates import HistoryError, RuntimeHistory
 from slurmgate.admission.leases import AdmitOutcome
+from slurmgate.admission.metrics import METRICS
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.admission.tick import TickLog, TickSteps, reconcile_tick
+from slurmgate.admission.tick import TickLog, TickReport, TickSteps, reconcile_tick
 from slurmgate.blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.github.access import ScopeAccessError, app_id_of, explain
-from slurmgate.github.client import GitHubError
+from slurmgate.github.client import GitHubClient, GitHubError
 from slurmgate.github.scope import ScopeError
 from slurmgate.github.steps import slurm_capacity_step
 from slurmgate.tasks.allocation import reap_crashed_allocations
@@ -124,6 +126,20 @@ class BatchedTickLog:
         self.logger.info("%d tick lines:\n%s", len(lines), "\n".join(lines))
 
 
+def record_metrics(
+    report: TickReport | None, client: GitHubClient, duration_s: float, logger: TickLog
+) -> None:
+    """The tick into the process's admission metrics (`admission/metrics.py`)."""
+    limit = client.rate_limit
+    METRICS.record_report(
+        report,
+        duration_s,
+        api_calls=client.calls.total,
+        rate_limit=(limit.remaining, limit.limit) if limit is not None else None,
+        log=logger,
+    )
+
+
 @flow(name="reconcile", log_prints=False)
 async def reconcile(
     scope_block: str | None = "default",
@@ -181,13 +197,19 @@ async def reconcile(
     )
     async with scope.get_client() as client, bound_client(client):
         history = await load_history(logger)
+        started = time.monotonic()
         try:
             report = await reconcile_tick(steps, settings, history=history, log=tick_log)
         except GitHubError as exc:  # a read that failed for good: say why, as the CLI does
+            record_metrics(None, client, time.monotonic() - started, logger)
             line = explain(scope.scope(), exc, app_id_of(scope.credentials()))
             raise ScopeAccessError(line) from None
+        except Exception:
+            record_metrics(None, client, time.monotonic() - started, logger)
+            raise
         finally:
             tick_log.flush()
+        record_metrics(report, client, time.monotonic() - started, logger)
         if report.runtimes_learned:
             await save_history(history, logger)
         summary: dict[str, Any] = {

@@ -257,6 +257,7 @@ class Admit:
     anchor_labels: tuple[str, ...]
     priority: str
     reason: str
+    created_at: datetime | None = None  # when GitHub queued the job (the metrics' wait)
 
     def line(self, verb: str = "admit") -> str:
         """One log line: job id, lease id, pool, size and anchor (and why, for a decision)."""
@@ -364,6 +365,9 @@ class PoolRow:
     blocked: int
     slurm: str = ""  # a pool with a partition: usable nodes, and why the others are missing
     cordon: str = ""  # a cordoned pool: "cordoned (why): draining, N leases" or "... drained"
+    leases: int = 0  # distinct leases its runners carry
+    slurm_usable: int | None = None  # Slurm's view (a pool mapped to a partition that answered)
+    slurm_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

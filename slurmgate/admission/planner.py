@@ -255,6 +255,7 @@ def plan(
             lease_label=LeaseLabel(p.request.job.id, p.request.job.run_attempt, stamp).render(),
             anchor_labels=tuple(p.request.job.gate_labels()),
             priority=p.request.priority,
+            created_at=p.request.job.created_at,
             reason=(
                 f"priority {p.request.priority}"
                 + (f" ({capped[p.request.job.id]})" if p.request.job.id in capped else "")
@@ -685,6 +686,9 @@ def _board(
                 blocked=state.blocked,
                 slurm=state.slurm.summary() if state.slurm is not None else "",
                 cordon=cordon,
+                leases=len(leases),
+                slurm_usable=state.slurm.usable if state.slurm is not None else None,
+                slurm_total=state.slurm.total if state.slurm is not None else None,
             )
         )
     legacy = per_pool.get(None, [])

@@ -103,6 +103,7 @@ class TickReport:
     plan_s: float = 0.0
     runtimes_learned: int = 0
     failures: list[str] = field(default_factory=list)
+    anchored: list[Admit] = field(default_factory=list)  # the admissions that were anchored
 
     @property
     def blocked(self) -> int:
@@ -223,6 +224,7 @@ async def _admit_batch(
         if isinstance(outcome, AdmitOutcome):
             if outcome.admitted:
                 report.admitted += 1
+                report.anchored.append(planned)
             else:
                 report.rolled_back += 1
         elif isinstance(outcome, Exception):

@@ -16,12 +16,19 @@ from flowcheck import (
 )
 from prefect.artifacts import Artifact
 
+from slurmgate.admission.metrics import METRICS
 from slurmgate.flows.reconcile import BOARD_KEY, reconcile
 
 
 async def tick(emu: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setenv("GITHUB_TOKEN", emu.token)
     return await reconcile(scope_block=None, api_url=emu.url, repo=emu.repo)
+
+
+def admissions_recorded() -> float:
+    return (
+        METRICS.registry.get_sample_value("slurmgate_admissions_total", {"pool": "cluster:a"}) or 0
+    )
 
 
 def anchor_of(dump: dict[str, Any], job_id: int) -> int:
@@ -35,6 +42,7 @@ async def test_seed_scenario_backfill_then_release(emulator_factory, monkeypatch
     """18 runners: 10 runs; 9 and 8 queue -> 8 admitted, 9 blocked; 10 ends -> 9 admitted."""
     emu = emulator_factory({"a": 18})
     j10 = emu.admin.add_job(job_labels(10, token="ten"), duration_s=600)["id"]
+    admitted_before = admissions_recorded()
 
     summary = await tick(emu, monkeypatch)
     assert summary["admitted"] == 1 and summary["errors"] == 0
@@ -71,6 +79,8 @@ async def test_seed_scenario_backfill_then_release(emulator_factory, monkeypatch
     assert len(lease_of_job(fleet(dump), j8)) == 8
     wait_for(lambda: jobs_by_id(emu.admin.dump())[j9]["status"] == "in_progress", what="j9")
     assert_invariants(emu.admin.dump())
+    # the flow recorded each tick into the process's metrics (what serve.py --metrics-port serves)
+    assert admissions_recorded() - admitted_before == 3
 
 
 async def test_equal_scores_queued_together_admit_8_and_9(emulator_factory, monkeypatch) -> None:
