@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from slurmgate.ci import recipes
 from slurmgate.errors import InputError
 
 ROLES = ("prefill", "decode")
@@ -140,6 +141,12 @@ def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | No
         recipe = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise NodeCountError(f"recipe {config} is not valid YAML ({exc}); fix the file") from exc
+    if isinstance(recipe, dict) and recipe.get("schema") is not None:
+        # srt-slurm 2.0's `roles:` layout (InferenceX migrated its recipes to it)
+        try:
+            recipe = recipes.expanded(recipe, f"recipe {config}")
+        except recipes.RecipeError as exc:
+            raise NodeCountError(str(exc)) from None
     resources = recipe.get("resources") if isinstance(recipe, Mapping) else None
     if not isinstance(resources, Mapping):
         raise NodeCountError(

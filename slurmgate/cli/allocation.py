@@ -21,11 +21,24 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-@app.command("run", epilog="Example: slurmgate allocation run examples/specs/local-stub.yaml")
+@app.command(
+    "run",
+    epilog="Example: slurmgate allocation run examples/specs/local-stub.yaml  (or --recipe "
+    "RECIPE.yaml: an srt-slurm recipe, as `slurmgate spec from-recipe` builds its spec)",
+)
 def allocation_run(
-    spec: Annotated[Path, typer.Argument(help="The allocation spec (YAML).")],
+    spec: Annotated[
+        Path | None, typer.Argument(help="The allocation spec (YAML).", show_default=False)
+    ] = None,
     runs_dir: Annotated[
         Path | None, typer.Option(help="Run directories (logs, record.json).")
+    ] = None,
+    recipe: Annotated[
+        Path | None,
+        typer.Option(help="Run an srt-slurm recipe (schema 1 or 2) instead of a spec."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="With --recipe: the model path the workers load.")
     ] = None,
 ) -> None:
     """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
@@ -33,11 +46,22 @@ def allocation_run(
     from slurmgate.runtime import slurm
     from slurmgate.runtime.spec import AllocationSpec, SpecError
 
-    try:
-        parsed = AllocationSpec.from_yaml(spec)
-    except SpecError as exc:
-        typer.echo(f"error: invalid spec {spec}:\n{exc}", err=True)
-        raise typer.Exit(code=2) from None
+    if (spec is None) == (recipe is None):
+        raise fail("give a spec, or --recipe RECIPE.yaml (not both)")
+    if recipe is not None:
+        from slurmgate.cli.spec import load_recipe_spec
+
+        built = load_recipe_spec(recipe, model)
+        for r in built.reported:
+            typer.echo(f"reported: {r.line()}", err=True)
+        parsed = built.spec
+    else:
+        assert spec is not None
+        try:
+            parsed = AllocationSpec.from_yaml(spec)
+        except SpecError as exc:
+            typer.echo(f"error: invalid spec {spec}:\n{exc}", err=True)
+            raise typer.Exit(code=2) from None
     # Milliseconds now, instead of a Prefect traceback after the temporary server's ~20 s start.
     try:
         slurm.check_configured()

@@ -19,6 +19,7 @@ from slurmgate.cli import (
     init,
     loadgen,
     simulate,
+    spec,
     testbed,
     webhook,
 )
@@ -44,6 +45,7 @@ for _flat in _FLAT:
     app.add_typer(_flat.app)
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(allocation.app, name="allocation")
+app.add_typer(spec.app, name="spec")
 
 
 def _exceptions(name: str) -> tuple[type[BaseException], ...]:

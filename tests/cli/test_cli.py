@@ -41,9 +41,10 @@ def readme_commands() -> set[str]:
 def test_every_readme_command_exists_with_an_example(command: str) -> None:
     out = run(command, "--help")
     assert out.returncode == 0, out.stderr
-    if command in ("cluster", "allocation"):  # groups: their commands carry the examples
+    groups = {"cluster": ("up", "down"), "allocation": ("run", "reap"), "spec": ("from-recipe",)}
+    if command in groups:  # groups: their commands carry the examples
         assert "Commands" in out.stdout
-        for sub in {"cluster": ("up", "down"), "allocation": ("run", "reap")}[command]:
+        for sub in groups[command]:
             help_text = run(command, sub, "--help")
             assert help_text.returncode == 0 and "Example" in help_text.stdout, help_text.stdout
     else:
@@ -141,3 +142,23 @@ def test_reap_without_slurm_is_one_line_and_keeps_the_record(tmp_path: Path) -> 
 
 
 _OUT: dict[str, bool] = {"capture_output": True, "text": True, "check": True}
+
+
+def test_spec_from_recipe_prints_a_spec_and_names_what_runs_differently(tmp_path: Path) -> None:
+    recipe = (
+        REPO
+        / "tests/data/inferencex-recipes-schema2/vllm/kimi-k3/agentic/agg-b200-tp8pp2-agentic.yaml"
+    )
+    done = run("spec", "from-recipe", str(recipe), "--model", "/models/kimi")
+    assert done.returncode == 0, done.stderr
+    assert "reported: model.container:" in done.stderr
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(done.stdout)
+    assert run("node-count", str(spec_file)).stdout.strip() == "2"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema: 2\nname: x\nroles: {warmup: {}}\n")
+    refused = run("spec", "from-recipe", str(bad))
+    assert refused.returncode == 2 and "roles.warmup: unknown role" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    both = run("allocation", "run", str(spec_file), "--recipe", str(recipe))
+    assert both.returncode == 2 and "give a spec, or --recipe" in both.stderr

@@ -1,0 +1,592 @@
+"""A srt-slurm recipe as an allocation spec: what it honours, reports or refuses, by name.
+
+`spec_from_recipe` reads a recipe of either schema (`slurmgate.ci.recipes`) and builds the
+`AllocationSpec` that runs the same workers: one deployment whose roles are the recipe's
+prefill and decode (or agg) workers in the engine's own sizes, its engine flags and env, the
+frontend it names (Dynamo's, the SGLang router, trtllm-serve) and a client that drives the
+endpoint with the recipe's benchmark shape. Every key is either honoured, reported (run
+differently, and said so: `Reported`), or refused (`RecipeRefused`, naming the key and why);
+none is dropped silently. What is reported and what is refused is in `REPORTED` and
+`REFUSED`, and docs/spec.md's neighbour README section says why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmgate.ci import recipes
+from slurmgate.errors import InputError
+from slurmgate.runtime.spec import AllocationSpec, SpecError
+
+DEFAULT_MODEL = "/model"  # where srtctl mounts the recipe's model in its container
+_SLUG = re.compile(r"[^a-z0-9-]+")
+
+# Keys that change how the job runs in ways slurmgate does not do, but whose absence leaves the
+# served model and its workers the same: run without them, and say so.
+REPORTED = {
+    "model.container": "the workers run the engine installed on the nodes (the spec's "
+    "command), not in this container: install that engine version there",
+    "model.path": "an alias srt-slurm resolves through srtslurm.yaml; the spec loads the "
+    "path given with --model (default /model, where srtctl mounts it)",
+    "model.precision": "informational: the engine flags say how the model is served",
+    "dynamo": "Dynamo is used as installed on the nodes (no per-job install from a hash, "
+    "wheel or version)",
+    "frontend.enable_multiple_frontends": "one frontend behind slurmgate's logical endpoint "
+    "(no nginx in front of several)",
+    "frontend.num_additional_frontends": "one frontend (no nginx)",
+    "frontend.nginx_container": "no nginx",
+    "frontend.nginx_session_affinity": "no nginx: the logical endpoint routes",
+    "frontend.nginx_session_affinity_header": "no nginx: the logical endpoint routes",
+    "infra.etcd_nats_dedicated_node": "etcd and NATS run on the client node, not a node of "
+    "their own (the node count stays the recipe's prefill + decode nodes)",
+    "infra.nats_max_payload_mb": "NATS runs with its default max_payload",
+    "resources.gpu_type": "informational: the pool's runners decide the hardware",
+    "resources.het_jobs": "one homogeneous allocation (no Slurm heterogeneous components)",
+    "sbatch_directives": "the allocation is asked for by slurmgate (spec.slurm for partition, "
+    "account, QOS, reservation, constraint)",
+    "srun_options": "the steps' srun options are slurmgate's own",
+    "health_check": "honoured as startup_timeout_s = max_attempts × interval_seconds",
+    "identity": "informational (model and container provenance)",
+    "telemetry": "no power/GPU telemetry collectors",
+    "enable_config_dump": "no engine config dumps",
+    "benchmark": "run as the client: slurmgate loadgen --chat with the recipe's ISL, OSL and "
+    "concurrencies (random prompts; not sa-bench's tokenizer-exact ones)",
+    "backend.dp_launch_mode": "vLLM data parallelism is launched per node (srt-slurm's default)",
+    "backend.kv_events_config": "no KV-event publishing (KV-aware routing falls back)",
+    "backend.connector": "the roles' own --kv-transfer-config, or kv_transfer, decides",
+    "slurm.time_limit": "honoured as the spec's time_limit",
+    "profiling": "no profiling (type none only)",
+    "setup_script": "not run: it prepares srt-slurm's container before the workers (installs "
+    "or patches the engine); the nodes' own environment must already hold what it installs",
+}
+# Keys whose meaning slurmgate cannot reproduce: a run without them would not be that recipe.
+REFUSED = {
+    "container_mounts": "container mounts: the workers run on the nodes' own filesystem",
+    "extra_mount": "container mounts: the workers run on the nodes' own filesystem",
+    "backend.mooncake_kv_store": "a Mooncake master service slurmgate does not start",
+    "resources.decode_nodes: 0": "decode workers colocated on the prefill nodes",
+    "frontend.type: vllm with several workers": "direct vllm serve runs one worker",
+    "backend.type: mocker": "Dynamo's mocker engine is not modelled",
+    "environment templating": "{node} / {node_id} placeholders in environment values",
+}
+_KNOWN_TOP = {
+    "schema",
+    "name",
+    "model",
+    "resources",
+    "backend",
+    "frontend",
+    "dynamo",
+    "benchmark",
+    "health_check",
+    "infra",
+    "environment",
+    "slurm",
+    "sbatch_directives",
+    "srun_options",
+    "identity",
+    "telemetry",
+    "profiling",
+    "enable_config_dump",
+    "setup_script",
+    "container_mounts",
+    "extra_mount",
+    "output",
+    "observability",
+    "reporting",
+}
+# Role-config keys the launcher owns, lifted into the role's fields or replaced by the layout.
+_SIZE_KEYS = {
+    "tensor-parallel-size": "tensor_parallel",
+    "tp-size": "tensor_parallel",
+    "tp": "tensor_parallel",
+    "data-parallel-size": "data_parallel",
+    "dp-size": "data_parallel",
+    "dp": "data_parallel",
+    "expert-parallel-size": "expert_parallel",
+    "ep-size": "expert_parallel",
+    "ep": "expert_parallel",
+    "pipeline-parallel-size": "pipeline_parallel",
+    "pp-size": "pipeline_parallel",
+}
+_LAYOUT_KEYS = (
+    "host",
+    "port",
+    "nnodes",
+    "node-rank",
+    "dist-init-addr",
+    "headless",
+    "master-addr",
+    "master-port",
+    "disaggregation-bootstrap-port",
+    "data-parallel-rpc-port",
+    "data-parallel-size-local",
+    "data-parallel-start-rank",
+    "data-parallel-hybrid-lb",
+    "data-parallel-address",
+    "nccl-port",
+)
+_TRTLLM_SIZE_KEYS = {
+    "tensor_parallel_size": "tensor_parallel",
+    "pipeline_parallel_size": "pipeline_parallel",
+    "moe_expert_parallel_size": "expert_parallel",
+}
+
+
+class RecipeRefused(InputError):
+    """A recipe key slurmgate cannot honour; the message names it and why."""
+
+
+@dataclass(frozen=True)
+class Reported:
+    """A recipe key that runs differently under slurmgate, and how."""
+
+    key: str
+    how: str
+
+    def line(self) -> str:
+        return f"{self.key}: {self.how}"
+
+
+@dataclass
+class RecipeSpec:
+    """The spec a recipe becomes, and what of the recipe it runs differently."""
+
+    spec: AllocationSpec
+    schema: int
+    reported: list[Reported] = field(default_factory=list)
+
+    def yaml(self, source: str) -> str:
+        """The spec as YAML, headed by comments naming the recipe and every reported key."""
+        import yaml
+
+        data = self.spec.model_dump(mode="json", exclude_defaults=True)
+        head = [f"# From the srt-slurm recipe {source} (schema {self.schema})."]
+        head += [f"# reported: {r.line()}" for r in self.reported]
+        return "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False, width=100)
+
+
+def _slug(text: Any, fallback: str) -> str:
+    slug = _SLUG.sub("-", str(text).lower()).strip("-")
+    slug = re.sub(r"-+", "-", slug)
+    if not slug or not slug[0].isalpha():
+        slug = f"{fallback}-{slug}".strip("-")
+    return slug[:40].rstrip("-") or fallback
+
+
+def _flags(config: Mapping[str, Any]) -> list[str]:
+    """srt-slurm's `_config_to_cli_args`: sorted keys as --key value, true as a bare flag,
+    false and null left out, a list as repeated values; a mapping is passed as JSON."""
+    argv: list[str] = []
+    for key, value in sorted(config.items()):
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value, separators=(",", ":"))]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+@dataclass
+class _Build:
+    source: str
+    reported: list[Reported] = field(default_factory=list)
+
+    def report(self, key: str, how: str | None = None) -> None:
+        self.reported.append(Reported(key, how or REPORTED.get(key, "not used")))
+
+    def refuse(self, key: str, why: str | None = None) -> RecipeRefused:
+        return RecipeRefused(f"{self.source}: {key}: cannot be honoured — {why or REFUSED[key]}")
+
+
+def spec_from_recipe(
+    path: str | Path, *, model: str | None = None, name: str | None = None
+) -> RecipeSpec:
+    """Read a recipe file and build its spec (see the module docstring)."""
+    source = str(path)
+    data = recipes.load(path)
+    return spec_from_data(data, source=source, model=model, name=name)
+
+
+def spec_from_data(
+    data: Mapping[str, Any],
+    *,
+    source: str = "recipe",
+    model: str | None = None,
+    name: str | None = None,
+) -> RecipeSpec:
+    """Build the spec of an already parsed recipe (either schema)."""
+    schema = recipes.schema(data, source)
+    r = recipes.expanded(data, source)
+    b = _Build(source)
+    unknown = sorted(set(r) - _KNOWN_TOP)
+    if unknown:
+        raise RecipeRefused(
+            f"{source}: {', '.join(unknown)}: unknown recipe keys — slurmgate knows the keys "
+            "of srt-slurm's schema; remove them or check their spelling"
+        )
+    for key in ("container_mounts", "extra_mount"):
+        if r.get(key):
+            raise b.refuse(key)
+    if r.get("setup_script"):
+        b.report("setup_script", f"{r['setup_script']!r} " + REPORTED["setup_script"])
+    model_block = _section(r, "model", source)
+    resources = _section(r, "resources", source)
+    backend = _section(r, "backend", source)
+    frontend = _section(r, "frontend", source)
+    kind = recipes.backend_type(r)
+    if kind not in ("sglang", "vllm", "trtllm"):
+        raise (
+            b.refuse("backend.type: mocker")
+            if kind == "mocker"
+            else RecipeRefused(
+                f"{source}: backend.type: {kind!r} is not an engine — use sglang, vllm or trtllm"
+            )
+        )
+    front = frontend.get("type", "dynamo")
+    engine = {
+        ("dynamo", "sglang"): "dynamo-sglang",
+        ("dynamo", "vllm"): "dynamo-vllm",
+        ("dynamo", "trtllm"): "dynamo-trtllm",
+        ("sglang", "sglang"): "sglang",
+        ("vllm", "vllm"): "vllm",
+        ("trtllm_serve", "trtllm"): "trtllm",
+    }.get((front, kind))
+    if engine is None:
+        raise RecipeRefused(
+            f"{source}: frontend.type: {front!r} with backend.type {kind!r} is not a "
+            "pairing srt-slurm runs — use dynamo, or the engine's own frontend"
+        )
+    if backend.get("mooncake_kv_store"):
+        raise b.refuse("backend.mooncake_kv_store")
+    if resources.get("decode_nodes") == 0:
+        raise b.refuse("resources.decode_nodes: 0")
+    served = str(model_block.get("path", "model"))
+    model_path = model or DEFAULT_MODEL
+    for key in ("container", "path", "precision"):
+        if key in model_block:
+            b.report(f"model.{key}")
+    gpn = resources.get("gpus_per_node", 4)
+    roles, shared = _roles(r, b, kind, engine, gpn)
+    served = shared.pop("served-model-name", served)
+    command = _command(engine, model_path, str(served), shared.pop("model", None), b)
+    deployment: dict[str, Any] = {
+        "name": _slug(name or r.get("name", "recipe"), "recipe"),
+        "engine": engine,
+        "command": command,
+        "roles": roles,
+    }
+    if shared.get("kv_transfer"):
+        deployment["kv_transfer"] = shared["kv_transfer"]
+    _frontend(deployment, frontend, front, r, b)
+    health = _section(r, "health_check", source)
+    attempts, interval = health.get("max_attempts", 180), health.get("interval_seconds", 10)
+    deployment["startup_timeout_s"] = float(attempts) * float(interval)
+    if "health_check" in r:
+        b.report("health_check")
+    env = _section(r, "environment", source)
+    if any("{node" in str(v) for v in env.values()):
+        raise b.refuse("environment templating")
+    if env:
+        deployment["env"] = {str(k): str(v) for k, v in env.items()}
+    top: dict[str, Any] = {
+        "schema_version": 1,
+        "name": deployment["name"],
+        "gpus_per_node": gpn,
+        "client": {"command": _client(r, b, str(served))},
+        "deployments": [deployment],
+    }
+    slurm = _section(r, "slurm", source)
+    if slurm.get("time_limit") is not None:
+        top["time_limit"] = str(slurm["time_limit"])
+        b.report("slurm.time_limit")
+    _report_rest(r, b)
+    try:
+        spec = AllocationSpec.from_data(top, source=source)
+    except SpecError as exc:
+        raise RecipeRefused(
+            f"{source}: the recipe's workers do not make a valid spec:\n{exc}"
+        ) from None
+    return RecipeSpec(spec=spec, schema=schema, reported=b.reported)
+
+
+def _section(r: Mapping[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = r.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RecipeRefused(f"{source}: {key}: not a mapping — write it as KEY: VALUE lines")
+    return value
+
+
+def _roles(
+    r: Mapping[str, Any], b: _Build, kind: str, engine: str, gpn: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each role of the recipe as a RoleSpec's data; and what the roles share (the served name,
+    the transfer backend, the model) lifted out of their flags."""
+    resources = dict(r.get("resources") or {})
+    backend = dict(r.get("backend") or {})
+    config_key = recipes.ENGINE_CONFIG_KEY[kind]
+    configs = dict(backend.get(config_key) or {})
+    present = [role for role in recipes.ROLE_NAMES if resources.get(f"{role}_nodes") is not None]
+    if not present:
+        raise RecipeRefused(
+            f"{b.source}: resources: gives neither agg_nodes nor prefill_nodes and "
+            "decode_nodes — add the node counts"
+        )
+    roles: dict[str, Any] = {}
+    shared: dict[str, Any] = {}
+    lifted: dict[str, set[str]] = {"served-model-name": set(), "kv_transfer": set(), "model": set()}
+    for role in present:
+        mode = recipes.ROLE_TO_MODE[role]
+        nodes = resources[f"{role}_nodes"]
+        workers = resources.get(f"{role}_workers", 1)
+        gpus = resources.get(f"gpus_per_{role}")
+        if gpus is None:
+            if not isinstance(nodes, int) or not isinstance(workers, int) or workers < 1:
+                raise RecipeRefused(f"{b.source}: resources.{role}_nodes/_workers: not counts")
+            gpus = nodes * gpn // workers
+        spec: dict[str, Any] = {"workers": workers, "gpus_per_worker": gpus}
+        if resources.get("spread_workers") and gpus < gpn:
+            spec["workers_per_node"] = 1
+        config = dict(configs.get(mode) or {})
+        if kind == "trtllm":
+            _trtllm_role(spec, config, role, lifted, b)
+        else:
+            _flag_role(spec, config, role, kind, lifted, b)
+        env = backend.get(f"{mode}_environment") or {}
+        if env:
+            spec["env"] = {str(k): str(v) for k, v in env.items()}
+        extra = backend.get(f"{mode}_extra_args") or []
+        if extra:
+            spec["args"] = [*spec.get("args", []), *(str(a) for a in extra)]
+        roles[role] = spec
+        planned = _planned_nodes(spec, gpn)
+        if planned is not None and planned != nodes:
+            raise RecipeRefused(
+                f"{b.source}: resources.{role}_nodes: {nodes}, but {workers} worker(s) of "
+                f"{gpus} GPUs on {gpn}-GPU nodes take {planned} — fix the recipe's node count"
+            )
+    for key, values in lifted.items():
+        if len(values) > 1:
+            raise RecipeRefused(
+                f"{b.source}: {key}: the roles disagree ({', '.join(sorted(values))}) — "
+                "slurmgate gives one value to the whole deployment"
+            )
+        if values:
+            shared[key] = values.pop()
+    return roles, shared
+
+
+def _planned_nodes(spec: Mapping[str, Any], gpn: int) -> int | None:
+    gpus, workers = spec["gpus_per_worker"], spec["workers"]
+    if not isinstance(gpus, int) or not isinstance(workers, int) or gpus < 1 or gpn < 1:
+        return None
+    if gpus > gpn:
+        return workers * -(-gpus // gpn)
+    per = int(spec.get("workers_per_node") or gpn // gpus)
+    return -(-workers // per)
+
+
+def _flag_role(
+    spec: dict[str, Any],
+    config: dict[str, Any],
+    role: str,
+    kind: str,
+    lifted: dict[str, set[str]],
+    b: _Build,
+) -> None:
+    for key, fieldname in _SIZE_KEYS.items():
+        if key in config:
+            spec[fieldname] = config.pop(key)
+    config.pop("enable-metrics", None)  # the launcher always turns SGLang's metrics on
+    if config.pop("enable-dp-attention", False):
+        spec["dp_attention"] = True
+    if kind == "vllm" and config.pop("enable-expert-parallel", False):
+        spec["expert_parallel"] = spec.get("tensor_parallel", 1) * spec.get("data_parallel", 1)
+    mode = config.pop("disaggregation-mode", None)
+    if mode is not None and mode != role:
+        raise RecipeRefused(
+            f"{b.source}: {role}: disaggregation-mode is {mode!r} in the {role} role's config "
+            f"— it must be {role}"
+        )
+    for key in _LAYOUT_KEYS:
+        if key in config:
+            value = config.pop(key)
+            if value is not None:
+                b.report(f"{role}.{key}", f"{value!r} replaced: the layout assigns it")
+    backend = config.pop("disaggregation-transfer-backend", None)
+    if backend is not None:
+        lifted["kv_transfer"].add(str(backend))
+    for key in ("model-path", "model"):
+        if key in config:
+            lifted["model"].add(str(config.pop(key)))
+    if "served-model-name" in config:
+        lifted["served-model-name"].add(str(config.pop("served-model-name")))
+    if "kv-transfer-config" in config:
+        value = config.pop("kv-transfer-config")
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        spec["args"] = ["--kv-transfer-config", text]
+    spec["args"] = [*spec.get("args", []), *_flags(config)]
+    if not spec["args"]:
+        del spec["args"]
+
+
+def _trtllm_role(
+    spec: dict[str, Any],
+    config: dict[str, Any],
+    role: str,
+    lifted: dict[str, set[str]],
+    b: _Build,
+) -> None:
+    for key, fieldname in _TRTLLM_SIZE_KEYS.items():
+        if key in config:
+            spec[fieldname] = config.pop(key)
+    if config.pop("enable_attention_dp", False):
+        if spec.get("tensor_parallel", 1) > 1:
+            spec["dp_attention"] = True
+            spec["data_parallel"] = spec.get("tensor_parallel", 1)
+        else:
+            b.report(f"{role}.enable_attention_dp", "off: over one TP rank it changes nothing")
+    transceiver = config.get("cache_transceiver_config")
+    if isinstance(transceiver, dict) and "backend" in transceiver:
+        lifted["kv_transfer"].add(str(transceiver["backend"]))
+        rest = {k: v for k, v in transceiver.items() if k != "backend"}
+        if rest:
+            config["cache_transceiver_config"] = rest
+        else:
+            del config["cache_transceiver_config"]
+    if config:
+        spec["engine_config"] = config
+
+
+def _command(engine: str, model: str, served: str, own: str | None, b: _Build) -> list[str]:
+    if own is not None and own != model:
+        b.report("model-path", f"the roles' {own!r} replaced by {model!r} (--model)")
+    name = ["--served-model-name", served]
+    return {
+        "dynamo-sglang": ["python3", "-m", "dynamo.sglang", "--model-path", model, *name],
+        "dynamo-vllm": ["python3", "-m", "dynamo.vllm", "--model", model, *name],
+        "dynamo-trtllm": ["python3", "-m", "dynamo.trtllm", "--model-path", model, *name],
+        "sglang": ["python3", "-m", "sglang.launch_server", "--model-path", model, *name],
+        "vllm": ["vllm", "serve", model, *name],
+        "trtllm": ["trtllm-serve", model],
+    }[engine]
+
+
+def _frontend(
+    deployment: dict[str, Any],
+    frontend: Mapping[str, Any],
+    front: str,
+    r: Mapping[str, Any],
+    b: _Build,
+) -> None:
+    kinds = {"dynamo": "dynamo", "sglang": "sglang-router", "trtllm_serve": "trtllm-serve"}
+    roles = deployment["roles"]
+    if front == "vllm":
+        if set(roles) != {"agg"} or roles["agg"]["workers"] != 1:
+            raise b.refuse("frontend.type: vllm with several workers")
+    else:
+        spec: dict[str, Any] = {"type": kinds[front]}
+        args = frontend.get("args") or {}
+        if args:
+            spec["args"] = _flags(args)
+        env = frontend.get("env") or {}
+        if env:
+            spec["env"] = {str(k): str(v) for k, v in env.items()}
+        plane = (r.get("dynamo") or {}).get("request_plane")
+        if front == "dynamo" and plane is not None:
+            spec["request_plane"] = plane
+        deployment["frontend"] = spec
+    for key in (
+        "enable_multiple_frontends",
+        "num_additional_frontends",
+        "nginx_container",
+        "nginx_session_affinity",
+        "nginx_session_affinity_header",
+    ):
+        if frontend.get(key):
+            b.report(f"frontend.{key}")
+    for key in sorted(set(frontend) - {"type", "args", "env", *REPORTED_FRONTEND}):
+        b.report(f"frontend.{key}", "not used")
+
+
+REPORTED_FRONTEND = (
+    "enable_multiple_frontends",
+    "num_additional_frontends",
+    "nginx_container",
+    "nginx_session_affinity",
+    "nginx_session_affinity_header",
+)
+
+
+def _client(r: Mapping[str, Any], b: _Build, served: str) -> list[str]:
+    bench = r.get("benchmark") or {}
+    if not isinstance(bench, dict):
+        bench = {}
+    b.report(
+        "benchmark",
+        None
+        if bench.get("type") == "sa-bench"
+        else (
+            f"type {bench.get('type')!r} runs srt-slurm's harness in its container; the client "
+            "sends a short slurmgate loadgen --chat smoke load instead"
+        ),
+    )
+    isl, osl = bench.get("isl", 128), bench.get("osl", 128)
+    raw = bench.get("concurrencies", [4]) if bench.get("type") == "sa-bench" else [2]
+    if isinstance(raw, str):
+        raw = [c for c in raw.split("x") if c]
+    concurrencies = [int(c) for c in (raw if isinstance(raw, list) else [raw])][:16] or [4]
+    mult = int(bench.get("num_prompts_mult", 10)) if bench.get("type") == "sa-bench" else 5
+    loops = " ".join(str(c) for c in concurrencies)
+    script = (
+        f'for c in {loops}; do python -m slurmgate.cli loadgen "${{OPENAI_BASE_URL%/v1}}" '
+        f"--chat --model {shlex.quote(served)} --concurrency $c --requests $((c * {mult})) "
+        f"--prompt-tokens {int(isl)} --output-tokens {int(osl)} || exit 1; done"
+    )
+    return ["sh", "-c", script]
+
+
+def _report_rest(r: Mapping[str, Any], b: _Build) -> None:
+    """Every remaining key the spec does not carry, reported by name."""
+    for key in ("dynamo", "sbatch_directives", "srun_options", "identity", "enable_config_dump"):
+        if r.get(key):
+            b.report(key)
+    telemetry = r.get("telemetry") or {}
+    if isinstance(telemetry, dict) and telemetry.get("enabled"):
+        b.report("telemetry")
+    profiling = r.get("profiling") or {}
+    if isinstance(profiling, dict) and profiling.get("type", "none") != "none":
+        raise RecipeRefused(
+            f"{b.source}: profiling.type: {profiling.get('type')!r}: cannot be honoured — "
+            "slurmgate runs no profiler; remove profiling or set type: none"
+        )
+    infra = r.get("infra") or {}
+    for key in ("etcd_nats_dedicated_node", "nats_max_payload_mb"):
+        if isinstance(infra, dict) and infra.get(key):
+            b.report(f"infra.{key}")
+    resources = r.get("resources") or {}
+    for key in ("gpu_type", "het_jobs"):
+        if resources.get(key):
+            b.report(f"resources.{key}")
+    backend = r.get("backend") or {}
+    for key in ("dp_launch_mode", "kv_events_config"):
+        if backend.get(key):
+            b.report(f"backend.{key}")
+    if "connector" in backend:
+        b.report("backend.connector")
+    for key in ("output", "observability", "reporting"):
+        if r.get(key):
+            b.report(key, "not used: slurmgate writes its own run record and logs")

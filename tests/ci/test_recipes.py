@@ -1,0 +1,243 @@
+"""srt-slurm recipes: both schemas, the migration, and specs whose node count is admission's."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slurmgate.ci import recipes
+from slurmgate.ci.nodecount import node_count
+from slurmgate.runtime import layout
+from slurmgate.runtime.from_recipe import (
+    REFUSED,
+    RecipeRefused,
+    RecipeSpec,
+    spec_from_data,
+    spec_from_recipe,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "tests" / "data" / "inferencex-recipes"
+SCHEMA2 = REPO / "tests" / "data" / "inferencex-recipes-schema2"
+MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
+# GPUs per node by GPU family, as the mix's gpus_per_node column says (tests/admission).
+FAMILY_GPUS = {"b200": 8, "b300": 8, "h100": 8, "h200": 8, "mi355x": 8, "gb200": 4, "gb300": 4}
+
+
+def _mix_recipe_rows() -> list[dict[str, str]]:
+    with MIX.open() as handle:
+        return [r for r in csv.DictReader(handle) if r["node_count_source"].startswith("recipe:")]
+
+
+ROWS = _mix_recipe_rows()
+
+
+@functools.cache
+def _built(relative: str) -> RecipeSpec | RecipeRefused:
+    """Each shipped recipe's spec, built once for every test (or its refusal)."""
+    try:
+        return spec_from_recipe(RECIPES / relative)
+    except RecipeRefused as exc:
+        return exc
+
+
+def _row(r: dict[str, str], recipe: str) -> dict[str, Any]:
+    """The matrix row the mix's line came from: both roles name the recipe in CONFIG_FILE."""
+
+    def role(cell: str) -> dict[str, Any]:
+        workers, tp = (int(x) for x in cell.split("x"))
+        return {"num-worker": workers, "tp": tp, "additional-settings": [f"CONFIG_FILE={recipe}"]}
+
+    return {
+        "runner": r["hardware"],
+        "multinode": True,
+        "disagg": r["disagg"] == "True",
+        "prefill": role(r["prefill_workers_x_tp"]),
+        "decode": role(r["decode_workers_x_tp"]),
+    }
+
+
+def test_every_recipe_the_mix_references_is_shipped_and_nothing_else() -> None:
+    wanted = {r["recipe"].removeprefix("recipes/") for r in ROWS}
+    shipped = {str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*.yaml")}
+    assert len(ROWS) == 367 and len(wanted) == 227
+    assert shipped == wanted
+
+
+@pytest.mark.parametrize("r", ROWS, ids=[r["row_id"] for r in ROWS])
+def test_a_recipes_spec_needs_the_nodes_admission_counts_for_its_row(r: dict[str, str]) -> None:
+    admitted = node_count(_row(r, r["recipe"]), FAMILY_GPUS, RECIPES)
+    assert admitted == int(r["total_nodes"])
+    built = _built(r["recipe"].removeprefix("recipes/"))
+    if isinstance(built, RecipeRefused):
+        # a refusal names what it cannot honour: a key of REFUSED, or a worker shape
+        assert any(key.split(":")[0] in str(built) for key in REFUSED) or "spans" in str(built)
+        return
+    assert built.spec.total_nodes == admitted
+    assert layout.plan(built.spec).total_nodes == admitted
+
+
+def test_how_many_mix_recipes_become_specs() -> None:
+    # 177 of the 227 recipes run as specs; the rest are refused by name (36 start a Mooncake
+    # KV store, 14 have TensorRT-LLM workers over several nodes, which need an MPI launch)
+    outcomes: dict[str, int] = {}
+    for path in sorted(RECIPES.rglob("*.yaml")):
+        built = _built(str(path.relative_to(RECIPES)))
+        if isinstance(built, RecipeRefused):
+            reason = "mooncake" if "mooncake_kv_store" in str(built) else "multi-node trtllm"
+            assert reason != "multi-node trtllm" or "engine dynamo-trtllm" in str(built)
+        else:
+            reason = "spec"
+        outcomes[reason] = outcomes.get(reason, 0) + 1
+    assert outcomes == {"spec": 177, "mooncake": 36, "multi-node trtllm": 14}
+
+
+def _schema2_script() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "recipes_schema2", REPO / "scripts" / "recipes-schema2.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = _schema2_script()
+
+
+@pytest.mark.parametrize("relative", SCRIPT.SUBSET)
+def test_schema2_form_reads_as_its_schema1_recipe_and_gives_the_same_spec(relative: str) -> None:
+    v1 = recipes.load(RECIPES / relative)
+    v2_path = SCHEMA2 / relative
+    assert v2_path.read_text() == SCRIPT.schema2_text(relative), "run scripts/recipes-schema2.py"
+    v2 = recipes.load(v2_path)
+    assert (recipes.schema(v2) == 2 and "roles" in v2 and "resources" not in v2) or (
+        not {k for k in v2.get("resources", {}) if k.endswith(("_nodes", "_workers"))}
+    )
+    assert recipes.expanded(v2) == v1
+    one, two = spec_from_data(v1, source=relative), spec_from_data(v2, source=relative)
+    assert one.spec == two.spec and one.reported == two.reported
+    assert (one.schema, two.schema) == (1, 2)
+    assert recipes.role_nodes(v2) == recipes.role_nodes(v1)
+
+
+def test_node_count_reads_a_schema2_recipe() -> None:
+    relative = SCRIPT.SUBSET[2]  # 6 DEP8 prefill workers on 12 GB300 nodes, a DEP16 decode on 4
+    row = _row(
+        {
+            "hardware": "cluster:gb300-nv",
+            "disagg": "True",
+            "prefill_workers_x_tp": "12x8",
+            "decode_workers_x_tp": "4x16",
+        },
+        f"recipes/{relative}",
+    )
+    assert node_count(row, FAMILY_GPUS, SCHEMA2) == node_count(row, FAMILY_GPUS, RECIPES) == 16
+
+
+def test_roles_expand_as_srt_slurms_own_test_says() -> None:
+    # srt-slurm's tests/test_roles.py: a roles: recipe expands to these schema-1 fields
+    v2 = {
+        "schema": 2,
+        "name": "roles-test",
+        "engine": "sglang",
+        "resources": {"gpu_type": "h100", "gpus_per_node": 8},
+        "roles": {
+            "prefill": {
+                "nodes": 2,
+                "workers": 6,
+                "gpus": 2,
+                "env": {"A": "1"},
+                "args": {"tensor-parallel-size": 2},
+            },
+            "decode": {
+                "nodes": "colocate",
+                "workers": 2,
+                "gpus": 2,
+                "args": {"tensor-parallel-size": 2},
+            },
+            "agg": {"extra_args": ["--x"]},
+        },
+    }
+    v1 = recipes.expanded(v2)
+    assert v1["resources"] == {
+        "gpu_type": "h100",
+        "gpus_per_node": 8,
+        "prefill_nodes": 2,
+        "prefill_workers": 6,
+        "gpus_per_prefill": 2,
+        "decode_nodes": 0,
+        "decode_workers": 2,
+        "gpus_per_decode": 2,
+    }
+    assert v1["backend"] == {
+        "type": "sglang",
+        "prefill_environment": {"A": "1"},
+        "sglang_config": {
+            "prefill": {"tensor-parallel-size": 2},
+            "decode": {"tensor-parallel-size": 2},
+        },
+        "aggregated_extra_args": ["--x"],
+    }
+    back = recipes.to_schema2(v1)
+    assert back["roles"] == v2["roles"] and back["engine"] == "sglang"
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"schema": 3}, "schema: 3 is not a recipe schema"),
+        ({"schema": 2, "roles": {"warmup": {}}}, "roles.warmup: unknown role"),
+        ({"schema": 2, "roles": {"prefill": {"gpu": 1}}}, "unknown keys gpu"),
+        (
+            {"schema": 2, "roles": {"prefill": {"nodes": 0}}},
+            "roles.prefill.nodes: 0 is not a node count",
+        ),
+        (
+            {"schema": 2, "roles": {"prefill": {"nodes": 1}}, "resources": {"prefill_workers": 1}},
+            "cannot be combined",
+        ),
+        ({"schema": 2, "engine": "vllm", "backend": {"type": "sglang"}}, "engine.type: disagrees"),
+    ],
+)
+def test_bad_schema2_recipes_name_the_key(data: dict[str, Any], words: str) -> None:
+    with pytest.raises(recipes.RecipeError, match=words.replace(".", r"\.")):
+        recipes.expanded(data)
+
+
+def test_hostile_recipe_files_are_refused_in_one_line(tmp_path: Path) -> None:
+    cases = {
+        "big.yaml": "a: " + "x" * (recipes.MAX_RECIPE_BYTES + 10),
+        "list.yaml": "- 1\n- 2\n",
+        "bad.yaml": "a: [1,\n",
+        "deep.yaml": "a: " + "[" * 40 + "]" * 40,
+        "python.yaml": "a: !!python/object/apply:os.system ['true']\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(recipes.RecipeError) as caught:
+            recipes.load(tmp_path / name)
+        assert "\n" not in str(caught.value) and " — " in str(caught.value), name
+
+
+def test_refused_and_reported_keys_are_named(tmp_path: Path) -> None:
+    base = yaml.safe_load((RECIPES / SCRIPT.SUBSET[0]).read_text())
+    with pytest.raises(RecipeRefused, match=r"backend\.mooncake_kv_store: cannot be honoured"):
+        spec_from_data({**base, "backend": {**base["backend"], "mooncake_kv_store": {"a": 1}}})
+    with pytest.raises(RecipeRefused, match="container_mounts: cannot be honoured"):
+        spec_from_data({**base, "container_mounts": {"/a": "/b"}})
+    with pytest.raises(RecipeRefused, match="bogus_key: unknown recipe keys"):
+        spec_from_data({**base, "bogus_key": 1})
+    with pytest.raises(RecipeRefused, match=r"resources\.decode_nodes: 0"):
+        spec_from_data({**base, "resources": {**base["resources"], "decode_nodes": 0}})
+    built = spec_from_data(base, model="/shared/dsv4")
+    keys = {r.key for r in built.reported}
+    assert {"model.container", "benchmark", "dynamo", "frontend.enable_multiple_frontends"} <= keys
+    assert built.spec.deployments[0].command[4] == "/shared/dsv4"
+    assert "# reported: model.container" in built.yaml("x.yaml")
