@@ -1,13 +1,16 @@
 """CPU per request of the logical endpoint against the real peer proxy, measured with wrk.
 
-Run: ``.venv/bin/python benchmarks/bench_endpoint.py`` (about 3 minutes on a quiet machine, at
-most about 8 when every round has to be run again; loopback only; the first run also installs
-the peer). Three arms in front of the same two fast backends, driven by
-the same load, in alternating rounds:
+Run: ``.venv/bin/python benchmarks/bench_endpoint.py`` (about 5 minutes on a quiet machine, at
+most about 14 when every round has to be run again; loopback only; the first run also installs
+the DataDesigner peer). Five arms in front of the same two fast backends, driven by the same
+load, in alternating rounds:
 
 - ``direct``: wrk straight to the two backends (two wrk processes, half the connections each);
 - ``peer``: the DataDesigner Slurm runtime's proxy (``data-designer-slurm==1.0.0rc1`` from PyPI,
   installed once into its own venv under ``benchmarks/results/.peer-venv``);
+- ``sglang-router`` and ``vllm-router``: the SGLang and vLLM gateways (Rust, from PyPI; the
+  ``dev`` extra pins them), in their regular (aggregated) mode with round-robin routing over
+  the two backends, their logs at warning;
 - ``slurmgate``: ``python -m slurmgate.runtime.endpoint`` with its default settings.
 
 Three cells: a small JSON completion with a 0 ms backend, an SSE answer of 8 chunks with a 0 ms
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import os
 import platform
@@ -55,7 +59,9 @@ CONNECTIONS = 64
 SSE_CHUNKS = 8
 JSON_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 16}'
 SSE_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 8, "stream": true}'
-ARMS = ("direct", "peer", "slurmgate")
+ARMS = ("direct", "peer", "sglang-router", "vllm-router", "slurmgate")
+ROUTERS = ("sglang-router", "vllm-router")
+PEERS = ("peer", *ROUTERS)  # every outside reference the endpoint is compared with
 _AVAILABLE = sorted(os.sched_getaffinity(0))  # read before this process pins itself
 
 
@@ -130,7 +136,8 @@ def backend_server(port: int, delay: float) -> None:
             self.url += url
 
         def on_body(self, body: bytes) -> None:
-            if b'"stream": true' in body:
+            # the routers send the JSON again in its compact form
+            if b'"stream": true' in body or b'"stream":true' in body:
                 self.stream = True
 
         def on_message_complete(self) -> None:
@@ -281,6 +288,29 @@ def peer_python(install: bool) -> Path | None:
     return python
 
 
+# ---- the routers ---------------------------------------------------------------------------
+
+
+def router_argv(arm: str, port: int, backends: list[str]) -> list[str] | None:
+    """The router's command line in regular mode over the backends, or None when it is not
+    installed in this venv (``pip install -e '.[dev]'`` brings both)."""
+    bin_dir = Path(sys.executable).parent
+    prometheus = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
+    if arm == "sglang-router":
+        try:
+            import sglang_router  # noqa: F401
+        except ImportError:
+            return None
+        return [sys.executable, "-m", "sglang_router.launch_router", *common,
+                "--worker-urls", *backends, "--log-level", "warn", *prometheus]  # fmt: skip
+    vllm = bin_dir / "vllm-router"
+    if not vllm.exists():
+        return None
+    return [str(vllm), *common, "--worker-urls", *backends, "--log-level", "warning",
+            *prometheus]  # fmt: skip
+
+
 # ---- wrk -----------------------------------------------------------------------------------
 
 LUA = """
@@ -419,6 +449,13 @@ def run_cell(
             argv += ["--backend", url]
         procs["peer"] = spawn(argv, proxy_core, env={"PATH": os.environ.get("PATH", "")})
         urls["peer"] = [f"http://127.0.0.1:{port}"]
+    for arm in ROUTERS:
+        if arm in arms:
+            port = free_port()
+            router = router_argv(arm, port, backends)
+            assert router is not None
+            procs[arm] = spawn(router, proxy_core, env={"PATH": os.environ.get("PATH", "")})
+            urls[arm] = [f"http://127.0.0.1:{port}"]
     script = lua_script(cell.body, workdir)
     own = [p.pid for p in procs.values()]
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
@@ -484,6 +521,13 @@ def run_cell(
     if "peer" in arms and "slurmgate" in arms:
         out["slurmgate_over_peer_cpu"] = (
             out["slurmgate"]["cpu_us_per_request"] / out["peer"]["cpu_us_per_request"]
+        )
+    peers = [arm for arm in PEERS if arm in arms]
+    if peers and "slurmgate" in arms:
+        best = min(peers, key=lambda arm: out[arm]["cpu_us_per_request"])
+        out["best_peer"] = best
+        out["slurmgate_over_best_peer_cpu"] = (
+            out["slurmgate"]["cpu_us_per_request"] / out[best]["cpu_us_per_request"]
         )
     return out
 
@@ -558,9 +602,32 @@ def markdown(results: dict[str, Any]) -> str:
     chunk = f"slurmgate {sse['slurmgate']['cpu_us_per_chunk']:.0f} µs"
     if with_peer:
         chunk += f", peer {sse['peer']['cpu_us_per_chunk']:.0f} µs"
+    measured = [arm for arm in PEERS if arm in first] + ["slurmgate"]
     lines += [
         "",
         f"CPU per SSE chunk ({SSE_CHUNKS} chunks per answer): {chunk}.",
+        "",
+        "All proxies side by side, CPU µs per request (and per SSE chunk), same run; the last "
+        "column is slurmgate over the best (lowest) of the outside proxies:",
+        "",
+        "| cell | " + " | ".join(measured) + " | slurmgate / best peer |",
+        "|---|" + "---|" * (len(measured) + 1),
+    ]
+    for c in cells:
+        row = []
+        for arm in measured:
+            value = f"{c[arm]['cpu_us_per_request']:.0f}"
+            if "cpu_us_per_chunk" in c[arm]:
+                value += f" ({c[arm]['cpu_us_per_chunk']:.1f}/chunk)"
+            row.append(value)
+        best = "-"
+        if "best_peer" in c:
+            best = f"{c['slurmgate_over_best_peer_cpu']:.2f}× ({c['best_peer']})"
+        lines.append(f"| {c['cell']} | " + " | ".join(row) + f" | {best} |")
+    missing = [arm for arm in ROUTERS if arm not in first]
+    if missing:
+        lines += ["", f"Not measured (not installed in this venv): {', '.join(missing)}."]
+    lines += [
         "",
         "Latency (median of the rounds' p50 / p99, ms):",
         "",
@@ -585,6 +652,13 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     lines += DESIGN
     return "\n".join(lines)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def main() -> None:
@@ -632,7 +706,8 @@ def main() -> None:
         ),
         platform.processor(),
     )
-    arms = ["direct", "slurmgate"] + (["peer"] if peer else [])
+    routers = [arm for arm in ROUTERS if router_argv(arm, 0, []) is not None]
+    arms = ["direct", "slurmgate", *(["peer"] if peer else []), *routers]
     argv = sys.argv[1:]
     if ns.slurmgate_src:  # the machine's path says nothing to a reader: name what it was
         argv = [a if a != str(ns.slurmgate_src) else "BASELINE-CHECKOUT" for a in argv]
@@ -648,6 +723,11 @@ def main() -> None:
         },
         "peer": PEER_REQUIREMENT,
         "peer_measured": peer is not None,
+        "routers": {
+            "sglang-router": _version("sglang-router"),
+            "vllm-router": _version("vllm-router"),
+        },
+        "routers_measured": routers,
         "peer_note": peer_note,
         "connections": CONNECTIONS,
         "max_foreign_cores": ns.max_foreign,

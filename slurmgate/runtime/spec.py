@@ -23,7 +23,7 @@ from slurmgate.errors import InputError
 from slurmgate.runtime import engines, frontends, role_engines
 from slurmgate.runtime.endpoint.config import TOKEN_ENV
 from slurmgate.runtime.layout import port_problems
-from slurmgate.runtime.redact import CREDENTIAL_FLAG
+from slurmgate.runtime.redact import CREDENTIAL_FLAG, CREDENTIAL_NAME, literal_credential
 
 # Flags the launcher owns, per engine: a command that sets them itself would fight the layout.
 LAUNCHER_FLAGS: dict[str, tuple[str, ...]] = {
@@ -34,7 +34,8 @@ RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMGATE_RUN_")
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", TOKEN_ENV)
 # Names whose values are credentials: a plain value would be stored in Prefect as a flow-run
 # parameter, so the spec must reference it instead.
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|_KEY|AUTH_STRING)$|^PREFECT_API_", re.I)
+SECRET_NAME = CREDENTIAL_NAME
+_REFERENCE_FIX = "{secret: BLOCK-NAME} or {from_env: NAME}"
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 _TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
@@ -114,6 +115,13 @@ def _checked_env(v: dict[str, EnvValue], *, lanes: bool) -> dict[str, EnvValue]:
                 f"{key} looks like a credential and its value would be stored in Prefect",
                 f"reference it: {key}: {{secret: BLOCK-NAME}} or {key}: {{from_env: NAME}}",
             )
+        kind = literal_credential(value) if isinstance(value, str) else None
+        if kind is not None:
+            raise _problem(
+                "env",
+                f"the value of {key} holds {kind}, which would be stored in Prefect",
+                f"give the credential its own variable as {_REFERENCE_FIX} and refer to it",
+            )
     return v
 
 
@@ -149,6 +157,20 @@ class ClientSpec(_Strict):
         description="False: the client shares the first node of the first deployment",
     )
 
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        found = _credential_flag(v)
+        if found is not None:
+            raise _problem(
+                "command",
+                f"{found} carries a credential, which would be stored in Prefect with the spec "
+                "and shown in the client host's process list",
+                f"give it to the client's env as {_REFERENCE_FIX} and use $NAME in a script; "
+                "the endpoint's token is in $SLURMGATE_ENDPOINT_TOKEN",
+            )
+        return v
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, EnvValue]) -> dict[str, EnvValue]:
@@ -163,7 +185,9 @@ ROLE_NAMES = role_engines.ROLE_NAMES
 
 
 def _credential_flag(argv: list[str]) -> str | None:
-    """The first credential flag of `argv` that carries a value (--api-key K, --hf-token=V)."""
+    """The first credential in `argv`, named without its value: a credential flag that carries
+    one (--api-key K, --hf-token=V), or an argument holding a known credential shape (a
+    token, a bearer header, a URL's password, in a `bash -c` string too)."""
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
         following = argv[i + 1] if i + 1 < len(argv) else ""
@@ -171,6 +195,9 @@ def _credential_flag(argv: list[str]) -> str | None:
             value if eq else following and not following.startswith("-")
         ):
             return name
+        kind = literal_credential(arg)
+        if kind is not None:
+            return f"argument {i} ({kind})"
     return None
 
 
@@ -573,7 +600,7 @@ class DeploymentSpec(_Strict):
         engine = info.data.get("engine")
         if engine is None:  # the engine itself was refused: that error says enough
             return v
-        for i, arg in enumerate(v):
+        for arg in v:
             flag = engines.profile(engine).owned_flag(arg)
             if flag is not None:
                 raise _problem(
@@ -581,20 +608,17 @@ class DeploymentSpec(_Strict):
                     f"{flag} is set by the launcher from the layout (engine {engine})",
                     f"remove {flag} from the command",
                 )
-            name, eq, value = arg.partition("=")
-            following = v[i + 1] if i + 1 < len(v) else ""
-            if CREDENTIAL_FLAG.match(name) and (
-                value if eq else following and not following.startswith("-")
-            ):
-                raise _problem(
-                    "command",
-                    f"{name} carries a credential, which would be stored in Prefect with the "
-                    "spec and shown in every node's process list",
-                    f"remove {name} and its value: give the server the credential in env as "
-                    "{secret: BLOCK} or {from_env: NAME} (vLLM reads VLLM_API_KEY, llama.cpp "
-                    "LLAMA_API_KEY, Hugging Face HF_TOKEN); clients authenticate at the "
-                    "endpoint with endpoint_token",
-                )
+        name = _credential_flag(v)
+        if name is not None:
+            raise _problem(
+                "command",
+                f"{name} carries a credential, which would be stored in Prefect with the "
+                "spec and shown in every node's process list",
+                f"remove {name} and its value: give the server the credential in env as "
+                "{secret: BLOCK} or {from_env: NAME} (vLLM reads VLLM_API_KEY, llama.cpp "
+                "LLAMA_API_KEY, Hugging Face HF_TOKEN); clients authenticate at the "
+                "endpoint with endpoint_token",
+            )
         return v
 
     @field_validator("env")
@@ -943,6 +967,14 @@ class HookSpec(_Strict):
                 )
             if "\0" in command:
                 raise _problem("commands", f"command {i} contains a NUL byte", "remove it")
+            kind = literal_credential(command)
+            if kind is not None:
+                raise _problem(
+                    "commands",
+                    f"command {i} holds {kind}, which would be stored in Prefect with the spec",
+                    f"give it to the hook's env as NAME: {_REFERENCE_FIX} and use $NAME in the "
+                    "command",
+                )
         return v
 
     @field_validator("timeout_s")

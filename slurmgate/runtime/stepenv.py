@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
+
+from slurmgate.runtime.redact import CREDENTIAL_NAME
 
 # What a lane, an endpoint or the client needs from the controller: the basics of a login,
 # the Slurm client's configuration, and the CUDA/NCCL/Python/Hugging Face runtime settings.
@@ -36,10 +37,6 @@ ALLOWED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "HF_", "TRANSFORMERS_", 
 # it, e.g. `HTTPS_PROXY: {from_env: HTTPS_PROXY}`.
 # A name that passes the allow-list but reads as a credential still stays behind, unless the
 # spec names it (the spec's env is applied after this filter).
-CREDENTIAL_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|_KEY|AUTH_STRING|CREDENTIALS?)$|^(PREFECT_API_|GITHUB_TOKEN)",
-    re.I,
-)
 
 
 def allowed(name: str) -> bool:

@@ -116,6 +116,9 @@ def check_endpoint(out: Path) -> None:
     data = json.loads((out / "endpoint.json").read_text())
     # the peer is measured when its venv is installed already (a smoke run never installs it)
     proxies = ["slurmgate", "peer"] if data["peer_measured"] else ["slurmgate"]
+    # the routers come with the dev extra: the test venv has them
+    assert data["routers_measured"] == ["sglang-router", "vllm-router"]
+    proxies += data["routers_measured"]
     for key in ("json_0ms", "sse_0ms", "json_20ms"):
         cell = data["cells"][key]
         for arm in ("direct", *proxies):
@@ -127,6 +130,7 @@ def check_endpoint(out: Path) -> None:
             assert positive(cell[arm]["throughput_over_direct"])
         if data["peer_measured"]:
             assert positive(cell["slurmgate_over_peer_cpu"])
+        assert cell["best_peer"] in proxies and positive(cell["slurmgate_over_best_peer_cpu"])
     assert positive(data["cells"]["sse_0ms"]["slurmgate"]["cpu_us_per_chunk"])
     assert data["smoke"] is True
     assert (

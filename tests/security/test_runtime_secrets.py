@@ -395,3 +395,74 @@ def test_through_prefect_only_the_reference_is_stored_and_no_copy_holds_the_valu
     for where, text in held.items():
         assert hf not in text and endpoint_token not in text, where
     assert hf not in next(run_dir.glob("record.json")).read_text()
+
+
+# -- one list of credential shapes, applied to every argv element, hook command and env value --
+
+GHP = "ghp_" + "Z9" * 18
+HF = "hf_" + "q7" * 15
+SK = "sk-" + "w3" * 15
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "field"),
+    [
+        ("lane", ["bash", "-c", f"vllm serve m --api-key {SK}"], "deployments[0].command"),
+        ("client", ["python", "client.py", "--token", GHP], "client.command"),
+        ("client", ["bash", "-c", f"HF_TOKEN={HF} python c.py"], "client.command"),
+        (
+            "client",
+            ["curl", "-H", "Authorization: Bearer opaque-value-123", "http://x"],
+            "client.command",
+        ),
+        ("client", ["git", "clone", "https://bot:hunter22@git.example/r.git"], "client.command"),
+        ("client", ["git", "clone", f"https://{GHP}@github.com/acme/r.git"], "client.command"),
+        ("hook", f"git clone https://x-access-token:{GHP}@github.com/acme/r", "hooks.prolog"),
+        ("hook", f"curl -H 'Authorization: Bearer {HF}' https://hub", "hooks.prolog"),
+        ("env-name", "GITHUB_PAT", "client.env"),
+        ("env-name", "GCP_CREDENTIALS", "deployments[0].env"),
+        ("env-value", f"--api-key {SK}", "client.env"),
+        ("env-value", HF, "deployments[0].env"),
+    ],
+)
+def test_a_literal_credential_anywhere_in_the_spec_is_refused(
+    where: str, value: Any, field: str
+) -> None:
+    data = example_data()
+    secret = "literal-secret-value"
+    if where == "lane":
+        data["deployments"][0]["command"] = value
+    elif where == "client":
+        data["client"]["command"] = value
+    elif where == "hook":
+        data["hooks"] = {"prolog": {"commands": ["true", value]}}
+    elif where == "env-name":
+        target = data["client"] if field == "client.env" else data["deployments"][0]
+        target["env"] = {value: secret}
+    else:
+        target = data["client"] if field == "client.env" else data["deployments"][0]
+        target["env"] = {"EXTRA": value}
+    with pytest.raises(SpecError) as caught:
+        AllocationSpec.from_data(data)
+    text = str(caught.value)
+    assert caught.value.problems[0][0].startswith(field), text
+    assert "{secret:" in text
+    for leaked in (GHP, HF, SK, secret, "hunter22", "opaque-value-123"):
+        assert leaked not in text
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        'curl -H "Authorization: Bearer $GITHUB_TOKEN" https://api.github.com',
+        "git clone https://x-access-token:${GH_TOKEN}@github.com/acme/r",
+        "export HF_TOKEN=$(cat /run/secrets/hf) && true",
+        "vllm serve m --max-num-batched-tokens 8192",
+    ],
+)
+def test_a_reference_to_a_credential_is_not_a_credential(command: str) -> None:
+    data = example_data()
+    data["hooks"] = {"prolog": {"commands": [command]}}
+    data["client"]["command"] = ["bash", "-c", command]
+    spec = AllocationSpec.from_data(data)
+    assert spec.client.command[-1] == command
