@@ -27,11 +27,12 @@ MANAGED_PREFIXES = (LEASE_PREFIX, *ANCHOR_PREFIXES)
 
 # The nonce is optional so that leases written before it existed still parse during an upgrade.
 _LEASE_RE = re.compile(
-    r"^ci-lease-j(?P<job>\d+)-a(?P<attempt>\d+)-t(?P<created>\d+)(?:-(?P<nonce>[0-9a-z]{1,16}))?$"
+    r"^ci-lease-j(?P<job>\d+)-a(?P<attempt>\d+)-t(?P<created>\d+)(?:-(?P<nonce>[0-9a-z]{1,16}))?$",
+    re.ASCII,  # \d would take other scripts' digits, which int() reads as numbers
 )
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 NONCE_LENGTH = 6
-_JOB_RE = re.compile(r"^ci-job-(?P<score>-?\d+(?:\.\d+)?)-(?P<token>[0-9a-z][0-9a-z-]*)$")
+_JOB_RE = re.compile(r"^ci-job-(?P<score>-?\d+(?:\.\d+)?)-(?P<token>[0-9a-z][0-9a-z-]*)$", re.ASCII)
 
 
 class LabelError(InputError):
@@ -55,6 +56,19 @@ def is_anchor_label(label: str) -> bool:
 
 def is_cluster(label: str) -> bool:
     return fold(label).startswith(CLUSTER_PREFIX)
+
+
+def check_managed_ascii(labels: list[str] | tuple[str, ...]) -> None:
+    """Raise LabelError for a managed label with a non-ASCII character: case-folding rewrites
+    it (straße becomes strasse), so the anchor would carry a label the job does not ask for."""
+    for label in labels:
+        if not label.isascii() and is_managed(label):
+            shown = label.encode("ascii", "backslashreplace").decode()[:80]
+            raise LabelError(
+                f"runs-on label {shown!r} is a managed label (ci-job-*, ci-attempt-*, nodes:*, "
+                "ci-skip-queue-pr-*) with a non-ASCII character; spell it in ASCII in the "
+                "workflow's runs-on"
+            )
 
 
 def unmanaged(labels: list[str] | tuple[str, ...] | frozenset[str]) -> frozenset[str]:

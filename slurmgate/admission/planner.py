@@ -54,6 +54,7 @@ from slurmgate.admission.labels import (
     JobLabel,
     LabelError,
     LeaseLabel,
+    check_managed_ascii,
     fold,
     parse_nodes,
     unmanaged,
@@ -620,6 +621,7 @@ def _requests(
         if (job.id, job.run_attempt) in leased:
             continue
         try:
+            check_managed_ascii(job.labels)
             nodes = parse_nodes(job.labels) if settings.node_slots else 1
             score = _score(job, settings.default_priority)
         except LabelError as exc:

@@ -222,6 +222,20 @@ def test_two_ci_job_labels_are_bad_input() -> None:
     assert blocked(d) == {1: BlockReason.BAD_INPUT}
 
 
+@pytest.mark.parametrize(
+    "label", ["ci-job-1.000-straße", "ci-attempt-١", "nodes:٢", "CI-SKIP-QUEUE-PR-７"]
+)
+def test_a_non_ascii_managed_label_is_bad_input_not_folded_onto_the_anchor(label: str) -> None:
+    """Case-folding rewrote it (straße -> strasse): the anchor got a label the job never asked
+    for, and the lease held its runners while GitHub dispatched nothing."""
+    odd = replace(job(1, 2), labels=(*job(1, 2).labels, label))
+    d = plan(snapshot(pool("x", 4), [odd, job(2, 2)]), ON, NOW)
+    assert blocked(d) == {1: BlockReason.BAD_INPUT}
+    assert "non-ASCII" in d.blocked[0].detail and "runs-on" in d.blocked[0].detail
+    assert admitted(d) == {2: 2}
+    assert all(label.isascii() for a in d.admit for label in a.anchor_labels)
+
+
 def test_unmanaged_job_is_left_to_github() -> None:
     d = plan(snapshot(pool("x", 2), [job(1, managed=False)]), ON, NOW)
     assert d.admit == () and d.blocked == ()
