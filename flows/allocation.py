@@ -10,6 +10,7 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import Flow
 
 import slurmgate.tasks.allocation as registry
+from slurmgate.runtime.presets import SpecOverrides, resolve_spec
 from slurmgate.runtime.run import AllocationRun, new_run_id
 from slurmgate.runtime.spec import AllocationSpec
 from slurmgate.tasks.allocation import (
@@ -99,16 +100,44 @@ def _cleanup_hook(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) ->
         registry.LIVE_RUNS[run_id].cleanup()
 
 
+def _run_name() -> str:
+    """allocation-<name>: the spec's name, the override's, or the preset file's stem."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    overrides, spec = parameters.get("overrides"), parameters.get("spec")
+    for source in (overrides, spec):
+        name = source.get("name") if isinstance(source, dict) else getattr(source, "name", None)
+        if name:
+            return f"allocation-{name}"
+    return f"allocation-{Path(str(parameters.get('spec_file') or 'spec')).stem}"
+
+
 @flow(
     name="allocation",
-    flow_run_name="allocation-{spec.name}",
+    flow_run_name=_run_name,
     on_cancellation=[_cleanup_hook],
     on_crashed=[_cleanup_hook],
 )
-def allocation(spec: AllocationSpec, runs_dir: str | None = None) -> dict[str, Any]:
-    """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup."""
+def allocation(
+    spec: AllocationSpec | None = None,
+    runs_dir: str | None = None,
+    spec_file: str | None = None,
+    overrides: SpecOverrides | None = None,
+) -> dict[str, Any]:
+    """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup.
+
+    Give the spec in full, or as a preset: `spec_file`, a spec file on this worker's host, with
+    a few fields replaced by `overrides` (the short form for the Prefect UI).
+    """
     from prefect.runtime import flow_run
 
+    spec = resolve_spec(spec, spec_file, overrides)
+    if spec_file:
+        log(
+            f"spec from the preset {spec_file} on this host"
+            + (", with overrides" if overrides and not overrides.is_empty() else "")
+        )
     run_id = new_run_id(spec.name)
     run = AllocationRun(
         spec,

@@ -126,3 +126,52 @@ def wait_new_run(served: PrefectServer, deployment_id: str, before: set[str]) ->
             return str(new[0]["id"])
         time.sleep(0.3)
     raise AssertionError("the Quick run click created no flow run")
+
+
+def test_a_custom_run_of_allocation_takes_a_preset_file_and_overrides(
+    served: PrefectServer, page: Any, tmp_path: Any
+) -> None:
+    """The short form: a spec file on the worker's host and one override, typed into the
+    deployment's custom-run form. The file is absent, so the run fails naming `spec_file`."""
+    from playwright.sync_api import expect
+
+    deployment_id = served.deployment_id("allocation/allocation")
+    before = {r["id"] for r in served_runs(served, deployment_id)}
+    missing = str(tmp_path / "site-specs" / "nightly.yaml")
+
+    page.goto(f"{served.url}/deployments/deployment/{deployment_id}/run")
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(tmp_path / "form.png"), full_page=True)
+    # Each optional parameter is a choice of its type or None: pick the type, then type in it.
+    spec_file = optional_property(page, "spec_file", "str")
+    spec_file.locator("textarea, input").first.fill(missing)
+    overrides = optional_property(page, "overrides", "SpecOverrides")
+    optional_property(overrides, "Name", "str").locator("textarea, input").first.fill("nightly-ui")
+    page.screenshot(path=str(tmp_path / "form-filled.png"), full_page=True)
+    for attempt in range(3):  # as above: a person clicks again after SQLite's busy 503
+        with page.expect_response(lambda r: "create_flow_run" in r.url) as answer:
+            page.get_by_role("button", name="Submit").click()
+        if answer.value.status != 503:
+            break
+        print(f"Submit answered 503 (attempt {attempt + 1}); clicking again")
+    assert answer.value.status in (200, 201), answer.value.text()
+
+    run = wait_new_run(served, deployment_id, before)
+    failed = served.wait_state(run, {"FAILED", "CRASHED", "COMPLETED"}, timeout=90)
+    assert failed["parameters"]["spec_file"] == missing
+    assert failed["parameters"]["overrides"]["name"] == "nightly-ui"
+    assert failed["name"] == "allocation-nightly-ui"
+    assert failed["state"]["type"] == "FAILED"
+    assert (
+        "spec_file" in failed["state"]["message"] and "cannot be read" in failed["state"]["message"]
+    )
+    page.goto(f"{served.url}/runs/flow-run/{run}")
+    expect(page.get_by_text("Failed").first).to_be_visible(timeout=30_000)
+
+
+def optional_property(scope: Any, name: str, kind: str) -> Any:
+    """The form block of optional parameter `name`, switched from None to `kind`."""
+    label = scope.get_by_text(f"{name} (Optional)", exact=True).first
+    block = label.locator(f"xpath=ancestor::*[.//button[normalize-space()='{kind}']][1]")
+    block.get_by_role("button", name=kind, exact=True).first.click()
+    return block

@@ -1,0 +1,89 @@
+"""Presets: a spec file on the worker's host plus a few overrides, validated as a whole spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurmgate.runtime.presets import (
+    MAX_SPEC_FILE_BYTES,
+    SpecOverrides,
+    apply_overrides,
+    resolve_spec,
+)
+from slurmgate.runtime.spec import AllocationSpec, EnvSecretRef, SpecError
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "specs" / "local-stub.yaml"
+
+
+def preset(tmp_path: Path, **changes: object) -> Path:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data.update(changes)
+    data["deployments"][0]["env"]["HF_TOKEN"] = {"from_env": "SITE_HF_TOKEN"}
+    path = tmp_path / "preset.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_preset_with_overrides_changes_only_the_overridden_fields(tmp_path: Path) -> None:
+    path = preset(tmp_path)
+    overrides = SpecOverrides(
+        name="nightly",
+        time_limit="00:30:00",
+        partition="gpu",
+        replicas={"chat": 1},
+        client_command=["true"],
+    )
+    spec = resolve_spec(None, str(path), overrides)
+    original = AllocationSpec.from_yaml(path)
+    assert (spec.name, spec.time_limit, spec.slurm.partition) == ("nightly", "00:30:00", "gpu")
+    assert spec.deployments[0].replicas == 1 and original.deployments[0].replicas == 2
+    assert spec.client.command == ["true"]
+    assert spec.deployments[1] == original.deployments[1]
+    # a secret stays a reference through the round trip
+    assert spec.deployments[0].env["HF_TOKEN"] == EnvSecretRef(from_env="SITE_HF_TOKEN")
+
+
+def test_no_overrides_give_the_file_as_it_is(tmp_path: Path) -> None:
+    path = preset(tmp_path)
+    assert resolve_spec(None, str(path), SpecOverrides()) == AllocationSpec.from_yaml(path)
+    full = AllocationSpec.from_yaml(path)
+    assert resolve_spec(full, None, None) is full
+
+
+@pytest.mark.parametrize(
+    ("spec", "spec_file", "field"),
+    [(None, None, "spec"), ("full", "/x.yaml", "spec"), (None, "relative.yaml", "spec_file")],
+)
+def test_exactly_one_source_and_an_absolute_path(
+    spec: str | None, spec_file: str | None, field: str
+) -> None:
+    full = AllocationSpec.from_yaml(EXAMPLE) if spec else None
+    with pytest.raises(SpecError) as err:
+        resolve_spec(full, spec_file, None)
+    assert err.value.problems[0][0] == field
+
+
+def test_a_missing_or_oversized_file_names_spec_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"^spec_file: .*cannot be read on this host"):
+        resolve_spec(None, str(tmp_path / "nope.yaml"), None)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_SPEC_FILE_BYTES + 1))
+    with pytest.raises(SpecError, match=r"^spec_file: .* over 1048576"):
+        resolve_spec(None, str(big), None)
+
+
+def test_bad_overrides_name_the_field_and_the_fix(tmp_path: Path) -> None:
+    spec = AllocationSpec.from_yaml(preset(tmp_path))
+    with pytest.raises(SpecError) as err:
+        apply_overrides(spec, SpecOverrides(replicas={"nope": 2}))
+    assert err.value.problems == [
+        ("overrides.replicas", "no deployment named nope", "use one of chat, pipe")
+    ]
+    with pytest.raises(SpecError, match="time_limit"):
+        apply_overrides(spec, SpecOverrides(time_limit="soon"))
+    with pytest.raises(SpecError, match="replicas"):
+        apply_overrides(spec, SpecOverrides(replicas={"chat": 0}))
