@@ -14,18 +14,33 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
 from pydantic import ValidationError
 
+from slurmgate.admission.settings import AdmissionSettings, PolicyName
 from slurmgate.cli.common import fail
 
 if TYPE_CHECKING:
     from slurmgate.github.app_auth import GitHubAppCredentials
 
 app = typer.Typer()
+
+
+def _from_settings(name: str) -> tuple[Any, str]:
+    """A policy knob's default and its help, as AdmissionSettings defines them (the one place
+    a knob is written down: the block and the environment read the same model)."""
+    field = AdmissionSettings.model_fields[name]
+    first = (field.description or "").split(" (env")[0].split(". ")[0]
+    return field.default, first.rstrip(".") + "."
+
+
+POLICY_DEFAULT, POLICY_HELP = _from_settings("policy")
+TIMEOUT_DEFAULT, TIMEOUT_HELP = _from_settings("timeout_min")
+_, PRIORITY_HELP = _from_settings("PRIORITY_SCHEDULER_ENABLED")
+_, NODE_SLOTS_HELP = _from_settings("NODE_SLOT_SCHEDULER_ENABLED")
 
 NEXT_STEP = (
     "next: prefect work-pool create slurmgate --type process; "
@@ -137,23 +152,20 @@ def init(
         bool,
         typer.Option(
             "--priority-scheduler/--no-priority-scheduler",
-            help="PRIORITY_SCHEDULER_ENABLED: admit queued jobs by runner leases.",
+            help=f"PRIORITY_SCHEDULER_ENABLED: {PRIORITY_HELP}",
         ),
     ] = False,
     node_slot_scheduler: Annotated[
         bool,
         typer.Option(
             "--node-slot-scheduler/--no-node-slot-scheduler",
-            help="NODE_SLOT_SCHEDULER_ENABLED: size jobs by nodes:N (needs the priority one).",
+            help=f"NODE_SLOT_SCHEDULER_ENABLED: {NODE_SLOTS_HELP}",
         ),
     ] = False,
-    policy: Annotated[
-        Literal["greedy", "easy", "conservative"],
-        typer.Option(help="Admission policy (README: why easy is the default)."),
-    ] = "easy",
+    policy: Annotated[PolicyName, typer.Option(help=POLICY_HELP)] = POLICY_DEFAULT,
     timeout_min: Annotated[
         float | None,
-        typer.Option(help="A managed job's timeout in minutes (default 480).", show_default=False),
+        typer.Option(help=f"{TIMEOUT_HELP} Default {TIMEOUT_DEFAULT:g}.", show_default=False),
     ] = None,
     name: Annotated[
         str, typer.Option(help="Block name; the deployments load `default`.")
@@ -185,7 +197,6 @@ def init(
     ] = None,
 ) -> None:
     """Save the GitHub scope (with its token or GitHub App) and the admission policy as blocks."""
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.cli import prefect_layer
     from slurmgate.github.access import ScopeAccessError, check_access
     from slurmgate.github.scope import GitHubScope

@@ -184,3 +184,24 @@ def test_the_token_is_asked_for_hidden_on_a_terminal(tmp_path: Path) -> None:
         assert "typed-sekrit" not in text  # never echoed
         assert os.waitstatus_to_exitcode(status) == 1, text
         assert "the Prefect API at http://127.0.0.1:9/api does not answer" in text, text
+
+
+def test_init_options_mirror_the_settings_model() -> None:
+    """The policy names, defaults and help of `init` come from AdmissionSettings, not a copy."""
+    import inspect
+    from typing import get_args, get_type_hints
+
+    from slurmgate.admission.settings import AdmissionSettings, PolicyName
+    from slurmgate.cli.init import init
+
+    hints = get_type_hints(init, include_extras=True)
+    parameters = inspect.signature(init).parameters
+    fields = AdmissionSettings.model_fields
+    policy_type, policy_option = get_args(hints["policy"])
+    assert policy_type == PolicyName and parameters["policy"].default == fields["policy"].default
+    assert policy_option.help.rstrip(".") in str(fields["policy"].description)
+    (_, timeout_option) = get_args(hints["timeout_min"])
+    assert f"Default {fields['timeout_min'].default:g}" in timeout_option.help
+    (_, flag) = get_args(hints["priority_scheduler"])
+    first = str(fields["PRIORITY_SCHEDULER_ENABLED"].description).split(". ")[0]
+    assert first.rstrip(".") in flag.help
