@@ -38,6 +38,8 @@ from typing import Any
 
 from options import SMOKE_NOTE, add_output_flags
 
+from slurmgate.admission.policies import ReservationBackfill
+from slurmgate.simulator.candidates import Predicted, TimeoutBound
 from slurmgate.simulator.engine import (
     Result,
     controller_settings,
@@ -64,79 +66,71 @@ class Variant:
     knobs: dict[str, Any] = field(default_factory=dict)
     controller: bool = False  # start from the controller's defaults, not classic immediate EASY
     only: tuple[str, ...] | None = None  # replayed on these scenarios only (None: every one)
+    candidate: type[ReservationBackfill] | None = None  # a simulator-only reservation method
 
 
 # what the controller runs with no settings: read from AdmissionSettings, not repeated here
 DEFAULTS = controller_settings()
 
 
-def _trigger(settings: Any) -> str:
-    if settings.reserve_slowdown is not None:
-        trigger = f"slowdown {settings.reserve_slowdown:g}"
-    elif settings.reserve_after_runtimes is not None:
-        q = settings.reserve_runtime_quantile
-        trigger = f"{settings.reserve_after_runtimes:g} x running p{q * 100:g}"
-        if settings.reserve_after_s:
-            trigger = f"min({settings.reserve_after_s / 3600:g}h, {trigger})"
-    else:
-        trigger = f"{settings.reserve_after_s / 3600:g}h"
-    if settings.reserve_wide_frac is not None:
-        trigger += f"/wide>{settings.reserve_wide_frac:g} at once"
-    if settings.backfill_bound == "timeout":
-        trigger += "/timeout-bound"
-    return trigger + ("/sjf" if settings.backfill_order == "shortest" else "")
+def _method(knobs: dict[str, Any], candidate: type[ReservationBackfill] | None) -> str:
+    settings = controller_settings(**knobs)
+    estimates = settings.estimates
+    if estimates == "learned" and settings.estimate_quantile != 0.8:
+        estimates += f" q{settings.estimate_quantile:g}"
+    after = settings.reserve_after_s
+    trigger = f"{after / 3600:g}h" if after else "at once"
+    planned = {None: "", Predicted: " on predictions", TimeoutBound: " timeout-bound"}
+    return f"{settings.policy}/{estimates}/{trigger}{planned[candidate]}"
 
 
-def _method(policy: str, estimates: str, knobs: dict[str, Any]) -> str:
-    return f"{policy}/{estimates}/{_trigger(controller_settings(**knobs))}"
-
-
-# the reservation trigger derived from each job's own length: reserve a blocked job once its
-# wait reaches SLOWDOWN_B x its estimated runtime; B chosen on the KTH scenarios only
-SLOWDOWN_B = 1.0
-# the trigger derived from the running workload: reserve a blocked job once it waited
-# RUNTIMES_K x the RUNTIMES_Q quantile of the running leases' estimates, or the default 5 h if
-# that is shorter; chosen on the KTH scenarios only (see the notes)
-RUNTIMES_K, RUNTIMES_Q = 2.0, 0.5
-RUNTIMES = {"reserve_after_runtimes": RUNTIMES_K, "reserve_runtime_quantile": RUNTIMES_Q}
-# wide jobs reserved at once: a blocked job needing more than WIDE_FRAC of its largest pool;
-# chosen on the KTH scenarios only (see the notes)
-WIDE_FRAC = 0.5
-# the trigger every learned candidate starts from: 5 h, the default before reserve_wide_frac
-AGE = {"reserve_after_s": 5 * 3600.0, "reserve_wide_frac": None}
 # the scenarios with a reference row, and the tuning ones: the baselines and ablations that
-# only explain (fcfs, conservative, learned estimates alone) are replayed there, not on every
-# heavier held-out replay, which keeps a full run near 10 minutes
+# only explain (fcfs, conservative) are replayed there, not on every heavier held-out replay
 EXPLAIN = ("kth100", "kth100x0.8", "kth-pools", "lanl32")
 TUNING = ("kth100", "kth100x0.8", "kth100x0.75", "kth-pools")
-# candidates rejected on the tuning scenarios: replayed there only (their held-out rows are in
-# the notes, from the run that rejected them)
+# candidates rejected on the tuning scenarios: replayed there only
 REJECTED = TUNING
-CANDIDATE_KNOBS: tuple[tuple[dict[str, Any], tuple[str, ...] | None], ...] = (
-    ({**AGE, "reserve_slowdown": SLOWDOWN_B}, REJECTED),
-    ({**AGE, **RUNTIMES}, REJECTED),
-    ({**AGE, "backfill_order": "shortest"}, REJECTED),
-    ({**AGE, "backfill_bound": "timeout"}, REJECTED),
-    (AGE, None),
-    ({**AGE, "reserve_wide_frac": WIDE_FRAC}, None),
+LEARNED = {"policy": "easy", "estimates": "learned"}
+CANDIDATE_SPECS: tuple[
+    tuple[dict[str, Any], type[ReservationBackfill] | None, tuple[str, ...] | None], ...
+] = (
+    # planned on timeouts, a backfill taken at its prediction (the planner's ReservationBackfill)
+    ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 0.8}, None, REJECTED),
+    ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 0.95}, None, REJECTED),
+    ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 1.0}, None, REJECTED),
+    ({**LEARNED, "reserve_after_s": 3600.0, "estimate_quantile": 0.8}, None, REJECTED),
+    ({**LEARNED, "reserve_after_s": 18000.0, "estimate_quantile": 0.8}, None, REJECTED),
+    ({"policy": "easy", "estimates": "timeout", "reserve_after_s": 3600.0}, None, None),
+    # simulator candidates: planned on predictions
+    ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 0.8}, TimeoutBound, REJECTED),
+    ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 0.8}, Predicted, EXPLAIN),
+    # the default before reservations were planned on timeouts, on every scenario
+    ({**LEARNED, "reserve_after_s": 18000.0, "estimate_quantile": 0.8}, Predicted, None),
 )
 
 
 def _candidates() -> tuple[Variant, ...]:
-    """The learned-estimate candidates on top of the controller's settings; the one whose
-    settings are the controller's own defaults is labelled the default (and replayed once)."""
+    """The candidates on top of the controller's settings; the one whose settings are the
+    controller's own defaults (and no simulator candidate) is labelled the default."""
     out = []
-    default_found = False
-    for knobs, only in CANDIDATE_KNOBS:
-        label = _method("easy", "learned", knobs)
-        is_default = controller_settings(estimates="learned", policy="easy", **knobs) == DEFAULTS
-        if is_default:
-            default_found = True
+    for knobs, candidate, only in CANDIDATE_SPECS:
+        label = _method(knobs, candidate)
+        if candidate is None and controller_settings(**knobs) == DEFAULTS:
             label = f"default: {label}"
-        out.append(Variant(label, "easy", "learned", knobs, controller=True, only=only))
-    if not default_found:
-        label = f"default: {_method(DEFAULTS.policy, DEFAULTS.estimates, {})}"
-        out.append(Variant(label, DEFAULTS.policy, DEFAULTS.estimates, controller=True))
+        elif candidate is Predicted and knobs.get("reserve_after_s"):
+            label = f"before: {label}"
+        out.append(
+            Variant(label, "easy", knobs["estimates"], knobs, True, only=only, candidate=candidate)
+        )
+    if not any(v.label.startswith("default: ") for v in out):
+        out.append(
+            Variant(
+                f"default: {_method({}, None)}",
+                DEFAULTS.policy,
+                DEFAULTS.estimates,
+                controller=True,
+            )
+        )
     return tuple(out)
 
 
@@ -145,11 +139,10 @@ VARIANTS = (
     Variant("greedy (seed)", "greedy"),
     Variant("easy/timeout", "easy"),
     Variant("conservative/timeout", "conservative", only=EXPLAIN),
-    Variant("easy/learned", "easy", "learned", only=EXPLAIN),
     *_candidates(),
 )
 DEFAULT = next(v for v in VARIANTS if v.label.startswith("default: "))
-# the methods held to the targets: the default and every reservation-trigger candidate
+# the methods held to the targets: the default and every candidate
 CANDIDATES = tuple(v for v in VARIANTS if v.controller)
 
 
@@ -244,7 +237,6 @@ SCENARIOS = (
 # GB200/GB300 pools (x0.5 would offer 1.1 there).
 HELD_OUT = tuple(s.key for s in SCENARIOS if s.key not in TUNING)
 WIDE_TOLERANCE = 1.05  # wide max within 5% of EASY's: EASY itself moves that much on tie rules
-MEAN_TOLERANCE = 1.10
 
 # benchmarks/reference/sim-results.md: mean wait h, p95 wait h, wide max wait h, mean bsld
 REFERENCE: dict[tuple[str, str], tuple[float, float, float, float]] = {
@@ -270,11 +262,14 @@ REFERENCE: dict[tuple[str, str], tuple[float, float, float, float]] = {
 def run(scenario: Scenario, trace: Trace, variant: Variant) -> tuple[Result, dict[str, Any], float]:
     pools = scenario.pools or dict(trace.pools or {})
     settings = (controller_settings if variant.controller else sim_settings)(**variant.knobs)
+    policy: str | ReservationBackfill = variant.policy
+    if variant.candidate is not None:
+        policy = variant.candidate(variant.policy, 1, settings.reserve_after_s)
     started = time.perf_counter()
     result = simulate(
         trace,
         pools,
-        variant.policy,
+        policy,
         estimates=variant.estimates,
         bound=scenario.bound,
         settings=settings,
@@ -324,86 +319,43 @@ NOTES = """
   shadow" gives 6.49 h, ours (every lease ending then counts, ending exactly at the shadow is
   allowed) 6.21 h, the reference 6.36 h. Across several pools the reference does not say which
   pool a reservation takes; ours takes the pool with the earliest start, one reservation per pool.
-- **Default.** easy + learned estimates (0.8 quantile of the job key's last 20 runtimes, after 3
-  runs; the timeout until then) + reservations only for jobs that waited 5 h (Slurm's
-  `bf_min_age_reserve`); the row is built from `AdmissionSettings()`, so it is what the controller
-  runs. Young jobs backfill greedily, which keeps greedy's mean wait; a job that has waited 5 h is
-  protected like EASY's head, which bounds wide-job waits. Classic EASY with timeout estimates
-  misses the mean-wait target on KTH (x1.19) and LANL/32 (x1.31); learned estimates alone recover
-  little; the age threshold is what closes the gap. The 5 h was chosen by sweeping scenarios that
-  included LANL/32 and the InferenceX mix, so only LANL/16 and the heavier replays are truly held
-  out for it.
+- **Target.** The default dominates classic EASY on every scenario: wide max <= 1.05 x
+  easy/timeout's and mean wait <= its mean, both measured in the same run; mean bounded slowdown
+  is shown beside them (greedy's mean too, for reference). Methods are chosen on the KTH
+  scenarios only; LANL and the InferenceX mix are replayed afterwards and only reported.
+- **Default.** easy on timeouts, reserving a blocked job once it waited 1 h (Slurm's
+  `bf_min_age_reserve`); the row is built from `AdmissionSettings()`. The rule, fixed before any
+  held-out replay: the candidate that misses the target on the fewest KTH scenarios, then the
+  smallest worst excess over a target. No candidate met it on all four KTH scenarios; the 1 h
+  trigger on timeouts misses one (KTH x0.75's mean, x1.026 of EASY's), the earlier default one
+  (the five pools' mean, x1.036), every learned-estimate candidate two or more.
+- **What the candidates showed (KTH only).** Reservations planned on timeouts with a backfill
+  taken at its learned prediction (the planner's `learned` mode now) lowers the mean most (KTH
+  x0.944, x0.8 x0.879, x0.75 x0.913 of EASY) but lengthens the wide maximum under heavy load:
+  on KTH x0.75 it is set by a convoy of 80- and 94-node jobs submitted on days 121-124 that each
+  wait 208-235 h under EASY, and each waits about 17 h longer (x1.070) because the extra
+  backfill runs past the reservations it was sized to fit before. A higher quantile moves the
+  miss to KTH x0.8 (q 0.95 x1.099, q 1.0 x1.086); the midpoint of prediction and timeout x1.072
+  there; a 1 h or 5 h trigger on top of it misses both heavy KTH replays or kth100. Planned on
+  predictions with the backfill checked for its timeout (`TimeoutBound`), the mean is above
+  EASY's on KTH x0.8 (x1.022), x0.75 (x1.034) and the pools (x1.106). A shortest-first backfill
+  order after the reservation (EASY-SJBF, prototyped outside the benchmark) missed kth100's
+  wide max (x1.094) and the pools' mean (x1.014). A trigger on timeouts lowers EASY's mean at
+  native load but raises it at heavy load (1 h x1.026, 30 min x1.027 on KTH x0.75); 2 h and 5 h
+  miss KTH x0.8's wide max (x1.052, x1.090).
 - **Heavier load.** KTH x0.75 (offered 0.93) tunes; LANL/32 and LANL/16 at arrivals x0.8 (the
   trace's first 30,000 jobs, offered 0.94) and the mix at x0.7 (0.8 on its GB200/GB300 pools)
   are held out. KTH x0.7 and the mix at x0.5 offer more than the capacity (1.0; 1.1 on the GB
   pools): the backlog only grows, so they are not replayed here.
-- **Tuning the workload-derived triggers (KTH only: kth100, x0.8, x0.75, pools).** Ratios are
-  wide max / classic EASY and mean / greedy, from sweeps before the held-out replays.
-  `reserve_after_runtimes` k reserves a blocked job once it waited k x a quantile of the
-  estimated runtimes of the leases running on its pools. Uncapped (k x p50 for k = 0.5, 1, 2;
-  k x p90 for k = 0.25, 0.5, 1) every setting missed kth100's wide max (x1.21, x1.21, x1.63;
-  x1.22, x1.21, x1.35), shorter and longer triggers alike: one wide job sets each maximum, and
-  moving the trigger either way moved kth100's by 20% or more. Capped by the 5 h (the shorter
-  of the two waits), 0.5 x p50 (worst wide x1.036), 2 x p50 (x0.993), 0.5 x p90 and 1 x p90
-  (x0.994, within 1% of the default's ratios) met both targets on all four; 1 x p50 missed
-  kth100's wide max (x1.072).
-  The rule, fixed before the held-out replays: the lowest worst wide ratio, then the setting that
-  departs from the default most, so min(5 h, 2 x running p50).
-- **EASY++ order** (`backfill_order` shortest: jobs due a reservation in priority order, the
-  younger ones shortest estimate first; Tsafrir, Etsion and Feitelson, "Backfilling Using
-  System-Generated Predictions Rather than User Runtime Estimates", IEEE TPDS 2007). Its other two
-  parts are already in every learned row: estimates from the job key's history, and an overrun
-  estimate extended by `overrun_extension_s` at every plan. With the 5 h trigger it gives the best
-  mean on the pools (x0.818) but misses KTH x0.8's wide max (x1.153), so on the split's rule it
-  cannot be the default; with min(5 h, 1 x p50) it missed x0.8 (x1.100) and x0.75 (x1.064).
+- **Earlier candidates, removed from the product.** Under the earlier target (mean <= 1.10 x
+  greedy's) the slowdown trigger (B = 1), min(5 h, 2 x the running leases' median estimate), the
+  EASY++ order, wide jobs at once (f = 0.5) and the timeout-bounded backfill with the 5 h
+  trigger were each chosen on KTH and rejected (runs aa07954 and 3c2d0ce); they are no longer
+  settings, and only the timeout-bounded backfill and planning on predictions stay, as
+  simulator candidates (`slurmgate/simulator/candidates.py`).
 - **An age factor** in the priority (Slurm multifactor's) was not tried: in the SWF replays a
   job's score is its arrival rank, so the priority order already is the age order and an age
   weight changes nothing there; only the InferenceX mix has scores for it to act on.
-- **The slowdown trigger** (`reserve_slowdown` B = 1, chosen on KTH earlier: wait / max(estimate,
-  10 s) >= B) misses KTH x0.8's wide max (x1.115) and, held out, LANL/32's mean (x1.158).
-- **Wide jobs at once** (`reserve_wide_frac` f: a blocked job needing more than f of its largest
-  compatible pool is reserved at once, the others keep the 5 h trigger; the issue's "reserve at
-  once for jobs wider than a fraction of the pool"). Swept on KTH only (kth100, x0.8, x0.75,
-  pools) before any held-out replay; ratios are wide max / classic EASY and mean / greedy:
-  f = 0.25 misses kth100's mean (x1.14); 0.35, 0.4 and 0.45 miss KTH x0.8's wide max (x1.120,
-  one job of 140.7 h); 0.5 and 0.55 meet all four (worst wide x1.000 on kth100, worst mean
-  x1.09 on kth100); 0.6 misses kth100's mean by a hair (x1.105); 0.75 misses KTH x0.8's wide max
-  (x1.39). The rule, fixed before the held-out replays: the lowest worst wide ratio, then the
-  lowest worst mean, then the smaller f: 0.5. The band that meets all four is narrow (one wide
-  job sets each maximum), and on KTH it is not better than the default (worst wide x0.994).
-- **Timeout-bounded backfill** (`backfill_bound` timeout: beside a reservation a job is checked
-  for its whole timeout, the kill bound, so a learned estimate that was too short cannot delay
-  the reserved job, as in EASY with user limits; learned estimates still set the reservations).
-  KTH only: with the 5 h trigger it misses kth100 (x1.146) and KTH x0.8 (x1.115); with
-  reservations at once it keeps kth100's wide max at EASY's (x1.000) but its mean is x1.17 of
-  greedy; with f = 0.5 it misses KTH x0.8 (x1.065). Rejected on KTH.
-- **A diagnostic on held-out data, not used to choose.** While the candidates above were tuned,
-  an existing arm (easy with learned estimates and reservations at once, i.e. no 5 h trigger)
-  was replayed on LANL/32 x0.8: wide max 139.92 h (x1.19 of classic EASY), mean x0.995 of
-  greedy. So under heavy load the miss follows the learned estimates, not the 5 h trigger: the
-  protected job starts later than classic EASY's because its start is planned on predictions
-  that running and backfilled jobs overrun. The next thing to try is on the estimate side
-  (a higher estimate_quantile on KTH alone: 0.95 misses KTH x0.75's wide max, x1.060; 1.0 meets
-  all four with worst wide x1.039 and worst mean x1.07). Replayed afterwards on the two heavy
-  LANL scenarios outside this benchmark, q = 1.0 is no fix either: LANL/32 x0.8 wide x1.079 but
-  mean x1.120 of greedy, LANL/16 x0.8 wide x1.568.
-- **Held out, the result.** The heavy held-out replays still miss: the 5 h default keeps the
-  mean (x1.023 and x0.861 of greedy) but its wide max is x1.179 of classic EASY on LANL/32 x0.8
-  and x1.617 on LANL/16 x0.8. Wide jobs at once (f = 0.5) barely touches LANL/32 (only its 6
-  jobs of 32 nodes need more than 16: the same schedule at x0.8, means within 0.1% at native
-  load), lowers LANL/16
-  x0.8's wide max only a little (x1.576, mean x1.004) and misses the mix's mean at x0.7 (x1.125
-  of greedy, where the default has x1.054). It does worse than the default held out, so the
-  default is unchanged. The heavy LANL misses stay open: on LANL/32 x0.8 classic EASY's own
-  mean is x1.217 of greedy, so a method at EASY's wide max there gives up most of the mean
-  target; on LANL/16 x0.8 the methods tried sit at x1.16 (slowdown, which misses LANL/32's
-  mean) to x1.62 of EASY.
-- **Earlier candidates held out** (run aa07954, same scenarios and code for those options; not
-  replayed here, having failed on KTH): min(5 h, 2 x running p50) missed LANL/16's wide max at
-  native load (x1.140), LANL/32's mean (x1.103), LANL/32 x0.8 (x1.152) and LANL/16 x0.8
-  (x1.261); the EASY++ order missed LANL/16 (x1.150), LANL/32 x0.8 (x1.181) and LANL/16 x0.8
-  (x1.607); the slowdown trigger missed LANL/32's mean (x1.158) and every LANL/16 wide max. On
-  the mix at x0.7 all three met both targets.
 - **InferenceX mix.** Stated model (`slurmgate/simulator/traces.py`, `MixModel`): 14 days; every
   night at 02:00 a sweep queues all rows of 15% of the config keys at once; PRs arrive 08-20 h
   as a Poisson stream of 0.4/h, each queueing all rows of one key; agentic rows run 3600 s,
@@ -420,19 +372,20 @@ def target(
     metrics: dict[str, Any],
     by_label: dict[str, tuple[Result, dict[str, Any]]],
 ) -> dict[str, Any]:
-    """One method against the targets on one scenario; greedy and classic EASY are measured in
-    the same run."""
+    """One method against the targets on one scenario: it dominates classic EASY, measured in
+    the same run (greedy's mean beside it for reference)."""
     greedy = by_label["greedy (seed)"][1]
     easy = by_label["easy/timeout"][1]
     wide_ratio = metrics["wide_max_wait_h"] / max(easy["wide_max_wait_h"], 1e-9)
-    mean_ratio = metrics["mean_wait_h"] / max(greedy["mean_wait_h"], 1e-9)
-    greedy_at_bound = greedy["utilization"] >= 0.99 * greedy["utilization_bound"]
-    util_ok = not greedy_at_bound or metrics["utilization"] >= 0.99 * metrics["utilization_bound"]
+    mean_ratio = metrics["mean_wait_h"] / max(easy["mean_wait_h"], 1e-9)
+    bsld_ratio = metrics["mean_bsld"] / max(easy["mean_bsld"], 1e-9)
+    easy_at_bound = easy["utilization"] >= 0.99 * easy["utilization_bound"]
+    util_ok = not easy_at_bound or metrics["utilization"] >= 0.99 * metrics["utilization_bound"]
     misses = []
     if wide_ratio > WIDE_TOLERANCE:
         misses.append(f"wide max +{(wide_ratio - 1) * 100:.1f}%")
-    if mean_ratio > MEAN_TOLERANCE:
-        misses.append(f"mean +{(mean_ratio - MEAN_TOLERANCE) * 100:.1f} pts over 1.10")
+    if mean_ratio > 1.0:
+        misses.append(f"mean +{(mean_ratio - 1) * 100:.2f}%")
     if not util_ok:
         misses.append("utilization")
     return {
@@ -443,10 +396,14 @@ def target(
         "easy_wide_max": easy["wide_max_wait_h"],
         "wide_ratio": wide_ratio,
         "mean": metrics["mean_wait_h"],
-        "greedy_mean": greedy["mean_wait_h"],
+        "easy_mean": easy["mean_wait_h"],
         "mean_ratio": mean_ratio,
+        "bsld": metrics["mean_bsld"],
+        "easy_bsld": easy["mean_bsld"],
+        "bsld_ratio": bsld_ratio,
+        "greedy_mean_ratio": metrics["mean_wait_h"] / max(greedy["mean_wait_h"], 1e-9),
         "util": metrics["utilization"],
-        "greedy_util": greedy["utilization"],
+        "easy_util": easy["utilization"],
         "met": "yes" if not misses else "no: " + ", ".join(misses),
     }
 
@@ -490,23 +447,26 @@ def markdown(
         "",
         "## The default and the trigger candidates against the targets",
         "",
-        f"Targets: wide max wait <= {WIDE_TOLERANCE:.2f} x easy/timeout's (classic EASY; 5% "
-        f"for its tie rules); mean wait <= {MEAN_TOLERANCE:.2f} x greedy's; utilization "
-        "within 1% of the bound wherever greedy reaches it. Greedy and classic EASY are "
-        "measured in the same run. Split: every method and constant was chosen on the "
+        "Targets: the method dominates classic EASY (easy/timeout, measured in the same run): "
+        f"wide max wait <= {WIDE_TOLERANCE:.2f} x EASY's (5% for its tie rules) and mean wait "
+        "<= EASY's; utilization within 1% of the bound wherever EASY reaches it. Mean bounded "
+        "slowdown (10 s) and the mean against greedy's are shown beside them. Split: every "
+        "method and constant was chosen on the "
         f"tuning scenarios ({', '.join(TUNING)}, all KTH); the held-out scenarios were only "
         "replayed afterwards.",
         "",
-        "| split | scenario | method | wide max: method / easy-timeout "
-        "| mean wait: method / greedy | util: method / greedy | met |",
-        "|---|---|---|---|---|---|---|",
+        "| split | scenario | method | wide max: method / EASY | mean wait: method / EASY "
+        "| mean bsld: method / EASY | mean / greedy's | util: method / EASY | met |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for t in sorted(targets, key=lambda t: t["split"] != "tuning"):
         lines.append(
             f"| {t['split']} | {t['scenario']} | {t['method']} "
             f"| {fmt(t['wide_max'])} / {fmt(t['easy_wide_max'])} (x{t['wide_ratio']:.3f}) "
-            f"| {fmt(t['mean'])} / {fmt(t['greedy_mean'])} (x{t['mean_ratio']:.3f}) "
-            f"| {t['util']:.3f} / {t['greedy_util']:.3f} | {t['met']} |"
+            f"| {fmt(t['mean'])} / {fmt(t['easy_mean'])} (x{t['mean_ratio']:.3f}) "
+            f"| {fmt(t['bsld'])} / {fmt(t['easy_bsld'])} (x{t['bsld_ratio']:.3f}) "
+            f"| x{t['greedy_mean_ratio']:.3f} | {t['util']:.3f} / {t['easy_util']:.3f} "
+            f"| {t['met']} |"
         )
     lines += [
         "",
@@ -647,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in targets:
         print(
             f"  target {t['split']:8} {t['scenario']:11} {t['method']:30} wide "
-            f"x{t['wide_ratio']:.3f} of easy, mean x{t['mean_ratio']:.3f} of greedy: {t['met']}"
+            f"x{t['wide_ratio']:.3f}, mean x{t['mean_ratio']:.3f}, bsld x{t['bsld_ratio']:.3f} "
+            f"of EASY: {t['met']}"
         )
     suffix = "-quick" if args.quick else ""
     if args.merge and (out / f"policies{suffix}.json").exists():

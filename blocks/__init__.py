@@ -12,8 +12,6 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.settings import (
     AdmissionSettings,
-    BackfillBound,
-    BackfillOrder,
     EstimatesName,
     PolicyName,
     PoolPartition,
@@ -230,12 +228,6 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
     estimate_min_samples: int = _knob("estimate_min_samples")
     overrun_extension_s: float = _knob("overrun_extension_s")
     reserve_after_s: float = _knob("reserve_after_s")
-    reserve_slowdown: float | None = _knob("reserve_slowdown")
-    reserve_after_runtimes: float | None = _knob("reserve_after_runtimes")
-    reserve_runtime_quantile: float = _knob("reserve_runtime_quantile")
-    reserve_wide_frac: float | None = _knob("reserve_wide_frac")
-    backfill_order: BackfillOrder = _knob("backfill_order")
-    backfill_bound: BackfillBound = _knob("backfill_bound")
     reservation_depth: int = _knob("reservation_depth")
     lease_max_queued_age_s: float | None = _knob("lease_max_queued_age_s")
     orphan_grace_s: float = _knob("orphan_grace_s")

@@ -326,12 +326,15 @@ class FleetState:
         within the nodes Slurm can give, for a pool with a partition)."""
         return min(len(self.pools[pool].free), self.headroom(pool))
 
-    def profile(self, pool: str) -> Profile:
-        """Free runners of `pool` from now on, as running leases are expected to end (and, for
-        a pool with a partition, as Slurm expects outside jobs and reservations to end)."""
+    def profile(self, pool: str, predicted: bool = False) -> Profile:
+        """Free runners of `pool` from now on, as running leases are expected to end: at their
+        timeouts, or with `predicted` at their predictions first (and, for a pool with a
+        partition, as Slurm expects outside jobs and reservations to end)."""
         ends = [
             (
-                expected_end(lease.started_s, lease.estimate, self.now_s, self.extension_s),
+                expected_end(
+                    lease.started_s, lease.estimate, self.now_s, self.extension_s, predicted
+                ),
                 lease.nodes,
             )
             for lease in self.running.get(pool, {}).values()

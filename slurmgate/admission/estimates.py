@@ -50,17 +50,21 @@ class Estimate:
             object.__setattr__(self, "predicted_s", self.limit_s)
 
 
-def expected_end(started_s: float, estimate: Estimate, now_s: float, extension_s: float) -> float:
+def expected_end(
+    started_s: float, estimate: Estimate, now_s: float, extension_s: float, predicted: bool = True
+) -> float:
     """When a lease that started at `started_s` is expected to free its runners, seen at `now_s`.
 
-    A job still inside its prediction ends at start + prediction. Past it, the timeout is the
-    next bound (a learned quantile was too short, the user's limit still holds). Past the limit
-    too (a timeout the controller does not know), the end slides to now + `extension_s`, so the
+    A job still inside its prediction ends at start + prediction (with `predicted`; the
+    reservation policies plan on timeouts and pass False). Past it, the timeout is the next
+    bound (a learned quantile was too short, the user's limit still holds). Past the limit too
+    (a timeout the controller does not know), the end slides to now + `extension_s`, so the
     job always looks as if it ends in the future and is never counted as free capacity.
     """
-    end = started_s + estimate.predicted_s
-    if end > now_s:
-        return end
+    if predicted:
+        end = started_s + estimate.predicted_s
+        if end > now_s:
+            return end
     end = started_s + estimate.limit_s
     if end > now_s:
         return end

@@ -16,11 +16,6 @@ from slurmgate.admission.capacity import LEGACY, FleetState, JobRequest, Placeme
 from slurmgate.admission.model import Blocked, BlockReason
 from slurmgate.admission.settings import POLICY_NAMES, AdmissionSettings
 
-SLOWDOWN_FLOOR_S = 10.0
-"""The runtime floor of the slowdown trigger: bounded slowdown's usual 10 s (Feitelson et al.,
-"Theory and Practice in Parallel Job Scheduling", 1997), so a job estimated at seconds is not
-reserved the moment it is blocked."""
-
 SKIP_QUEUE_PRIORITY = "skip-queue"
 """How a verified skip-queue job's priority is shown (admit lines, the board) instead of a score."""
 
@@ -134,104 +129,50 @@ class StrictOrder(AdmissionPolicy):
 class ReservationBackfill(AdmissionPolicy):
     """Backfill that never delays a reservation: EASY (depth 1) or conservative (depth N).
 
-    In priority order, a job starts now if it fits now on a pool and, for the whole of its
-    predicted runtime, in that pool's profile of expected free runners minus the reservations
-    already made. A job that cannot start gets a reservation at its earliest start on the
-    compatible pool where that start comes first, while that pool holds fewer than `depth`
-    reservations. With depth 1 this is EASY: only the top blocked job of each pool is protected,
-    and a backfill job must end before its reservation or use only the runners it leaves over.
+    In priority order, a job starts now if it fits now on a pool and, for its predicted
+    runtime, in that pool's profile of free runners minus the reservations already made. A job
+    that cannot start gets a reservation at its earliest start on the compatible pool where
+    that start comes first, while that pool holds fewer than `depth` reservations. With depth 1
+    this is EASY: only the top blocked job of each pool is protected, and a backfill job must
+    end before its reservation or use only the runners it leaves over.
+
+    Reservations are planned on timeouts, as classic EASY plans them on user limits: a running
+    lease is expected back at its timeout (then one overrun extension at a time), and a
+    reserved job holds its runners for its own timeout. Only the job that would start beside a
+    reservation is taken at its prediction (a learned estimate; the timeout without one), so
+    the slack between timeouts and real ends absorbs a prediction that was too short.
     With `reserve_after_s` a blocked job gets a reservation only once it has waited that long
-    (Slurm's bf_min_age_reserve): younger jobs backfill greedily, old ones cannot starve.
-    With `reserve_slowdown` B instead, the trigger comes from the job itself: it is reserved
-    once wait / max(estimated runtime, SLOWDOWN_FLOOR_S) >= B, so a short job is protected
-    after a short wait and a long one after a long wait, whatever the workload's job lengths.
-    With `reserve_after_runtimes` k, the trigger comes from the workload now running: a job is
-    reserved once it has waited k x the `runtime_quantile` of the estimated runtimes of the
-    leases running on its pools (at once when none runs there), or `reserve_after_s` if that
-    is set and shorter: a workload of short jobs protects sooner than the fixed wait.
-    With `backfill_order` "shortest" (EASY++'s order), jobs due a reservation are still taken
-    in priority order, but the younger ones backfill shortest estimate first.
-    With `reserve_wide_frac` f, a job needing more than f of its largest compatible pool is
-    due at once (classic EASY for wide jobs), the others wait for their trigger.
-    With `backfill_bound` "timeout", a job is checked against a pool's reservations for its
-    whole timeout rather than its prediction: a prediction that was too short then cannot push
-    a reserved job back (EASY's guarantee, with the kill bound Slurm enforces), while the
-    predictions still set the reservations and everything on pools that hold none.
+    (Slurm's bf_min_age_reserve): younger jobs backfill greedily.
+
+    The simulator's candidates subclass this and override `due`, `order`, `backfill_s`,
+    `reserved_s` or `predicted_ends`.
     """
 
-    def __init__(
-        self,
-        name: str,
-        depth: int,
-        reserve_after_s: float = 0.0,
-        reserve_slowdown: float | None = None,
-        reserve_after_runtimes: float | None = None,
-        runtime_quantile: float = 0.5,
-        backfill_order: str = "priority",
-        backfill_bound: str = "predicted",
-        reserve_wide_frac: float | None = None,
-    ) -> None:
+    predicted_ends = False
+    """Plan the profile on running leases' predicted ends instead of their timeouts."""
+
+    def __init__(self, name: str, depth: int, reserve_after_s: float = 0.0) -> None:
         self.name = name
         self.depth = depth
         self.reserve_after_s = reserve_after_s
-        self.reserve_slowdown = reserve_slowdown
-        self.reserve_after_runtimes = reserve_after_runtimes
-        self.runtime_quantile = runtime_quantile
-        self.backfill_order = backfill_order
-        self.backfill_bound = backfill_bound
-        self.reserve_wide_frac = reserve_wide_frac
 
-    def due(
-        self,
-        request: JobRequest,
-        now_s: float,
-        fleet: FleetState | None = None,
-        typical: dict[tuple[str, ...], float] | None = None,
-    ) -> bool:
-        """Whether a blocked job has waited long enough for a reservation (`typical` caches
-        the running-runtime quantile per pool set for one walk)."""
-        if request.skip_queue:  # a skip-queue job is protected at once
+    def due(self, request: JobRequest, fleet: FleetState) -> bool:
+        """Whether a blocked job has waited long enough for a reservation."""
+        if request.skip_queue or not self.reserve_after_s:  # a skip-queue job at once
             return True
-        if self.reserve_wide_frac is not None and fleet is not None:
-            largest = max(
-                (
-                    fleet.total_for(pool, allowed)
-                    for pool, allowed in fleet.candidates(request.requirement).items()
-                    if pool is not None
-                ),
-                default=0,
-            )
-            if request.nodes > self.reserve_wide_frac * largest:
-                return True
-        waited = now_s - request.job.created_at.timestamp()
-        if self.reserve_slowdown is not None:
-            runtime = max(request.estimate.predicted_s, SLOWDOWN_FLOOR_S)
-            return waited >= self.reserve_slowdown * runtime
-        if self.reserve_after_runtimes is not None and fleet is not None:
-            runtime = running_quantile(fleet, request, self.runtime_quantile, typical)
-            delay = self.reserve_after_runtimes * runtime
-            if self.reserve_after_s:  # the fixed wait, when set, caps it
-                delay = min(delay, self.reserve_after_s)
-            return waited >= delay
-        return not self.reserve_after_s or waited >= self.reserve_after_s
+        return fleet.now_s - request.job.created_at.timestamp() >= self.reserve_after_s
 
-    def order(
-        self,
-        requests: Sequence[JobRequest],
-        fleet: FleetState,
-        typical: dict[tuple[str, ...], float],
-    ) -> Sequence[JobRequest]:
-        """The walk's order: priority, or (backfill_order "shortest") the jobs due a
-        reservation in priority order, then the rest shortest estimate first."""
-        if self.backfill_order != "shortest":
-            return requests
-        due = [r for r in requests if self.due(r, fleet.now_s, fleet, typical)]
-        if len(due) == len(requests):
-            return requests
-        chosen = {id(r) for r in due}
-        rest = [r for r in requests if id(r) not in chosen]
-        rest.sort(key=lambda r: r.estimate.predicted_s)  # stable: priority breaks ties
-        return [*due, *rest]
+    def order(self, requests: Sequence[JobRequest], fleet: FleetState) -> Sequence[JobRequest]:
+        """The order jobs are tried in: priority."""
+        return requests
+
+    def backfill_s(self, request: JobRequest) -> float:
+        """How long a job starting beside a reservation is taken to run."""
+        return request.estimate.predicted_s
+
+    def reserved_s(self, request: JobRequest) -> float:
+        """How long a reserved job is taken to hold its runners."""
+        return request.estimate.limit_s
 
     def walk(self, requests: Sequence[JobRequest], walk: Walk) -> None:
         fleet = walk.fleet
@@ -239,11 +180,9 @@ class ReservationBackfill(AdmissionPolicy):
         held: dict[str, int] = {}
         # pools with `depth` reservations: nothing more can be reserved there
         full: set[str] = set()
-        typical: dict[tuple[str, ...], float] = {}
-        bounded = self.backfill_bound == "timeout"
-        for request in self.order(requests, fleet, typical):
+        for request in self.order(requests, fleet):
             nodes = request.nodes
-            duration = request.estimate.limit_s if bounded else request.estimate.predicted_s
+            duration = self.backfill_s(request)
             if profiles:
 
                 def allow(pool: str, nodes: int = nodes, duration: float = duration) -> bool:
@@ -259,7 +198,7 @@ class ReservationBackfill(AdmissionPolicy):
                     profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
                 continue
             if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and self.due(
-                request, fleet.now_s, fleet, typical
+                request, fleet
             ):
                 reserved = self._reserve(request, fleet, profiles, held, full)
                 if reserved is not None and walk.explain:
@@ -282,6 +221,7 @@ class ReservationBackfill(AdmissionPolicy):
         full: set[str],
     ) -> tuple[str, float] | None:
         best: tuple[float, str] | None = None
+        duration = self.reserved_s(request)
         for pool, allowed in fleet.candidates(request.requirement).items():
             if pool is None or pool in full or fleet.pools[pool].cordoned is not None:
                 continue
@@ -289,42 +229,18 @@ class ReservationBackfill(AdmissionPolicy):
                 continue
             profile = profiles.get(pool)
             if profile is None:
-                profile = profiles[pool] = fleet.profile(pool)
-            start = profile.earliest(request.nodes, request.estimate.predicted_s)
+                profile = profiles[pool] = fleet.profile(pool, self.predicted_ends)
+            start = profile.earliest(request.nodes, duration)
             if start is not None and (best is None or (start, pool) < best):
                 best = (start, pool)
         if best is None:
             return None
         start, pool = best
-        profiles[pool].reserve(start, request.estimate.predicted_s, request.nodes)
+        profiles[pool].reserve(start, duration, request.nodes)
         held[pool] = held.get(pool, 0) + 1
         if held[pool] >= self.depth:
             full.add(pool)
         return pool, start
-
-
-def running_quantile(
-    fleet: FleetState,
-    request: JobRequest,
-    quantile: float,
-    cache: dict[tuple[str, ...], float] | None = None,
-) -> float:
-    """The `quantile` of the estimated runtimes of the leases running on the pools `request`
-    could use (0 when none runs there): the workload's current job length, as the planner
-    predicts it. `cache` keeps it per pool set while the fleet does not change (one walk)."""
-    pools = tuple(p for p in fleet.candidates(request.requirement) if p is not None)
-    cached = cache.get(pools) if cache is not None else None
-    if cached is not None:
-        return cached
-    runtimes = sorted(
-        lease.estimate.predicted_s
-        for pool in pools
-        for lease in fleet.running.get(pool, {}).values()
-    )
-    value = runtimes[min(len(runtimes) - 1, int(quantile * len(runtimes)))] if runtimes else 0.0
-    if cache is not None:
-        cache[pools] = value
-    return value
 
 
 POLICIES: dict[str, AdmissionPolicy] = {
@@ -357,20 +273,12 @@ def policy_for(settings: AdmissionSettings, name: str | None = None) -> Admissio
     Also accepts the `fcfs` baseline, which only the simulator asks for.
     """
     chosen = name or settings.policy
-    knobs = (
-        settings.reserve_after_s,
-        settings.reserve_slowdown,
-        settings.reserve_after_runtimes,
-        settings.reserve_runtime_quantile,
-        settings.backfill_order,
-        settings.backfill_bound,
-        settings.reserve_wide_frac,
-    )
     if chosen == "conservative":
-        return ReservationBackfill("conservative", settings.reservation_depth, *knobs)
-    classic = (0.0, None, None, knobs[3], "priority", "predicted", None)
-    if chosen == "easy" and knobs != classic:
-        return ReservationBackfill("easy", 1, *knobs)
+        return ReservationBackfill(
+            "conservative", settings.reservation_depth, settings.reserve_after_s
+        )
+    if chosen == "easy" and settings.reserve_after_s:
+        return ReservationBackfill("easy", 1, settings.reserve_after_s)
     if chosen in BASELINES:
         return BASELINES[chosen]
     return policy_named(chosen)

@@ -67,48 +67,6 @@ def simulate_command(
             "controller's reserve_after_s; 0 = classic EASY)."
         ),
     ] = None,
-    reserve_slowdown: Annotated[
-        float | None,
-        typer.Option(
-            help="Reserve a blocked job once wait / estimated runtime reaches this bound "
-            "(replaces --reserve-after; default: the controller's reserve_slowdown)."
-        ),
-    ] = None,
-    reserve_after_runtimes: Annotated[
-        float | None,
-        typer.Option(
-            help="Reserve a blocked job once it waited this many times the typical runtime of "
-            "the leases running on its pools, capped by --reserve-after when above 0 (default: "
-            "the controller's reserve_after_runtimes)."
-        ),
-    ] = None,
-    reserve_runtime_quantile: Annotated[
-        float | None,
-        typer.Option(
-            help="The running leases' runtime quantile --reserve-after-runtimes multiplies "
-            "(default: the controller's reserve_runtime_quantile)."
-        ),
-    ] = None,
-    reserve_wide_frac: Annotated[
-        float | None,
-        typer.Option(
-            help="Reserve at once a blocked job needing more than this fraction of its largest "
-            "pool (default: the controller's reserve_wide_frac)."
-        ),
-    ] = None,
-    backfill_order: Annotated[
-        str | None,
-        typer.Option(
-            help="priority | shortest (EASY++ order; default: the controller's backfill_order)."
-        ),
-    ] = None,
-    backfill_bound: Annotated[
-        str | None,
-        typer.Option(
-            help="predicted | timeout: how long a job that would start beside a reservation is "
-            "taken to run (default: the controller's backfill_bound)."
-        ),
-    ] = None,
     limit: Annotated[int | None, typer.Option(help="Replay only the first N jobs.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[
@@ -118,16 +76,8 @@ def simulate_command(
     """Replay TRACE through the planner's policy and report waits, slowdown and utilization."""
     try:
         # a flag not given keeps the controller's default, from the one settings object
-        given = {
-            "reserve_after_s": None if reserve_after is None else reserve_after * 3600,
-            "reserve_slowdown": reserve_slowdown,
-            "reserve_after_runtimes": reserve_after_runtimes,
-            "reserve_runtime_quantile": reserve_runtime_quantile,
-            "reserve_wide_frac": reserve_wide_frac,
-            "backfill_order": backfill_order,
-            "backfill_bound": backfill_bound,
-        }
-        settings = replay_settings({k: v for k, v in given.items() if v is not None})
+        given = {} if reserve_after is None else {"reserve_after_s": reserve_after * 3600}
+        settings = replay_settings(given)
         policy = settings.policy if policy is None else policy
         estimates = settings.estimates if estimates is None else estimates
         if policy not in SIMULATED_POLICY_NAMES:
@@ -152,7 +102,6 @@ def simulate_command(
         arrival_scale=arrival_scale,
         size_scale=size_scale,
         reserve_after_h=settings.reserve_after_s / 3600,
-        reserve_slowdown=settings.reserve_slowdown,
         settings=replay_knobs(settings, policy, estimates),
         dropped=loaded.dropped,
         plans=result.plans,

@@ -25,7 +25,12 @@ from slurmgate.admission.estimates import Estimate, Estimator, RuntimeHistory
 from slurmgate.admission.labels import fold
 from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot
 from slurmgate.admission.planner import plan
-from slurmgate.admission.policies import SIMULATED_POLICY_NAMES, policy_for, priority_key
+from slurmgate.admission.policies import (
+    SIMULATED_POLICY_NAMES,
+    AdmissionPolicy,
+    policy_for,
+    priority_key,
+)
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import InputError
 from slurmgate.simulator.metrics import Run, summarize
@@ -77,12 +82,6 @@ POLICY_KNOBS = (
     "estimate_min_samples",
     "overrun_extension_s",
     "reserve_after_s",
-    "reserve_slowdown",
-    "reserve_after_runtimes",
-    "reserve_runtime_quantile",
-    "reserve_wide_frac",
-    "backfill_order",
-    "backfill_bound",
     "reservation_depth",
 )
 """The settings a replay's schedule depends on."""
@@ -112,9 +111,8 @@ def replay_knobs(settings: AdmissionSettings, policy: str, estimates: str) -> di
 
 def sim_settings(**overrides: Any) -> AdmissionSettings:
     """Settings for a classic replay: the controller's defaults but immediate reservations
-    (classic EASY: reserve_after_s 0, no reserve_slowdown), and the knobs as given; the
-    environment is not read."""
-    return controller_settings(**{"reserve_after_s": 0.0, "reserve_slowdown": None, **overrides})
+    (classic EASY: reserve_after_s 0), and the knobs as given; the environment is not read."""
+    return controller_settings(**{"reserve_after_s": 0.0, **overrides})
 
 
 def parse_pools(spec: str | None, trace: Trace) -> tuple[dict[str, int], bool]:
@@ -215,18 +213,22 @@ def _prepare(
 def simulate(
     trace: Trace,
     pools: dict[str, int],
-    policy: str,
+    policy: str | AdmissionPolicy,
     *,
     estimates: str = "timeout",
     bound: bool = False,
     settings: AdmissionSettings | None = None,
 ) -> Result:
-    """Replay `trace` on `pools` with the planner's `policy`; the fast driver."""
+    """Replay `trace` on `pools` with the planner's `policy` (or a simulator candidate's
+    policy object); the fast driver."""
     settings = settings or sim_settings()
-    if policy not in SIMULATED_POLICY_NAMES:
+    if isinstance(policy, AdmissionPolicy):
+        chosen, policy = policy, policy.name
+    elif policy in SIMULATED_POLICY_NAMES:
+        chosen = policy_for(settings, policy)
+    else:
         choices = ", ".join(SIMULATED_POLICY_NAMES)
         raise SimulationError(f"--policy {policy!r} is not one of {choices}")
-    chosen = policy_for(settings, policy)
     known = _Estimates(estimates, settings)
     accepted, rejected = _prepare(trace, pools, bound)
 

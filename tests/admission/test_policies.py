@@ -29,6 +29,8 @@ from slurmgate.admission.planner import plan
 from slurmgate.admission.policies import policy_for
 from slurmgate.admission.settings import AdmissionSettings
 
+DEFAULT_METHOD = ("timeout", 3600.0)  # benchmarks/bench_policies.py: chosen on KTH only
+
 
 def cfg(policy: str, **knobs: Any) -> AdmissionSettings:
     return AdmissionSettings.model_validate(
@@ -157,142 +159,28 @@ def test_reserve_after_lets_young_jobs_backfill_greedily() -> None:
     assert admitted(plan(old, aged, NOW)) == admitted(plan(old, cfg("easy", **knobs), NOW))
 
 
-def wide_behind_a_backfill(a_name: str, a_age_h: float) -> Any:
-    """A (8 of 10) can start in 1 h; C (4, 9.5 h) fits now but would delay A if A is reserved."""
-    r = running(1, 6, started_h_ago=7)
-    runners = lease_runners(pool("x", 10), r, list(range(1, 7)))
-    a = named(job(2, 8, score="3.000", age_s=int(a_age_h * 3600)), a_name)
-    c = named(job(3, 4, score="1.000"), "c-long")
-    return snapshot(runners, [r, a, c])
-
-
-def test_reserve_slowdown_reserves_once_the_wait_reaches_b_times_the_jobs_own_estimate() -> None:
-    knobs: dict[str, Any] = {"timeout_overrides": {"c-long": 570, "a-short": 60}}
-    by_slowdown = cfg("easy", reserve_slowdown=1.0, **knobs)
-    by_age = cfg("easy", reserve_after_s=5 * 3600, **knobs)
-    # A is estimated at its 8 h timeout: after 2 h its slowdown is 0.25, C backfills
-    assert admitted(plan(wide_behind_a_backfill("a-long", 2), by_slowdown, NOW)) == {3: 4}
-    # after 9 h it passed 1: A is reserved and C, which would delay it, waits
-    held = plan(wide_behind_a_backfill("a-long", 9), by_slowdown, NOW)
-    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
-    # a 1 h job that waited 2 h is protected, where a fixed 5 h wait is not yet reached
-    short = wide_behind_a_backfill("a-short", 2)
-    assert admitted(plan(short, by_slowdown, NOW)) == {}
-    assert admitted(plan(short, by_age, NOW)) == {3: 4}
-    # the bound replaces reserve_after_s when both are set
-    both = cfg("easy", reserve_after_s=5 * 3600, reserve_slowdown=1.0, **knobs)
-    assert admitted(plan(short, both, NOW)) == {}
-
-
-def test_reserve_after_runtimes_scales_the_trigger_with_the_running_leases_estimates() -> None:
-    # the one running lease is estimated at its 8 h timeout: k = 0.5 of it is a 4 h trigger
-    knobs: dict[str, Any] = {"timeout_overrides": {"c-long": 570}}
-    by_runtimes = cfg("easy", reserve_after_runtimes=0.5, **knobs)
-    assert admitted(plan(wide_behind_a_backfill("a", 3), by_runtimes, NOW)) == {3: 4}
-    held = plan(wide_behind_a_backfill("a", 4.5), by_runtimes, NOW)
-    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
-    # it comes before reserve_after_s when shorter (5 h alone would not protect A yet) ...
-    both = cfg("easy", reserve_after_s=5 * 3600, reserve_after_runtimes=0.5, **knobs)
-    assert admitted(plan(wide_behind_a_backfill("a", 4.5), both, NOW)) == {}
-    # ... and the same wait is short where the running work is long: k = 1 is an 8 h trigger
-    longer = cfg("easy", reserve_after_runtimes=1.0, **knobs)
-    assert admitted(plan(wide_behind_a_backfill("a", 4.5), longer, NOW)) == {3: 4}
-    assert admitted(plan(wide_behind_a_backfill("a", 5.5), longer, NOW)) == {3: 4}
-    # reserve_after_s caps it: after 5.5 h A is protected although 8 h are not reached
-    capped = cfg("easy", reserve_after_s=5 * 3600, reserve_after_runtimes=1.0, **knobs)
-    assert admitted(plan(wide_behind_a_backfill("a", 5.5), capped, NOW)) == {}
-    # reserve_slowdown, when also set, decides (A's own 8 h estimate: 4.5 h is a slowdown < 1)
-    slowdown = cfg("easy", reserve_after_runtimes=0.5, reserve_slowdown=1.0, **knobs)
-    assert admitted(plan(wide_behind_a_backfill("a", 4.5), slowdown, NOW)) == {3: 4}
-
-
-def test_reserve_wide_frac_reserves_a_wide_job_at_once_and_leaves_narrow_ones_to_the_trigger() -> (
-    None
-):
-    knobs: dict[str, Any] = {"timeout_overrides": {"c-long": 570}, "reserve_after_s": 5 * 3600}
-    fresh = wide_behind_a_backfill("a", 0)  # A needs 8 of 10 and has not waited
-    assert admitted(plan(fresh, cfg("easy", **knobs), NOW)) == {3: 4}
-    wide = cfg("easy", reserve_wide_frac=0.5, **knobs)
-    held = plan(fresh, wide, NOW)
-    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
-    # 8 is not more than 0.9 of the pool: A waits for the 5 h trigger like any job
-    assert admitted(plan(fresh, cfg("easy", reserve_wide_frac=0.9, **knobs), NOW)) == {3: 4}
-    assert AdmissionSettings().reserve_wide_frac is None
-
-
-def test_backfill_bound_timeout_checks_a_backfill_against_a_reservation_for_its_timeout() -> None:
-    # C's key ran 30 min three times, but its timeout is 9.5 h: learned, it ends before A's
-    # reservation in 1 h; if that prediction is wrong, C holds 4 of the 2 runners A leaves over
-    knobs: dict[str, Any] = {
-        "estimates": "learned",
-        "timeout_overrides": {"c-long": 570, "quick": 30},
-    }
+def test_reservations_are_planned_on_timeouts_and_a_backfill_on_its_prediction() -> None:
+    # R (6 of 10) started 1 h ago: its key ran 1.5 h three times, its timeout is 8 h. A (8)
+    # waits. C (4) ran 2 h three times, timeout 9.5 h.
+    knobs: dict[str, Any] = {"estimates": "learned", "timeout_overrides": {"c-long": 570}}
     history = RuntimeHistory()
     for i in range(3):
-        history.record(job_key("c-long", 4), 100 + i, 1800, 1000 + i)
-    snap = wide_behind_a_backfill("a", 0)
-    predicted = plan(snap, cfg("easy", **knobs), NOW, history=history)
-    assert admitted(predicted) == {3: 4}
-    bounded = cfg("easy", backfill_bound="timeout", **knobs)
-    held = plan(snap, bounded, NOW, history=history)
-    assert admitted(held) == {} and blocked(held)[3] == BlockReason.RESERVED
-    # a job whose timeout ends before the reservation still backfills
-    quick = replace(snap, jobs=(*snap.jobs[:2], named(job(3, 4, score="1.000"), "quick")))
-    assert admitted(plan(quick, bounded, NOW, history=history)) == {3: 4}
-    # with no reservation yet (A not due), the bound changes nothing: C starts on its estimate
-    young = cfg("easy", backfill_bound="timeout", reserve_after_s=5 * 3600, **knobs)
-    assert admitted(plan(snap, young, NOW, history=history)) == {3: 4}
-    assert AdmissionSettings().backfill_bound == "predicted"
-
-
-def three_running_and_a_wide_job(a_age_h: float) -> Any:
-    """Leases of 1 h, 2 h and 8 h estimates (2 nodes each) on 10 runners; A (8) waits; C (4,
-    9.5 h) fits now but would delay A's reservation."""
-    leases = [(1, "brief"), (2, "medium"), (3, "long")]
-    runners = pool("x", 10)
-    jobs = []
-    for index, (job_id, name) in enumerate(leases):
-        r = running(job_id, 2, started_h_ago=0.5, name=name)
-        runners = lease_runners(runners, r, [2 * index + 1, 2 * index + 2])
-        jobs.append(r)
-    a = named(job(4, 8, score="3.000", age_s=int(a_age_h * 3600)), "a")
-    c = named(job(5, 4, score="1.000"), "c-long")
-    return snapshot(runners, [*jobs, a, c])
-
-
-def test_reserve_runtime_quantile_picks_which_running_estimate_sets_the_trigger() -> None:
-    knobs: dict[str, Any] = {
-        "timeout_overrides": {"brief": 60, "medium": 120, "c-long": 570},
-        "reserve_after_runtimes": 1.0,
-    }
-    # the median of 1, 2 and 8 h is 2 h: A, after 3 h, is reserved and C waits
-    median = plan(three_running_and_a_wide_job(3), cfg("easy", **knobs), NOW)
-    assert admitted(median) == {} and blocked(median)[5] == BlockReason.RESERVED
-    # the top quantile is 8 h: A is not due yet, C backfills
-    top = cfg("easy", reserve_runtime_quantile=1.0, **knobs)
-    assert admitted(plan(three_running_and_a_wide_job(3), top, NOW)) == {5: 4}
-    assert AdmissionSettings().reserve_runtime_quantile == 0.5
-
-
-def test_backfill_order_shortest_takes_young_jobs_shortest_first_after_the_due_ones() -> None:
-    knobs: dict[str, Any] = {
-        "timeout_overrides": {"quick": 60, "slow": 480},
-        "reserve_after_s": 5 * 3600,
-    }
-    # B (6 nodes, 8 h) outranks C (6 nodes, 1 h); only one fits on 10 runners
-    b = named(job(1, 6, score="3.000"), "slow")
-    c = named(job(2, 6, score="1.000"), "quick")
-    young = snapshot(pool("x", 10), [b, c])
-    assert admitted(plan(young, cfg("easy", **knobs), NOW)) == {1: 6}
-    shortest = cfg("easy", backfill_order="shortest", **knobs)
-    assert admitted(plan(young, shortest, NOW)) == {2: 6}
-    # a job due a reservation (waited 6 h) still goes before the shorter young one
-    old = snapshot(pool("x", 10), [replace(b, created_at=NOW - timedelta(hours=6)), c])
-    assert admitted(plan(old, shortest, NOW)) == {1: 6}
-    # with reservations at once (classic EASY) every job is due: the priority order stands
-    classic = cfg("easy", backfill_order="shortest", timeout_overrides=knobs["timeout_overrides"])
-    assert admitted(plan(young, classic, NOW)) == {1: 6}
-    assert AdmissionSettings().backfill_order == "priority"
+        history.record(job_key("long", 6), 100 + i, 5400, 1000 + i)
+        history.record(job_key("c-long", 4), 200 + i, 7200, 1000 + i)
+    r = running(1, 6, started_h_ago=1)
+    runners = lease_runners(pool("x", 10), r, list(range(1, 7)))
+    a = named(job(2, 8, score="3.000"), "a")
+    c = named(job(3, 4, score="1.000"), "c-long")
+    snap = snapshot(runners, [r, a, c])
+    # A is reserved where R's timeout ends (in 7 h), not at R's prediction (in 30 min), and C,
+    # taken at its 2 h prediction, ends before that
+    learned = plan(snap, cfg("easy", **knobs), NOW, history=history)
+    assert admitted(learned) == {3: 4}
+    assert "reserved cluster:x in 25200s" in {x.job_id: x.detail for x in learned.blocked}[2]
+    # on timeouts alone C's 9.5 h would delay A: classic EASY holds it
+    classic = plan(snap, cfg("easy", timeout_overrides=knobs["timeout_overrides"]), NOW)
+    assert admitted(classic) == {} and blocked(classic)[3] == BlockReason.RESERVED
+    assert (AdmissionSettings().estimates, AdmissionSettings().reserve_after_s) == DEFAULT_METHOD
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -301,34 +189,23 @@ def test_backfill_order_shortest_takes_young_jobs_shortest_first_after_the_due_o
     st.sampled_from(["easy", "conservative"]),
     st.sampled_from([1.0, 30.0, 480.0]),
     st.sampled_from([0.0, 600.0]),
-    st.sampled_from([None, 0.5]),
-    st.sampled_from([None, 0.5]),
-    st.sampled_from(["priority", "shortest"]),
-    st.sampled_from(["predicted", "timeout"]),
-    st.sampled_from([None, 0.5]),
+    st.sampled_from(["timeout", "learned"]),
 )
 def test_capacity_invariant_and_fixed_point_for_every_policy(
     world: World,
     policy: str,
     timeout_min: float,
     reserve_after_s: float,
-    reserve_slowdown: float | None,
-    reserve_after_runtimes: float | None,
-    backfill_order: str,
-    backfill_bound: str,
-    reserve_wide_frac: float | None,
+    estimates: str,
 ) -> None:
-    s = cfg(
-        policy,
-        timeout_min=timeout_min,
-        reserve_after_s=reserve_after_s,
-        reserve_slowdown=reserve_slowdown,
-        reserve_after_runtimes=reserve_after_runtimes,
-        backfill_order=backfill_order,
-        backfill_bound=backfill_bound,
-        reserve_wide_frac=reserve_wide_frac,
-    )
-    d = plan(world.snap, s, NOW)
+    s = cfg(policy, timeout_min=timeout_min, reserve_after_s=reserve_after_s, estimates=estimates)
+    # a learned estimate for every job key of the world: half its timeout
+    history = RuntimeHistory()
+    for j in world.snap.jobs:
+        for n in range(1, 9):
+            for k in range(3):
+                history.record(job_key(j.name, n), 10_000 + k, timeout_min * 30, 1000 + k)
+    d = plan(world.snap, s, NOW, history=history)
     check_admissions(world.snap, d)
     decided = {a.job_id for a in d.admit} | {b.job_id for b in d.blocked}
     queued = {
@@ -338,7 +215,7 @@ def test_capacity_invariant_and_fixed_point_for_every_policy(
     }
     assert decided == queued
     after = apply(world.snap, d)
-    again = plan(after, s, NOW)
+    again = plan(after, s, NOW, history=history)
     assert again.release == () and again.clean == ()
     assert not {a.job_id for a in d.admit} & {a.job_id for a in again.admit}
     check_admissions(after, again)
@@ -349,14 +226,7 @@ def test_policy_for_applies_the_knobs() -> None:
     assert policy_for(cfg("easy"), "fcfs").name == "fcfs"
     assert policy_for(cfg("easy", reserve_after_s=60)).reserve_after_s == 60  # type: ignore[attr-defined]
     assert policy_for(cfg("easy")).reserve_after_s == 0  # type: ignore[attr-defined]
-    assert policy_for(cfg("easy", reserve_slowdown=2)).reserve_slowdown == 2  # type: ignore[attr-defined]
-    assert policy_for(cfg("conservative", reserve_slowdown=2)).reserve_slowdown == 2  # type: ignore[attr-defined]
-    runtimes = policy_for(cfg("easy", reserve_after_runtimes=2, reserve_runtime_quantile=0.9))
-    assert (runtimes.reserve_after_runtimes, runtimes.runtime_quantile) == (2, 0.9)  # type: ignore[attr-defined]
-    assert policy_for(cfg("easy", backfill_order="shortest")).backfill_order == "shortest"  # type: ignore[attr-defined]
-    assert policy_for(cfg("easy", backfill_bound="timeout")).backfill_bound == "timeout"  # type: ignore[attr-defined]
-    assert policy_for(cfg("easy", reserve_wide_frac=0.3)).reserve_wide_frac == 0.3  # type: ignore[attr-defined]
-    assert AdmissionSettings().reserve_after_s == 5 * 3600
+    assert policy_for(cfg("conservative", reserve_after_s=60)).reserve_after_s == 60  # type: ignore[attr-defined]
 
 
 def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -380,14 +250,6 @@ def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> No
         ("timeout_overrides", {"agentic": -1}),
         ("timeout_min", 0),
         ("reserve_after_s", -1),
-        ("reserve_slowdown", -1),
-        ("reserve_after_runtimes", -1),
-        ("reserve_runtime_quantile", 0),
-        ("reserve_runtime_quantile", 1.5),
-        ("backfill_order", "fifo"),
-        ("backfill_bound", "limit"),
-        ("reserve_wide_frac", 0),
-        ("reserve_wide_frac", 1.5),
         ("estimates", "oracle"),
     ],
 )

@@ -64,13 +64,13 @@ def test_among_skip_queue_jobs_score_then_fewer_nodes_then_age_decide() -> None:
 
 
 def test_a_blocked_skip_queue_job_is_not_delayed_by_backfill() -> None:
-    """EASY protects a young blocked job only after reserve_after_s (5 h); a skip-queue job is
+    """EASY protects a young blocked job only after reserve_after_s (1 h); a skip-queue job is
     protected at once, so a long 1-node job may not take a runner its start needs."""
     running = replace(job(1, 2, status=JobStatus.IN_PROGRESS), started_at=NOW - timedelta(hours=1))
     runners = lease_runners(pool("x", 4), running, [1, 2])
     jobs = [running, skip_job(2, nodes=4), job(3, 1, score="5.000")]
     snap = snapshot(runners, jobs)
-    assert ON.policy == "easy" and ON.reserve_after_s == 18000
+    assert ON.policy == "easy" and ON.reserve_after_s == 3600
     assert admitted(plan(snap, ON, NOW)) == {3: 1}  # unverified: the small job backfills
     d = plan(replace(snap, skip_queue_job_ids=frozenset({2})), ON, NOW)
     assert admitted(d) == {}

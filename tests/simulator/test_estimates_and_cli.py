@@ -117,12 +117,7 @@ def test_simulate_without_policy_flags_replays_the_controller_defaults(
 def test_simulate_flags_set_every_reservation_knob(capsys: pytest.CaptureFixture[str]) -> None:
     flags = {
         "--reserve-after": ("1.5", "reserve_after_s", 5400.0),
-        "--reserve-slowdown": ("2", "reserve_slowdown", 2.0),
-        "--reserve-after-runtimes": ("2", "reserve_after_runtimes", 2.0),
-        "--reserve-runtime-quantile": ("0.9", "reserve_runtime_quantile", 0.9),
-        "--reserve-wide-frac": ("0.5", "reserve_wide_frac", 0.5),
-        "--backfill-order": ("shortest", "backfill_order", "shortest"),
-        "--backfill-bound": ("timeout", "backfill_bound", "timeout"),
+        "--estimates": ("learned", "estimates", "learned"),
     }
     args = [a for flag, (value, _, _) in flags.items() for a in (flag, value)]
     assert cli(["simulate", str(SWF), "--pools", "16", *args, "--json"]) == 0
@@ -147,12 +142,7 @@ def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--pools", "16", "--policy", "sjf"], "--policy 'sjf'"),
         (["--pools", "16", "--estimates", "oracle"], "--estimates 'oracle'"),
         (["--pools", "16", "--wide-frac", "2"], "--wide-frac"),
-        (["--pools", "16", "--reserve-slowdown", "-1"], "--reserve-slowdown"),
         (["--pools", "16", "--reserve-after", "-1"], "--reserve-after -1.0"),
-        (["--pools", "16", "--reserve-runtime-quantile", "2"], "--reserve-runtime-quantile"),
-        (["--pools", "16", "--backfill-bound", "limit"], "--backfill-bound 'limit'"),
-        (["--pools", "16", "--backfill-order", "fifo"], "--backfill-order 'fifo'"),
-        (["--pools", "16", "--reserve-wide-frac", "0"], "--reserve-wide-frac 0.0"),
         ([], "--pools is required"),
     ],
 )

@@ -1,0 +1,45 @@
+"""The simulator's reservation candidates against the planner's own EASY on one small replay."""
+
+from __future__ import annotations
+
+from slurmgate.admission.policies import ReservationBackfill
+from slurmgate.simulator.candidates import Predicted, TimeoutBound
+from slurmgate.simulator.engine import sim_settings, simulate
+from slurmgate.simulator.traces import Trace, TraceJob
+
+H = 3600.0
+
+
+def trace() -> Trace:
+    """On 10 runners: three rounds teach the history that R (6 nodes, 8 h timeout) runs 1.5 h
+    and C (4 nodes, 9.5 h timeout) 2 h; then R runs again, A (8 nodes) and C queue behind it."""
+    jobs = []
+    for round_ in range(3):
+        at = round_ * 3 * H
+        jobs.append(TraceJob(10 + round_, at, 1.5 * H, 6, 8 * H, "r"))
+        jobs.append(TraceJob(20 + round_, at, 2 * H, 4, 9.5 * H, "c"))
+    jobs.append(TraceJob(1, 9 * H, 1.5 * H, 6, 8 * H, "r"))
+    jobs.append(TraceJob(2, 9 * H + 1, 1 * H, 8, 1 * H, "a"))
+    jobs.append(TraceJob(3, 9 * H + 2, 2 * H, 4, 9.5 * H, "c"))
+    return Trace("candidates", tuple(jobs))
+
+
+def starts(policy: ReservationBackfill) -> dict[int, float]:
+    result = simulate(
+        trace(), {"cluster:p0": 10}, policy, estimates="learned", settings=sim_settings()
+    )
+    assert result.policy == "easy"
+    return {r.job_id: r.start_s - 9 * H for r in result.runs if r.job_id < 10}
+
+
+def test_planned_on_timeouts_c_backfills_and_a_waits_for_it() -> None:
+    # A's reservation is at R's timeout (in 8 h): C, predicted 2 h, starts beside it at once
+    assert starts(ReservationBackfill("easy", 1)) == {1: 0, 3: 2, 2: 2 * H + 2}
+
+
+def test_planned_on_predictions_a_goes_first() -> None:
+    # A's reservation is at R's predicted end (in 1.5 h): C's 2 h would delay it, so C waits
+    planned = {1: 0, 2: 1.5 * H, 3: 2.5 * H}
+    assert starts(Predicted("easy", 1)) == planned
+    # a backfill checked for its 9.5 h timeout waits too
+    assert starts(TimeoutBound("easy", 1)) == planned
