@@ -70,10 +70,11 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
-    """One Prefect test server for the session (about 10 s to start), shared by flow tests."""
+    """One Prefect test server for the session (about 10 s to start, a minute and more on a
+    loaded machine), shared by flow tests."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=120):
         yield
 
 

@@ -119,7 +119,9 @@ def test_lanes_get_mapped_gpus_and_a_lane_exit_0_fails_the_node(tmp_path: Path) 
 
 def test_failing_lane_status_is_propagated_and_sibling_stopped(tmp_path: Path) -> None:
     token = f"nw-{os.getpid()}-exit23"
-    spec = _spec(token, [_lane(tmp_path, 0), _lane(tmp_path, 1, "0.5", "23")])
+    # lane 1 fails after 2 s: lane 0 has started (and written its file) by then, even on a
+    # loaded machine
+    spec = _spec(token, [_lane(tmp_path, 0), _lane(tmp_path, 1, "2", "23")])
     proc = _worker("serve", spec)
     assert proc.wait(timeout=20) == 23
     assert "term" in (tmp_path / "lane-0.txt").read_text()
