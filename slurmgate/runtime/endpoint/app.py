@@ -54,6 +54,7 @@ from starlette.routing import Route
 from yarl import URL
 
 from slurmgate.errors import ExternalError
+from slurmgate.runtime.endpoint import pd
 from slurmgate.runtime.endpoint.backpressure import (
     Lane,
     QueuePolicy,
@@ -289,12 +290,33 @@ class Endpoint:
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
+        roles: list[tuple[str, str | None, int | None]] = [
+            (url, None, None) for url in config.backends
+        ]
+        roles += [(p.url, "prefill", p.bootstrap_port) for p in config.prefill]
+        roles += [(url, "decode", None) for url in config.decode]
         self.lanes = [
-            Lane(index=i, url=url, breaker=Breaker(config.breaker_failures, config.breaker_open_s))
-            for i, url in enumerate(config.backends)
+            Lane(
+                index=i,
+                url=url,
+                role=role,
+                bootstrap_port=boot,
+                breaker=Breaker(config.breaker_failures, config.breaker_open_s),
+            )
+            for i, (url, role, boot) in enumerate(roles)
         ]
         self.policy = QueuePolicy(max_waiting=config.max_waiting, stale_after=config.stale_after)
-        self.router = LeastActiveRouter(self.lanes, self.policy)
+        self.pd = config.disaggregated
+        if self.pd:
+            # One router per role; requests that are not a JSON body go to the decode lanes.
+            self.prefill_router = LeastActiveRouter(
+                [lane for lane in self.lanes if lane.role == "prefill"], self.policy
+            )
+            self.router = LeastActiveRouter(
+                [lane for lane in self.lanes if lane.role == "decode"], self.policy
+            )
+        else:
+            self.router = LeastActiveRouter(self.lanes, self.policy)
         self.stats = EndpointStats()
         self.pools: list[LanePool] = []  # the data plane's upstream connections, one per lane
         # Scrapes and health probes get their own small pool: when traffic fills the proxy
@@ -310,10 +332,12 @@ class Endpoint:
         self._not_forwarded = NOT_FORWARDED_UP | (
             {b"authorization"} if config.token is not None else frozenset()
         )
-        self._attempt_cap = min(config.max_attempts, len(self.lanes))
+        self._attempt_cap = min(config.max_attempts, len(self.router.lanes))
         self.max_body_bytes = config.max_body_bytes
         self.connections: set[ClientConnection] = set()  # the clients', kept by the data plane
         self._hosts = [lane.url.removeprefix("http://").encode() for lane in self.lanes]
+        # a prefill lane's bootstrap_host: its URL's host, as sglang-router injects it
+        self._bootstrap_hosts = [urlsplit(lane.url).hostname or "" for lane in self.lanes]
         self._expected = config.token.get_secret_value().encode() if config.token else None
         self._control_app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
 
@@ -585,7 +609,10 @@ class Endpoint:
     async def _handle(self, conn: ClientConnection, req: Incoming) -> None:
         stats = self.stats
         try:
-            status = await self._forward(conn, req)
+            if self.pd and req.method == b"POST":
+                status = await self._forward_pd(conn, req)
+            else:
+                status = await self._forward(conn, req)
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if req.gone and me is not None and me.uncancel() == 0:
@@ -601,11 +628,14 @@ class Endpoint:
             conn.finish_request(req)
         stats.statuses[status] += 1
 
-    def _request_head(self, req: Incoming) -> tuple[bytes, bytes]:
-        """The upstream request's head, around the lane's host: (before, after)."""
+    def _request_head(self, req: Incoming, size: int | None = None) -> tuple[bytes, bytes]:
+        """The upstream request's head, around the lane's host: (before, after); ``size`` is
+        the body's length when the endpoint rewrote it."""
         headers = _strip_hop_by_hop(req.headers, self._not_forwarded)
         lines = b"".join([b"%s: %s\r\n" % pair for pair in headers])
-        if req.size or req.method not in NO_BODY_METHODS:
+        if size is not None:
+            lines += b"content-length: %d\r\n" % size
+        elif req.size or req.method not in NO_BODY_METHODS:
             lines += b"content-length: %d\r\n" % req.size
         return req.method + b" " + req.target + b" HTTP/1.1\r\nhost: ", b"\r\n" + lines + b"\r\n"
 
@@ -793,6 +823,213 @@ class Endpoint:
         conn.send_end(req)
         return status
 
+    # -- disaggregated: one prefill and one decode lane per request -------------------------
+
+    async def _open_leg(
+        self, conn: ClientConnection, req: Incoming, router: LeastActiveRouter, role: str
+    ) -> _Leg | int:
+        """A connection to the least active admitted lane of one role, or the status answered.
+
+        Only a connection that could not be made moves on to another lane of the role (nothing
+        was sent yet); every other failure happens after the pairing was fixed.
+        """
+        cfg = self.config
+        stats = self.stats
+        tried: list[Lane] = []
+        failures: list[str] = []
+        for _ in range(min(cfg.max_attempts, len(router.lanes))):
+            lane = router.pick(time.monotonic(), tried)
+            if lane is None:
+                break
+            tried.append(lane)
+            stats.attempts += 1
+            lane.requests += 1
+            lane.active += 1
+            gate = self._gates[lane.index]
+            if gate.locked():
+                lane.queued += 1
+                try:
+                    await gate.acquire()
+                except BaseException:
+                    lane.active -= 1
+                    raise
+                finally:
+                    lane.queued -= 1
+            else:
+                await gate.acquire()
+            try:
+                upstream = await self.pools[lane.index].acquire(cfg.connect_timeout)
+            except (OSError, TimeoutError):
+                failures.append("connect")
+                lane.breaker.record(False, time.monotonic())
+                gate.release()
+                lane.active -= 1
+                continue
+            except BaseException:
+                lane.breaker.abandoned()
+                gate.release()
+                lane.active -= 1
+                raise
+            for reason in failures:
+                stats.retries[reason] += 1
+            return _Leg(lane, upstream)
+        for reason in failures[:-1]:
+            stats.retries[reason] += 1
+        if not tried:
+            stats.rejected_overload += 1
+            return self._overloaded(
+                conn, req, self._retry_after, f"every {role} backend is over its queue limit"
+            )
+        message = f"no {role} backend could be reached"
+        return self._answer(conn, req, 502, _json_error(502, "bad_gateway", message))
+
+    async def _send_leg(self, leg: _Leg, head: bytes, body: bytes) -> None:
+        """Send the paired body on a leg's connection; a reused connection the lane had closed
+        (before any byte of the answer) is replaced once by a new one to the same lane, so the
+        pairing holds."""
+        cfg = self.config
+        assert leg.upstream is not None
+        try:
+            await leg.upstream.send(head, body, cfg.first_byte_timeout)
+        except (OSError, UpstreamError):
+            upstream = leg.upstream
+            if not (upstream.reused and not upstream.received) or leg.retried:
+                raise
+            leg.retried = True
+            self.stats.retries["stale"] += 1
+            pool = self.pools[leg.lane.index]
+            pool.release(upstream)
+            leg.upstream = None
+            leg.upstream = await pool.acquire(cfg.connect_timeout)
+            await leg.upstream.send(head, body, cfg.first_byte_timeout)
+
+    def _close_leg(self, leg: _Leg, outcome: bool | None) -> None:
+        lane = leg.lane
+        if outcome is None:
+            lane.breaker.abandoned()
+        else:
+            lane.breaker.record(outcome, time.monotonic())
+        if leg.upstream is not None:
+            self.pools[lane.index].release(leg.upstream)
+        self._gates[lane.index].release()
+        lane.active -= 1
+
+    async def _prefill(self, leg: _Leg, head: bytes, body: bytes) -> _Buffered:
+        await self._send_leg(leg, head, body)
+        assert leg.upstream is not None
+        return _Buffered(leg.upstream.status, leg.upstream.headers, await leg.upstream.read_all())
+
+    async def _forward_pd(self, conn: ClientConnection, req: Incoming) -> int:
+        """Pair a prefill and a decode lane, send both the request with SGLang's bootstrap
+        fields, and answer with the decode's answer (streamed as it comes)."""
+        request = pd.json_object(req.body)
+        if request is None:
+            return await self._forward(conn, req)  # not a generation request: a decode answers
+        prefill = await self._open_leg(conn, req, self.prefill_router, "prefill")
+        if isinstance(prefill, int):
+            return prefill
+        p_outcome: bool | None = None
+        d_outcome: bool | None = None
+        decode: _Leg | int | None = None
+        prefilling: asyncio.Task[_Buffered] | None = None
+        decoding: asyncio.Task[None] | None = None
+        try:
+            decode = await self._open_leg(conn, req, self.router, "decode")
+            if isinstance(decode, int):
+                return decode
+            index = prefill.lane.index
+            try:
+                body, _ = pd.paired_body(
+                    req.body, request, self._bootstrap_hosts[index], prefill.lane.bootstrap_port
+                )
+            except ValueError as exc:
+                message = f"cannot pair the request: {exc}"
+                return self._answer(
+                    conn, req, 400, _json_error(400, "invalid_request_error", message)
+                )
+            before, after = self._request_head(req, len(body))
+            prefilling = asyncio.create_task(
+                self._prefill(prefill, before + self._hosts[index] + after, body)
+            )
+            decode_head = before + self._hosts[decode.lane.index] + after
+            decoding = asyncio.create_task(self._send_leg(decode, decode_head, body))
+            # Both heads are awaited together: a prefill that fails must not leave the
+            # request waiting on a decode that waits in vain for its bootstrap room.
+            pending: set[asyncio.Task[Any]] = {prefilling, decoding}
+            while pending:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task, role in ((prefilling, "prefill"), (decoding, "decode")):
+                    if task in pending or task.cancelled():
+                        continue
+                    error = task.exception()
+                    failed_early = (
+                        role == "prefill"
+                        and error is None
+                        and not 200 <= prefilling.result().status < 300
+                    )
+                    if error is None and not failed_early:
+                        continue
+                    if failed_early:
+                        # the prefill refused it: its answer is the request's
+                        prefilled = prefilling.result()
+                        p_outcome = prefilled.status < 500
+                        out = _response_headers(prefilled.headers)
+                        conn.send_full(req, prefilled.status, out, prefilled.body)
+                        return prefilled.status
+                    if not isinstance(error, OSError | TimeoutError | UpstreamError):
+                        assert error is not None
+                        raise error
+                    if role == "prefill":
+                        p_outcome = False
+                    else:
+                        d_outcome = False
+                    reason = "timeout" if isinstance(error, TimeoutError) else "dropped"
+                    message = f"the {role} backend failed before answering ({reason}); not retried"
+                    return self._answer(conn, req, 502, _json_error(502, "bad_gateway", message))
+            prefilled = prefilling.result()
+            p_outcome = prefilled.status < 500
+            upstream = decode.upstream
+            assert upstream is not None
+            status = upstream.status
+            d_outcome = status < 500
+            headers = _response_headers(upstream.headers)
+            length = upstream.content_length
+            if length is not None and length <= SMALL_BODY and not req.head_only:
+                try:
+                    data = await upstream.read_all()
+                except (OSError, TimeoutError, UpstreamError):
+                    d_outcome = False
+                    message = "the decode backend broke off its answer; not retried"
+                    return self._answer(conn, req, 502, _json_error(502, "bad_gateway", message))
+                conn.send_full(req, status, headers, data)
+                return status
+            try:
+                return await self._relay(conn, req, upstream, status, headers)
+            except BrokenStream:
+                d_outcome = False
+                raise
+        finally:
+            legs = [t for t in (prefilling, decoding) if t is not None]
+            for leg_task in legs:
+                leg_task.cancel()
+            if legs:
+                await asyncio.wait(legs)  # their connections are quiet before release
+            for leg_task in legs:
+                if not leg_task.cancelled():
+                    leg_task.exception()  # retrieved: a failure was answered above
+            self._close_leg(prefill, p_outcome)
+            if isinstance(decode, _Leg):
+                self._close_leg(decode, d_outcome)
+
+
+@dataclass
+class _Leg:
+    """One side of a disaggregated request: its lane and connection."""
+
+    lane: Lane
+    upstream: UpstreamConnection | None
+    retried: bool = False  # its stale-connection retry is spent
+
 
 class BrokenStream(ExternalError):
     """The backend broke after the answer had started: the client's connection is cut."""
@@ -822,7 +1059,7 @@ class EndpointServer:
         await self.endpoint.start()
         loop = asyncio.get_running_loop()
         cfg = self.config
-        reserve = cfg.pool_size + 4 * len(cfg.backends) + FD_RESERVE
+        reserve = cfg.pool_size + 4 * len(cfg.all_backends) + FD_RESERVE
         fd_limit = raise_fd_limit(cfg.max_connections + reserve)
         self.max_connections = max(1, min(cfg.max_connections, fd_limit - reserve))
         if self.max_connections < cfg.max_connections:
@@ -950,7 +1187,12 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> None:
         factory = None
     print(
         f"endpoint {config.name}: listening on {config.host}:{config.port}, "
-        f"{len(config.backends)} backend(s)",
+        f"{len(config.all_backends)} backend(s)"
+        + (
+            f" ({len(config.prefill)} prefill, {len(config.decode)} decode)"
+            if config.disaggregated
+            else ""
+        ),
         file=sys.stderr,
         flush=True,
     )

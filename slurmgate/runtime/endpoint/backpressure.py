@@ -117,6 +117,9 @@ class Lane:
 
     index: int
     url: str
+    # In a disaggregated deployment: "prefill" or "decode", and a prefill's bootstrap port.
+    role: str | None = None
+    bootstrap_port: int | None = None
     active: int = 0
     queued: int = 0  # of ``active``: held here, waiting for one of the lane's connections
     depth: float | None = None

@@ -52,6 +52,30 @@ TUNING_FLAGS: dict[str, type] = {
 }
 
 
+def _base_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+        raise ValueError(f"{url!r} is not a backend base URL: use http://HOST:PORT")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{url!r} has a path or query: give only http://HOST:PORT")
+    return f"http://{parts.netloc}"
+
+
+class PrefillBackend(BaseModel):
+    """A prefill lane head and the port of its bootstrap server (None: JSON null, as
+    sglang-router sends when its `--prefill URL` has no port; the engine's default applies)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _base_url(value)
+
+
 class EndpointConfig(BaseModel):
     """Settings of one logical endpoint; every field maps to a command-line flag."""
 
@@ -60,7 +84,16 @@ class EndpointConfig(BaseModel):
     name: str = Field(min_length=1, description="deployment name, used in logs and metrics")
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="listen port; 0 picks a free one")
-    backends: list[str] = Field(min_length=1, description="lane heads as http://HOST:PORT")
+    backends: list[str] = Field(
+        default_factory=list, description="lane heads as http://HOST:PORT (aggregated)"
+    )
+    prefill: list[PrefillBackend] = Field(
+        default_factory=list,
+        description="prefill lane heads with their bootstrap ports (disaggregated; with decode)",
+    )
+    decode: list[str] = Field(
+        default_factory=list, description="decode lane heads as http://HOST:PORT (with prefill)"
+    )
     max_waiting: int = Field(default=128, ge=0, description="per-lane queue limit")
     retry_after: float = Field(default=1.0, ge=0, description="Retry-After seconds; 0 omits it")
     sample_interval: float = Field(default=0.1, gt=0)
@@ -138,17 +171,10 @@ class EndpointConfig(BaseModel):
         "only, never a flag",
     )
 
-    @field_validator("backends")
+    @field_validator("backends", "decode")
     @classmethod
     def _backends_are_base_urls(cls, value: list[str]) -> list[str]:
-        cleaned: list[str] = []
-        for url in value:
-            parts = urlsplit(url)
-            if parts.scheme != "http" or not parts.hostname or parts.port is None:
-                raise ValueError(f"{url!r} is not a backend base URL: use http://HOST:PORT")
-            if parts.path not in ("", "/") or parts.query or parts.fragment:
-                raise ValueError(f"{url!r} has a path or query: give only http://HOST:PORT")
-            cleaned.append(f"http://{parts.netloc}")
+        cleaned = [_base_url(url) for url in value]
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("the same backend is listed twice: list each lane head once")
         return cleaned
@@ -169,6 +195,33 @@ class EndpointConfig(BaseModel):
                 "e.g. vllm:num_requests_waiting"
             )
         return value
+
+    @model_validator(mode="after")
+    def _aggregated_or_disaggregated(self) -> EndpointConfig:
+        if self.backends and (self.prefill or self.decode):
+            raise ValueError(
+                "--backend and --prefill/--decode are both given: list an aggregated "
+                "deployment's lanes with --backend, a disaggregated one's with --prefill and "
+                "--decode"
+            )
+        if not self.backends and not (self.prefill and self.decode):
+            raise ValueError(
+                "no backends: give --backend URL (aggregated), or at least one --prefill URL "
+                "[BOOTSTRAP_PORT] and one --decode URL (disaggregated)"
+            )
+        urls = [p.url for p in self.prefill] + self.decode
+        if len(set(urls)) != len(urls):
+            raise ValueError("the same backend is listed twice: list each lane head once")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill)
+
+    @property
+    def all_backends(self) -> list[str]:
+        """Every lane head: the aggregated ones, or prefill then decode."""
+        return self.backends or [p.url for p in self.prefill] + self.decode
 
     @model_validator(mode="after")
     def _one_body_fits_the_budget(self) -> EndpointConfig:
@@ -197,6 +250,11 @@ class EndpointConfig(BaseModel):
         args = ["--name", self.name, "--listen", f"{host}:{self.port}"]
         for url in self.backends:
             args += ["--backend", url]
+        for prefill in self.prefill:
+            boot = [] if prefill.bootstrap_port is None else [str(prefill.bootstrap_port)]
+            args += ["--prefill", prefill.url, *boot]
+        for url in self.decode:
+            args += ["--decode", url]
         for name in TUNING_FLAGS:
             value = getattr(self, name)
             if value != type(self).model_fields[name].default:
@@ -232,12 +290,36 @@ def parse_config(
     )
     parser.add_argument("--name", required=True)
     parser.add_argument("--listen", required=True, type=_parse_listen, metavar="HOST:PORT")
-    parser.add_argument("--backend", action="append", required=True, metavar="http://HOST:PORT")
+    parser.add_argument("--backend", action="append", default=[], metavar="http://HOST:PORT")
+    parser.add_argument(
+        "--prefill",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="ARG",
+        help="a prefill lane: http://HOST:PORT [BOOTSTRAP_PORT] (as sglang-router's --prefill)",
+    )
+    parser.add_argument("--decode", action="append", default=[], metavar="http://HOST:PORT")
     for name, kind in TUNING_FLAGS.items():
         parser.add_argument(_flag(name), dest=name, type=kind, default=None)
     ns = parser.parse_args(argv)
     host, port = ns.listen
-    values: dict[str, Any] = {"name": ns.name, "host": host, "port": port, "backends": ns.backend}
+    prefill: list[dict[str, Any]] = []
+    for words in ns.prefill:
+        if len(words) > 2 or (len(words) == 2 and not words[1].isdigit()):
+            parser.error(
+                f"--prefill {' '.join(words)}: give http://HOST:PORT and optionally its "
+                "bootstrap port, e.g. --prefill http://10.0.0.1:30000 8998"
+            )
+        prefill.append({"url": words[0], "bootstrap_port": int(words[1]) if words[1:] else None})
+    values: dict[str, Any] = {
+        "name": ns.name,
+        "host": host,
+        "port": port,
+        "backends": ns.backend,
+        "prefill": prefill,
+        "decode": ns.decode,
+    }
     values.update({k: getattr(ns, k) for k in TUNING_FLAGS if getattr(ns, k) is not None})
     if environ.get(TOKEN_ENV):
         values["token"] = SecretStr(environ[TOKEN_ENV])

@@ -34,6 +34,7 @@ class LeastActiveRouter:
         count = len(lanes)
         start = self._cursor
         best: Lane | None = None
+        best_at = 0  # best's position in this router's lanes (a role's router has a subset)
         admits = self.policy.admits
         any_in_rotation = False
         for offset in range(count):
@@ -45,7 +46,7 @@ class LeastActiveRouter:
                 continue
             if lane in exclude or not admits(lane, now):
                 continue
-            best = lane
+            best, best_at = lane, (start + offset) % count
             if best.active == 0:
                 break
         if best is None and not any_in_rotation:
@@ -55,9 +56,9 @@ class LeastActiveRouter:
                     continue
                 if lane in exclude or not admits(lane, now):
                     continue
-                best = lane
+                best, best_at = lane, (start + offset) % count
         if best is not None:
-            self._cursor = (best.index + 1) % count
+            self._cursor = (best_at + 1) % count
             if best.breaker.tripped:
                 best.breaker.picked(now)  # a half-open lane's one probe
         return best
