@@ -21,9 +21,11 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >>"$log" 2>&1
 }
 
+# uv installs the venv's packages: from a warm cache it takes seconds where pip takes a minute,
+# which every clean clone (CI's included) pays. pip itself bootstraps uv into the venv.
 pip_install() {
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >>"$log" 2>&1
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" >>"$log" 2>&1
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "uv>=0.9,<1" >>"$log" 2>&1
+    "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -e ".[dev]" >>"$log" 2>&1
 }
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -52,7 +54,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    with_progress "[setup] installing slurmgate and its dependencies into $VENV (pip)" pip_install ||
+    with_progress "[setup] installing slurmgate and its dependencies into $VENV (uv)" pip_install ||
         show_log "pip install"
     touch "$stamp"
 fi
@@ -71,19 +73,35 @@ fi
 # The engines' own argument parsers (tests/runtime/test_engine_parsers.py), in a venv of their
 # own: SGLang's ServerArgs needs torch (2.13.0 CPU, a file on this kind of machine) and about
 # 2 GB beside it, so only the test command asks for it (SLURMGATE_WITH_ENGINE_PARSERS=1).
-ENGINES_VENV="${SLURMGATE_ENGINES_VENV:-.venv-engines}"
+# It costs minutes to build and depends only on the pins below, so it lives in the user's cache,
+# named by a hash of those pins, and `.venv-engines` links to it: a clean clone reuses it.
+# pip, not uv, builds it: only pip takes the CPU torch file this kind of machine keeps on disk.
+TORCH_PIN="torch==2.13.0"
+SGLANG_PIN="sglang==0.5.23"
+engines_key="$(cat scripts/engine-parsers.txt <(echo "$TORCH_PIN $SGLANG_PIN $("$PY" -V 2>&1)") |
+    sha256sum | cut -c1-12)"
+ENGINES_VENV="${SLURMGATE_ENGINES_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/slurmgate/engines-$engines_key}"
 engines_install() {
+    rm -rf "$ENGINES_VENV"
     "$PY" -m venv "$ENGINES_VENV"
-    "$ENGINES_VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 >>"$log" 2>&1
+    "$ENGINES_VENV/bin/python" -m pip install -q --disable-pip-version-check "$TORCH_PIN" >>"$log" 2>&1
     "$ENGINES_VENV/bin/python" -m pip install -q --disable-pip-version-check \
         -r scripts/engine-parsers.txt >>"$log" 2>&1
     "$ENGINES_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
-        sglang==0.5.23 >>"$log" 2>&1
+        "$SGLANG_PIN" >>"$log" 2>&1
+    touch "$ENGINES_VENV/.slurmgate-installed"
 }
-engines_stamp="$ENGINES_VENV/.slurmgate-installed"
-if [ "${SLURMGATE_WITH_ENGINE_PARSERS:-0}" = 1 ] &&
-    { [ ! -f "$engines_stamp" ] || [ scripts/engine-parsers.txt -nt "$engines_stamp" ]; }; then
-    with_progress "[setup] installing the engines' argument parsers into $ENGINES_VENV (pip)" \
-        engines_install || show_log "pip install (engine parsers)"
-    touch "$engines_stamp"
+if [ "${SLURMGATE_WITH_ENGINE_PARSERS:-0}" = 1 ]; then
+    mkdir -p "$(dirname "$ENGINES_VENV")"
+    (
+        # one builder at a time: two clones may run their setup at once
+        flock 9
+        if [ ! -f "$ENGINES_VENV/.slurmgate-installed" ]; then
+            with_progress "[setup] installing the engines' argument parsers into $ENGINES_VENV (pip)" \
+                engines_install || show_log "pip install (engine parsers)"
+        fi
+    ) 9>"$ENGINES_VENV.lock"
+    # a clone made before the cache kept the venv itself here
+    if [ -d .venv-engines ] && [ ! -L .venv-engines ]; then rm -rf .venv-engines; fi
+    ln -sfn "$ENGINES_VENV" .venv-engines
 fi
