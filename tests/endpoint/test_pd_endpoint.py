@@ -166,3 +166,6 @@ def test_paired_body_appends_the_fields_and_replaces_a_clients() -> None:
     assert batched["bootstrap_port"] == [None, None]
     assert len(batched["bootstrap_room"]) == 2 and 1 not in batched["bootstrap_room"]
     assert json.loads(pd.paired_body(b"{}", {}, "h", 1, room=5)[0])["bootstrap_room"] == 5
+    # a single request's fields come from a per-lane prefix: a port may be null, a host quoted
+    single = json.loads(pd.paired_body(b' {"n": 1} ', {"n": 1}, 'h"1', None, room=7)[0])
+    assert single == {"n": 1, "bootstrap_host": 'h"1', "bootstrap_port": None, "bootstrap_room": 7}

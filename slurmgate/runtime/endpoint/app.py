@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import resource
@@ -886,14 +887,14 @@ class Endpoint:
     async def _send_leg(self, leg: _Leg, head: bytes, body: bytes) -> None:
         """Send the paired body on a leg's connection; a reused connection the lane had closed
         (before any byte of the answer) is replaced once by a new one to the same lane, so the
-        pairing holds."""
+        pairing holds. A leg interrupted by its partner's failure raises ``PartnerFailed``."""
         cfg = self.config
         assert leg.upstream is not None
         try:
             await leg.upstream.send(head, body, cfg.first_byte_timeout)
         except (OSError, UpstreamError):
             upstream = leg.upstream
-            if not (upstream.reused and not upstream.received) or leg.retried:
+            if not (upstream.reused and not upstream.received) or leg.retried or leg.interrupted:
                 raise
             leg.retried = True
             self.stats.retries["stale"] += 1
@@ -901,6 +902,8 @@ class Endpoint:
             pool.release(upstream)
             leg.upstream = None
             leg.upstream = await pool.acquire(cfg.connect_timeout)
+            if leg.interrupted:  # the partner failed while this leg reconnected
+                raise PartnerFailed() from None
             await leg.upstream.send(head, body, cfg.first_byte_timeout)
 
     def _close_leg(self, leg: _Leg, outcome: bool | None) -> None:
@@ -921,7 +924,13 @@ class Endpoint:
 
     async def _forward_pd(self, conn: ClientConnection, req: Incoming) -> int:
         """Pair a prefill and a decode lane, send both the request with SGLang's bootstrap
-        fields, and answer with the decode's answer (streamed as it comes)."""
+        fields, and answer with the decode's answer (streamed as it comes).
+
+        The prefill runs in a task of its own; the decode is awaited here. A prefill that fails
+        (an error, or an answer that is not 2xx) interrupts the decode's wait from the task's
+        done-callback, so the request never waits on a decode that waits in vain for its
+        bootstrap room; the prefill's answer (or a 502) is then the request's.
+        """
         request = pd.json_object(req.body)
         if request is None:
             return await self._forward(conn, req)  # not a generation request: a decode answers
@@ -932,7 +941,6 @@ class Endpoint:
         d_outcome: bool | None = None
         decode: _Leg | int | None = None
         prefilling: asyncio.Task[_Buffered] | None = None
-        decoding: asyncio.Task[None] | None = None
         try:
             decode = await self._open_leg(conn, req, self.router, "decode")
             if isinstance(decode, int):
@@ -951,43 +959,29 @@ class Endpoint:
             prefilling = asyncio.create_task(
                 self._prefill(prefill, before + self._hosts[index] + after, body)
             )
+            prefilling.add_done_callback(functools.partial(_interrupt_on_failure, decode))
             decode_head = before + self._hosts[decode.lane.index] + after
-            decoding = asyncio.create_task(self._send_leg(decode, decode_head, body))
-            # Both heads are awaited together: a prefill that fails must not leave the
-            # request waiting on a decode that waits in vain for its bootstrap room.
-            pending: set[asyncio.Task[Any]] = {prefilling, decoding}
-            while pending:
-                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task, role in ((prefilling, "prefill"), (decoding, "decode")):
-                    if task in pending or task.cancelled():
-                        continue
-                    error = task.exception()
-                    failed_early = (
-                        role == "prefill"
-                        and error is None
-                        and not 200 <= prefilling.result().status < 300
-                    )
-                    if error is None and not failed_early:
-                        continue
-                    if failed_early:
-                        # the prefill refused it: its answer is the request's
-                        prefilled = prefilling.result()
-                        p_outcome = prefilled.status < 500
-                        out = _response_headers(prefilled.headers)
-                        conn.send_full(req, prefilled.status, out, prefilled.body)
-                        return prefilled.status
-                    if not isinstance(error, OSError | TimeoutError | UpstreamError):
-                        assert error is not None
-                        raise error
-                    if role == "prefill":
-                        p_outcome = False
-                    else:
-                        d_outcome = False
-                    reason = "timeout" if isinstance(error, TimeoutError) else "dropped"
-                    message = f"the {role} backend failed before answering ({reason}); not retried"
-                    return self._answer(conn, req, 502, _json_error(502, "bad_gateway", message))
-            prefilled = prefilling.result()
-            p_outcome = prefilled.status < 500
+            decode_error: BaseException | None = None
+            try:
+                await self._send_leg(decode, decode_head, body)
+            except (OSError, TimeoutError, UpstreamError, PartnerFailed) as exc:
+                decode_error = exc
+            if decode_error is None or decode.interrupted:
+                # the decode's head is in (or the prefill cut it off): the prefill decides
+                try:
+                    prefilled = await prefilling
+                except (OSError, TimeoutError, UpstreamError) as exc:
+                    p_outcome = False
+                    return self._leg_failed(conn, req, "prefill", exc)
+                p_outcome = prefilled.status < 500
+                if not 200 <= prefilled.status < 300:
+                    # the prefill refused it: its answer is the request's
+                    out = _response_headers(prefilled.headers)
+                    conn.send_full(req, prefilled.status, out, prefilled.body)
+                    return prefilled.status
+            if decode_error is not None:
+                d_outcome = False
+                return self._leg_failed(conn, req, "decode", decode_error)
             upstream = decode.upstream
             assert upstream is not None
             status = upstream.status
@@ -1009,17 +1003,38 @@ class Endpoint:
                 d_outcome = False
                 raise
         finally:
-            legs = [t for t in (prefilling, decoding) if t is not None]
-            for leg_task in legs:
-                leg_task.cancel()
-            if legs:
-                await asyncio.wait(legs)  # their connections are quiet before release
-            for leg_task in legs:
-                if not leg_task.cancelled():
-                    leg_task.exception()  # retrieved: a failure was answered above
+            if prefilling is not None:
+                if not prefilling.done():
+                    prefilling.cancel()
+                    await asyncio.wait([prefilling])  # its connection is quiet before release
+                if not prefilling.cancelled():
+                    prefilling.exception()  # retrieved: a failure was answered above
             self._close_leg(prefill, p_outcome)
             if isinstance(decode, _Leg):
                 self._close_leg(decode, d_outcome)
+
+    def _leg_failed(
+        self, conn: ClientConnection, req: Incoming, role: str, error: BaseException
+    ) -> int:
+        reason = "timeout" if isinstance(error, TimeoutError) else "dropped"
+        message = f"the {role} backend failed before answering ({reason}); not retried"
+        return self._answer(conn, req, 502, _json_error(502, "bad_gateway", message))
+
+
+def _interrupt_on_failure(decode: _Leg, prefilling: asyncio.Task[_Buffered]) -> None:
+    """The prefill task's done-callback: a failed prefill cuts its decode's wait short."""
+    if prefilling.cancelled():
+        return
+    error = prefilling.exception()
+    if error is None and 200 <= prefilling.result().status < 300:
+        return
+    decode.interrupted = True
+    if decode.upstream is not None:
+        decode.upstream.abort(PartnerFailed())
+
+
+class PartnerFailed(Exception):
+    """The other leg of a disaggregated request failed: this leg's wait is cut short."""
 
 
 @dataclass
@@ -1029,6 +1044,7 @@ class _Leg:
     lane: Lane
     upstream: UpstreamConnection | None
     retried: bool = False  # its stale-connection retry is spent
+    interrupted: bool = False  # the other leg failed: this one is given up
 
 
 class BrokenStream(ExternalError):

@@ -724,6 +724,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.timeout = idle_timeout
         await self._wait(lambda: self.complete)
 
+    def abort(self, error: BaseException) -> None:
+        """Give the exchange up: whoever waits on it gets ``error``; the connection closes."""
+        self._fail(error)
+        self.close()
+
     def pause(self) -> None:
         if self.transport is not None and not self.paused and not self.closed:
             self.paused = True

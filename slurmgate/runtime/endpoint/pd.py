@@ -11,6 +11,7 @@ never point a decode engine at a host of its choosing.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from typing import Any
@@ -47,6 +48,15 @@ def batch_size(request: dict[str, Any]) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
+def _single_fields(host: str, bootstrap_port: int | None) -> bytes:
+    """A single request's fields up to the room's value: the same for every request of a lane."""
+    return b'{"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":' % (
+        json.dumps(host).encode(),
+        json.dumps(bootstrap_port).encode(),
+    )
+
+
 def paired_body(
     raw: bytes | bytearray,
     request: dict[str, Any],
@@ -64,17 +74,17 @@ def paired_body(
         raise ValueError(f"a batch of {items} items is over {MAX_BATCH}")
     first = _rooms.getrandbits(63) if room is None else room
     if items is None:
-        rooms: Any = first
-        hosts: Any = host
-        ports: Any = bootstrap_port
+        fields = _single_fields(host, bootstrap_port) + b"%d}" % first
     else:
         rooms = [first] + [_rooms.getrandbits(63) for _ in range(items - 1)]
-        hosts = [host] * items
-        ports = [bootstrap_port] * items
-    fields = json.dumps(
-        {"bootstrap_host": hosts, "bootstrap_port": ports, "bootstrap_room": rooms},
-        separators=(",", ":"),
-    ).encode()
+        fields = json.dumps(
+            {
+                "bootstrap_host": [host] * items,
+                "bootstrap_port": [bootstrap_port] * items,
+                "bootstrap_room": rooms,
+            },
+            separators=(",", ":"),
+        ).encode()
     body = bytes(raw).strip()
     if any(name in request for name in BOOTSTRAP_FIELDS):  # parsed keys: escapes decoded
         own = {k: v for k, v in request.items() if k not in BOOTSTRAP_FIELDS}
