@@ -1033,7 +1033,7 @@ def _interrupt_on_failure(decode: _Leg, prefilling: asyncio.Task[_Buffered]) -> 
         decode.upstream.abort(PartnerFailed())
 
 
-class PartnerFailed(Exception):
+class PartnerFailed(ExternalError):
     """The other leg of a disaggregated request failed: this leg's wait is cut short."""
 
 
