@@ -371,10 +371,11 @@ def measure_round(
     load_core: int | None,
     proxy_pid: int | None,
     own_pids: list[int],
+    connections: int = CONNECTIONS,
 ) -> dict[str, Any]:
     """One wrk run against urls (one wrk process per URL, the connections split), with the
     proxy's CPU and the machine's CPU that was none of the arms' own (``foreign_cores``)."""
-    per = CONNECTIONS // len(urls)
+    per = connections // len(urls)
     own_before = sum(tree_cpu_seconds(pid) for pid in own_pids)
     proxy_before = tree_cpu_seconds(proxy_pid) if proxy_pid else 0.0
     wrk_before = _children_cpu()  # wrk is our child: its CPU shows here once it is reaped

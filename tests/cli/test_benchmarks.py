@@ -140,6 +140,31 @@ def check_endpoint(out: Path) -> None:
     )
 
 
+def check_pd(out: Path) -> None:
+    data = json.loads((out / "pd.json").read_text())
+    assert data["routers_measured"] == ["sglang-router", "slurmgate"]
+    for key in ("json", "sse"):
+        cell = data["cells"][key]
+        for arm in data["routers_measured"]:
+            run = cell[arm]
+            assert run["requests"] > 0 and run["non_2xx"] == 0, (key, arm, run)
+            assert run["socket_errors"] == 0, (key, arm, run)
+            assert positive(run["cpu_us_per_request"])
+        assert positive(cell["slurmgate_over_sglang_router_cpu"])
+    assert positive(data["cells"]["sse"]["slurmgate"]["cpu_us_per_chunk"])
+    ttft = data["ttft"]
+    for arm in ("direct", "sglang-router", "slurmgate"):
+        # every streamed answer came whole (8 events) through the pairing, direct included
+        asked = ttft["requests_per_round"] * ttft["rounds"]
+        assert ttft[arm]["failures"] == 0 and ttft[arm]["answered"] == asked
+        assert positive(ttft[arm]["ttft_p50_ms"])
+    assert positive(ttft["slurmgate_ttft_over_sglang_router"])
+    assert "vllm-router" in data["vllm_router_note"] and data["smoke"] is True
+    assert "| cell | slurmgate CPU/request | sglang-router CPU/request | ratio |" in (
+        (out / "pd.md").read_text()
+    )
+
+
 def check_runtime(out: Path) -> None:
     data = json.loads((out / "runtime.json").read_text())
     for key in (
@@ -243,6 +268,7 @@ KNOWN: dict[str, tuple[Callable[[Path], None], str]] = {
     "bench_reconcile.py": (check_reconcile, "| ratio |"),
     "bench_policies.py": (check_policies, "slower than the fast driver"),
     "bench_endpoint.py": (check_endpoint, "| ratio |"),
+    "bench_pd.py": (check_pd, "| ratio |"),
     "bench_runtime.py": (check_runtime, "÷ bare srun"),
     "bench_events.py": (check_events, "Median ratio polling / events"),
     "bench_prefect_db.py": (check_prefect_db, "SQLite / PostgreSQL"),
