@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from slurmgate.admission.policies import ReservationBackfill
-from slurmgate.simulator.candidates import Predicted, TimeoutBound
-from slurmgate.simulator.engine import sim_settings, simulate
+from slurmgate.simulator.candidates import NarrowAtOnce, Predicted, TimeoutBound
+from slurmgate.simulator.engine import controller_settings, sim_settings, simulate
 from slurmgate.simulator.traces import Trace, TraceJob
 
 H = 3600.0
@@ -43,3 +43,39 @@ def test_planned_on_predictions_a_goes_first() -> None:
     assert starts(Predicted("easy", 1)) == planned
     # a backfill checked for its 9.5 h timeout waits too
     assert starts(TimeoutBound("easy", 1)) == planned
+
+
+def young_head(head_nodes: int) -> dict[int, float]:
+    """On 10 runners: a long 10 h job and a 2 h job leave one runner free; a head (1 h) queues
+    1 s later and a 1-node 5 h job 1 s after it, which would take a runner the head needs at
+    the 2 h shadow. The start of each, replayed with the 1 h trigger and each method."""
+    jobs = (  # the long job leaves the head exactly its nodes once the short one ends
+        TraceJob(1, 0, 10 * H, 10 - head_nodes, 10 * H, "long"),
+        TraceJob(2, 0, 2 * H, head_nodes - 1, 2 * H, "short"),
+        TraceJob(3, 1, 1 * H, head_nodes, 1 * H, "head"),
+        TraceJob(4, 2, 5 * H, 1, 5 * H, "small"),
+    )
+    out = {}
+    for name, policy in (
+        ("trigger", ReservationBackfill("easy", 1, H)),
+        ("narrow", NarrowAtOnce("easy", 1, H)),
+    ):
+        result = simulate(
+            Trace("young-head", jobs), {"cluster:p0": 10}, policy, settings=controller_settings()
+        )
+        out[name] = {r.job_id: r.start_s for r in result.runs if r.job_id >= 3}
+    return out
+
+
+def test_a_narrow_young_head_is_reserved_at_once() -> None:
+    # 2 nodes (<= 0.25 of 10): the trigger lets the small job start and delay the head to its
+    # end (5 h); reserved at once the head starts at the shadow and the small job after it
+    starts = young_head(2)
+    assert starts["trigger"] == {4: 2, 3: 5 * H + 2}
+    assert starts["narrow"] == {3: 2 * H, 4: 3 * H}
+
+
+def test_a_wide_young_head_still_waits_for_the_trigger() -> None:
+    # 3 nodes (> 0.25 of 10): both methods let the small job start at once
+    starts = young_head(3)
+    assert starts["narrow"] == starts["trigger"] == {4: 2, 3: 5 * H + 2}
