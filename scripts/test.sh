@@ -41,29 +41,37 @@ fi
 cleanup() { if [ "$started_slurm" = 1 ]; then scripts/slurm-local/stop.sh >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT
 
-# Two passes. The tests that time a wall-clock window run alone. Then the Slurm tests run one
-# after another in a pytest process of their own (they share the one cluster), beside the rest
-# on two xdist workers grouped by module (a module's tests share its fixtures, such as one
-# Prefect server). Most tests wait on servers and subprocesses, so three processes keep two
-# cores busy; the Slurm pass's output follows the other's.
+# The Slurm tests run one after another in a pytest process of their own (they share the one
+# cluster) from the start. Beside them, first the tests that time a wall-clock window, one at a
+# time (a single neighbour leaves each a core), then the rest on two xdist workers grouped by
+# module (a module's tests share its fixtures, such as one Prefect server). Most tests wait on
+# servers and subprocesses, so three processes keep two cores busy. The Slurm pass's own timing
+# tests (a controller restart, a fail-fast bound) go first in it, before the two-worker pass.
 rc=0
 pass_() {  # pytest exits 5 when a pass selects nothing (arguments that name one file)
     local r=0
     python -m pytest -q -p no:cacheprovider --durations=12 "$@" || r=$?
     if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi
 }
-echo "== pytest: timing tests, one at a time"
-pass_ -m "serial" "$@"
-echo "== pytest: the Slurm tests one at a time, beside the rest on two workers"
 slurm_log="$(mktemp -t slurmgate-slurm-pass.XXXXXX)"
-slurm_tmp="$(mktemp -d -t slurmgate-slurm-pass.XXXXXX)"  # its own basetemp beside the other pass
-( r=0; python -m pytest -q -p no:cacheprovider --durations=12 --basetemp "$slurm_tmp/t" \
-      -m "slurm and not serial" "$@" \
-      >"$slurm_log" 2>&1 || r=$?; echo "$r" >"$slurm_log.rc" ) &
+slurm_tmp="$(mktemp -d -t slurmgate-slurm-pass.XXXXXX)"  # its own basetemp beside the others
+(
+    r=0
+    for marks in "slurm and serial" "slurm and not serial"; do
+        s=0
+        python -m pytest -q -p no:cacheprovider --durations=12 --basetemp "$slurm_tmp/${marks// /-}" \
+            -m "$marks" "$@" >>"$slurm_log" 2>&1 || s=$?
+        if [ "$s" != 0 ] && [ "$s" != 5 ]; then r=$s; fi
+    done
+    echo "$r" >"$slurm_log.rc"
+) &
 slurm_pid=$!
+echo "== pytest: timing tests, one at a time (beside the Slurm pass)"
+pass_ -m "serial and not slurm" "$@"
+echo "== pytest: the rest on two workers (beside the Slurm pass)"
 pass_ -m "not slurm and not serial" -n 2 --dist loadscope "$@"
 wait "$slurm_pid" || true
-echo "== pytest: the Slurm tests (ran beside the pass above)"
+echo "== pytest: the Slurm tests, one at a time (ran beside the passes above)"
 cat "$slurm_log"
 r="$(cat "$slurm_log.rc" 2>/dev/null || echo 1)"
 if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi

@@ -80,9 +80,9 @@ def prefect_harness() -> Iterator[None]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses the bundled cluster is marked `slurm`, so `-m` selects it. The test
-    command runs `serial` tests (a wall-clock window) alone, then the `slurm` tests one at a time
-    in one pytest process (they share the cluster's four nodes and fixed ports) beside the rest
-    on two xdist workers."""
+    command runs the `slurm` tests one at a time in one pytest process (they share the cluster's
+    four nodes and fixed ports); beside it, the `serial` tests (a wall-clock window) one at a
+    time, then the rest on two xdist workers."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)

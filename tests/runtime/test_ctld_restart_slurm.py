@@ -24,7 +24,7 @@ from slurmgate.runtime.records import RunStatus, load_records
 from .conftest import assert_no_orphans
 
 # serial: it restarts slurmctld, and a step created while a busy machine re-registers the nodes
-# can be refused ("Memory required by task is not available"); it runs alone, before the rest.
+# can be refused ("Memory required by task is not available"); it runs first in the Slurm pass.
 pytestmark = [pytest.mark.slurm, pytest.mark.serial]
 
 REPO = Path(__file__).resolve().parents[2]
