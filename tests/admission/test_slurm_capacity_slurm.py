@@ -293,7 +293,7 @@ def slurmrestd(cluster: None, tmp_path: Path) -> Iterator[tuple[str, Path]]:
             env=env,
         )
     try:
-        wait_for(sock.exists, timeout_s=15, what="slurmrestd's socket")
+        wait_for(sock.exists, timeout_s=60, what="slurmrestd's socket")
         yield f"unix:{sock}", log
     finally:
         server.terminate()
