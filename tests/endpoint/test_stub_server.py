@@ -136,7 +136,7 @@ async def test_exit_after_with_code(
 ) -> None:
     lane = stub("--exit-after", "0.6", "--exit-code", str(code))
     await wait_status(client, f"{lane.url}/health", 200)
-    assert await asyncio.to_thread(lane.wait, 5) == code
+    assert await asyncio.to_thread(lane.wait, 30) == code
 
 
 async def test_injected_failures_are_evenly_spread(
