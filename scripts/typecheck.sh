@@ -12,4 +12,7 @@ for entry in slurmgate/*; do
     ln -s "../../$entry" "$view/${entry#slurmgate/}"
 done
 for folder in blocks tasks flows deployments; do ln -s "../../$folder" "$view/$folder"; done
+# mypy's incremental cache lives in the user's cache, not the clone: its entries are checked by
+# content hash, so a clean clone (CI's) reuses them and takes seconds instead of most of a minute.
+export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/slurmgate/mypy}"
 exec "${MYPY:-mypy}" "$@"
