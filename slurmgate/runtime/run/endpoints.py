@@ -1,11 +1,16 @@
-"""The logical endpoints: one step per deployment on the client host, up once /health is 200."""
+"""The logical endpoints: one step per deployment on the client host, up once /health is 200.
+
+A disaggregated deployment's endpoint gets its lanes by role: each prefill worker's head with
+its bootstrap port, and each decode worker's head.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from slurmgate.runtime import engines, readiness, slurm
-from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig
+from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig, PrefillBackend
 from slurmgate.runtime.probe_step import ProbeStepFailed
 from slurmgate.runtime.run.probes import ProbeSteps
 from slurmgate.runtime.run.state import RunFailed
@@ -24,11 +29,22 @@ class EndpointsPhase(ProbeSteps):
         targets = []
         for d in self.plan.deployments:
             dspec = self.spec.deployments[d.index]
+            if "prefill" in d.roles:
+                # disaggregated: the endpoint pairs a prefill and a decode lane per request
+                lanes: dict[str, Any] = {
+                    "prefill": [
+                        PrefillBackend(url=url, bootstrap_port=port)
+                        for url, port in self.layout.prefill_bootstraps(d)
+                    ],
+                    "decode": self.layout.role_head_urls(d, "decode"),
+                }
+            else:
+                lanes = {"backends": self.layout.head_urls(d)}
             config = EndpointConfig(
                 name=d.name,
                 host=self.layout.address(self.plan.client_node),
                 port=d.endpoint_port,
-                backends=self.layout.head_urls(d),
+                **lanes,
                 max_waiting=dspec.backpressure.max_waiting_requests,
                 retry_after=dspec.backpressure.retry_after_s,
                 backend_health_path=dspec.readiness_path,
