@@ -127,6 +127,8 @@ def frontend_argv(
             for url in workers.decode:
                 argv += ["--decode", url]
         argv += ["--host", bind_host, "--port", str(port)]
+        # Its Prometheus server listens on 0.0.0.0:29000 unless told: beside its port instead.
+        argv += ["--prometheus-host", bind_host, "--prometheus-port", str(port + 1)]
     elif name == "vllm-router":
         if workers.agg:
             argv += ["--worker-urls", *workers.agg]
@@ -145,6 +147,11 @@ def frontend_argv(
 
 
 TRTLLM_DISAGG_FILE = "disagg.yaml"
+
+
+def frontend_ports(name: str, port: int) -> tuple[int, ...]:
+    """Every port the frontend opens: its HTTP port, and sglang-router's metrics beside it."""
+    return (port, port + 1) if name == "sglang-router" else (port,)
 
 
 def trtllm_disagg_config(bind_host: str, port: int, workers: Workers) -> str:

@@ -320,7 +320,8 @@ def _services(d: DeploymentShape, client_node: int) -> tuple[ServicePlan, ...]:
         out.append(
             ServicePlan(name, client_node, tuple(ports[k] for k in owned), ports[probe_key], path)
         )
-    out.append(ServicePlan("frontend", client_node, (f.port,), f.port, profile.readiness_path))
+    opened = frontends.frontend_ports(f.type, f.port)
+    out.append(ServicePlan("frontend", client_node, opened, f.port, profile.readiness_path))
     return tuple(out)
 
 

@@ -6,10 +6,12 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,12 +19,14 @@ from types import FrameType
 from typing import Any
 
 from slurmgate.errors import ExternalError, InputError
+from slurmgate.runtime.role_engines import LANE_DIR
 
 MAX_SPEC_BYTES = 64 * 1024
 EXIT_PREFLIGHT = 70
 PREFLIGHT_OK = "SLURMGATE-PREFLIGHT-OK"
 EXIT_SPAWN = 71
 POLL_S = 0.1
+MAX_LANE_FILES = 8
 
 
 class WorkerSpecError(InputError):
@@ -36,6 +40,9 @@ class LaneSpec:
     gpus: list[int]
     delay_s: float
     env: dict[str, str]
+    # Files written into the lane's directory before it starts, by plain name (an engine's
+    # YAML); the argv names them under LANE_DIR.
+    files: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,7 @@ class WorkerSpec:
                             "gpus": lane.gpus,
                             "delay_s": lane.delay_s,
                             "env": lane.env,
+                            **({"files": lane.files} if lane.files else {}),
                         }
                         for lane in n.lanes
                     ],
@@ -127,7 +135,7 @@ class WorkerSpec:
             lanes = []
             seen_gpus: set[int] = set()
             for lane in _typed(n["lanes"], list, "lanes"):
-                _keys(lane, {"id", "argv", "gpus", "delay_s", "env"})
+                _keys(lane, {"id", "argv", "gpus", "delay_s", "env"}, frozenset({"files"}))
                 gpus = [_typed(g, int, "gpus[]") for g in _typed(lane["gpus"], list, "gpus")]
                 for g in gpus:
                     if g in seen_gpus or not 0 <= g < int(data["gpus_per_node"]):
@@ -145,6 +153,7 @@ class WorkerSpec:
                         gpus=gpus,
                         delay_s=float(lane["delay_s"]),
                         env={str(k): str(v) for k, v in _typed(lane["env"], dict, "env").items()},
+                        files=_files(lane.get("files", {}), str(lane["id"])),
                     )
                 )
             ports = sorted({_typed(p, int, "ports[]") for p in _typed(n["ports"], list, "ports")})
@@ -176,6 +185,18 @@ def _keys(obj: Any, expected: set[str], optional: frozenset[str] = frozenset()) 
     if not isinstance(obj, dict) or not expected <= set(obj) <= expected | optional:
         got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
         raise WorkerSpecError(f"expected keys {sorted(expected)}, got {got}")
+
+
+def _files(value: Any, lane: str) -> dict[str, str]:
+    """A lane's files: a few, each a plain file name (no directory, no dot file) and text."""
+    files = _typed(value, dict, "files")
+    if len(files) > MAX_LANE_FILES:
+        raise WorkerSpecError(f"lane {lane}: {len(files)} files, over {MAX_LANE_FILES}")
+    for name, text in files.items():
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise WorkerSpecError(f"lane {lane}: file name {name!r} is not a plain file name")
+        _typed(text, str, "files[]")
+    return dict(files)
 
 
 def _typed(value: Any, kind: type, what: str) -> Any:
@@ -289,6 +310,18 @@ class Lanes:
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
         self.procs: list[tuple[LaneSpec, subprocess.Popen[bytes]]] = []
+        self.dirs: list[str] = []
+
+    def lane_dir(self, lane: LaneSpec, run_id: str) -> str:
+        """A fresh private directory for the lane (LANE_DIR in its argv), with its files in
+        it: an engine's YAML, or the data of etcd and NATS. Removed when the lanes stop."""
+        path = tempfile.mkdtemp(prefix=f"slurmgate-{run_id}-{lane.id}-")
+        self.dirs.append(path)
+        for name, text in lane.files.items():
+            fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        return path
 
     def spawn(self, lane: LaneSpec, visible: list[str], run_id: str) -> None:
         env = dict(os.environ)
@@ -296,8 +329,12 @@ class Lanes:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] for g in lane.gpus)
         env["SLURMGATE_RUN_ID"] = run_id
         env["SLURMGATE_RUN_LANE"] = lane.id
+        argv = lane.argv
+        if lane.files or any(LANE_DIR in a for a in argv):
+            where = self.lane_dir(lane, run_id)
+            argv = [a.replace(LANE_DIR, where) for a in argv]
         proc = subprocess.Popen(
-            lane.argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
+            argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
         )
         self.procs.append((lane, proc))
         _say(f"started lane {lane.id} pid {proc.pid} gpus {env['CUDA_VISIBLE_DEVICES'] or '-'}")
@@ -325,6 +362,8 @@ class Lanes:
         for _, proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+        for path in self.dirs:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> int:
@@ -351,6 +390,7 @@ def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> in
             if exited is not None:
                 lane, rc = exited
                 _say(f"lane {lane.id} exited with status {rc}: stopping the node")
+                _line(_lane_exit(node_name(), lane.id, rc))
                 if rc == 0:
                     return 1  # a server lane must never end on its own
                 return 128 - rc if rc < 0 else rc
@@ -368,6 +408,12 @@ def _line(text: str) -> None:
     """One write per line: srun interleaves the tasks' output, split writes come apart."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def _lane_exit(host: str, lane: str, status: int) -> str:
+    from slurmgate.runtime.supervisor import lane_exit_line
+
+    return lane_exit_line(host, lane, status)
 
 
 def _killpg(pgid: int, sig: int) -> None:

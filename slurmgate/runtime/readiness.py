@@ -43,6 +43,9 @@ class Target:
     models: bool = True
     lists_model: str | None = None
     needed: int = 1
+    # A rule over the JSON of the readiness answer (a frontend must list its workers, etcd
+    # must say it is healthy): such a target is fetched, not probed, and judged by it.
+    accept: Callable[[Any], bool] | None = None
     ready: bool = False
     streak: int = 0
     last: str = "not probed"
@@ -166,11 +169,15 @@ def wait_ready(
     ready_count = -1
     while True:
         check_alive()
-        pending = [t for t in targets if not t.ready]
+        pending = [t for t in targets if not t.ready and t.accept is None]
         answers = prober.probe([t.urls() for t in pending], probe_timeout) if pending else []
         for t, (ok, why) in zip(pending, answers, strict=True):
             t.last = why
             t.record(ok)
+        for t in targets:
+            if not t.ready and t.accept is not None:
+                ok, t.last = judge(prober, t, probe_timeout)
+                t.record(ok)
         now_ready = sum(t.ready for t in targets)
         if now_ready != ready_count:
             ready_count = now_ready
@@ -184,6 +191,21 @@ def wait_ready(
             detail = "; ".join(f"{t.name} at {t.base_url} ({t.last})" for t in late)
             raise ReadinessTimeout(f"not ready by the startup deadline: {detail}")
         time.sleep(poll_s)
+
+
+def judge(prober: Prober, target: Target, timeout: float) -> tuple[bool, str]:
+    """Fetch a target's readiness answer and judge its JSON by the target's rule."""
+    assert target.accept is not None
+    text = prober.fetch(target.base_url + target.path, {}, timeout)
+    if text is None:
+        return False, f"{target.path}: no 200 answer"
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return False, f"{target.path}: not JSON"
+    if not target.accept(body):
+        return False, f"{target.path}: {text[:200]}"
+    return True, "ready"
 
 
 def fetch_text(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -19,6 +20,24 @@ from slurmgate.runtime import slurm
 from slurmgate.runtime.records import live_processes
 
 TERMINATION_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+
+# The line a node worker writes when one of its lanes exits: a failed step's error names the
+# node and the lane from it, whatever else the log tail holds.
+LANE_EXIT = "SLURMGATE-LANE-EXIT"
+LANE_EXIT_LINE = re.compile(LANE_EXIT + r" host=(\S+) lane=(\S+) status=(-?\d+)")
+
+
+def lane_exit_line(host: str, lane: str, status: int) -> str:
+    return f"{LANE_EXIT} host={host} lane={lane} status={status}"
+
+
+def lane_exit_cause(log: str) -> str:
+    """`: lane L on node H exited with status N` for the first lane exit in a step's log."""
+    found = LANE_EXIT_LINE.search(log)
+    if found is None:
+        return ""
+    host, lane, status = found.groups()
+    return f": lane {lane} on node {host} exited with status {status}"
 
 
 class StepFailed(ExternalError):
@@ -262,8 +281,9 @@ class Supervisor:
                 continue
             rc = s.returncode()
             if rc is not None:
+                tail, cause = s.log_tail(), lane_exit_cause(s.log_tail(16000))
                 raise StepFailed(
-                    f"required step {s.name} exited with status {rc}; log tail:\n{s.log_tail()}",
+                    f"required step {s.name} exited with status {rc}{cause}; log tail:\n{tail}",
                     s,
                 )
 

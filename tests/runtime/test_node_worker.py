@@ -281,3 +281,42 @@ def test_the_commands_model_paths_travel_and_an_older_spec_without_them_still_de
     data = spec.to_json()
     del data["model_paths"]
     assert WorkerSpec.from_json(data).checked_paths() == ["/a"]
+
+
+def test_a_lanes_files_are_written_in_its_private_dir_and_removed_at_stop(tmp_path: Path) -> None:
+    token = f"nw-{os.getpid()}-files"
+    # The lane copies its config out of {lane_dir}, then exits 3: the worker names it.
+    copy = (
+        "import os,shutil,sys\n"
+        "d=os.path.dirname(sys.argv[1])\n"
+        "shutil.copy(sys.argv[1], sys.argv[2])\n"
+        "open(sys.argv[2]+'.mode','w').write(oct(os.stat(d).st_mode & 0o777))\n"
+        "open(sys.argv[2]+'.dir','w').write(d)\n"
+        "sys.exit(3)\n"
+    )
+    out = tmp_path / "seen.yaml"
+    lane = LaneSpec(
+        id="lane-0",
+        argv=[sys.executable, "-c", copy, "{lane_dir}/engine.yaml", str(out)],
+        gpus=[0],
+        delay_s=0.0,
+        env={},
+        files={"engine.yaml": "tensor_parallel_size: 2\n"},
+    )
+    spec = _spec(token, [lane])
+    assert WorkerSpec.decode(spec.encode()) == spec
+    proc = _worker("serve", spec)
+    assert proc.wait(timeout=20) == 3
+    assert out.read_text() == "tensor_parallel_size: 2\n"
+    assert (tmp_path / "seen.yaml.mode").read_text() == "0o700"
+    assert not Path((tmp_path / "seen.yaml.dir").read_text()).exists()  # gone with the lanes
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert f"SLURMGATE-LANE-EXIT host={HOST} lane=lane-0 status=3" in stderr
+    assert_no_orphans(token)
+
+
+@pytest.mark.parametrize("name", ["../escape.yaml", "sub/dir.yaml", ".hidden", ""])
+def test_a_lane_file_outside_its_dir_is_refused(tmp_path: Path, name: str) -> None:
+    lane = LaneSpec(id="lane-0", argv=["true"], gpus=[0], delay_s=0.0, env={}, files={name: "x"})
+    with pytest.raises(WorkerSpecError, match="plain file name"):
+        WorkerSpec.decode(_spec("tok", [lane]).encode())

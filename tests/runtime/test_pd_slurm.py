@@ -1,9 +1,13 @@
-"""A 1P+1D deployment of the stub engine on the real cluster, through the PD endpoint.
+"""Disaggregated deployments of the stub engine on the real cluster, in one allocation.
 
-One allocation (client node, one prefill node, one decode node): the client's completions, plain
-and streamed, come back through the endpoint, each paired (the decode lane logs the bootstrap
-room the prefill lane logged). Then the prefill worker dies (it crashes after its fifth
-request) while the client still runs: the run fails fast and cleanup leaves nothing.
+Four nodes, the client on the first: deployment `pd` is 2P+1D (two prefill workers of 4 GPUs
+sharing node 0, each on its own GPU slice and port; one decode worker on node 1) behind our
+PD endpoint; deployment `router` is 1P+1D (nodes 2 and 3) behind the real sglang-router in PD
+mode, which the runtime starts on the client node and the endpoint fronts. The same client
+sends the same completions, plain and streamed, through both; every answer is paired (the
+decode lanes logged exactly the bootstrap rooms the prefill lanes logged). Then the router's
+prefill worker dies (it crashes after its fifth request) while the client still runs: the run
+fails within seconds, names the node and the lane, and cleanup leaves nothing on any node.
 """
 
 from __future__ import annotations
@@ -26,55 +30,96 @@ pytestmark = pytest.mark.slurm
 
 CLIENT = r"""
 import json, os, time, urllib.request
-base = json.loads(os.environ["SLURMGATE_ENDPOINTS"])["pd"]
+bases = json.loads(os.environ["SLURMGATE_ENDPOINTS"])
 
-def post(payload):
+def post(base, payload):
     req = urllib.request.Request(base + "/v1/completions", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.status, r.headers.get("Content-Type"), r.read().decode()
 
-out = {"plain": [post({"model": "stub", "prompt": f"p{i}", "max_tokens": 3}) for i in range(3)]}
-out["stream"] = post({"model": "stub", "prompt": "s", "max_tokens": 3, "stream": True})
+out = {}
+for name in ("pd", "router"):
+    plain = [post(bases[name], {"model": "stub", "prompt": f"p{i}", "max_tokens": 3})
+             for i in range(3)]
+    streamed = post(bases[name], {"model": "stub", "prompt": "s", "max_tokens": 3, "stream": True})
+    out[name] = {"plain": plain, "stream": streamed}
+with urllib.request.urlopen(bases["pd"] + "/metrics", timeout=10) as r:
+    out["pd_routed"] = [x for x in r.read().decode().splitlines()
+                        if x.startswith("slurmgate_backend_requests_total{")]
 print("RESULT " + json.dumps(out), flush=True)
 try:
-    post({"model": "stub", "prompt": "last", "max_tokens": 1})  # the prefill's fifth: it dies
+    post(bases["router"], {"model": "stub", "prompt": "last", "max_tokens": 1})  # its fifth
 except Exception as exc:
     print(f"fifth request failed: {exc}", flush=True)
 print("DYING", time.time(), flush=True)
 time.sleep(60)  # the run must not wait for this
 """
 
+STUB = ["python", "-m", "slurmgate.testbed.stub_server", "--model", "stub"]
+ROOMS = {"SLURMGATE_STUB_LOG_ROOMS": "1"}
+
 
 def pd_spec() -> AllocationSpec:
-    room_logs = {"SLURMGATE_STUB_LOG_ROOMS": "1"}
+    fast = {"SLURMGATE_STUB_TOKENS_PER_SECOND": "0"}
     return AllocationSpec.from_data(
         {
             "schema_version": 1,
             "name": "pd",
             "gpus_per_node": 8,
-            "time_limit": "00:05:00",
-            "client": {"command": ["python", "-c", CLIENT], "dedicated_node": True},
+            "time_limit": "00:03:00",
+            "client": {"command": ["python", "-c", CLIENT], "dedicated_node": False},
             "deployments": [
                 {
                     "name": "pd",
                     "engine": "custom",
-                    "command": ["python", "-m", "slurmgate.testbed.stub_server", "--model", "stub"],
+                    "command": STUB,
+                    "env": fast,
                     "roles": {
-                        "prefill": {"env": {**room_logs, "SLURMGATE_STUB_CRASH_AFTER": "5"}},
-                        "decode": {"env": room_logs},
+                        "prefill": {"workers": 2, "tensor_parallel": 4, "env": ROOMS},
+                        "decode": {"env": ROOMS},
                     },
                     "base_port": 18700,
+                    "bootstrap_base_port": 18710,
+                    "side_base_port": 18720,
                     "endpoint_port": 17700,
                     "startup_timeout_s": 60,
-                }
+                    # stub lanes boot in a second: no standoff before the second worker
+                    "lead_boot_standoff_s": 0,
+                    "rank_launch_stagger_s": 0,
+                },
+                {
+                    "name": "router",
+                    "engine": "custom",
+                    "command": STUB,
+                    "env": fast,
+                    "roles": {
+                        "prefill": {"env": {**ROOMS, "SLURMGATE_STUB_CRASH_AFTER": "5"}},
+                        "decode": {"env": ROOMS},
+                    },
+                    "frontend": {
+                        "type": "sglang-router",
+                        "port": 17710,
+                        "args": ["--worker-startup-check-interval", "1", "--log-level", "warn"],
+                        "startup_timeout_s": 60,
+                    },
+                    "base_port": 18800,
+                    "bootstrap_base_port": 18810,
+                    "side_base_port": 18820,
+                    "endpoint_port": 17701,
+                    "startup_timeout_s": 60,
+                },
             ],
         },
         source="test",
     )
 
 
-def test_one_prefill_one_decode_pairs_requests_and_a_dying_prefill_fails_fast(
+def rooms(log: str, side: str) -> list[int]:
+    return [int(r) for r in re.findall(rf"stub_server: {side} bootstrap_room (\d+)", log)]
+
+
+def test_2p1d_endpoint_and_1p1d_sglang_router_pair_requests_and_a_dying_prefill_fails_fast(
     slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -89,22 +134,43 @@ def test_one_prefill_one_decode_pairs_requests_and_a_dying_prefill_fails_fast(
     assert failed.value.phase == "client", str(failed.value)
     assert run.status == "failed" and run.cleaned
     assert job_gone(run.job_id)
-    logs = {p.name: p.read_text() for p in run.run_dir.glob("[0-9][0-9]-*.log")}
-    client = next(text for name, text in logs.items() if name.endswith("-client.log"))
+    assert run.layout is not None
+    logs = {p.name.split("-", 1)[1]: p.read_text() for p in run.run_dir.glob("[0-9][0-9]-*.log")}
+    client = logs["client.log"]
     line = next(x for x in client.splitlines() if x.startswith("RESULT "))
     report: dict[str, Any] = json.loads(line[len("RESULT ") :])
-    for status, kind, body in report["plain"]:
-        assert (status, kind) == (200, "application/json")
-        assert json.loads(body)["choices"][0]["text"] == "tok0 tok1 tok2 "
-    status, kind, body = report["stream"]
-    assert status == 200 and kind.startswith("text/event-stream")
-    assert body.count("data: {") == 3 and body.rstrip().endswith("data: [DONE]")
-    # every answer was paired: the decode lane confirmed exactly the rooms the prefill ran
-    every = "\n".join(logs.values())
-    prefilled = re.findall(r"prefill bootstrap_room (\d+)", every)
-    decoded = re.findall(r"decode bootstrap_room (\d+)", every)
-    assert len(set(prefilled[:4])) == 4 and decoded[:4] == prefilled[:4]
-    # the prefill lane's death ends the run long before the client's 60 s sleep
+    for name in ("pd", "router"):
+        for status, kind, body in report[name]["plain"]:
+            assert (status, kind) == (200, "application/json"), (name, body)
+            assert json.loads(body)["choices"][0]["text"] == "tok0 tok1 tok2 "
+        status, kind, body = report[name]["stream"]
+        assert status == 200 and kind.startswith("text/event-stream"), (name, body)
+        assert body.count("data: {") == 3 and body.rstrip().endswith("data: [DONE]")
+    # 2P+1D: the two prefill workers share node 0 on their own GPU slices and ports, and
+    # the endpoint sent each of them requests
+    serve_pd = logs["serve-pd.log"]
+    assert re.search(r"started lane pd-prefill-00000-rank-00000 pid \d+ gpus 0,1,2,3\b", serve_pd)
+    assert re.search(r"started lane pd-prefill-00001-rank-00000 pid \d+ gpus 4,5,6,7\b", serve_pd)
+    head = run.layout.address(0)
+    routed = {
+        port: float(x.rsplit(" ", 1)[1])
+        for x in report["pd_routed"]
+        for port in ("18700", "18701")
+        if f'backend="http://{head}:{port}"' in x
+    }
+    assert routed.keys() == {"18700", "18701"} and min(routed.values()) >= 1, report["pd_routed"]
+    # every answer was paired: each deployment's decode confirmed exactly the rooms its
+    # prefills ran (our endpoint's rooms and sglang-router's alike)
+    for name, expected in (("pd", 4), ("router", 4)):
+        prefilled = rooms(logs[f"serve-{name}.log"], "prefill")[:expected]
+        decoded = rooms(logs[f"serve-{name}.log"], "decode")[:expected]
+        assert len(set(prefilled)) == expected and sorted(decoded) == sorted(prefilled), name
+    # the router ran as a service lane on the client node, bound to its address
+    assert "started lane router-frontend pid" in logs["frontend-router.log"]
+    # the prefill worker's death ends the run long before the client's 60 s sleep, and the
+    # report names the lane and its node
     dying = float(next(x for x in client.splitlines() if x.startswith("DYING")).split()[1])
-    assert ended - dying < 20, f"the run took {ended - dying:.1f}s to notice"
-    assert "prefill" in str(failed.value)
+    assert ended - dying < 15, f"the run took {ended - dying:.1f}s to notice"
+    message = str(failed.value)
+    host = run.layout.host(2)
+    assert f"lane router-prefill-00000-rank-00000 on node {host} exited" in message, message

@@ -98,3 +98,41 @@ def test_the_spec_default_is_two_probes_and_zero_is_refused() -> None:
     data["deployments"][0]["ready_probes"] = 0  # type: ignore[index]
     with pytest.raises(SpecError, match="ready_probes"):
         AllocationSpec.from_data(data)
+
+
+def test_a_rule_over_the_answer_waits_until_it_holds() -> None:
+    """A frontend is ready once its JSON lists the workers (here: the third answer)."""
+    answers = iter(
+        ['{"stats": {"prefill_count": 0}}', "not json", '{"stats": {"prefill_count": 1}}']
+    )
+
+    class Prober:
+        def probe(self, chains: list, timeout: float) -> list:
+            raise AssertionError("a target with a rule is fetched, not probed")
+
+        def fetch(self, url: str, headers: dict[str, str], timeout: float) -> str | None:
+            assert url == "http://router:1/workers"
+            return next(answers, None)
+
+    target = readiness.Target(
+        name="router",
+        base_url="http://router:1",
+        path="/workers",
+        deadline=time.monotonic() + 5,
+        models=False,
+        accept=lambda body: body["stats"]["prefill_count"] >= 1,
+    )
+    readiness.wait_ready([target], poll_s=0.01, prober=Prober())
+    assert target.ready
+
+    never = readiness.Target(
+        name="router",
+        base_url="http://router:1",
+        path="/workers",
+        deadline=time.monotonic() + 0.1,
+        models=False,
+        accept=lambda body: False,
+    )
+    answers = iter(['{"stats": {}}'] * 1000)
+    with pytest.raises(readiness.ReadinessTimeout, match=r"router at http://router:1 \(/workers: "):
+        readiness.wait_ready([never], poll_s=0.01, prober=Prober())

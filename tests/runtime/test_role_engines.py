@@ -215,7 +215,13 @@ def test_pd_routers_are_told_each_prefill_with_its_bootstrap_port() -> None:
         "10.0.0.1",
         "--port",
         "8000",
+        "--prometheus-host",
+        "10.0.0.1",
+        "--prometheus-port",
+        "8001",
     ]
+    # its metrics port is claimed on the client node like any other
+    assert router.plan.ports == (8000, 8001)
     workers = layout.frontend_workers(lay, d)
     vllm = frontends.frontend_argv("vllm-router", ["vllm-router"], [], "h", 8000, workers)
     assert vllm[1:6] == [
@@ -289,3 +295,29 @@ def test_frontend_ports_collide_with_the_endpoint_are_refused() -> None:
             {"agg": {}},
             frontend={"type": "dynamo", "port": 17000},
         )
+
+
+def test_the_node_workers_are_told_each_roles_env_and_files_and_preflight_checks_the_router(
+    tmp_path: Any,
+) -> None:
+    """What the runtime sends the node workers of a PD deployment: each lane its role's env
+    and its engine's files, and the client node's preflight every port the router opens."""
+    from slurmgate.runtime.run import AllocationRun
+
+    roles = {
+        "prefill": {"tensor_parallel": 2, "env": {"ONLY_PREFILL": "1"}},
+        "decode": {"tensor_parallel": 4},
+    }
+    spec, lay = _plan(
+        "trtllm", ["trtllm-serve", "/m"], roles, frontend={"type": "trtllm-serve", "port": 8100}
+    )
+    run = AllocationRun(spec, runs_root=tmp_path)
+    run.layout = lay
+    (d,) = lay.plan.deployments
+    nodes = run._worker_spec(d).nodes
+    prefill = next(lane for n in nodes for lane in n.lanes if "-prefill-" in lane.id)
+    decode = next(lane for n in nodes for lane in n.lanes if "-decode-" in lane.id)
+    assert prefill.env["ONLY_PREFILL"] == "1" and "ONLY_PREFILL" not in decode.env
+    assert list(prefill.files) == ["trtllm-prefill.yaml"]
+    assert f"{LANE_DIR}/trtllm-prefill.yaml" in prefill.argv
+    assert 8100 in run._client_worker_spec().nodes[0].ports

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmgate.runtime import supervisor
 from slurmgate.runtime.supervisor import StepFailed, Supervisor
 
 from .conftest import assert_no_orphans
@@ -157,3 +158,10 @@ def test_signal_during_cleanup_waits_for_it_to_finish(tmp_path: Path) -> None:
     assert states == [True]
     assert log.read_text().splitlines() == ["b term", "a term"]
     assert_no_orphans(token)
+
+
+def test_a_failed_steps_cause_names_the_lane_and_node_from_its_log() -> None:
+    log = "noise\n" + supervisor.lane_exit_line("node3", "d-prefill-00000-rank-00000", 1) + "\nend"
+    cause = supervisor.lane_exit_cause(log)
+    assert cause == ": lane d-prefill-00000-rank-00000 on node node3 exited with status 1"
+    assert supervisor.lane_exit_cause("srun: error: node3: task 0: Exited") == ""

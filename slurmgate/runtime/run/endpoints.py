@@ -1,7 +1,9 @@
 """The logical endpoints: one step per deployment on the client host, up once /health is 200.
 
 A disaggregated deployment's endpoint gets its lanes by role: each prefill worker's head with
-its bootstrap port, and each decode worker's head.
+its bootstrap port, and each decode worker's head. A deployment with a frontend gets it
+started first (it lists every worker before it counts as ready), and its endpoint routes to
+the frontend alone.
 """
 
 from __future__ import annotations
@@ -12,26 +14,34 @@ from typing import Any
 from slurmgate.runtime import engines, readiness, slurm
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig, PrefillBackend
 from slurmgate.runtime.probe_step import ProbeStepFailed
-from slurmgate.runtime.run.probes import ProbeSteps
+from slurmgate.runtime.run.services import ServiceSteps
 from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.supervisor import StepFailed
 
 ENDPOINT_STARTUP_S = 60.0
 
 
-class EndpointsPhase(ProbeSteps):
+class EndpointsPhase(ServiceSteps):
     """The deployments' logical endpoints on the client host."""
 
     def start_endpoints(self) -> None:
         """One logical endpoint step per deployment on the client host; wait for /health 200."""
         self._enter("endpoints")
         assert self.layout and self.job_id
+        for d in self.plan.deployments:
+            self.start_services(d, frontend=True, phase="endpoints")
         targets = []
         for d in self.plan.deployments:
             dspec = self.spec.deployments[d.index]
-            if "prefill" in d.roles:
+            health_path = dspec.readiness_path
+            if dspec.frontend is not None:
+                # the field's own router pairs the roles; the endpoint fronts it alone
+                address = self.layout.address(self.plan.client_node)
+                lanes: dict[str, Any] = {"backends": [f"http://{address}:{dspec.frontend.port}"]}
+                health_path = "/health"
+            elif "prefill" in d.roles:
                 # disaggregated: the endpoint pairs a prefill and a decode lane per request
-                lanes: dict[str, Any] = {
+                lanes = {
                     "prefill": [
                         PrefillBackend(url=url, bootstrap_port=port)
                         for url, port in self.layout.prefill_bootstraps(d)
@@ -47,7 +57,7 @@ class EndpointsPhase(ProbeSteps):
                 **lanes,
                 max_waiting=dspec.backpressure.max_waiting_requests,
                 retry_after=dspec.backpressure.retry_after_s,
-                backend_health_path=dspec.readiness_path,
+                backend_health_path=health_path,
                 queue_waiting_metric=engines.profile(dspec.engine).queue.waiting,
                 queue_running_metric=engines.profile(dspec.engine).queue.running,
             )

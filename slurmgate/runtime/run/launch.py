@@ -5,23 +5,28 @@ from __future__ import annotations
 import time
 
 from slurmgate.runtime import engines, readiness
+from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime.probe_step import ProbeStepFailed
 from slurmgate.runtime.run.endpoints import ENDPOINT_STARTUP_S
 from slurmgate.runtime.run.probes import ProbeSteps
+from slurmgate.runtime.run.services import ServiceSteps
 from slurmgate.runtime.run.state import RunFailed
-from slurmgate.runtime.run.workers import WorkerSteps
 from slurmgate.runtime.supervisor import StepFailed
 
 
-class LaunchPhase(WorkerSteps, ProbeSteps):
+class LaunchPhase(ServiceSteps, ProbeSteps):
     """The deployments' serve steps, and the wait until every lane head is ready."""
 
     def launch(self) -> None:
-        """One coordinated srun per deployment, one node worker per node, fail-fast."""
+        """The services the workers register with (Dynamo's etcd and NATS), then one
+        coordinated srun per deployment, one node worker per node, fail-fast."""
         self._enter("launch")
         assert self.layout and self.job_id
+        for d in self.plan.deployments:
+            self.start_services(d, frontend=False, phase="launch")
         self.launched_at = time.monotonic()
         for d in self.plan.deployments:
+            dspec = self.spec.deployments[d.index]
             nodelist = self.layout.nodelist(d)
             self.log(f"decision: launch {d.name} as one srun on {','.join(nodelist)}")
             self._start_workers(
@@ -30,7 +35,12 @@ class LaunchPhase(WorkerSteps, ProbeSteps):
                 self._worker_spec(d),
                 nodelist,
                 gres=None,
-                env=self._base_env(self.credentials.deployment_env[d.index]),
+                env=self._base_env(
+                    {
+                        **layout_mod.service_env(dspec, self.layout),
+                        **self.credentials.deployment_env[d.index],
+                    }
+                ),
                 required=True,
             )
         self.supervisor.resolve_step_ids(timeout=3.0)
@@ -43,6 +53,9 @@ class LaunchPhase(WorkerSteps, ProbeSteps):
         targets: list[readiness.Target] = []
         for d in self.plan.deployments:
             dspec = self.spec.deployments[d.index]
+            if not engines.profile(dspec.engine).lane_http:
+                # Dynamo's workers answer no HTTP: their frontend lists them when it is ready
+                continue
             models, lists_model = engines.profile(dspec.engine).models_probe(dspec.command)
             for lane, url in zip(d.heads, self.layout.head_urls(d), strict=True):
                 targets.append(
@@ -64,7 +77,7 @@ class LaunchPhase(WorkerSteps, ProbeSteps):
                 self._on_progress("lanes", ready, total)
 
         # The probe step lives through the endpoints' start too: bound it by both.
-        last = max(t.deadline for t in targets) - time.monotonic()
+        last = max((t.deadline for t in targets), default=time.monotonic()) - time.monotonic()
         try:
             prober = self.open_prober(last + ENDPOINT_STARTUP_S + 60.0)
             seconds = readiness.wait_ready(

@@ -6,7 +6,7 @@ from typing import Any
 
 from slurmgate.runtime import engines, slurm
 from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime.node_worker import NodeSpec, WorkerSpec
+from slurmgate.runtime.node_worker import LaneSpec, NodeSpec, WorkerSpec
 from slurmgate.runtime.run.state import RunState
 from slurmgate.runtime.spec import DeploymentSpec
 
@@ -26,9 +26,10 @@ class WorkerSteps(RunState):
                 argv = layout_mod.lane_argv(dspec, lane, master, bind_host=address)
                 # The deployment's env travels in the step's environment, never in argv
                 # (argv is world-readable in /proc and may hold tokens); a lane's own env is
-                # only what its engine needs per node (the address it advertises).
-                env = engines.profile(dspec.engine).lane_env(address, dspec.env)
-                lanes.append(layout_lane(lane, argv, env))
+                # what its engine needs per node (the address it advertises) and its role's.
+                env = layout_mod.lane_env(dspec, lane, address)
+                files = layout_mod.lane_files(dspec, lane)
+                lanes.append(layout_lane(lane, argv, env, files))
             nodes.append(
                 NodeSpec(
                     host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes, address=address
@@ -46,7 +47,11 @@ class WorkerSteps(RunState):
 
     def _client_worker_spec(self) -> WorkerSpec:
         assert self.layout
-        ports = sorted(d.endpoint_port for d in self.plan.deployments)
+        # the endpoints' ports, and the service lanes' (frontends, etcd, NATS)
+        ports = sorted(
+            {d.endpoint_port for d in self.plan.deployments}
+            | {p for d in self.plan.deployments for s in d.services for p in s.ports}
+        )
         return WorkerSpec(
             run_id=self.run_id,
             name="client",
@@ -99,9 +104,17 @@ def _command_model_paths(dspec: DeploymentSpec) -> list[str]:
     return [path] if path else []
 
 
-def layout_lane(lane: layout_mod.LanePlan, argv: list[str], env: dict[str, str]) -> Any:
-    from slurmgate.runtime.node_worker import LaneSpec
-
+def layout_lane(
+    lane: layout_mod.LanePlan,
+    argv: list[str],
+    env: dict[str, str],
+    files: dict[str, str] | None = None,
+) -> LaneSpec:
     return LaneSpec(
-        id=lane.process_id, argv=argv, gpus=list(lane.gpus), delay_s=lane.delay_s, env=dict(env)
+        id=lane.process_id,
+        argv=argv,
+        gpus=list(lane.gpus),
+        delay_s=lane.delay_s,
+        env=dict(env),
+        files=dict(files or {}),
     )

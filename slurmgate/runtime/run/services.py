@@ -1,0 +1,122 @@
+"""Service lanes on the client host: etcd and NATS before the workers, a frontend once they are up.
+
+A deployment that names a frontend (`DeploymentSpec.frontend`) gets its service lanes from
+`layout.service_launches`: Dynamo's etcd and NATS, which its workers register with, start
+before the workers; the frontend (Dynamo's, sglang-router or vllm-router in PD mode,
+`trtllm-serve disaggregated`) starts once every worker answers, and is ready when it lists them
+(`frontends.frontend_ready`). Each group is one node-worker step on the client host, so it is
+supervised (fail-fast) and stopped by cleanup exactly like the model-server lanes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from slurmgate.runtime import frontends, readiness
+from slurmgate.runtime import layout as layout_mod
+from slurmgate.runtime.node_worker import LaneSpec, NodeSpec, WorkerSpec
+from slurmgate.runtime.probe_step import ProbeStepFailed
+from slurmgate.runtime.run.probes import ProbeSteps
+from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.run.workers import WorkerSteps
+from slurmgate.runtime.supervisor import StepFailed
+
+SERVICE_STARTUP_S = 60.0  # etcd and NATS start in a second or two
+
+
+class ServiceSteps(WorkerSteps, ProbeSteps):
+    """Start one deployment's service lanes of one kind, and wait until they are ready."""
+
+    def start_services(self, d: layout_mod.DeploymentPlan, *, frontend: bool, phase: str) -> bool:
+        """Start the frontend (`frontend`) or the other services of `d` as one step on the
+        client host and wait for them; False when `d` has none of that kind."""
+        assert self.layout
+        dspec = self.spec.deployments[d.index]
+        launches = [
+            s
+            for s in layout_mod.service_launches(dspec, self.layout, d)
+            if (s.plan.name == "frontend") == frontend
+        ]
+        if not launches or dspec.frontend is None:
+            return False
+        kind = "frontend" if frontend else "services"
+        name = f"{kind}-{d.name}"
+        host = self.layout.client_host
+        lanes = [
+            LaneSpec(
+                id=f"{d.name}-{s.plan.name}",
+                argv=s.argv,
+                gpus=[],
+                delay_s=0.0,
+                env=s.env,
+                files=s.files,
+            )
+            for s in launches
+        ]
+        ports = sorted({p for s in launches for p in s.plan.ports})
+        spec = WorkerSpec(
+            run_id=self.run_id,
+            name=name,
+            gpus_per_node=0,
+            model_path=None,
+            grace_s=min(self.grace_s, 10.0),
+            nodes=[
+                NodeSpec(
+                    host=host,
+                    ports=ports,
+                    lanes=lanes,
+                    address=self.layout.address(self.plan.client_node),
+                )
+            ],
+        )
+        self.log(
+            f"decision: start {', '.join(s.plan.name for s in launches)} of {d.name} on {host}"
+        )
+        env = {
+            **layout_mod.service_env(dspec, self.layout),
+            **self.credentials.deployment_env[d.index],
+        }
+        self._start_workers(
+            name, "serve", spec, [host], gres="none", env=self._base_env(env), required=True
+        )
+        self.supervisor.resolve_step_ids(timeout=3.0)
+        timeout = dspec.frontend.startup_timeout_s if frontend else SERVICE_STARTUP_S
+        expected = layout_mod.expected_workers(dspec, d)
+        address = self.layout.address(self.plan.client_node)
+        targets = [
+            readiness.Target(
+                name=f"{d.name} {s.plan.name}",
+                base_url=f"http://{address}:{s.plan.probe_port}",
+                path=s.plan.readiness_path,
+                deadline=time.monotonic() + timeout,
+                models=False,
+                accept=_rule(dspec.frontend.type, s.plan.name, expected),
+            )
+            for s in launches
+        ]
+        try:
+            readiness.wait_ready(
+                targets,
+                probe_timeout=1.0,
+                poll_s=0.2,
+                check_alive=self.supervisor.check_required,
+                prober=self.open_prober(timeout + 60.0),
+            )
+        except (readiness.ReadinessTimeout, StepFailed, ProbeStepFailed) as exc:
+            raise RunFailed(phase, str(exc)) from None
+        finally:
+            # The next phase opens the prober for its own lifetime.
+            self.shut_prober()
+        self.log(f"{kind} of {d.name} ready on {host}")
+        return True
+
+
+def _rule(frontend: str, service: str, expected: dict[str, int]) -> Any:
+    """How a service's readiness answer is judged: a frontend lists its workers, etcd says it
+    is healthy; NATS's /healthz needs a 200 only (no rule)."""
+    if service == "frontend":
+        return lambda body: frontends.frontend_ready(frontend, 200, body, expected)
+    if service == "etcd":
+        return lambda body: frontends.service_ready("etcd", 200, body)
+    return None
