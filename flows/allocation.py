@@ -10,6 +10,7 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import Flow
 
 import slurmgate.tasks.allocation as registry
+from slurmgate.runtime.node_failures import NodeRetry, run_with_node_retry
 from slurmgate.runtime.presets import SpecOverrides, resolve_spec
 from slurmgate.runtime.run import AllocationRun, new_run_id
 from slurmgate.runtime.spec import AllocationSpec
@@ -125,7 +126,8 @@ def allocation(
     spec_file: str | None = None,
     overrides: SpecOverrides | None = None,
 ) -> dict[str, Any]:
-    """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup.
+    """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup; once
+    more on a new allocation without the node, when one node failed it (node_failures.py).
 
     Give the spec in full, or as a preset: `spec_file`, a spec file on this worker's host, with
     a few fields replaced by `overrides` (the short form for the Prefect UI).
@@ -138,6 +140,39 @@ def allocation(
             f"spec from the preset {spec_file} on this host"
             + (", with overrides" if overrides and not overrides.is_empty() else "")
         )
+    node_retry = NodeRetry(log=log)
+
+    def attempt(
+        exclude: tuple[str, ...], retry_of: str | None
+    ) -> tuple[AllocationRun, BaseException | None]:
+        return _attempt(spec, runs_dir, str(flow_run.id), exclude, retry_of)
+
+    run = run_with_node_retry(attempt, node_retry)
+    result = run.result()
+    return {
+        "run_id": result.run_id,
+        "job_id": result.job_id,
+        "hosts": result.hosts,
+        "timings": result.timings,
+        "record": result.record_path,
+        "hooks": result.hooks,
+        "hooks_failed": result.hooks_failed,
+        "retry_of": run.retry_of,
+        "excluded_nodes": list(run.excluded_nodes),
+    }
+
+
+def _attempt(
+    spec: AllocationSpec,
+    runs_dir: str | None,
+    flow_run_id: str,
+    exclude: tuple[str, ...],
+    retry_of: str | None,
+) -> tuple[AllocationRun, BaseException | None]:
+    """One allocation, its phases as subflows, cleaned up once: the run and what failed it.
+
+    A failure that is not an Exception (a signal, a cancellation) and a failed cleanup raise.
+    """
     run_id = new_run_id(spec.name)
     run = AllocationRun(
         spec,
@@ -147,12 +182,15 @@ def allocation(
         on_progress=Progress(run_id),
         resolve_secret=read_secret_block,
         hook_runner=run_site_hook,
+        exclude_nodes=exclude,
+        retry_of=retry_of,
     )
     registry.LIVE_RUNS[run.run_id] = run
-    registry.RUNS_BY_FLOW_RUN[str(flow_run.id)] = run.run_id
+    registry.RUNS_BY_FLOW_RUN[flow_run_id] = run.run_id
+    again = f", again without {','.join(exclude)} (retry of {retry_of})" if retry_of else ""
     log(
-        f"run {run.run_id}: {spec.total_nodes} node(s); its record.json and one log per step "
-        f"(NN-<step>.log) are in {run.run_dir}"
+        f"run {run.run_id}: {spec.total_nodes} node(s){again}; its record.json and one log per "
+        f"step (NN-<step>.log) are in {run.run_dir}"
     )
     for reference in spec.secret_references():
         log(f"secret resolved on this host: {reference}")
@@ -163,6 +201,9 @@ def allocation(
         readiness_phase(run.run_id)
         endpoints_phase(run.run_id)
         client_phase(run.run_id)
+    except Exception as exc:
+        failure = exc
+        run.note_failure(exc)
     except BaseException as exc:
         failure = exc
         run.note_failure(exc)
@@ -174,14 +215,5 @@ def allocation(
             run.finish(failure)  # idempotent: settles the status, raises if cleanup failed
             publish_record(run)
             registry.LIVE_RUNS.pop(run.run_id, None)
-            registry.RUNS_BY_FLOW_RUN.pop(str(flow_run.id), None)
-    result = run.result()
-    return {
-        "run_id": result.run_id,
-        "job_id": result.job_id,
-        "hosts": result.hosts,
-        "timings": result.timings,
-        "record": result.record_path,
-        "hooks": result.hooks,
-        "hooks_failed": result.hooks_failed,
-    }
+            registry.RUNS_BY_FLOW_RUN.pop(flow_run_id, None)
+    return run, failure

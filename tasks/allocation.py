@@ -19,7 +19,7 @@ from prefect.exceptions import MissingContextError
 
 from slurmgate.errors import SlurmgateError
 from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime.reaper import ReapTally, reap_stale_runs
+from slurmgate.runtime.reaper import ReapTally, reap_all_users_from_env, reap_stale_runs
 from slurmgate.runtime.records import default_runs_root, load_records
 from slurmgate.runtime.run import AllocationRun
 
@@ -200,4 +200,10 @@ def reap_crashed_allocations(
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         logger.warning("reap skipped: cannot read run records in %s: %s", root, reason)
         return ReapTally()
-    return reap_stale_runs(records, timeout=slurm_timeout_s, info=logger.info, warn=logger.warning)
+    return reap_stale_runs(
+        records,
+        timeout=slurm_timeout_s,
+        info=logger.info,
+        warn=logger.warning,
+        all_users=reap_all_users_from_env(),
+    )

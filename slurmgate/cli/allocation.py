@@ -82,6 +82,12 @@ def allocation_run(
         typer.echo(
             f"{'warning: ' if failed else ''}hook {name} {words} (hook-{name}.log)", err=failed
         )
+    if summary.get("retry_of"):
+        excluded = ",".join(summary.get("excluded_nodes", []))
+        typer.echo(
+            f"node failure: run {summary['retry_of']} failed on node {excluded}; "
+            f"retried once without it (its record.json names the reason)"
+        )
     typer.echo(
         f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}; "
         f"its step logs and record.json are in {run_dir}"
@@ -93,13 +99,31 @@ def allocation_reap(
     runs_dir: Annotated[
         Path | None, typer.Option(help="Run directories to scan (default: the runs root).")
     ] = None,
+    all_users: Annotated[
+        bool,
+        typer.Option(
+            "--all-users",
+            help="Also cancel the allocations of other users' runs whose controller on this "
+            "host died (found with squeue; needs root or a Slurm operator).",
+        ),
+    ] = False,
 ) -> None:
     """Cancel the Slurm jobs and steps of runs whose controller was killed."""
     from slurmgate.runtime.reaper import reap_stale_runs
     from slurmgate.runtime.records import load_records
     from slurmgate.runtime.slurm import NO_CONFIGURATION
 
-    tally = reap_stale_runs(load_records(runs_dir), wait_out_backoff=False, info=typer.echo)
+    tally = reap_stale_runs(
+        load_records(runs_dir),
+        wait_out_backoff=False,
+        info=typer.echo,
+        # Other users' jobs Slurm refuses to cancel are a warning naming the fix; this user's
+        # runs' deferrals end in the one error line below.
+        warn=(lambda line: typer.echo(f"warning: {line}", err=True))
+        if all_users
+        else print_nothing,
+        all_users=all_users,
+    )
     if tally.slurm_error is not None and NO_CONFIGURATION in tally.slurm_error:
         raise fail(
             f"reap stopped: {NO_CONFIGURATION}; the run records are kept for the next reap",
@@ -112,3 +136,7 @@ def allocation_reap(
             code=1,
         )
     typer.echo(f"{tally.reaped} run(s) reaped, {len(tally.actions)} leftover(s) cancelled")
+
+
+def print_nothing(line: str) -> None:
+    return None

@@ -310,6 +310,7 @@ class Lanes:
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
         self.procs: list[tuple[LaneSpec, subprocess.Popen[bytes]]] = []
+        self.started: dict[str, float] = {}  # lane id -> when it started (monotonic)
         self.dirs: list[str] = []
 
     def lane_dir(self, lane: LaneSpec, run_id: str) -> str:
@@ -337,6 +338,7 @@ class Lanes:
             argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
         )
         self.procs.append((lane, proc))
+        self.started[lane.id] = time.monotonic()
         _say(f"started lane {lane.id} pid {proc.pid} gpus {env['CUDA_VISIBLE_DEVICES'] or '-'}")
 
     def first_exit(self) -> tuple[LaneSpec, int] | None:
@@ -389,7 +391,10 @@ def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> in
             exited = lanes.first_exit()
             if exited is not None:
                 lane, rc = exited
-                _say(f"lane {lane.id} exited with status {rc}: stopping the node")
+                # How long it ran tells a crash of the node's from a command that cannot start.
+                uptime = time.monotonic() - lanes.started[lane.id]
+                _say(f"lane {lane.id} exited with status {rc} after {uptime:.1f} s: "
+                     "stopping the node")  # fmt: skip
                 _line(_lane_exit(node_name(), lane.id, rc))
                 if rc == 0:
                     return 1  # a server lane must never end on its own

@@ -12,7 +12,14 @@ from typing import Any
 
 from slurmgate.errors import one_line
 from slurmgate.runtime import slurm
-from slurmgate.runtime.records import ProcessIdentity, RunRecord, RunStatus, cmdline_contains
+from slurmgate.runtime.records import (
+    ProcessIdentity,
+    RunRecord,
+    RunStatus,
+    cmdline_contains,
+    parse_job_comment,
+    process_start_ticks,
+)
 
 REAP_BACKOFF_S = 30.0
 REAP_BACKOFF_MAX_S = 300.0
@@ -152,13 +159,17 @@ def reap_stale_runs(
     wait_out_backoff: bool = True,
     info: Callable[[str], Any] = _ignore,
     warn: Callable[[str], Any] = _ignore,
+    all_users: bool = False,
 ) -> ReapTally:
     """Reap every stale run that is due, one `info` line per action; the one reap pass.
+    With `all_users`, then the allocations of other users' dead runs (`reap_foreign_allocations`,
+    one `squeue` a pass).
 
     A pass with nothing stale runs no Slurm command. When Slurm cannot answer, one `warn` line
     gives the reason and every due run waits (30 s, doubling to 5 min) for a later pass; the
     scheduled pass honours that wait, a pass by hand (`wait_out_backoff=False`) does not.
     """
+    records = list(records)
     stale = stale_records(records)
     now = time.time()
     due = [rec for rec in stale if not wait_out_backoff or reap_due(rec, now)]
@@ -192,4 +203,105 @@ def reap_stale_runs(
         tally.reaped += 1
         tally.actions += actions
     tally.deferred = len(stale) - tally.reaped
+    if all_users:
+        others = reap_foreign_allocations(
+            {rec.run_id for rec in records}, timeout=timeout, info=info, warn=warn
+        )
+        tally.reaped += others.reaped
+        tally.deferred += others.deferred
+        tally.actions += others.actions
+        tally.slurm_error = tally.slurm_error or others.slurm_error
+    return tally
+
+
+def reap_all_users_from_env(env: dict[str, str] | None = None) -> bool:
+    """`SLURMGATE_REAP_ALL_USERS=1`: the scheduled pass also reaps other users' runs."""
+    value = (os.environ if env is None else env).get("SLURMGATE_REAP_ALL_USERS", "")
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+# -- runs of other users ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForeignAllocation:
+    """An allocation another user's run made (its job comment names run and controller)."""
+
+    job_id: str
+    run_id: str
+    user: str
+    controller: ProcessIdentity
+
+
+def _controller_gone(controller: ProcessIdentity) -> bool:
+    """The controller process no longer exists: /proc shows every user's processes."""
+    started = process_start_ticks(controller.pid)
+    if controller.started is None:
+        return started is None
+    return started != controller.started
+
+
+def foreign_stale_allocations(
+    jobs: Iterable[slurm.QueuedJob],
+    known_run_ids: set[str],
+    *,
+    host: str,
+    gone: Callable[[ProcessIdentity], bool] = _controller_gone,
+) -> list[ForeignAllocation]:
+    """Allocations of runs this pass has no record of, whose controller ran on `host` and is
+    gone. A job counts only when its name is the run id its comment gives (as `salloc` names
+    it), so a comment can steer the reaper to nothing but the job that carries it."""
+    found = []
+    for job in jobs:
+        parsed = parse_job_comment(job.comment)
+        if parsed is None:
+            continue
+        run_id, controller = parsed
+        if run_id != job.name or run_id in known_run_ids or controller.host != host:
+            continue
+        if gone(controller):
+            found.append(ForeignAllocation(job.job_id, run_id, job.user, controller))
+    return found
+
+
+def reap_foreign_allocations(
+    known_run_ids: set[str],
+    *,
+    timeout: float = 10.0,
+    info: Callable[[str], Any] = _ignore,
+    warn: Callable[[str], Any] = _ignore,
+) -> ReapTally:
+    """Cancel the allocations of any user's runs whose controller on this host died, found
+    through `squeue` (a run of the runner service's user, whose record this user cannot read).
+
+    Runs in an allocation they did not make carry no comment: their own user's reaper cleans
+    them from the record. Cancelling another user's job needs root or a Slurm operator; a
+    refusal is one warning naming the fix, and the job is asked again on the next pass.
+    """
+    import socket
+
+    tally = ReapTally()
+    try:
+        jobs = slurm.jobs_of_all_users(timeout=timeout)
+    except slurm.SlurmError as exc:
+        tally.slurm_error = one_line(exc)
+        warn(f"reap of other users' runs deferred: {tally.slurm_error}")
+        return tally
+    for alloc in foreign_stale_allocations(jobs, known_run_ids, host=socket.gethostname()):
+        why = f"controller pid {alloc.controller.pid} on {alloc.controller.host} is gone"
+        try:
+            cancelled = slurm.scancel(alloc.job_id, timeout=timeout)
+        except slurm.SlurmError as exc:
+            tally.deferred += 1
+            warn(
+                f"reap failed run={alloc.run_id} job={alloc.job_id} of user {alloc.user} "
+                f"({why}): {one_line(exc)}; run the reaper as root or a Slurm operator "
+                "(sacctmgr modify user NAME set adminlevel=operator)"
+            )
+            continue
+        if cancelled:
+            action = f"scancel {alloc.job_id} (allocation of user {alloc.user}; {why})"
+            info(f"reap run={alloc.run_id} job={alloc.job_id} {action}")
+            tally.reaped += 1
+            tally.actions.append(action)
     return tally

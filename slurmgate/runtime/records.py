@@ -141,6 +141,32 @@ class ProcessIdentity(BaseModel):
         return cls(pid=pid, started=process_start_ticks(pid), host=socket.gethostname())
 
 
+JOB_COMMENT_PREFIX = "slurmgate run="
+
+
+def job_comment(run_id: str, controller: ProcessIdentity) -> str:
+    """The comment of an allocation a run makes: its run and its controller, so a reaper of
+    another user (the runner service's, say) finds it in `squeue` without the run's record."""
+    return f"{JOB_COMMENT_PREFIX}{run_id} controller={controller.host}/{controller.pid}/" + (
+        str(controller.started) if controller.started is not None else "-"
+    )
+
+
+def parse_job_comment(comment: str) -> tuple[str, ProcessIdentity] | None:
+    """(run id, controller) from a `job_comment`, or None for any other comment."""
+    if not comment.startswith(JOB_COMMENT_PREFIX) or len(comment) > 400:
+        return None
+    run_id, *words = comment[len(JOB_COMMENT_PREFIX) :].split()
+    fields = dict(w.partition("=")[::2] for w in words)
+    host, _, rest = fields.get("controller", "").partition("/")
+    pid, _, started = rest.partition("/")
+    if not run_id or not host or not pid.isdigit():
+        return None
+    return run_id, ProcessIdentity(
+        pid=int(pid), started=int(started) if started.isdigit() else None, host=host
+    )
+
+
 class StepRecord(BaseModel):
     """One launched srun of the run: its process group and Slurm step, for a later reaper."""
 
@@ -190,6 +216,17 @@ class HookOutcome(BaseModel):
         return text
 
 
+class NodeFailure(BaseModel):
+    """The one node a failed run blamed: why, what was decided, and the drain if one was asked."""
+
+    node: str
+    reason: str
+    kind: str  # "preflight", "unreachable" or "lane-crash"
+    retried: bool = False
+    decision: str = ""
+    drain: str | None = None  # what `scontrol update ... state=drain` did, when it was asked
+
+
 class RunRecord(BaseModel):
     """The record.json of one run. Unknown keys are kept, so older and newer files round-trip.
 
@@ -213,6 +250,11 @@ class RunRecord(BaseModel):
     cleanup_complete: bool | None = None
     steps: list[StepRecord] = Field(default_factory=list)
     hooks: dict[str, HookOutcome] = Field(default_factory=dict)  # the site's prolog and epilog
+    # node failures: the node this run blamed, the nodes it was told to avoid, its other attempt
+    node_failure: NodeFailure | None = None
+    excluded_nodes: list[str] = Field(default_factory=list)
+    retry_of: str | None = None
+    retried_as: str | None = None
     # written by a reaper
     status_before_reap: RunStatus | None = None
     reaped_at: float | None = None
@@ -241,8 +283,9 @@ class RunRecord(BaseModel):
 
     def to_json(self) -> str:
         data = self.model_dump(mode="json")
-        for key in _REAPER_FIELDS:  # a run never reaped keeps the layout it always had
-            if data.get(key) is None:
+        # A run never reaped, or that no node failed, keeps the layout it always had.
+        for key in _REAPER_FIELDS + _NODE_FAILURE_FIELDS:
+            if data.get(key) in (None, []):
                 data.pop(key, None)
         return json.dumps(data, indent=1)
 
@@ -290,6 +333,9 @@ _REAPER_FIELDS = (
     "reap_retry_at",
     "reap_error",
 )
+
+
+_NODE_FAILURE_FIELDS = ("node_failure", "excluded_nodes", "retry_of", "retried_as")
 
 
 def controller_identity() -> dict[str, Any]:

@@ -219,9 +219,12 @@ def salloc_argv(
     qos: str | None = None,
     reservation: str | None = None,
     constraint: str | None = None,
+    exclude: Sequence[str] = (),
+    comment: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The `salloc --no-shell` that holds the nodes; unset site options are left to Slurm."""
+    """The `salloc --no-shell` that holds the nodes; unset site options are left to Slurm.
+    `exclude` names nodes the allocation must not get (a retry without a failed node)."""
     argv = ["salloc", "--no-shell", f"--nodes={nodes}", f"--job-name={job_name}"]
     if gpus_per_node:
         argv.append(f"--gres=gpu:{gpus_per_node}")
@@ -236,6 +239,10 @@ def salloc_argv(
     ):
         if value:
             argv.append(f"--{flag}={value}")
+    if exclude:
+        argv.append(f"--exclude={','.join(exclude)}")
+    if comment:
+        argv.append(f"--comment={comment}")
     argv += list(extra)
     return argv
 
@@ -345,6 +352,48 @@ def scancel(
 def scancel_by_name(job_name: str, *, timeout: float = 15.0) -> None:
     """Cancel this user's jobs named `job_name` (e.g. a salloc that timed out while pending)."""
     run(["scancel", f"--name={job_name}"], timeout=timeout, check=False)
+
+
+def drain_node(node: str, reason: str, *, timeout: float = 15.0) -> None:
+    """`scontrol update nodename=NODE state=drain reason=...`: running jobs finish, no new one
+    starts there. Needs a Slurm operator or administrator (or root)."""
+    run(
+        ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"],
+        timeout=timeout,
+    )
+
+
+def resume_node(node: str, *, timeout: float = 15.0) -> None:
+    """`scontrol update nodename=NODE state=resume`: undo a drain."""
+    run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=timeout)
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A job of any user, as `squeue` lists it: what a reaper of other users' runs needs."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str
+    comment: str
+
+
+_SQUEUE_SEP = "\x1f"  # job names and comments may hold any printable text
+
+
+def jobs_of_all_users(*, timeout: float = 10.0) -> list[QueuedJob]:
+    """Every user's pending and running jobs (`squeue --all`), with their comments."""
+    fmt = _SQUEUE_SEP.join(("%i", "%j", "%u", "%T", "%k"))
+    argv = ["squeue", "-h", "--all", "-t", "PD,CF,R,S", "-o", fmt]
+    out = run(argv, timeout=timeout)
+    jobs = []
+    for line in out.stdout.splitlines():
+        parts = line.split(_SQUEUE_SEP)
+        if len(parts) == 5 and parts[0].strip():
+            comment = "" if parts[4] == "(null)" else parts[4]
+            jobs.append(QueuedJob(parts[0].strip(), parts[1], parts[2], parts[3], comment))
+    return jobs
 
 
 def sinfo_states(*, timeout: float = 10.0) -> dict[str, str]:

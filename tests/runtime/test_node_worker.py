@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmgate.runtime.node_failures import StepOutcome, blame
 from slurmgate.runtime.node_worker import (
     LaneSpec,
     NodeSpec,
@@ -126,6 +127,11 @@ def test_failing_lane_status_is_propagated_and_sibling_stopped(tmp_path: Path) -
     assert proc.wait(timeout=20) == 23
     assert "term" in (tmp_path / "lane-0.txt").read_text()
     assert_no_orphans(token)
+    # The worker's own line is what node-failure blame reads: a lane dead after 2 s is its
+    # command's fault, not the node's.
+    err = proc.stderr.read() if proc.stderr else ""
+    found = blame("readiness", [StepOutcome("serve-d", (HOST, "other"), 23, err)])
+    assert found.node is None and f"lane lane-1 on {HOST} exited 23 after 2." in found.reason
 
 
 def test_partial_startup_cleans_the_first_lane(tmp_path: Path) -> None:
@@ -202,9 +208,10 @@ def test_preflight_busy_port() -> None:
     try:
         proc = _worker("preflight", _spec("tok", [], ports=[port]), gpus="0,1")
         assert proc.wait(timeout=20) == 70
-        assert f"check=port: port {port} is not bindable" in (
-            proc.stderr.read() if proc.stderr else ""
-        )
+        err = proc.stderr.read() if proc.stderr else ""
+        assert f"check=port: port {port} is not bindable" in err
+        found = blame("preflight", [StepOutcome("preflight-d", (HOST,), 70, err)])
+        assert found.node == HOST and "check port failed" in found.reason
     finally:
         sock.close()
     ok = _worker("preflight", _spec("tok", [], ports=[port]), gpus="0,1")

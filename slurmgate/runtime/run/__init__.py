@@ -46,6 +46,9 @@ class AllocationRun(AllocatePhase, PreflightPhase, LaunchPhase, ClientPhase, Cle
     def note_failure(self, failure: BaseException) -> None:
         """Record the first failure and the phase it hit (before cleanup moves the phase)."""
         if self.error is None:
+            self.failed_phase = self.phase
+            # Before cleanup stops them: which steps had failed on their own (node_failures.py).
+            self.exits_at_failure = {s.name: s.returncode() for s in self.supervisor.steps}
             self.error = self.redact(f"{type(failure).__name__}: {failure}")
             self.log(f"run failed in phase {self.phase}: {self.error}")
             self.save()

@@ -7,6 +7,7 @@ from typing import Any
 
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime import slurm
+from slurmgate.runtime.records import ProcessIdentity, job_comment
 from slurmgate.runtime.run.state import RunFailed, RunState
 
 
@@ -34,6 +35,8 @@ class AllocatePhase(RunState):
                 )
                 if value
             )
+            if self.excluded_nodes:
+                options += f", excluding {','.join(self.excluded_nodes)}"
             self.log(
                 f"decision: no SLURM_JOB_ID, salloc {self.plan.total_nodes} node(s) "
                 f"with gpu:{self.spec.gpus_per_node}{options}"
@@ -64,6 +67,9 @@ class AllocatePhase(RunState):
             "qos": self.spec.slurm.qos,
             "reservation": self.spec.slurm.reservation,
             "constraint": self.spec.slurm.constraint,
+            "exclude": list(self.excluded_nodes),
+            # who controls the job, for a reaper that cannot read this run's record
+            "comment": job_comment(self.run_id, ProcessIdentity.current()),
         }
 
     def resolve(self) -> layout_mod.Layout:

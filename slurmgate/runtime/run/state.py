@@ -19,6 +19,7 @@ from slurmgate.runtime.hooks import HookRunner, run_plain
 from slurmgate.runtime.records import (
     RECORD_NAME,
     HookOutcome,
+    NodeFailure,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -86,6 +87,8 @@ class RunState:
         on_progress: Callable[[str, int, int], None] | None = None,
         resolve_secret: SecretResolver | None = None,
         hook_runner: HookRunner | None = None,
+        exclude_nodes: tuple[str, ...] = (),
+        retry_of: str | None = None,
     ) -> None:
         self.spec = spec
         # Resolved here, on the client host, before anything starts: an unknown reference
@@ -129,6 +132,14 @@ class RunState:
             lambda invocation: run_plain(invocation, lambda line: self.log(line))
         )
         self.hooks: dict[str, HookOutcome] = {}
+        # Node failures (runtime/node_failures.py): nodes this attempt's allocation must avoid,
+        # the attempt it retries, the node it blamed and the attempt that retried it.
+        self.excluded_nodes = list(exclude_nodes)
+        self.retry_of = retry_of
+        self.failed_phase: str | None = None
+        self.exits_at_failure: dict[str, int | None] = {}
+        self.node_failure: NodeFailure | None = None
+        self.retried_as: str | None = None
         self.save()
 
     # -- bookkeeping -----------------------------------------------------------------------
@@ -158,6 +169,10 @@ class RunState:
             **controller_identity(),
             cleanup_complete=report.complete if report else None,
             hooks=dict(getattr(self, "hooks", {})),
+            node_failure=getattr(self, "node_failure", None),
+            excluded_nodes=list(getattr(self, "excluded_nodes", [])),
+            retry_of=getattr(self, "retry_of", None),
+            retried_as=getattr(self, "retried_as", None),
             steps=(
                 [StepRecord(**step) for step in self.supervisor.records()]
                 if hasattr(self, "supervisor")

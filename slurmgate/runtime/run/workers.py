@@ -71,7 +71,9 @@ class WorkerSteps(RunState):
     def worker_argv(self, name: str, mode: str, nodelist: list[str], gres: str | None) -> list[str]:
         """The srun of one node-worker step: one task per listed node, fail-fast.
 
-        The serve steps of `launch` are exactly this with mode `serve` and the job's GPUs.
+        The serve steps of `launch` are exactly this with mode `serve` and the job's GPUs. A
+        preflight step lets every node finish its checks (no fail-fast): a failure is then
+        one node's only when every other node reported it passed.
         """
         argv = [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"]
         return slurm.srun_argv(
@@ -80,6 +82,7 @@ class WorkerSteps(RunState):
             nodelist=nodelist,
             step_name=self._step_name(name),
             gres=gres,
+            kill_on_bad_exit=mode != "preflight",
             extra=["--input=all"],
         )
 

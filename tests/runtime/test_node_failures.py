@@ -1,0 +1,256 @@
+"""Node-failure policy (which node a failed run blames, whether it retries) and the reaper's
+choice of other users' runs: pure, no Slurm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmgate.runtime import slurm
+from slurmgate.runtime.node_failures import (
+    LANE_CRASH_MIN_UPTIME_S,
+    NodeFailureSettingError,
+    NodeFailureSettings,
+    StepOutcome,
+    blame,
+    drain_reason,
+    retry_decision,
+)
+from slurmgate.runtime.reaper import foreign_stale_allocations
+from slurmgate.runtime.records import (
+    NodeFailure,
+    ProcessIdentity,
+    RunRecord,
+    job_comment,
+    parse_job_comment,
+)
+
+NODES = [f"node{i}" for i in range(1, 7)]
+
+
+def _ok(host: str) -> str:
+    return f"SLURMGATE-PREFLIGHT-OK host={host} cpus=1 gpus=8\n"
+
+
+def _fail(host: str, check: str = "gpu-count", message: str = "4 GPUs visible") -> str:
+    return (
+        f"SLURMGATE-PREFLIGHT host={host} check={check}: {message}\n"
+        f"srun: error: {host}: task 1: Exited with exit code 70\n"
+    )
+
+
+def _preflight(
+    nodes: list[str], failing: dict[str, str], silent: set[str] = frozenset()
+) -> StepOutcome:  # type: ignore[assignment]
+    log = "".join(
+        _fail(n, failing[n]) if n in failing else ("" if n in silent else _ok(n)) for n in nodes
+    )
+    rc = 70 if failing or silent else 0
+    return StepOutcome(name="preflight-chat", nodes=tuple(nodes), returncode=rc, log=log)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nodes=st.lists(st.sampled_from(NODES), min_size=1, max_size=6, unique=True),
+    data=st.data(),
+)
+def test_preflight_blames_a_node_exactly_when_it_alone_failed(
+    nodes: list[str], data: st.DataObject
+) -> None:
+    failing_nodes = data.draw(st.lists(st.sampled_from(nodes), unique=True, max_size=len(nodes)))
+    checks = ["gpu-count", "gpu-list", "port", "model-path"]
+    failing = {n: data.draw(st.sampled_from(checks)) for n in failing_nodes}
+    found = blame("preflight", [_preflight(nodes, failing)])
+    if len(failing) == 1:
+        (node,) = failing
+        assert found.node == node and found.kind == "preflight"
+        assert f"preflight check {failing[node]} failed" in found.reason
+    else:
+        assert found.node is None
+        if failing:
+            assert f"{len(failing)} nodes failed" in found.reason
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=st.lists(st.sampled_from(NODES), min_size=2, max_size=6, unique=True),
+    data=st.data(),
+)
+def test_a_node_that_said_nothing_blames_none(nodes: list[str], data: st.DataObject) -> None:
+    silent = data.draw(st.sampled_from(nodes))
+    bad = data.draw(st.sampled_from([n for n in nodes if n != silent] or [silent]))
+    failing = {} if bad == silent else {bad: "port"}
+    found = blame("preflight", [_preflight(nodes, failing, {silent})])
+    assert found.node is None and f"{silent} reported nothing" in found.reason
+
+
+@pytest.mark.parametrize("check", ["identity", "ntasks", "hostname"])
+def test_plan_level_checks_are_not_a_node(check: str) -> None:
+    found = blame("preflight", [_preflight(["node1", "node2"], {"node1": check})])
+    assert found.node is None and "the plan or srun" in found.reason
+
+
+def test_one_node_failing_two_steps_is_still_one_node() -> None:
+    # The client and a deployment share node1: both its preflights fail, on the same node.
+    client = StepOutcome("preflight-client", ("node1",), 70, _fail("node1", "port"))
+    chat = _preflight(["node1", "node2"], {"node1": "port"})
+    passed = _preflight(["node3"], {})
+    assert blame("preflight", [client, chat, passed]).node == "node1"
+
+
+def test_an_unreachable_node_is_named_by_srun() -> None:
+    log = _ok("node1") + (
+        "srun: error: Task launch for StepId=7.2 failed on node node2: Communication "
+        "connection failure\n"
+    )
+    found = blame("preflight", [StepOutcome("preflight-chat", ("node1", "node2"), 1, log)])
+    assert found.node == "node2" and found.kind == "unreachable"
+    assert "Communication connection failure" in found.reason
+
+
+def _serve(
+    nodes: list[str], crashed: dict[str, float], started: set[str] | None = None
+) -> StepOutcome:
+    lines = []
+    for n in nodes:
+        if started is None or n in started:
+            lines.append(f"[node-worker {n}] started lane chat-r0 pid 12 gpus 0,1")
+    for n, uptime in crashed.items():
+        lines.append(
+            f"[node-worker {n}] lane chat-r0 exited with status 134 after {uptime:.1f} s: "
+            "stopping the node"
+        )
+    for n in nodes:
+        if n not in crashed:
+            lines.append(f"[node-worker {n}] stop requested: stopping lanes")
+    return StepOutcome("serve-chat", tuple(nodes), 134, "\n".join(lines) + "\n")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nodes=st.lists(st.sampled_from(NODES), min_size=1, max_size=6, unique=True),
+    data=st.data(),
+    phase=st.sampled_from(["launch", "readiness", "endpoints", "client"]),
+)
+def test_a_lane_crash_blames_its_node_only_when_alone_late_and_beside_healthy_nodes(
+    nodes: list[str], data: st.DataObject, phase: str
+) -> None:
+    crashed_nodes = data.draw(st.lists(st.sampled_from(nodes), unique=True, max_size=len(nodes)))
+    uptimes = st.floats(min_value=0.0, max_value=3 * LANE_CRASH_MIN_UPTIME_S)
+    crashed = {n: data.draw(uptimes) for n in crashed_nodes}
+    found = blame(phase, [_serve(nodes, crashed)])
+    late = {n: u for n, u in crashed.items() if round(u, 1) >= LANE_CRASH_MIN_UPTIME_S}
+    expected = (
+        len(crashed) == 1 and len(late) == 1 and len(nodes) >= 2
+    )  # one crash, after the start-up window, with another node's lanes running
+    assert (found.node is not None) == expected, found
+    if expected:
+        assert found.node == next(iter(late)) and found.kind == "lane-crash"
+
+
+def test_a_crash_beside_nodes_that_never_started_blames_none() -> None:
+    found = blame("readiness", [_serve(["node1", "node2"], {"node1": 90.0}, started={"node1"})])
+    assert found.node is None and "no other node" in found.reason
+
+
+def test_slurm_losing_a_node_blames_it_at_any_age() -> None:
+    step = _serve(["node1", "node2"], {})
+    lost = StepOutcome(step.name, step.nodes, 1, step.log + "srun: error: Node failure on node2\n")
+    found = blame("client", [lost])
+    assert found.node == "node2" and found.kind == "unreachable"
+
+
+def test_failures_that_are_no_node_s() -> None:
+    # a client that failed while every serve step ran; a readiness timeout; salloc refused
+    running = StepOutcome("serve-chat", ("node1", "node2"), None, "")
+    assert blame("client", [running]).node is None
+    assert blame("readiness", [running]).node is None
+    assert blame("allocate", []).node is None
+    spawn = StepOutcome(
+        "serve-chat", ("node1", "node2"), 71, "[node-worker node1] lane chat-r0 failed to start\n"
+    )
+    assert "could not start" in blame("launch", [spawn]).reason
+
+
+def test_retry_decision() -> None:
+    node = blame("preflight", [_preflight(["node1", "node2"], {"node2": "gpu-count"})])
+    assert node.node == "node2"
+    go = retry_decision(node, owned_allocation=True, excluded=[], enabled=True)
+    assert go.retry and go.exclude == ("node2",)
+    again = retry_decision(node, owned_allocation=True, excluded=["node1"], enabled=True)
+    assert not again.retry and "once is the limit" in again.why
+    attached = retry_decision(node, owned_allocation=False, excluded=[], enabled=True)
+    assert not attached.retry and "--exclude=node2" in attached.why
+    off = retry_decision(node, owned_allocation=True, excluded=[], enabled=False)
+    assert not off.retry and "off" in off.why
+    none = blame("preflight", [_preflight(["node1", "node2"], {"node1": "port", "node2": "port"})])
+    assert not retry_decision(none, owned_allocation=True, excluded=[], enabled=True).retry
+
+
+def test_settings_from_the_environment() -> None:
+    assert NodeFailureSettings.from_env({}) == NodeFailureSettings(retry=True, drain=False)
+    both = NodeFailureSettings.from_env(
+        {"SLURMGATE_NODE_RETRY": "off", "SLURMGATE_DRAIN_FAILED_NODES": "TRUE"}
+    )
+    assert both == NodeFailureSettings(retry=False, drain=True)
+    with pytest.raises(NodeFailureSettingError, match="SLURMGATE_DRAIN_FAILED_NODES"):
+        NodeFailureSettings.from_env({"SLURMGATE_DRAIN_FAILED_NODES": "maybe"})
+
+
+def test_salloc_excludes_and_the_drain_reason_is_one_short_line() -> None:
+    argv = slurm.salloc_argv(nodes=2, job_name="sg-x", exclude=["node1", "node3"])
+    assert "--exclude=node1,node3" in argv
+    assert "--exclude" not in " ".join(slurm.salloc_argv(nodes=2, job_name="sg-x"))
+    reason = drain_reason("sg-x-1", "preflight check gpu-count failed:\n 4 GPUs " + "x" * 300)
+    assert "\n" not in reason and len(reason) <= 120 and reason.startswith("slurmgate sg-x-1: ")
+
+
+def test_record_keeps_its_layout_without_a_node_failure(tmp_path: Path) -> None:
+    path = tmp_path / "record.json"
+    RunRecord(run_id="sg-a").write(path)
+    assert not {"node_failure", "excluded_nodes", "retry_of", "retried_as"} & set(
+        json.loads(path.read_text())
+    )
+    failure = NodeFailure(node="node2", reason="r", kind="preflight", retried=True)
+    RunRecord(run_id="sg-a", node_failure=failure, retried_as="sg-b").write(path)
+    path.chmod(0o600)
+    back = RunRecord.read(path)
+    assert back.node_failure == failure and back.retried_as == "sg-b"
+
+
+# -- the reaper's view of other users' runs ----------------------------------------------
+
+
+def _job(job_id: str, name: str, comment: str, user: str = "runner") -> slurm.QueuedJob:
+    return slurm.QueuedJob(job_id=job_id, name=name, user=user, state="RUNNING", comment=comment)
+
+
+def test_job_comment_round_trips_and_refuses_others() -> None:
+    me = ProcessIdentity(pid=4242, started=99, host="login1")
+    comment = job_comment("sg-a-1", me)
+    assert parse_job_comment(comment) == ("sg-a-1", me)
+    blank = ProcessIdentity(pid=7, started=None, host="login1")
+    assert parse_job_comment(job_comment("sg-b", blank)) == ("sg-b", blank)
+    for other in ["", "slurmgate", "slurmgate run=sg-a controller=login1/x/1", "ci wrapper"]:
+        assert parse_job_comment(other) is None
+    assert "--comment=" + comment in slurm.salloc_argv(nodes=1, job_name="j", comment=comment)
+
+
+def test_foreign_stale_allocations_take_only_dead_controllers_of_this_host() -> None:
+    dead, live = ProcessIdentity(pid=1, started=1, host="h1"), ProcessIdentity(pid=2, host="h1")
+    jobs = [
+        _job("10", "sg-dead", job_comment("sg-dead", dead)),
+        _job("11", "sg-live", job_comment("sg-live", live)),
+        _job("12", "sg-mine", job_comment("sg-mine", dead)),  # this user's record covers it
+        _job("13", "sg-away", job_comment("sg-away", ProcessIdentity(pid=1, started=1, host="h2"))),
+        _job("14", "someone-else", job_comment("sg-dead", dead)),  # a comment naming another job
+        _job("15", "sg-plain", ""),
+    ]
+    found = foreign_stale_allocations(
+        jobs, {"sg-mine"}, host="h1", gone=lambda c: c.pid == dead.pid
+    )
+    assert [(a.job_id, a.run_id, a.user) for a in found] == [("10", "sg-dead", "runner")]
