@@ -254,3 +254,19 @@ def test_foreign_stale_allocations_take_only_dead_controllers_of_this_host() -> 
         jobs, {"sg-mine"}, host="h1", gone=lambda c: c.pid == dead.pid
     )
     assert [(a.job_id, a.run_id, a.user) for a in found] == [("10", "sg-dead", "runner")]
+
+
+def test_an_attempt_asks_salloc_to_exclude_and_names_its_controller(tmp_path: Path) -> None:
+    from slurmgate.runtime.run import AllocationRun
+    from slurmgate.runtime.spec import AllocationSpec
+
+    from .conftest import example_data
+
+    spec = AllocationSpec.from_data(example_data())
+    run = AllocationRun(spec, runs_root=tmp_path, exclude_nodes=("node2",), retry_of="sg-a")
+    argv = slurm.salloc_argv(**run.salloc_request())
+    assert "--exclude=node2" in argv
+    (comment,) = [a.removeprefix("--comment=") for a in argv if a.startswith("--comment=")]
+    assert parse_job_comment(comment) == (run.run_id, ProcessIdentity.current())
+    record = json.loads(run.record_path.read_text())
+    assert record["excluded_nodes"] == ["node2"] and record["retry_of"] == "sg-a"
