@@ -285,8 +285,10 @@ class RunRecord(BaseModel):
         data = self.model_dump(mode="json")
         # A run never reaped, or that no node failed, keeps the layout it always had.
         for key in _REAPER_FIELDS + _NODE_FAILURE_FIELDS:
-            if data.get(key) in (None, []):
+            if data.get(key) is None:
                 data.pop(key, None)
+        if not data.get("excluded_nodes"):
+            data.pop("excluded_nodes", None)
         return json.dumps(data, indent=1)
 
     def write(self, path: Path | None = None) -> None:
