@@ -354,23 +354,3 @@ def run_with_node_retry(
         return second
     retry.judge(second)
     raise failure
-
-
-def retrying_run(make_run: Callable[..., AllocationRun], retry: NodeRetry) -> AllocationRun:
-    """`run_with_node_retry` over `AllocationRun.run` (no Prefect): `make_run(exclude_nodes=,
-    retry_of=)` builds each attempt. A cleanup that failed is never retried."""
-    from slurmgate.runtime.supervisor import CleanupFailed
-
-    def attempt(
-        exclude: tuple[str, ...], retry_of: str | None
-    ) -> tuple[AllocationRun, BaseException | None]:
-        run = make_run(exclude_nodes=exclude, retry_of=retry_of)
-        try:
-            run.run()
-        except CleanupFailed:
-            raise
-        except Exception as exc:
-            return run, exc
-        return run, None
-
-    return run_with_node_retry(attempt, retry)
