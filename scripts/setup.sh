@@ -32,7 +32,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     need=()
     # wrk drives the endpoint benchmark (benchmarks/bench_endpoint.py); slurmrestd serves the
     # capacity read's REST path in the bundled cluster's tests
-    for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd; do
+    # etcd-server and nats-server: the real etcd and NATS a Dynamo deployment's service lanes run
+    for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd etcd-server nats-server; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,
@@ -45,6 +46,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     if [ ${#need[@]} -gt 0 ]; then
         with_progress "[setup] apt-get install ${need[*]}" apt_install "${need[@]}" ||
             show_log "apt-get install"
+    fi
+    # the runtime starts its own etcd and NATS per run: Debian's system services must not hold ports
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now etcd nats-server >>"$log" 2>&1 || true
     fi
 fi
 

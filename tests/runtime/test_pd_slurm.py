@@ -8,6 +8,10 @@ sends the same completions, plain and streamed, through both; every answer is pa
 decode lanes logged exactly the bootstrap rooms the prefill lanes logged). Then the router's
 prefill worker dies (it crashes after its fifth request) while the client still runs: the run
 fails within seconds, names the node and the lane, and cleanup leaves nothing on any node.
+
+A Dynamo deployment (stub workers, a stand-in frontend) runs Debian's real etcd and NATS as its
+service lanes on the client node: the client reads and writes etcd and reads NATS's INFO and
+monitor while the run lives, and cleanup leaves neither behind.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec import AllocationSpec
 
-from .conftest import assert_no_orphans, job_gone
+from .conftest import assert_no_orphans, job_gone, processes_with
 
 pytestmark = pytest.mark.slurm
 
@@ -174,3 +178,145 @@ def test_2p1d_endpoint_and_1p1d_sglang_router_pair_requests_and_a_dying_prefill_
     message = str(failed.value)
     host = run.layout.host(2)
     assert f"lane router-prefill-00000-rank-00000 on node {host} exited" in message, message
+
+
+# A stand-in for Dynamo's frontend (`frontend.command`): it answers /health listing one
+# prefill and one decode instance only once the real etcd and NATS lanes answer it at the
+# addresses the runtime gives it (ETCD_ENDPOINTS, NATS_SERVER).
+DYNAMO_FRONTEND = r"""
+import json, os, socket, sys, time, urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port = int(sys.argv[sys.argv.index("--http-port") + 1])
+etcd, nats = os.environ["ETCD_ENDPOINTS"], os.environ["NATS_SERVER"]
+while True:
+    try:
+        with urllib.request.urlopen(etcd + "/health", timeout=2) as r:
+            health = json.loads(r.read())
+        host, nport = nats.removeprefix("nats://").rsplit(":", 1)
+        with socket.create_connection((host, int(nport)), timeout=2) as s:
+            info = s.makefile().readline()
+        if health.get("health") == "true" and info.startswith("INFO {"):
+            break
+    except OSError:
+        pass
+    time.sleep(0.2)
+print(f"frontend saw etcd {etcd} and nats {nats}", flush=True)
+instances = [{"endpoint": "generate", "component": c} for c in ("prefill", "decode")]
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "healthy", "instances": instances}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("0.0.0.0", port), Health).serve_forever()
+"""
+
+# The client asks the services themselves, on the client node's address (the endpoint's host):
+# etcd's /health and a key written and read back through its v3 gateway, NATS's INFO line on
+# its client port and its monitor's /healthz.
+SERVICES_CLIENT = r"""
+import base64, json, os, socket, urllib.request
+base = json.loads(os.environ["SLURMGATE_ENDPOINTS"])["dyn"]
+host = base.removeprefix("http://").rsplit(":", 1)[0]
+
+def call(url, payload=None):
+    data = None if payload is None else json.dumps(payload).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=5) as r:
+        return r.status, json.loads(r.read())
+
+b64 = lambda s: base64.b64encode(s.encode()).decode()
+etcd = f"http://{host}:%(etcd)d"
+out = {"etcd_health": call(etcd + "/health")}
+call(etcd + "/v3/kv/put", {"key": b64("slurmgate"), "value": b64("answered")})
+_, got = call(etcd + "/v3/kv/range", {"key": b64("slurmgate")})
+out["etcd_value"] = base64.b64decode(got["kvs"][0]["value"]).decode()
+with socket.create_connection((host, %(nats)d), timeout=5) as s:
+    out["nats_info"] = json.loads(s.makefile().readline().removeprefix("INFO "))
+out["nats_healthz"] = call(f"http://{host}:%(nats_monitor)d/healthz")
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+SERVICE_PORTS = {"etcd": 18930, "nats": 18932, "nats_monitor": 18933}
+
+
+def dynamo_spec() -> AllocationSpec:
+    return AllocationSpec.from_data(
+        {
+            "schema_version": 1,
+            "name": "dyn",
+            "gpus_per_node": 8,
+            "time_limit": "00:03:00",
+            "client": {
+                "command": ["python", "-c", SERVICES_CLIENT % SERVICE_PORTS],
+                "dedicated_node": False,
+            },
+            "deployments": [
+                {
+                    "name": "dyn",
+                    "engine": "dynamo-sglang",
+                    "command": STUB,
+                    "roles": {"prefill": {}, "decode": {}},
+                    "frontend": {
+                        "type": "dynamo",
+                        "command": ["python", "-c", DYNAMO_FRONTEND],
+                        "port": 17720,
+                        "etcd_port": SERVICE_PORTS["etcd"],
+                        "nats_port": SERVICE_PORTS["nats"],
+                        "nats_monitor_port": SERVICE_PORTS["nats_monitor"],
+                        "etcd_command": ["etcd"],
+                        "nats_command": ["nats-server"],
+                        "startup_timeout_s": 30,
+                    },
+                    "base_port": 18900,
+                    "bootstrap_base_port": 18910,
+                    "side_base_port": 18920,
+                    "endpoint_port": 17721,
+                    "startup_timeout_s": 30,
+                    "lead_boot_standoff_s": 0,
+                    "rank_launch_stagger_s": 0,
+                },
+            ],
+        },
+        source="test",
+    )
+
+
+def test_dynamo_deployment_runs_real_etcd_and_nats_as_service_lanes(
+    slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    run = AllocationRun(dynamo_spec(), runs_root=tmp_path / "runs", grace_s=5)
+    try:
+        run.run()
+    finally:
+        assert_no_orphans(run.run_id)
+    assert run.status == "succeeded" and run.cleaned, run.status
+    assert job_gone(run.job_id)
+    assert run.layout is not None
+    head = run.layout.address(run.layout.plan.client_node)
+    logs = {p.name.split("-", 1)[1]: p.read_text() for p in run.run_dir.glob("[0-9][0-9]-*.log")}
+    line = next(x for x in logs["client.log"].splitlines() if x.startswith("RESULT "))
+    report: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    assert report["etcd_health"] == [200, {"health": "true"}], report
+    assert report["etcd_value"] == "answered"
+    assert report["nats_info"]["port"] == SERVICE_PORTS["nats"], report["nats_info"]
+    assert report["nats_info"]["jetstream"] is True, report["nats_info"]
+    assert report["nats_healthz"] == [200, {"status": "ok"}], report
+    # both ran as lanes of the services step on the client node, before the workers, and the
+    # frontend found them at the addresses the runtime handed it
+    services = logs["services-dyn.log"]
+    assert "started lane dyn-etcd pid" in services and "started lane dyn-nats pid" in services
+    etcd = f"http://{head}:{SERVICE_PORTS['etcd']}"
+    nats = f"nats://{head}:{SERVICE_PORTS['nats']}"
+    assert f"frontend saw etcd {etcd} and nats {nats}" in logs["frontend-dyn.log"]
+    # nothing of either is left on any node (every node of the bundled cluster is this host)
+    left = processes_with("etcd") + processes_with("nats-server")
+    assert not [p for p in left if run.run_id in p or str(SERVICE_PORTS["etcd"]) in p], left
