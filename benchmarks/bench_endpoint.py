@@ -336,6 +336,27 @@ def require_wrk() -> str:
     return path
 
 
+def pin_to_load_core() -> None:
+    """Run this process (and the load generator it starts) on the load core, if there is one."""
+    _, load_core = cores()
+    if load_core is not None:
+        os.sched_setaffinity(0, {load_core})
+    else:
+        print("warning: fewer than 2 cores; nothing is pinned", file=sys.stderr)
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name, for the results' header."""
+    return next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+
+
 def lua_script(body: str, directory: Path) -> Path:
     path = directory / f"post-{abs(hash(body))}.lua"
     path.write_text(LUA % json.dumps(body))
@@ -693,20 +714,9 @@ def main() -> None:
     peer_note = "" if peer else "smoke run and the peer's venv is not installed yet"
     if peer is None:
         print(f"bench_endpoint: the peer is not measured ({peer_note})", file=sys.stderr)
-    _, load_core = cores()
-    if load_core is not None:
-        os.sched_setaffinity(0, {load_core})
-    else:
-        print("warning: fewer than 2 cores; nothing is pinned", file=sys.stderr)
+    pin_to_load_core()
     started = time.monotonic()
-    cpu_model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu_model = cpu_model_name()
     routers = [arm for arm in ROUTERS if router_argv(arm, 0, []) is not None]
     arms = ["direct", "slurmgate", *(["peer"] if peer else []), *routers]
     argv = sys.argv[1:]

@@ -54,8 +54,10 @@ from bench_endpoint import (
     _median,
     _version,
     cores,
+    cpu_model_name,
     lua_script,
     measure_round,
+    pin_to_load_core,
     require_wrk,
     spawn,
     stop,
@@ -513,20 +515,9 @@ def main() -> None:
         import sglang_router  # noqa: F401
     except ImportError:
         sys.exit("bench_pd: sglang-router is not installed: pip install -e '.[dev]'")
-    _, load_core = cores()
-    if load_core is not None:
-        os.sched_setaffinity(0, {load_core})
-    else:
-        print("warning: fewer than 2 cores; nothing is pinned", file=sys.stderr)
+    pin_to_load_core()
     started = time.monotonic()
-    cpu_model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu_model = cpu_model_name()
     results: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": (".venv/bin/python benchmarks/bench_pd.py " + shlex.join(sys.argv[1:])).strip(),

@@ -671,20 +671,8 @@ class Endpoint:
                 break
             tried.append(lane)
             stats.attempts += 1
-            lane.requests += 1
-            lane.active += 1
             gate = gates[lane.index]
-            if gate.locked():
-                lane.queued += 1
-                try:
-                    await gate.acquire()
-                except BaseException:
-                    lane.active -= 1
-                    raise
-                finally:
-                    lane.queued -= 1
-            else:
-                await gate.acquire()
+            await _enter(lane, gate)
             pool = pools[lane.index]
             upstream: UpstreamConnection | None = None
             outcome: bool | None = None  # for the lane's breaker: answered well, or failed
@@ -844,20 +832,8 @@ class Endpoint:
                 break
             tried.append(lane)
             stats.attempts += 1
-            lane.requests += 1
-            lane.active += 1
             gate = self._gates[lane.index]
-            if gate.locked():
-                lane.queued += 1
-                try:
-                    await gate.acquire()
-                except BaseException:
-                    lane.active -= 1
-                    raise
-                finally:
-                    lane.queued -= 1
-            else:
-                await gate.acquire()
+            await _enter(lane, gate)
             try:
                 upstream = await self.pools[lane.index].acquire(cfg.connect_timeout)
             except (OSError, TimeoutError):
@@ -1019,6 +995,23 @@ class Endpoint:
         reason = "timeout" if isinstance(error, TimeoutError) else "dropped"
         message = f"the {role} backend failed before answering ({reason}); not retried"
         return self._answer(conn, req, 502, _json_error(502, "bad_gateway", message))
+
+
+async def _enter(lane: Lane, gate: asyncio.Semaphore) -> None:
+    """Count a request on its lane and take the lane's gate, counted as queued while it waits."""
+    lane.requests += 1
+    lane.active += 1
+    if gate.locked():
+        lane.queued += 1
+        try:
+            await gate.acquire()
+        except BaseException:
+            lane.active -= 1
+            raise
+        finally:
+            lane.queued -= 1
+    else:
+        await gate.acquire()
 
 
 def _interrupt_on_failure(decode: _Leg, prefilling: asyncio.Task[_Buffered]) -> None:
