@@ -39,7 +39,7 @@ from typing import Any
 from options import SMOKE_NOTE, add_output_flags
 
 from slurmgate.admission.policies import ReservationBackfill
-from slurmgate.simulator.candidates import NarrowAtOnce, Predicted, TimeoutBound
+from slurmgate.simulator.candidates import Predicted, TimeoutBound
 from slurmgate.simulator.engine import (
     Result,
     controller_settings,
@@ -80,13 +80,9 @@ def _method(knobs: dict[str, Any], candidate: type[ReservationBackfill] | None) 
         estimates += f" q{settings.estimate_quantile:g}"
     after = settings.reserve_after_s
     trigger = f"{after / 3600:g}h" if after else "at once"
-    planned = {
-        None: "",
-        Predicted: " on predictions",
-        TimeoutBound: " timeout-bound",
-        NarrowAtOnce: " wide only",
-    }
-    return f"{settings.policy}/{estimates}/{trigger}{planned[candidate]}"
+    planned = {None: "", Predicted: " on predictions", TimeoutBound: " timeout-bound"}
+    wide = "" if settings.wide_fraction is None else f" wide>{settings.wide_fraction:g}"
+    return f"{settings.policy}/{estimates}/{trigger}{wide}{planned[candidate]}"
 
 
 # the scenarios with a reference row, and the tuning ones: the baselines and ablations that
@@ -95,7 +91,9 @@ EXPLAIN = ("kth100", "kth100x0.8", "kth-pools", "lanl32")
 TUNING = ("kth100", "kth100x0.8", "kth100x0.75", "kth-pools")
 # candidates rejected on the tuning scenarios: replayed there only
 REJECTED = TUNING
-LEARNED = {"policy": "easy", "estimates": "learned"}
+LEARNED = {"policy": "easy", "estimates": "learned", "wide_fraction": None}
+TIMEOUT_1H = {"policy": "easy", "estimates": "timeout", "reserve_after_s": 3600.0}
+LEARNED_1H = {**LEARNED, "reserve_after_s": 3600.0, "estimate_quantile": 0.8}
 CANDIDATE_SPECS: tuple[
     tuple[dict[str, Any], type[ReservationBackfill] | None, tuple[str, ...] | None], ...
 ] = (
@@ -105,9 +103,16 @@ CANDIDATE_SPECS: tuple[
     ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 1.0}, None, REJECTED),
     ({**LEARNED, "reserve_after_s": 3600.0, "estimate_quantile": 0.8}, None, REJECTED),
     ({**LEARNED, "reserve_after_s": 18000.0, "estimate_quantile": 0.8}, None, REJECTED),
-    ({"policy": "easy", "estimates": "timeout", "reserve_after_s": 3600.0}, None, None),
-    # the 1 h trigger for wide jobs only (> 0.25 of the largest pool), narrow ones at once
-    ({"policy": "easy", "estimates": "timeout", "reserve_after_s": 3600.0}, NarrowAtOnce, None),
+    # the default before this one: the 1 h trigger for every job, on timeouts
+    ({**TIMEOUT_1H, "wide_fraction": None}, None, None),
+    # the 1 h trigger for wide jobs only (> 0.25 of the largest pool), on timeouts
+    ({**TIMEOUT_1H, "wide_fraction": 0.25}, None, REJECTED),
+    # learned estimates with the wide-job rules: the fraction chosen among these on KTH
+    ({**LEARNED, "reserve_after_s": 0.0, "wide_fraction": 0.25}, None, REJECTED),
+    ({**LEARNED_1H, "wide_fraction": 0.1}, None, REJECTED),
+    ({**LEARNED_1H, "wide_fraction": 0.25}, None, None),
+    ({**LEARNED_1H, "wide_fraction": 0.35}, None, REJECTED),
+    ({**LEARNED_1H, "wide_fraction": 0.5}, None, REJECTED),
     # simulator candidates: planned on predictions
     ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 0.8}, TimeoutBound, REJECTED),
     ({**LEARNED, "reserve_after_s": 0.0, "estimate_quantile": 0.8}, Predicted, EXPLAIN),

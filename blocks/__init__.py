@@ -228,6 +228,7 @@ class AdmissionPolicyBlock(_SlurmgateBlock):
     estimate_min_samples: int = _knob("estimate_min_samples")
     overrun_extension_s: float = _knob("overrun_extension_s")
     reserve_after_s: float = _knob("reserve_after_s")
+    wide_fraction: float | None = _knob("wide_fraction")
     reservation_depth: int = _knob("reservation_depth")
     lease_max_queued_age_s: float | None = _knob("lease_max_queued_age_s")
     orphan_grace_s: float = _knob("orphan_grace_s")

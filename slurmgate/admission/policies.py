@@ -144,6 +144,13 @@ class ReservationBackfill(AdmissionPolicy):
     With `reserve_after_s` a blocked job gets a reservation only once it has waited that long
     (Slurm's bf_min_age_reserve): younger jobs backfill greedily.
 
+    With `wide_fraction` a job needing more than that part of its largest compatible pool is
+    wide: only wide jobs wait for the trigger (a narrower one is reserved at once, as classic
+    EASY does), and a job starting beside a wide job's reservation is taken at its timeout, so
+    a prediction that was too short cannot push a wide start; beside a narrow one it is taken
+    at its prediction. Why: under heavy load the trigger let small jobs pass young 5-25 node
+    heads, and predictions that ran long delayed convoys of wide jobs.
+
     The simulator's candidates subclass this and override `due`, `order`, `backfill_s`,
     `reserved_s` or `predicted_ends`.
     """
@@ -151,23 +158,37 @@ class ReservationBackfill(AdmissionPolicy):
     predicted_ends = False
     """Plan the profile on running leases' predicted ends instead of their timeouts."""
 
-    def __init__(self, name: str, depth: int, reserve_after_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        depth: int,
+        reserve_after_s: float = 0.0,
+        wide_fraction: float | None = None,
+    ) -> None:
         self.name = name
         self.depth = depth
         self.reserve_after_s = reserve_after_s
+        self.wide_fraction = wide_fraction
 
     def due(self, request: JobRequest, fleet: FleetState) -> bool:
         """Whether a blocked job has waited long enough for a reservation."""
         if request.skip_queue or not self.reserve_after_s:  # a skip-queue job at once
             return True
+        if self.wide_fraction is not None:
+            sizes = [fleet.pools[p].total for p in fleet.candidates(request.requirement) if p]
+            if sizes and request.nodes <= self.wide_fraction * max(sizes):
+                return True  # a narrow job: reserved at once
         return fleet.now_s - request.job.created_at.timestamp() >= self.reserve_after_s
 
     def order(self, requests: Sequence[JobRequest], fleet: FleetState) -> Sequence[JobRequest]:
         """The order jobs are tried in: priority."""
         return requests
 
-    def backfill_s(self, request: JobRequest) -> float:
-        """How long a job starting beside a reservation is taken to run."""
+    def backfill_s(self, request: JobRequest, holder_share: float = 0.0) -> float:
+        """How long a job starting beside a reservation is taken to run; `holder_share` is the
+        part of the pool the pool's first reservation needs."""
+        if self.wide_fraction is not None and holder_share > self.wide_fraction:
+            return request.estimate.limit_s  # beside a wide reservation: its kill bound
         return request.estimate.predicted_s
 
     def reserved_s(self, request: JobRequest) -> float:
@@ -178,16 +199,19 @@ class ReservationBackfill(AdmissionPolicy):
         fleet = walk.fleet
         profiles: dict[str, Profile] = {}
         held: dict[str, int] = {}
+        shares: dict[str, float] = {}  # the part of each pool its first reservation needs
         # pools with `depth` reservations: nothing more can be reserved there
         full: set[str] = set()
         for request in self.order(requests, fleet):
             nodes = request.nodes
-            duration = self.backfill_s(request)
             if profiles:
 
-                def allow(pool: str, nodes: int = nodes, duration: float = duration) -> bool:
+                def allow(pool: str, request: JobRequest = request) -> bool:
                     profile = profiles.get(pool)
-                    return profile is None or profile.fits_now(nodes, duration)
+                    if profile is None:
+                        return True
+                    duration = self.backfill_s(request, shares.get(pool, 0.0))
+                    return profile.fits_now(request.nodes, duration)
 
                 outcome = fit_now(request, fleet, allow)
             else:
@@ -195,12 +219,15 @@ class ReservationBackfill(AdmissionPolicy):
             if isinstance(outcome, Placement):
                 walk.settle(outcome)
                 if outcome.pool in profiles:
+                    duration = self.backfill_s(request, shares.get(outcome.pool, 0.0))
                     profiles[outcome.pool].reserve(fleet.now_s, duration, nodes)
                 continue
             if outcome.reason in (BlockReason.NO_CAPACITY, BlockReason.RESERVED) and self.due(
                 request, fleet
             ):
                 reserved = self._reserve(request, fleet, profiles, held, full)
+                if reserved is not None and reserved[0] not in shares:
+                    shares[reserved[0]] = nodes / max(fleet.pools[reserved[0]].total, 1)
                 if reserved is not None and walk.explain:
                     pool, start = reserved
                     outcome = Blocked(
@@ -275,10 +302,13 @@ def policy_for(settings: AdmissionSettings, name: str | None = None) -> Admissio
     chosen = name or settings.policy
     if chosen == "conservative":
         return ReservationBackfill(
-            "conservative", settings.reservation_depth, settings.reserve_after_s
+            "conservative",
+            settings.reservation_depth,
+            settings.reserve_after_s,
+            settings.wide_fraction,
         )
-    if chosen == "easy" and settings.reserve_after_s:
-        return ReservationBackfill("easy", 1, settings.reserve_after_s)
+    if chosen == "easy" and (settings.reserve_after_s or settings.wide_fraction is not None):
+        return ReservationBackfill("easy", 1, settings.reserve_after_s, settings.wide_fraction)
     if chosen in BASELINES:
         return BASELINES[chosen]
     return policy_named(chosen)

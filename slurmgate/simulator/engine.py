@@ -82,6 +82,7 @@ POLICY_KNOBS = (
     "estimate_min_samples",
     "overrun_extension_s",
     "reserve_after_s",
+    "wide_fraction",
     "reservation_depth",
 )
 """The settings a replay's schedule depends on."""
@@ -110,9 +111,10 @@ def replay_knobs(settings: AdmissionSettings, policy: str, estimates: str) -> di
 
 
 def sim_settings(**overrides: Any) -> AdmissionSettings:
-    """Settings for a classic replay: the controller's defaults but immediate reservations
-    (classic EASY: reserve_after_s 0), and the knobs as given; the environment is not read."""
-    return controller_settings(**{"reserve_after_s": 0.0, **overrides})
+    """Settings for a classic replay: the controller's defaults but immediate reservations for
+    every job (classic EASY: reserve_after_s 0, no wide fraction), and the knobs as given; the
+    environment is not read."""
+    return controller_settings(**{"reserve_after_s": 0.0, "wide_fraction": None, **overrides})
 
 
 def parse_pools(spec: str | None, trace: Trace) -> tuple[dict[str, int], bool]:

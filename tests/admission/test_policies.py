@@ -29,7 +29,7 @@ from slurmgate.admission.planner import plan
 from slurmgate.admission.policies import policy_for
 from slurmgate.admission.settings import AdmissionSettings
 
-DEFAULT_METHOD = ("timeout", 3600.0)  # benchmarks/bench_policies.py: chosen on KTH only
+DEFAULT_METHOD = ("learned", 3600.0, 0.25)  # benchmarks/bench_policies.py: chosen on KTH only
 
 
 def cfg(policy: str, **knobs: Any) -> AdmissionSettings:
@@ -40,6 +40,7 @@ def cfg(policy: str, **knobs: Any) -> AdmissionSettings:
             "policy": policy,
             "estimates": "timeout",
             "reserve_after_s": 0,
+            "wide_fraction": None,  # classic EASY unless a test asks for the wide-job rules
             **knobs,
         }
     )
@@ -180,7 +181,8 @@ def test_reservations_are_planned_on_timeouts_and_a_backfill_on_its_prediction()
     # on timeouts alone C's 9.5 h would delay A: classic EASY holds it
     classic = plan(snap, cfg("easy", timeout_overrides=knobs["timeout_overrides"]), NOW)
     assert admitted(classic) == {} and blocked(classic)[3] == BlockReason.RESERVED
-    assert (AdmissionSettings().estimates, AdmissionSettings().reserve_after_s) == DEFAULT_METHOD
+    default = AdmissionSettings()
+    assert (default.estimates, default.reserve_after_s, default.wide_fraction) == DEFAULT_METHOD
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -190,6 +192,7 @@ def test_reservations_are_planned_on_timeouts_and_a_backfill_on_its_prediction()
     st.sampled_from([1.0, 30.0, 480.0]),
     st.sampled_from([0.0, 600.0]),
     st.sampled_from(["timeout", "learned"]),
+    st.sampled_from([None, 0.25, 1.0]),
 )
 def test_capacity_invariant_and_fixed_point_for_every_policy(
     world: World,
@@ -197,8 +200,15 @@ def test_capacity_invariant_and_fixed_point_for_every_policy(
     timeout_min: float,
     reserve_after_s: float,
     estimates: str,
+    wide_fraction: float | None,
 ) -> None:
-    s = cfg(policy, timeout_min=timeout_min, reserve_after_s=reserve_after_s, estimates=estimates)
+    s = cfg(
+        policy,
+        timeout_min=timeout_min,
+        reserve_after_s=reserve_after_s,
+        estimates=estimates,
+        wide_fraction=wide_fraction,
+    )
     # a learned estimate for every job key of the world: half its timeout
     history = RuntimeHistory()
     for j in world.snap.jobs:
@@ -227,6 +237,17 @@ def test_policy_for_applies_the_knobs() -> None:
     assert policy_for(cfg("easy", reserve_after_s=60)).reserve_after_s == 60  # type: ignore[attr-defined]
     assert policy_for(cfg("easy")).reserve_after_s == 0  # type: ignore[attr-defined]
     assert policy_for(cfg("conservative", reserve_after_s=60)).reserve_after_s == 60  # type: ignore[attr-defined]
+    assert policy_for(cfg("easy", wide_fraction=0.25)).wide_fraction == 0.25  # type: ignore[attr-defined]
+    assert policy_for(cfg("conservative", wide_fraction=0.5)).wide_fraction == 0.5  # type: ignore[attr-defined]
+
+
+def test_wide_fraction_is_a_part_of_a_pool_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("0", "1.5", "-0.25", "wide"):
+        monkeypatch.setenv("SLURMGATE_WIDE_FRACTION", bad)
+        with pytest.raises(ValidationError, match="wide_fraction"):
+            AdmissionSettings()
+    monkeypatch.setenv("SLURMGATE_WIDE_FRACTION", "null")
+    assert AdmissionSettings().wide_fraction is None
 
 
 def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,8 +256,10 @@ def test_settings_read_the_estimate_knobs(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("SLURMGATE_TIMEOUT_MIN", "60")
     monkeypatch.setenv("SLURMGATE_TIMEOUT_OVERRIDES", '{"Agentic": 780, "smoke": 10}')
     monkeypatch.setenv("SLURMGATE_RESERVE_AFTER_S", "900")
+    monkeypatch.setenv("SLURMGATE_WIDE_FRACTION", "0.5")
     s = AdmissionSettings()
     assert (s.policy, s.estimates, s.reserve_after_s) == ("conservative", "timeout", 900)
+    assert s.wide_fraction == 0.5
     assert s.timeout_s("bench (dsr1, AGENTIC)") == 780 * 60
     assert s.timeout_s("smoke-test") == 600
     assert s.timeout_s("other") == 3600

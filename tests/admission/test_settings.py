@@ -32,7 +32,7 @@ def test_defaults_are_disabled_and_documented_values() -> None:
     s = AdmissionSettings()
     assert (s.PRIORITY_SCHEDULER_ENABLED, s.NODE_SLOT_SCHEDULER_ENABLED) == (False, False)
     assert s.policy == "easy"  # the best-measured starvation-free policy (bench_policies)
-    assert s.reserve_after_s == 3600 and s.estimates == "timeout"
+    assert (s.reserve_after_s, s.estimates, s.wide_fraction) == (3600, "learned", 0.25)
     assert (s.lease_max_queued_age_s, s.orphan_grace_s) == (None, 30)
     assert str(s.default_priority) == "1.000"
     assert s.node_slots is False

@@ -1,9 +1,9 @@
-"""The simulator's reservation candidates against the planner's own EASY on one small replay."""
+"""Reservation methods (simulator candidates, the planner's wide-job rules) on small replays."""
 
 from __future__ import annotations
 
 from slurmgate.admission.policies import ReservationBackfill
-from slurmgate.simulator.candidates import NarrowAtOnce, Predicted, TimeoutBound
+from slurmgate.simulator.candidates import Predicted, TimeoutBound
 from slurmgate.simulator.engine import controller_settings, sim_settings, simulate
 from slurmgate.simulator.traces import Trace, TraceJob
 
@@ -58,7 +58,7 @@ def young_head(head_nodes: int) -> dict[int, float]:
     out = {}
     for name, policy in (
         ("trigger", ReservationBackfill("easy", 1, H)),
-        ("narrow", NarrowAtOnce("easy", 1, H)),
+        ("narrow", ReservationBackfill("easy", 1, H, wide_fraction=0.25)),
     ):
         result = simulate(
             Trace("young-head", jobs), {"cluster:p0": 10}, policy, settings=controller_settings()
@@ -79,3 +79,42 @@ def test_a_wide_young_head_still_waits_for_the_trigger() -> None:
     # 3 nodes (> 0.25 of 10): both methods let the small job start at once
     starts = young_head(3)
     assert starts["narrow"] == starts["trigger"] == {4: 2, 3: 5 * H + 2}
+
+
+def beside_holder(wide_fraction: float | None) -> dict[int, float]:
+    """On 12 runners: three rounds teach that R (2 nodes, 8 h timeout) runs 1.5 h and C (2
+    nodes, 9.5 h timeout) 2 h. Then L holds 8 runners for 20 h and R runs again; A (3 nodes) is
+    blocked and reserved at R's timeout, where one runner is left over beside it; C queues next
+    and fits now on the 2 free runners only if it ends before A's reservation."""
+    jobs = []
+    for round_ in range(3):
+        at = round_ * 3 * H
+        jobs.append(TraceJob(10 + round_, at, 1.5 * H, 2, 8 * H, "r"))
+        jobs.append(TraceJob(20 + round_, at, 2 * H, 2, 9.5 * H, "c"))
+    jobs.append(TraceJob(5, 9 * H, 20 * H, 8, 20 * H, "l"))
+    jobs.append(TraceJob(1, 9 * H, 1.5 * H, 2, 8 * H, "r"))
+    jobs.append(TraceJob(2, 9 * H + 1, 1 * H, 3, 1 * H, "a"))
+    jobs.append(TraceJob(3, 9 * H + 2, 2 * H, 2, 9.5 * H, "c"))
+    policy = ReservationBackfill("easy", 1, 0.0, wide_fraction)
+    result = simulate(
+        Trace("holder", tuple(jobs)),
+        {"cluster:p0": 12},
+        policy,
+        estimates="learned",
+        settings=sim_settings(),
+    )
+    return {r.job_id: r.start_s - 9 * H for r in result.runs if r.job_id < 5}
+
+
+def test_beside_a_narrow_reservation_a_backfill_is_taken_at_its_prediction() -> None:
+    # A needs 3 of 12 (<= 0.25): C's 2 h prediction ends before A's reservation, so C starts
+    # at once, as without the rule; A starts when C ends
+    narrow = {1: 0, 3: 2, 2: 2 * H + 2}
+    assert beside_holder(0.25) == narrow
+    assert beside_holder(None) == narrow
+
+
+def test_beside_a_wide_reservation_a_backfill_is_taken_at_its_timeout() -> None:
+    # A needs 3 of 12 (> 0.2): C's 9.5 h timeout runs past A's reservation and A leaves only one
+    # runner over, so C waits; A starts when R ends, C when A ends
+    assert beside_holder(0.2) == {1: 0, 2: 1.5 * H, 3: 2.5 * H}
