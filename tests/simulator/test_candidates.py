@@ -10,14 +10,21 @@ from slurmgate.simulator.traces import Trace, TraceJob
 H = 3600.0
 
 
-def trace() -> Trace:
-    """On 10 runners: three rounds teach the history that R (6 nodes, 8 h timeout) runs 1.5 h
-    and C (4 nodes, 9.5 h timeout) 2 h; then R runs again, A (8 nodes) and C queue behind it."""
+def taught(r_nodes: int, c_nodes: int) -> list[TraceJob]:
+    """Three rounds, 3 h apart, that teach the history that R (8 h timeout) runs 1.5 h and C
+    (9.5 h timeout) 2 h."""
     jobs = []
     for round_ in range(3):
         at = round_ * 3 * H
-        jobs.append(TraceJob(10 + round_, at, 1.5 * H, 6, 8 * H, "r"))
-        jobs.append(TraceJob(20 + round_, at, 2 * H, 4, 9.5 * H, "c"))
+        jobs.append(TraceJob(10 + round_, at, 1.5 * H, r_nodes, 8 * H, "r"))
+        jobs.append(TraceJob(20 + round_, at, 2 * H, c_nodes, 9.5 * H, "c"))
+    return jobs
+
+
+def trace() -> Trace:
+    """On 10 runners: three rounds teach the history that R (6 nodes, 8 h timeout) runs 1.5 h
+    and C (4 nodes, 9.5 h timeout) 2 h; then R runs again, A (8 nodes) and C queue behind it."""
+    jobs = taught(r_nodes=6, c_nodes=4)
     jobs.append(TraceJob(1, 9 * H, 1.5 * H, 6, 8 * H, "r"))
     jobs.append(TraceJob(2, 9 * H + 1, 1 * H, 8, 1 * H, "a"))
     jobs.append(TraceJob(3, 9 * H + 2, 2 * H, 4, 9.5 * H, "c"))
@@ -86,11 +93,7 @@ def beside_holder(wide_fraction: float | None) -> dict[int, float]:
     nodes, 9.5 h timeout) 2 h. Then L holds 8 runners for 20 h and R runs again; A (3 nodes) is
     blocked and reserved at R's timeout, where one runner is left over beside it; C queues next
     and fits now on the 2 free runners only if it ends before A's reservation."""
-    jobs = []
-    for round_ in range(3):
-        at = round_ * 3 * H
-        jobs.append(TraceJob(10 + round_, at, 1.5 * H, 2, 8 * H, "r"))
-        jobs.append(TraceJob(20 + round_, at, 2 * H, 2, 9.5 * H, "c"))
+    jobs = taught(r_nodes=2, c_nodes=2)
     jobs.append(TraceJob(5, 9 * H, 20 * H, 8, 20 * H, "l"))
     jobs.append(TraceJob(1, 9 * H, 1.5 * H, 2, 8 * H, "r"))
     jobs.append(TraceJob(2, 9 * H + 1, 1 * H, 3, 1 * H, "a"))
