@@ -92,17 +92,17 @@ def check_policies(out: Path) -> None:
     tuning = {"kth100", "kth100x0.8", "kth100x0.75", "kth-pools"}
     held_out = {"lanl32", "lanl16", "lanl32x0.8", "lanl16x0.8", "inferencex", "inferencex-x0.7"}
     assert scenarios == tuning | held_out
-    # greedy, classic EASY, the default, the wide-only trigger and the one before it everywhere;
-    # fcfs, conservative and learned estimates alone where they explain; the rejected
-    # candidates where they tune
+    # greedy, classic EASY, the default and the two before it everywhere; fcfs, conservative
+    # and planning on predictions where they explain; the eleven rejected candidates (the
+    # wide fractions among them) where they tune
     explain = {"kth100", "kth100x0.8", "kth-pools", "lanl32"}
-    assert len(data["rows"]) == 5 * len(scenarios) + 3 * len(explain) + 6 * len(tuning)
+    assert len(data["rows"]) == 5 * len(scenarios) + 3 * len(explain) + 11 * len(tuning)
     assert all(row["metrics"]["jobs"] > 0 for row in data["rows"])
     assert {t["scenario"] for t in data["targets"]} == scenarios
     # the split: KTH scenarios tune, the others are held out; default and candidates all judged
     split = {t["scenario"]: t["split"] for t in data["targets"]}
     assert {k for k, v in split.items() if v == "tuning"} == tuning
-    assert len(data["targets"]) == 3 * len(scenarios) + len(explain) + 6 * len(tuning)
+    assert len(data["targets"]) == 3 * len(scenarios) + len(explain) + 11 * len(tuning)
     assert all(t["bsld"] > 0 and t["easy_mean"] > 0 for t in data["targets"])
     for policy in ("greedy", "easy"):
         drivers = data["drivers"][policy]
