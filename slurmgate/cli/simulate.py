@@ -54,8 +54,20 @@ def simulate_command(
         float, typer.Option(help="Divide job sizes, rounding up (32 for LANL on 32 nodes).")
     ] = 1.0,
     wide_frac: Annotated[
-        float, typer.Option(help="Wide jobs: more nodes than this fraction of the largest pool.")
+        float,
+        typer.Option(
+            help="Wide jobs in the report: more nodes than this fraction of the largest pool."
+        ),
     ] = 0.25,
+    wide_fraction: Annotated[
+        str | None,
+        typer.Option(
+            help="The planner's wide-job rules (wide_fraction): only a job needing more than "
+            "this part of its largest pool waits --reserve-after, and a job starting beside its "
+            "reservation is taken at its timeout; none turns them off (default: the "
+            "controller's)."
+        ),
+    ] = None,
     estimates: Annotated[
         str | None,
         typer.Option(help="timeout | learned | perfect (default: the controller's)."),
@@ -76,7 +88,11 @@ def simulate_command(
     """Replay TRACE through the planner's policy and report waits, slowdown and utilization."""
     try:
         # a flag not given keeps the controller's default, from the one settings object
-        given = {} if reserve_after is None else {"reserve_after_s": reserve_after * 3600}
+        given: dict[str, object] = {}
+        if reserve_after is not None:
+            given["reserve_after_s"] = reserve_after * 3600
+        if wide_fraction is not None:
+            given["wide_fraction"] = wide_fraction
         settings = replay_settings(given)
         policy = settings.policy if policy is None else policy
         estimates = settings.estimates if estimates is None else estimates

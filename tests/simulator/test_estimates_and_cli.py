@@ -118,6 +118,7 @@ def test_simulate_flags_set_every_reservation_knob(capsys: pytest.CaptureFixture
     flags = {
         "--reserve-after": ("1.5", "reserve_after_s", 5400.0),
         "--estimates": ("learned", "estimates", "learned"),
+        "--wide-fraction": ("0.5", "wide_fraction", 0.5),
     }
     args = [a for flag, (value, _, _) in flags.items() for a in (flag, value)]
     assert cli(["simulate", str(SWF), "--pools", "16", *args, "--json"]) == 0
@@ -125,6 +126,13 @@ def test_simulate_flags_set_every_reservation_knob(capsys: pytest.CaptureFixture
     assert {field: knobs[field] for _, field, _ in flags.values()} == {
         field: value for _, field, value in flags.values()
     }
+
+
+def test_simulate_wide_fraction_none_turns_the_wide_job_rules_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli(["simulate", str(SWF), "--pools", "16", "--wide-fraction", "none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["wide_fraction"] is None
 
 
 def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,6 +151,8 @@ def test_simulate_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--pools", "16", "--estimates", "oracle"], "--estimates 'oracle'"),
         (["--pools", "16", "--wide-frac", "2"], "--wide-frac"),
         (["--pools", "16", "--reserve-after", "-1"], "--reserve-after -1.0"),
+        (["--pools", "16", "--wide-fraction", "1.5"], "--wide-fraction '1.5'"),
+        (["--pools", "16", "--wide-fraction", "most"], "--wide-fraction 'most'"),
         ([], "--pools is required"),
     ],
 )
