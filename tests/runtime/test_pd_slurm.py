@@ -52,11 +52,13 @@ with urllib.request.urlopen(bases["pd"] + "/metrics", timeout=10) as r:
     out["pd_routed"] = [x for x in r.read().decode().splitlines()
                         if x.startswith("slurmgate_backend_requests_total{")]
 print("RESULT " + json.dumps(out), flush=True)
+# said before the request that kills the prefill: the run may stop this client before the
+# request returns, and on a fresh machine it did
+print("DYING", time.time(), flush=True)
 try:
     post(bases["router"], {"model": "stub", "prompt": "last", "max_tokens": 1})  # its fifth
 except Exception as exc:
     print(f"fifth request failed: {exc}", flush=True)
-print("DYING", time.time(), flush=True)
 time.sleep(60)  # the run must not wait for this
 """
 
