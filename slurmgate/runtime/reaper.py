@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmgate.errors import one_line
-from slurmgate.runtime import slurm
+from slurmgate.runtime import heartbeat, slurm
 from slurmgate.runtime.records import (
     ProcessIdentity,
     RunRecord,
@@ -160,10 +160,11 @@ def reap_stale_runs(
     info: Callable[[str], Any] = _ignore,
     warn: Callable[[str], Any] = _ignore,
     all_users: bool = False,
+    stale_after_s: float | None = None,
 ) -> ReapTally:
     """Reap every stale run that is due, one `info` line per action; the one reap pass.
-    With `all_users`, then the allocations of other users' dead runs (`reap_foreign_allocations`,
-    one `squeue` a pass).
+    With `all_users`, then the allocations of other users' and other hosts' dead runs
+    (`reap_foreign_allocations`, one `squeue` a pass; `stale_after_s` for their heartbeats).
 
     A pass with nothing stale runs no Slurm command. When Slurm cannot answer, one `warn` line
     gives the reason and every due run waits (30 s, doubling to 5 min) for a later pass; the
@@ -205,7 +206,11 @@ def reap_stale_runs(
     tally.deferred = len(stale) - tally.reaped
     if all_users:
         others = reap_foreign_allocations(
-            {rec.run_id for rec in records}, timeout=timeout, info=info, warn=warn
+            {rec.run_id for rec in records},
+            timeout=timeout,
+            info=info,
+            warn=warn,
+            stale_after_s=stale_after_s,
         )
         tally.reaped += others.reaped
         tally.deferred += others.deferred
@@ -231,6 +236,7 @@ class ForeignAllocation:
     run_id: str
     user: str
     controller: ProcessIdentity
+    why: str = ""
 
 
 def _controller_gone(controller: ProcessIdentity) -> bool:
@@ -246,21 +252,34 @@ def foreign_stale_allocations(
     known_run_ids: set[str],
     *,
     host: str,
+    now: float,
+    stale_after_s: float = heartbeat.DEFAULT_STALE_AFTER_S,
     gone: Callable[[ProcessIdentity], bool] = _controller_gone,
 ) -> list[ForeignAllocation]:
-    """Allocations of runs this pass has no record of, whose controller ran on `host` and is
-    gone. A job counts only when its name is the run id its comment gives (as `salloc` names
-    it), so a comment can steer the reaper to nothing but the job that carries it."""
+    """Allocations of runs this pass has no record of whose controller is gone: on `host`, its
+    process has exited; on another host of the site, its last heartbeat (the comment's `beat=`)
+    is older than `stale_after_s`. A comment without a beat from another host is left alone
+    (nothing says whether its controller lives). A job counts only when its name is the run id
+    its comment gives (as `salloc` names it), so a comment can steer the reaper to nothing but
+    the job that carries it."""
     found = []
     for job in jobs:
         parsed = parse_job_comment(job.comment)
         if parsed is None:
             continue
-        run_id, controller = parsed
-        if run_id != job.name or run_id in known_run_ids or controller.host != host:
+        run_id, controller, beat = parsed
+        if run_id != job.name or run_id in known_run_ids:
             continue
-        if gone(controller):
-            found.append(ForeignAllocation(job.job_id, run_id, job.user, controller))
+        if controller.host == host:
+            if gone(controller):
+                why = f"controller pid {controller.pid} on {controller.host} is gone"
+                found.append(ForeignAllocation(job.job_id, run_id, job.user, controller, why))
+        elif beat is not None and now - beat > stale_after_s:
+            why = (
+                f"controller pid {controller.pid} on {controller.host} last beat "
+                f"{now - beat:.0f} s ago (over {stale_after_s:.0f} s)"
+            )
+            found.append(ForeignAllocation(job.job_id, run_id, job.user, controller, why))
     return found
 
 
@@ -270,9 +289,12 @@ def reap_foreign_allocations(
     timeout: float = 10.0,
     info: Callable[[str], Any] = _ignore,
     warn: Callable[[str], Any] = _ignore,
+    stale_after_s: float | None = None,
 ) -> ReapTally:
-    """Cancel the allocations of any user's runs whose controller on this host died, found
-    through `squeue` (a run of the runner service's user, whose record this user cannot read).
+    """Cancel the allocations of any user's runs whose controller died, found through `squeue`
+    (a run of the runner service's user, whose record this user cannot read): on this host by
+    its process, on another host of the site by a heartbeat older than `stale_after_s`
+    (default `SLURMGATE_REAP_STALE_S`, 600 s).
 
     Runs in an allocation they did not make carry no comment: their own user's reaper cleans
     them from the record. Cancelling another user's job needs root or a Slurm operator; a
@@ -281,14 +303,27 @@ def reap_foreign_allocations(
     import socket
 
     tally = ReapTally()
+    if stale_after_s is None:
+        try:
+            stale_after_s = heartbeat.stale_after_from_env()
+        except ValueError as exc:
+            stale_after_s = heartbeat.DEFAULT_STALE_AFTER_S
+            warn(f"{exc}; other hosts' runs are reaped after {stale_after_s:.0f} s")
     try:
         jobs = slurm.jobs_of_all_users(timeout=timeout)
     except slurm.SlurmError as exc:
         tally.slurm_error = one_line(exc)
         warn(f"reap of other users' runs deferred: {tally.slurm_error}")
         return tally
-    for alloc in foreign_stale_allocations(jobs, known_run_ids, host=socket.gethostname()):
-        why = f"controller pid {alloc.controller.pid} on {alloc.controller.host} is gone"
+    stale = foreign_stale_allocations(
+        jobs,
+        known_run_ids,
+        host=socket.gethostname(),
+        now=time.time(),
+        stale_after_s=stale_after_s,
+    )
+    for alloc in stale:
+        why = alloc.why
         try:
             cancelled = slurm.scancel(alloc.job_id, timeout=timeout)
         except slurm.SlurmError as exc:

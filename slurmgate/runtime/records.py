@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -144,16 +144,25 @@ class ProcessIdentity(BaseModel):
 JOB_COMMENT_PREFIX = "slurmgate run="
 
 
-def job_comment(run_id: str, controller: ProcessIdentity) -> str:
-    """The comment of an allocation a run makes: its run and its controller, so a reaper of
-    another user (the runner service's, say) finds it in `squeue` without the run's record."""
-    return f"{JOB_COMMENT_PREFIX}{run_id} controller={controller.host}/{controller.pid}/" + (
-        str(controller.started) if controller.started is not None else "-"
-    )
+def job_comment(run_id: str, controller: ProcessIdentity, beat: int | None = None) -> str:
+    """The comment of an allocation a run makes: its run, its controller and the controller's
+    last heartbeat (epoch seconds), so a reaper of another user (the runner service's, say) or
+    on another host finds it in `squeue` without the run's record."""
+    started = str(controller.started) if controller.started is not None else "-"
+    text = f"{JOB_COMMENT_PREFIX}{run_id} controller={controller.host}/{controller.pid}/{started}"
+    return text if beat is None else f"{text} beat={beat}"
 
 
-def parse_job_comment(comment: str) -> tuple[str, ProcessIdentity] | None:
-    """(run id, controller) from a `job_comment`, or None for any other comment."""
+class JobComment(NamedTuple):
+    """A parsed `job_comment`."""
+
+    run_id: str
+    controller: ProcessIdentity
+    beat: int | None = None
+
+
+def parse_job_comment(comment: str) -> JobComment | None:
+    """The run, controller and heartbeat of a `job_comment`, or None for any other comment."""
     if not comment.startswith(JOB_COMMENT_PREFIX) or len(comment) > 400:
         return None
     run_id, *words = comment[len(JOB_COMMENT_PREFIX) :].split()
@@ -162,8 +171,13 @@ def parse_job_comment(comment: str) -> tuple[str, ProcessIdentity] | None:
     pid, _, started = rest.partition("/")
     if not run_id or not host or not pid.isdigit():
         return None
-    return run_id, ProcessIdentity(
-        pid=int(pid), started=int(started) if started.isdigit() else None, host=host
+    beat = fields.get("beat", "")
+    return JobComment(
+        run_id,
+        ProcessIdentity(
+            pid=int(pid), started=int(started) if started.isdigit() else None, host=host
+        ),
+        int(beat) if beat.isdigit() and len(beat) <= 12 else None,
     )
 
 

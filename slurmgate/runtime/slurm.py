@@ -363,6 +363,11 @@ def drain_node(node: str, reason: str, *, timeout: float = 15.0) -> None:
     )
 
 
+def set_job_comment(job_id: str, comment: str, *, timeout: float = 15.0) -> None:
+    """`scontrol update jobid=JOB comment=...`: a job's owner may change its comment."""
+    run(["scontrol", "update", f"jobid={job_id}", f"comment={comment}"], timeout=timeout)
+
+
 def resume_node(node: str, *, timeout: float = 15.0) -> None:
     """`scontrol update nodename=NODE state=resume`: undo a drain."""
     run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=timeout)

@@ -4,13 +4,14 @@ choice of other users' runs: pure, no Slurm."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmgate.runtime import slurm
+from slurmgate.runtime import heartbeat, slurm
 from slurmgate.runtime.node_failures import (
     LANE_CRASH_MIN_UPTIME_S,
     NodeFailureSettingError,
@@ -232,11 +233,17 @@ def _job(job_id: str, name: str, comment: str, user: str = "runner") -> slurm.Qu
 def test_job_comment_round_trips_and_refuses_others() -> None:
     me = ProcessIdentity(pid=4242, started=99, host="login1")
     comment = job_comment("sg-a-1", me)
-    assert parse_job_comment(comment) == ("sg-a-1", me)
+    assert parse_job_comment(comment) == ("sg-a-1", me, None)
     blank = ProcessIdentity(pid=7, started=None, host="login1")
-    assert parse_job_comment(job_comment("sg-b", blank)) == ("sg-b", blank)
+    assert parse_job_comment(job_comment("sg-b", blank)) == ("sg-b", blank, None)
+    beating = job_comment("sg-c", me, 1_796_000_000)
+    assert beating.endswith(" beat=1796000000")
+    assert parse_job_comment(beating) == ("sg-c", me, 1_796_000_000)
     for other in ["", "slurmgate", "slurmgate run=sg-a controller=login1/x/1", "ci wrapper"]:
         assert parse_job_comment(other) is None
+    # a beat that is no time at all reads as none, not as an error
+    for bad in ("-5", "soon", "9" * 40):
+        assert parse_job_comment(f"{comment} beat={bad}") == ("sg-a-1", me, None)
     assert "--comment=" + comment in slurm.salloc_argv(nodes=1, job_name="j", comment=comment)
 
 
@@ -251,9 +258,37 @@ def test_foreign_stale_allocations_take_only_dead_controllers_of_this_host() -> 
         _job("15", "sg-plain", ""),
     ]
     found = foreign_stale_allocations(
-        jobs, {"sg-mine"}, host="h1", gone=lambda c: c.pid == dead.pid
+        jobs, {"sg-mine"}, host="h1", now=1e9, gone=lambda c: c.pid == dead.pid
     )
     assert [(a.job_id, a.run_id, a.user) for a in found] == [("10", "sg-dead", "runner")]
+    assert found[0].why == "controller pid 1 on h1 is gone"
+
+
+def test_foreign_stale_allocations_of_other_hosts_go_by_their_heartbeat() -> None:
+    away = ProcessIdentity(pid=1, started=1, host="login2")
+    now = 1_796_000_000
+    jobs = [
+        _job("20", "sg-silent", job_comment("sg-silent", away, now - 601)),
+        _job("21", "sg-beating", job_comment("sg-beating", away, now - 30)),
+        _job("22", "sg-old", job_comment("sg-old", away)),  # no beat: nothing says it is gone
+        _job("23", "sg-future", job_comment("sg-future", away, now + 3600)),  # a skewed clock
+    ]
+    # this host's process table knows nothing of login2's processes: it is never asked
+    found = foreign_stale_allocations(jobs, set(), host="h1", now=now, gone=lambda c: 1 / 0)
+    assert [a.job_id for a in found] == ["20"]
+    assert found[0].why == "controller pid 1 on login2 last beat 601 s ago (over 600 s)"
+    later = foreign_stale_allocations(
+        jobs, set(), host="h1", now=now, stale_after_s=20, gone=lambda c: False
+    )
+    assert [a.job_id for a in later] == ["20", "21"]
+
+
+def test_heartbeat_settings_name_the_variable() -> None:
+    assert heartbeat.interval_from_env({}) == 60 and heartbeat.stale_after_from_env({}) == 600
+    assert heartbeat.interval_from_env({"SLURMGATE_HEARTBEAT_S": "2.5"}) == 2.5
+    for bad in ("0", "-1", "soon", "1e9"):
+        with pytest.raises(ValueError, match="SLURMGATE_REAP_STALE_S"):
+            heartbeat.stale_after_from_env({"SLURMGATE_REAP_STALE_S": bad})
 
 
 def test_an_attempt_asks_salloc_to_exclude_and_names_its_controller(tmp_path: Path) -> None:
@@ -267,6 +302,8 @@ def test_an_attempt_asks_salloc_to_exclude_and_names_its_controller(tmp_path: Pa
     argv = slurm.salloc_argv(**run.salloc_request())
     assert "--exclude=node2" in argv
     (comment,) = [a.removeprefix("--comment=") for a in argv if a.startswith("--comment=")]
-    assert parse_job_comment(comment) == (run.run_id, ProcessIdentity.current())
+    parsed = parse_job_comment(comment)
+    assert parsed is not None and parsed[:2] == (run.run_id, ProcessIdentity.current())
+    assert parsed.beat is not None and abs(parsed.beat - time.time()) < 60
     record = json.loads(run.record_path.read_text())
     assert record["excluded_nodes"] == ["node2"] and record["retry_of"] == "sg-a"

@@ -1,5 +1,6 @@
 """Node failures on the real cluster: a node that fails preflight is drained, left out, retried;
-and the reaper cancels another user's allocation whose controller died."""
+the reaper cancels another user's allocation whose controller died, and another host's whose
+controller stopped beating; a run's heartbeat is in its allocation's comment."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import re
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,12 @@ import pytest
 
 from slurmgate.runtime import slurm
 from slurmgate.runtime.reaper import reap_stale_runs
-from slurmgate.runtime.records import ProcessIdentity, job_comment, load_records
+from slurmgate.runtime.records import (
+    ProcessIdentity,
+    job_comment,
+    load_records,
+    parse_job_comment,
+)
 from slurmgate.runtime.spec import AllocationSpec
 
 from .conftest import assert_no_orphans, example_data, hosts_of, job_gone, port_held
@@ -32,11 +40,11 @@ CLIENT = (
 )
 
 
-def _one_node_spec() -> AllocationSpec:
+def _one_node_spec(client: str = CLIENT) -> AllocationSpec:
     data = example_data()
     data["name"] = "nodefail"
     data["time_limit"] = "00:03:00"
-    data["client"]["command"] = ["python", "-c", CLIENT]
+    data["client"]["command"] = ["python", "-c", client]
     chat = data["deployments"][0]
     chat.update(replicas=1, gpus_per_node=1, startup_timeout_s=30)
     data["deployments"] = [chat]
@@ -148,3 +156,75 @@ def test_the_reaper_cancels_another_users_allocation_whose_controller_died(
         assert again.reaped == 0  # nothing left
     finally:
         slurm.scancel(job)
+
+
+def _comment_of(job_id: str) -> str:
+    (job,) = [j for j in slurm.jobs_of_all_users() if j.job_id == job_id]
+    return job.comment
+
+
+def test_a_run_beats_in_its_allocations_comment_until_its_cleanup(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurmgate.runtime.run import AllocationRun
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURMGATE_HEARTBEAT_S", "1")
+    spec = _one_node_spec("import time; time.sleep(6)")
+    run = AllocationRun(spec, runs_root=runs_root, grace_s=5)
+    worker = threading.Thread(target=run.run, daemon=True)
+    worker.start()
+    beats: set[int] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while worker.is_alive() and time.monotonic() < deadline:
+            if run.job_id and run.phase == "client":
+                parsed = parse_job_comment(_comment_of(run.job_id))
+                assert parsed is not None and parsed.run_id == run.run_id
+                assert parsed.controller == ProcessIdentity.current()
+                if parsed.beat is not None:
+                    beats.add(parsed.beat)
+            time.sleep(0.3)
+    finally:
+        worker.join(timeout=60)
+    assert run.status == "succeeded", run.error
+    # the comment moved on while the client ran, and the beating ended with the run
+    assert len(beats) >= 2, beats
+    assert max(beats) - min(beats) >= 1
+    assert run._heartbeat is not None and run._heartbeat.beats >= 2
+    assert not any(t.name == f"heartbeat-{run.job_id}" for t in threading.enumerate())
+    assert job_gone(run.job_id)
+    assert_no_orphans(run.run_id)
+
+
+def test_the_reaper_cancels_another_hosts_allocation_whose_heartbeat_stopped(
+    runs_root: Path,
+) -> None:
+    # Two allocations whose comments say another host controls them: one beat an hour ago,
+    # one beats now. This host cannot see either controller's process; only the beat counts.
+    away = ProcessIdentity(pid=4242, started=1, host="login-elsewhere")
+    now = int(time.time())
+    jobs = {}
+    try:
+        for name, beat in (("silent", now - 3600), ("beating", now)):
+            run_id = f"sg-away-{name}-{os.getpid()}"
+            jobs[name] = slurm.salloc_no_shell(
+                nodes=1, job_name=run_id, time_limit="00:03:00",
+                comment=job_comment(run_id, away, beat),
+            )  # fmt: skip
+        lines: list[str] = []
+        # without every user's allocations in view, nothing of theirs is touched
+        assert reap_stale_runs(load_records(runs_root), info=lines.append).reaped == 0
+        tally = reap_stale_runs(
+            load_records(runs_root), info=lines.append, all_users=True, stale_after_s=600
+        )
+        assert tally.reaped == 1, lines
+        (line,) = lines
+        silent = jobs["silent"]
+        assert line.startswith(f"reap run=sg-away-silent-{os.getpid()} job={silent} scancel")
+        assert "controller pid 4242 on login-elsewhere last beat" in line, line
+        assert job_gone(silent)
+        assert slurm.show_job(jobs["beating"]).active  # type: ignore[union-attr]
+    finally:
+        for job in jobs.values():
+            slurm.scancel(job)

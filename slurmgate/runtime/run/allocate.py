@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from slurmgate.runtime import heartbeat, slurm
 from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime import slurm
 from slurmgate.runtime.records import ProcessIdentity, job_comment
 from slurmgate.runtime.run.state import RunFailed, RunState
 
@@ -37,6 +37,10 @@ class AllocatePhase(RunState):
             )
             if self.excluded_nodes:
                 options += f", excluding {','.join(self.excluded_nodes)}"
+            try:
+                interval_s = heartbeat.interval_from_env()
+            except ValueError as exc:
+                raise RunFailed("allocate", str(exc)) from None
             self.log(
                 f"decision: no SLURM_JOB_ID, salloc {self.plan.total_nodes} node(s) "
                 f"with gpu:{self.spec.gpus_per_node}{options}"
@@ -50,6 +54,14 @@ class AllocatePhase(RunState):
                 **self.salloc_request(), timeout=self.allocate_timeout_s
             )
             self.timings.marks["allocated_at_epoch"] = time.time()
+            # a reaper on another host sees this run alive only through the comment's beat
+            self._heartbeat = heartbeat.Heartbeat(
+                self.job_id,
+                self.run_id,
+                ProcessIdentity.current(),
+                interval_s=interval_s,
+                warn=self.log,
+            ).start()
         self.supervisor.job_id = self.job_id
         self.timings.mark("allocated", t0)
         self.save()
@@ -69,7 +81,7 @@ class AllocatePhase(RunState):
             "constraint": self.spec.slurm.constraint,
             "exclude": list(self.excluded_nodes),
             # who controls the job, for a reaper that cannot read this run's record
-            "comment": job_comment(self.run_id, ProcessIdentity.current()),
+            "comment": job_comment(self.run_id, ProcessIdentity.current(), int(time.time())),
         }
 
     def resolve(self) -> layout_mod.Layout:

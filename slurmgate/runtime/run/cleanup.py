@@ -31,6 +31,8 @@ class CleanupPhase(HookPhases):
             self.phase = f"cleanup (after {prev_phase})"
             self.save()
             t0 = time.monotonic()
+            if self._heartbeat is not None:
+                self._heartbeat.stop()  # before the release: no beat on a cancelled job
             report = self.supervisor.cleanup()
             self._cleanup_report = report
             try:

@@ -15,6 +15,7 @@ from slurmgate.errors import ExternalError
 from slurmgate.runtime import layout as layout_mod
 from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
+from slurmgate.runtime.heartbeat import Heartbeat
 from slurmgate.runtime.hooks import HookRunner, run_plain
 from slurmgate.runtime.records import (
     RECORD_NAME,
@@ -127,6 +128,7 @@ class RunState:
         self._cleanup_lock = threading.RLock()
         self._cleanup_state = "open"
         self._cleanup_report: CleanupReport | None = None
+        self._heartbeat: Heartbeat | None = None  # beats while this run owns an allocation
         # Site hooks run on this host; without a runner from the Prefect layer, the core's own.
         self._hook_runner = hook_runner or (
             lambda invocation: run_plain(invocation, lambda line: self.log(line))
