@@ -84,43 +84,73 @@ def running_prefect_server(
     server exits or does not answer /api/health within `startup_timeout_s`.
     """
     home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     log = log or home / "server.log"
-    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-    env = server_env(prefect_home or home / "server", port, auth=auth, database_url=database_url)
-    started = time.perf_counter()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
     basic = tuple(auth.split(":", 1)) if auth else None
+    started = time.perf_counter()
+    # free_port() closes its socket before the server binds it: another process can take the
+    # port in between (seen once in a full test run), so a taken port gets a fresh one
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port()
+        env = server_env(
+            prefect_home or home / "server", port, auth=auth, database_url=database_url
+        )
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [*SERVER_ARGV, "--port", str(port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(proc, url, log, basic, startup_timeout_s)
+        except PrefectServerError as exc:
+            stop_group(proc, timeout=20.0)
+            if "is already in use" in str(exc) and attempt < PORT_ATTEMPTS:
+                continue
+            raise
+        except BaseException:
+            stop_group(proc, timeout=20.0)
+            raise
+        break
     try:
-        with httpx.Client(timeout=2.0, auth=basic) as http:  # type: ignore[arg-type]
-            deadline = time.monotonic() + startup_timeout_s
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if http.get(url + "/api/health").status_code == 200:
-                        break
-                if proc.poll() is not None:
-                    raise PrefectServerError(
-                        f"prefect server exited with {proc.returncode}; see {log}:\n"
-                        + log.read_text(errors="replace")[-3000:]
-                    )
-                if time.monotonic() > deadline:
-                    raise PrefectServerError(
-                        f"prefect server did not answer /api/health within "
-                        f"{startup_timeout_s:.0f} s; see {log}"
-                    )
-                time.sleep(0.3)
         yield PrefectServerProcess(url, home, log, time.perf_counter() - started, auth)
     finally:
         stop_group(proc, timeout=20.0)
+
+
+SERVER_ARGV = (sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1")
+PORT_ATTEMPTS = 3
+
+
+def _wait_healthy(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    log: Path,
+    basic: tuple[str, ...] | None,
+    startup_timeout_s: float,
+) -> None:
+    """Until /api/health answers 200; PrefectServerError naming the log if the server exits or
+    stays silent past `startup_timeout_s`."""
+    with httpx.Client(timeout=2.0, auth=basic) as http:  # type: ignore[arg-type]
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if http.get(url + "/api/health").status_code == 200:
+                    return
+            if proc.poll() is not None:
+                raise PrefectServerError(
+                    f"prefect server exited with {proc.returncode}; see {log}:\n"
+                    + log.read_text(errors="replace")[-3000:]
+                )
+            if time.monotonic() > deadline:
+                raise PrefectServerError(
+                    f"prefect server did not answer /api/health within "
+                    f"{startup_timeout_s:.0f} s; see {log}"
+                )
+            time.sleep(0.3)
 
 
 class FlowRunSummary(BaseModel):
