@@ -236,7 +236,7 @@ class ForeignAllocation:
     run_id: str
     user: str
     controller: ProcessIdentity
-    why: str = ""
+    why: str  # what says its controller is gone
 
 
 def _controller_gone(controller: ProcessIdentity) -> bool:
@@ -270,15 +270,14 @@ def foreign_stale_allocations(
         run_id, controller, beat = parsed
         if run_id != job.name or run_id in known_run_ids:
             continue
+        who = f"controller pid {controller.pid} on {controller.host}"
         if controller.host == host:
-            if gone(controller):
-                why = f"controller pid {controller.pid} on {controller.host} is gone"
-                found.append(ForeignAllocation(job.job_id, run_id, job.user, controller, why))
+            why = f"{who} is gone" if gone(controller) else None
         elif beat is not None and now - beat > stale_after_s:
-            why = (
-                f"controller pid {controller.pid} on {controller.host} last beat "
-                f"{now - beat:.0f} s ago (over {stale_after_s:.0f} s)"
-            )
+            why = f"{who} last beat {now - beat:.0f} s ago (over {stale_after_s:.0f} s)"
+        else:
+            why = None  # another host's controller without a beat, or one still beating
+        if why is not None:
             found.append(ForeignAllocation(job.job_id, run_id, job.user, controller, why))
     return found
 
@@ -323,19 +322,18 @@ def reap_foreign_allocations(
         stale_after_s=stale_after_s,
     )
     for alloc in stale:
-        why = alloc.why
         try:
             cancelled = slurm.scancel(alloc.job_id, timeout=timeout)
         except slurm.SlurmError as exc:
             tally.deferred += 1
             warn(
                 f"reap failed run={alloc.run_id} job={alloc.job_id} of user {alloc.user} "
-                f"({why}): {one_line(exc)}; run the reaper as root or a Slurm operator "
+                f"({alloc.why}): {one_line(exc)}; run the reaper as root or a Slurm operator "
                 "(sacctmgr modify user NAME set adminlevel=operator)"
             )
             continue
         if cancelled:
-            action = f"scancel {alloc.job_id} (allocation of user {alloc.user}; {why})"
+            action = f"scancel {alloc.job_id} (allocation of user {alloc.user}; {alloc.why})"
             info(f"reap run={alloc.run_id} job={alloc.job_id} {action}")
             tally.reaped += 1
             tally.actions.append(action)
