@@ -400,13 +400,6 @@ NOTES = """
   h after submission (backfill may use the time before it) misses the pools' mean (x1.021). A
   smaller-first order among jobs of equal priority is a no-op on the SWF traces (their scores are
   arrival ranks, all distinct), so KTH cannot choose it.
-- **The wide-only trigger on timeouts held out** (replayed in an earlier run, with the fast
-  driver, against classic EASY's saved rows, which replay identically; wide max / mean / bsld of
-  EASY's): LANL/32 x0.938 / x0.991 / x0.989 (met), LANL/16 x1.002 / x1.031 / x1.027 (mean
-  +3.1%; the 1 h trigger +2.6%), LANL/32 x0.8 x1.022 / x1.015 / x1.026 (mean +1.5%; the 1 h
-  trigger +4.0%), LANL/16 x0.8 x1.015 / x0.987 / x0.975 (met; the 1 h trigger misses by 1.1%),
-  the mix x1.000 / x0.989 / x0.992 (met) and at x0.7 x0.997 / x1.006 / x1.006 (mean +0.6%, as
-  the 1 h trigger).
 - **Earlier candidates, removed from the product.** Under the earlier target (mean <= 1.10 x
   greedy's) the slowdown trigger (B = 1), min(5 h, 2 x the running leases' median estimate), the
   EASY++ order, wide jobs at once (f = 0.5) and the timeout-bounded backfill with the 5 h
