@@ -75,9 +75,9 @@ async def one_tick(emu: Any, settings: Any, events: Any, alone: bool = False) ->
 
     from slurmgate.admission.batch_verify import BATCH_WRITE_BUDGET_S
     from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.controller.steps import direct_steps
     from slurmgate.github.client import client_for_scope
     from slurmgate.github.scope import GitHubScope
-    from slurmgate.github.steps import direct_steps
 
     scope = GitHubScope(api_url=emu.url, org="acme", all_repos=True)
     emu.admin.reset_stats()
@@ -177,9 +177,9 @@ def paced_tick(args: argparse.Namespace, grace_s: float) -> dict[str, Any]:
     orphan grace; the reads beyond a quiet tick after it, per admission."""
     from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.controller.steps import direct_steps
     from slurmgate.github.client import GitHubClient
     from slurmgate.github.scope import GitHubScope
-    from slurmgate.github.steps import direct_steps
     from slurmgate.testbed.emulator.testing import running_emulator
 
     settings = AdmissionSettings(

@@ -112,10 +112,10 @@ async def core_tick(
     Returns the tick's counts and its wall time."""
     from slurmgate.admission.estimates import RuntimeHistory
     from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.controller.steps import direct_steps
     from slurmgate.github.client import client_for_scope
     from slurmgate.github.scope import GitHubScope
     from slurmgate.github.snapshot import EventReads
-    from slurmgate.github.steps import direct_steps
 
     pacing = float(os.environ.get("SLURMGATE_MIN_WRITE_INTERVAL_S", "").strip() or 1.0)
     scope = GitHubScope(api_url=emu.url, repo=emu.repo)

@@ -10,10 +10,10 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import Flow
 
 import slurmgate.tasks.allocation as registry
-from slurmgate.runtime.node_failures import NodeRetry, run_with_node_retry
-from slurmgate.runtime.presets import SpecOverrides, resolve_spec
 from slurmgate.runtime.run import AllocationRun, new_run_id
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.run.node_failures import NodeRetry, run_with_node_retry
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.presets import SpecOverrides, resolve_spec
 from slurmgate.tasks.allocation import (
     Progress,
     log,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmgate.ci.priority import job_label
-from slurmgate.cli.progress import progress
+from slurmgate.progress import progress
 from slurmgate.testbed.board import AdmissionTracker, counted
 from slurmgate.testbed.demo import (
     JOB_MIX,
@@ -299,7 +299,7 @@ DISPATCH_TIMEOUT_S = 120.0  # a first reconcile run on a cold Prefect server tak
 
 def default_partition() -> tuple[str, int]:
     """The cluster's default partition and its node count: where the allocation lands."""
-    from slurmgate.runtime import slurm
+    from slurmgate.slurm import commands as slurm
 
     out = slurm.run(["scontrol", "show", "partition", "-o"], check=False)
     for line in out.stdout.splitlines():
@@ -392,7 +392,7 @@ def run_runtime(
     job completes, a tick releases its lease, and loadgen, metrics and cleanup are read."""
     from prefect.artifacts import Artifact
 
-    from slurmgate.runtime.spec import AllocationSpec
+    from slurmgate.runtime.spec.model import AllocationSpec
     from slurmgate.testbed.emulator.testing import running_emulator
 
     result = RuntimeResult()

@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from slurmgate.cli.progress import progress
 from slurmgate.errors import ExternalError
+from slurmgate.progress import progress
 
 TEMPORARY_SERVER = (
     "a temporary local Prefect server (its runs, logs and artifacts vanish when this command "

@@ -19,10 +19,10 @@ from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickReport, TickSteps, reconcile_tick
 from slurmgate.blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
+from slurmgate.controller.steps import slurm_capacity_step
 from slurmgate.github.access import ScopeAccessError, app_id_of, explain
 from slurmgate.github.client import GitHubClient, GitHubError
 from slurmgate.github.scope import ScopeError
-from slurmgate.github.steps import slurm_capacity_step
 from slurmgate.tasks.allocation import reap_crashed_allocations
 from slurmgate.tasks.github import (
     bound_client,

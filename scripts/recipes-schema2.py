@@ -2,7 +2,7 @@
 
 Run from the repository root: `python scripts/recipes-schema2.py`. It reads each recipe of
 SUBSET under tests/data/inferencex-recipes/ (schema 1, as InferenceX checked them in), folds it
-into srt-slurm 2.0's layout with `slurmgate.ci.recipes.to_schema2` and writes it under
+into srt-slurm 2.0's layout with `slurmgate.runtime.spec.recipes.to_schema2` and writes it under
 tests/data/inferencex-recipes-schema2/ at the same path. tests/ci/test_recipes.py checks that
 the files are what this prints and that both forms give the same spec and node count.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from slurmgate.ci import recipes
+from slurmgate.runtime.spec import recipes
 
 ROOT = Path("tests/data/inferencex-recipes")
 OUT = Path("tests/data/inferencex-recipes-schema2")

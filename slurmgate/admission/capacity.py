@@ -2,7 +2,7 @@
 
 `FleetState` is what the policies query and consume; the planner builds one per plan from a
 snapshot, and the simulator keeps one across its events. Where a pool is mapped to a Slurm
-partition, its `NodeCapacity` (read by an adapter, `runtime/slurm_capacity.py`) caps what the
+partition, its `NodeCapacity` (read by an adapter, `slurm/capacity.py`) caps what the
 runners offer: usable capacity = min(free runners, nodes Slurm can give a managed job now).
 """
 

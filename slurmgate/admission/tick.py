@@ -42,7 +42,7 @@ AdmitJob = Callable[[Admit, int, BatchShare], Awaitable[AdmitOutcome]]
 """One admission: the admit, the fleet size, and what its batch shares with it (the
 verification, the anchor deadline); pass those on to `leases.admit_lease` or `LeaseSteps`."""
 ReadCapacity = Callable[[], Awaitable[Mapping[str, NodeCapacity]]]
-"""What Slurm says of each mapped pool's partition (`runtime/slurm_capacity.py` reads it)."""
+"""What Slurm says of each mapped pool's partition (`slurm/capacity.py` reads it)."""
 
 
 class TickLog(Protocol):

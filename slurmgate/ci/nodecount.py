@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from slurmgate.ci import recipes
 from slurmgate.errors import InputError
+from slurmgate.runtime.spec import recipes
 
 ROLES = ("prefill", "decode")
 _OVERRIDE_KEYS = {"prefill": "PREFILL_NODES", "decode": "DECODE_NODES"}

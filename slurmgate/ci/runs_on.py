@@ -2,8 +2,8 @@
 
 A job is described by one of two documents, told apart by shape:
 
-- an **allocation spec** (`slurmgate.runtime.spec`): a mapping with a `deployments` key; its node
-  count is the allocation's `total_nodes`, and it names no runner, so the caller passes one;
+- an **allocation spec** (`slurmgate.runtime.spec`): a mapping with a `deployments` key; its
+  node count is the allocation's `total_nodes`, and it names no runner, so the caller passes one;
 - a **matrix row** (the seed's generated config): any other mapping; its node count is its
   `node-count` field when the field is present (an empty value means "unknown": the guard
   applies), else it is derived by `slurmgate.ci.nodecount` (a single-node row counts 1).
@@ -260,7 +260,7 @@ def spec_from_data(
             f"got {type(data).__name__}; pass a single row, not the whole matrix"
         )
     if is_allocation_spec(data):
-        from slurmgate.runtime.spec import AllocationSpec, SpecError
+        from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 
         try:
             spec = AllocationSpec.from_data(dict(data), source=source)

@@ -119,10 +119,10 @@ def status(
     """The pool and lease board of a live GitHub scope (reads only; token from GITHUB_TOKEN)."""
     from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
+    from slurmgate.controller.steps import direct_steps
     from slurmgate.github.access import app_id_of, explain
     from slurmgate.github.app_auth import AppAuthError
     from slurmgate.github.client import GitHubClient, GitHubError
-    from slurmgate.github.steps import direct_steps
 
     token = _token("read the runners")
     scope = _scope(api_url, repo, org, repos, all_repos)

@@ -43,8 +43,8 @@ def allocation_run(
 ) -> None:
     """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
     from slurmgate.cli import prefect_layer
-    from slurmgate.runtime import slurm
-    from slurmgate.runtime.spec import AllocationSpec, SpecError
+    from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+    from slurmgate.slurm import commands as slurm
 
     if (spec is None) == (recipe is None):
         raise fail("give a spec, or --recipe RECIPE.yaml (not both)")
@@ -109,9 +109,9 @@ def allocation_reap(
     ] = False,
 ) -> None:
     """Cancel the Slurm jobs and steps of runs whose controller was killed."""
-    from slurmgate.runtime.reaper import reap_stale_runs
-    from slurmgate.runtime.records import load_records
-    from slurmgate.runtime.slurm import NO_CONFIGURATION
+    from slurmgate.runtime.ledger.reaper import reap_stale_runs
+    from slurmgate.runtime.ledger.records import load_records
+    from slurmgate.slurm.commands import NO_CONFIGURATION
 
     tally = reap_stale_runs(
         load_records(runs_dir),

@@ -22,7 +22,7 @@ def cluster_up(
     mode: Annotated[str, typer.Option(help="netns (one IP per node) or uts.")] = "netns",
 ) -> None:
     """Start the cluster (idempotent), remember it for slurmgate, and print its SLURM_CONF."""
-    from slurmgate.cli.progress import progress
+    from slurmgate.progress import progress
     from slurmgate.testbed.cluster import ClusterError, up
 
     try:

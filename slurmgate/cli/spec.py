@@ -10,7 +10,7 @@ import typer
 from slurmgate.cli.common import fail
 
 if TYPE_CHECKING:
-    from slurmgate.runtime.from_recipe import RecipeSpec
+    from slurmgate.runtime.spec.from_recipe import RecipeSpec
 
 app = typer.Typer(
     help="Allocation specs: build one from an srt-slurm recipe.", no_args_is_help=True
@@ -25,8 +25,8 @@ ModelOpt = Annotated[
 
 def load_recipe_spec(recipe: Path, model: str | None) -> RecipeSpec:
     """The recipe's spec, or a one-line error (exit code 2) naming the key and the fix."""
-    from slurmgate.ci.recipes import RecipeError
-    from slurmgate.runtime.from_recipe import RecipeRefused, spec_from_recipe
+    from slurmgate.runtime.spec.from_recipe import RecipeRefused, spec_from_recipe
+    from slurmgate.runtime.spec.recipes import RecipeError
 
     try:
         return spec_from_recipe(recipe, model=model)

@@ -10,7 +10,7 @@ from pydantic import SecretStr
 
 from slurmgate.errors import InputError
 from slurmgate.runtime.redact import Redactor
-from slurmgate.runtime.spec import (
+from slurmgate.runtime.spec.model import (
     AllocationSpec,
     EnvSecretRef,
     EnvValue,

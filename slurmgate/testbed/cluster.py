@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmgate.errors import ExternalError
-from slurmgate.runtime.slurm_config import (
+from slurmgate.slurm.config import (
     BundledCluster,
     forget_cluster,
     load_cluster,

@@ -15,9 +15,9 @@ from slurmgate.admission.leases import admit_lease, lease_labels_for_job
 from slurmgate.admission.model import Admit, JobStatus, Runner, leases_from_fleet
 from slurmgate.admission.planner import plan
 from slurmgate.admission.tick import reconcile_tick, restamped
+from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
-from slurmgate.github.steps import direct_steps
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 GATE = ("ci-attempt-1", "ci-job-1.000-twin", "nodes:2")

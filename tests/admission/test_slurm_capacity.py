@@ -23,9 +23,8 @@ from slurmgate.admission.model import BlockReason, JobStatus, Snapshot
 from slurmgate.admission.planner import plan
 from slurmgate.admission.settings import AdmissionSettings, PoolPartition
 from slurmgate.admission.tick import TickSteps, reconcile_tick
-from slurmgate.github.steps import slurm_capacity_step
-from slurmgate.runtime.slurm import SlurmError
-from slurmgate.runtime.slurm_capacity import (
+from slurmgate.controller.steps import slurm_capacity_step
+from slurmgate.slurm.capacity import (
     HELD_OUTSIDE,
     expand_hostlist,
     is_managed_job,
@@ -35,6 +34,7 @@ from slurmgate.runtime.slurm_capacity import (
     parse_reservations,
     read_pool_capacity,
 )
+from slurmgate.slurm.commands import SlurmError
 
 
 def cfg(**knobs: Any) -> AdmissionSettings:
@@ -506,7 +506,7 @@ REST_JOBS = {
 
 
 def test_slurmrestd_answers_read_as_the_commands_read() -> None:
-    from slurmgate.runtime.slurmrestd import (
+    from slurmgate.slurm.slurmrestd import (
         parse_rest_jobs,
         parse_rest_nodes,
         parse_rest_reservations,
@@ -529,7 +529,7 @@ def test_slurmrestd_answers_read_as_the_commands_read() -> None:
 
 def test_later_slurmrestd_plugins_states_as_lists_and_times_as_objects() -> None:
     """v0.0.39 on: a node's state is a list of words, times are {set, infinite, number}."""
-    from slurmgate.runtime.slurmrestd import parse_rest_jobs, parse_rest_nodes
+    from slurmgate.slurm.slurmrestd import parse_rest_jobs, parse_rest_nodes
 
     nodes = parse_rest_nodes(
         {
@@ -571,7 +571,7 @@ def test_later_slurmrestd_plugins_states_as_lists_and_times_as_objects() -> None
 def test_slurmrestd_settings_name_the_variable_and_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from slurmgate.runtime.slurmrestd import SlurmRestSettings
+    from slurmgate.slurm.slurmrestd import SlurmRestSettings
 
     assert SlurmRestSettings().url is None
     monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "unix:/run/slurmrestd.sock")
@@ -599,7 +599,7 @@ async def test_slurmrestd_not_answering_fails_open_with_one_warning_and_no_token
 ) -> None:
     from pydantic import SecretStr
 
-    from slurmgate.runtime.slurmrestd import SlurmRestSettings
+    from slurmgate.slurm.slurmrestd import SlurmRestSettings
 
     token = "eyJhbGciOiJIUzI1NiJ9.slurm-token-secret"
     rest = SlurmRestSettings(

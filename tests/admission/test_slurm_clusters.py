@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from slurmgate.admission.capacity import CapacityUnread
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.runtime.slurm_capacity import read_pool_capacity
-from slurmgate.runtime.slurm_clusters import OWN_CLUSTER, ClusterReads
+from slurmgate.slurm.capacity import read_pool_capacity
+from slurmgate.slurm.clusters import OWN_CLUSTER, ClusterReads
 
 
 def test_each_unreachable_cluster_fails_alone_naming_why_and_is_asked_again_later(

@@ -19,7 +19,17 @@ PREFECT_LAYER = ("blocks", "tasks", "flows", "deployments")
 LAYER_PACKAGES = tuple(f"{CORE}.{folder}" for folder in PREFECT_LAYER)
 # The one door from the core into the Prefect layer: the CLI commands that run a flow.
 DOOR = "slurmgate.cli.prefect_layer"
-PARTS = ("admission", "ci", "github", "runtime", "simulator", "testbed", "cli")
+PARTS = (
+    "admission",
+    "ci",
+    "cli",
+    "controller",
+    "github",
+    "runtime",
+    "simulator",
+    "slurm",
+    "testbed",
+)
 
 
 def module_name(path: Path) -> str:
@@ -91,7 +101,7 @@ def test_the_core_has_one_folder_per_part() -> None:
     folders = {p.name for p in (REPO / CORE).iterdir() if (p / "__init__.py").is_file()}
     assert folders == set(PARTS)
     loose = sorted(p.name for p in (REPO / CORE).glob("*.py") if p.name != "__init__.py")
-    assert loose == ["errors.py", "serving.py"], loose
+    assert loose == ["errors.py", "progress.py", "serving.py"], loose
 
 
 def import_graph(*packages: str) -> dict[str, set[str]]:
@@ -179,7 +189,7 @@ def test_the_admission_core_does_not_depend_on_its_adapters() -> None:
     ("module", "forbidden"),
     [
         # runs once per node inside the allocation: the standard library only, so it starts fast
-        ("slurmgate.runtime.node_worker", ("pydantic", "httpx", "prefect", "typer", "yaml")),
+        ("slurmgate.runtime.steps.node_worker", ("pydantic", "httpx", "prefect", "typer", "yaml")),
         # the logical endpoint runs on the client host for the whole allocation
         ("slurmgate.runtime.endpoint.app", ("prefect", "typer", "httpx")),
         ("slurmgate.cli.app", ("prefect",)),

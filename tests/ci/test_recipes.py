@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmgate.ci import recipes
 from slurmgate.ci.nodecount import node_count
-from slurmgate.runtime import layout
-from slurmgate.runtime.from_recipe import (
+from slurmgate.runtime.engines import layout
+from slurmgate.runtime.spec import recipes
+from slurmgate.runtime.spec.from_recipe import (
     REFUSED,
     RecipeRefused,
     RecipeSpec,

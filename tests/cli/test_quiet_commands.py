@@ -150,7 +150,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_says_what_starts_and_how_long_it_took(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmgate.cli import progress as progress_module
+    from slurmgate import progress as progress_module
 
     piped = io.StringIO()
     with progress_module.progress("starting a thing", stream=piped):

@@ -27,6 +27,7 @@ from pydantic import SecretStr
 
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
+from slurmgate.controller.steps import direct_steps
 from slurmgate.errors import SlurmgateError
 from slurmgate.github.access import ScopeAccessError, check_access, explain
 from slurmgate.github.app_auth import (
@@ -42,7 +43,6 @@ from slurmgate.github.app_auth import (
 )
 from slurmgate.github.client import AuthError, GitHubClient, NotFound, accepted_permissions
 from slurmgate.github.scope import GitHubScope
-from slurmgate.github.steps import direct_steps
 from slurmgate.runtime.redact import redact_patterns
 from slurmgate.testbed.emulator.apps import new_private_key
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator

@@ -15,9 +15,9 @@ from slurmgate.admission.leases import AdmitOutcome
 from slurmgate.admission.model import Admit
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickFailed, TickSteps, reconcile_tick
+from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
-from slurmgate.github.steps import direct_steps
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 SETTINGS = AdmissionSettings(

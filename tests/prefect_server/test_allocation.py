@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import RunRecord, load_records
+from slurmgate.runtime.ledger.records import RunRecord, load_records
+from slurmgate.slurm import commands as slurm
 
 from .conftest import FINAL, REPO, PrefectServer
 

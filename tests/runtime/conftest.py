@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmgate.runtime import slurm
+from slurmgate.slurm import commands as slurm
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "specs" / "local-stub.yaml"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import load_records
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.ledger.records import load_records
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.slurm import commands as slurm
 
 from .conftest import assert_no_orphans, example_data, processes_with
 from .test_hooks_slurm import _prefect_log_lines

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.reaper import reap_stale_runs
-from slurmgate.runtime.records import load_records
+from slurmgate.runtime.ledger.reaper import reap_stale_runs
+from slurmgate.runtime.ledger.records import load_records
 from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.slurm import commands as slurm
 
 from .conftest import EXAMPLE as EXAMPLE_PATH
 from .conftest import (

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import load_records
+from slurmgate.runtime.ledger.records import load_records
 from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.slurm import commands as slurm
 from slurmgate.testbed import cluster
 
 from .conftest import assert_no_orphans, job_gone

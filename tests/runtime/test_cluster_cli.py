@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime import slurm
+from slurmgate.slurm import commands as slurm
 from slurmgate.testbed import cluster
 
 pytestmark = pytest.mark.slurm

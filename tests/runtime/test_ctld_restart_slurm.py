@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import RunStatus, load_records
+from slurmgate.runtime.ledger.records import RunStatus, load_records
+from slurmgate.slurm import commands as slurm
 
 from .conftest import assert_no_orphans
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime import layout
+from slurmgate.runtime.engines import layout
 from slurmgate.runtime.run import AllocationRun
-from slurmgate.runtime.spec import AllocationSpec, SpecError
+from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 
 from .conftest import REPO
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime import layout
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.engines import layout
+from slurmgate.runtime.spec.model import AllocationSpec
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES_PYTHON = REPO / ".venv-engines" / "bin" / "python"

@@ -25,10 +25,12 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime import engines, layout, readiness
 from slurmgate.runtime.endpoint.backpressure import metrics_query, queue_sample
 from slurmgate.runtime.endpoint.config import EndpointConfig, parse_config
-from slurmgate.runtime.spec import AllocationSpec, SpecError
+from slurmgate.runtime.engines import layout
+from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.steps import readiness
 
 
 def _spec(engine: str = "custom", **dep: Any) -> AllocationSpec:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmgate.runtime.records import load_records
+from slurmgate.runtime.ledger.records import load_records
 
 from .conftest import EXAMPLE, assert_no_orphans, example_data
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmgate.runtime import layout
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.engines import layout
+from slurmgate.runtime.spec.model import AllocationSpec
 
 from .conftest import example_data
 

@@ -11,8 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmgate.runtime import heartbeat, slurm
-from slurmgate.runtime.node_failures import (
+from slurmgate.runtime.ledger import heartbeat
+from slurmgate.runtime.ledger.reaper import foreign_stale_allocations
+from slurmgate.runtime.ledger.records import (
+    NodeFailure,
+    ProcessIdentity,
+    RunRecord,
+    job_comment,
+    parse_job_comment,
+)
+from slurmgate.runtime.run.node_failures import (
     LANE_CRASH_MIN_UPTIME_S,
     NodeFailureSettingError,
     NodeFailureSettings,
@@ -21,14 +29,7 @@ from slurmgate.runtime.node_failures import (
     drain_reason,
     retry_decision,
 )
-from slurmgate.runtime.reaper import foreign_stale_allocations
-from slurmgate.runtime.records import (
-    NodeFailure,
-    ProcessIdentity,
-    RunRecord,
-    job_comment,
-    parse_job_comment,
-)
+from slurmgate.slurm import commands as slurm
 
 NODES = [f"node{i}" for i in range(1, 7)]
 
@@ -293,7 +294,7 @@ def test_heartbeat_settings_name_the_variable() -> None:
 
 def test_an_attempt_asks_salloc_to_exclude_and_names_its_controller(tmp_path: Path) -> None:
     from slurmgate.runtime.run import AllocationRun
-    from slurmgate.runtime.spec import AllocationSpec
+    from slurmgate.runtime.spec.model import AllocationSpec
 
     from .conftest import example_data
 

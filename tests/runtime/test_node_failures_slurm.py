@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.reaper import reap_stale_runs
-from slurmgate.runtime.records import (
+from slurmgate.runtime.ledger.reaper import reap_stale_runs
+from slurmgate.runtime.ledger.records import (
     ProcessIdentity,
     job_comment,
     load_records,
     parse_job_comment,
 )
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.slurm import commands as slurm
 
 from .conftest import assert_no_orphans, example_data, hosts_of, job_gone, port_held
 

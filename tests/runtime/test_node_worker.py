@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime.node_failures import StepOutcome, blame
-from slurmgate.runtime.node_worker import (
+from slurmgate.runtime.run.node_failures import StepOutcome, blame
+from slurmgate.runtime.steps.node_worker import (
     LaneSpec,
     NodeSpec,
     WorkerSpec,
@@ -72,7 +72,7 @@ def _worker(mode: str, spec: WorkerSpec, gpus: str = "3,5") -> subprocess.Popen[
     )
     # As the runtime sends it: on stdin, since argv is public in /proc.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"],
+        [sys.executable, "-m", "slurmgate.runtime.steps.node_worker", mode, "--spec", "-"],
         env=env,
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -225,7 +225,7 @@ def test_wrong_procid_is_an_identity_failure() -> None:
         [
             sys.executable,
             "-m",
-            "slurmgate.runtime.node_worker",
+            "slurmgate.runtime.steps.node_worker",
             "preflight",
             "--spec",
             spec.encode(),
@@ -267,7 +267,7 @@ def test_a_task_on_another_node_than_planned_is_a_hostname_failure() -> None:
         CUDA_VISIBLE_DEVICES="0,1",
     )
     out = subprocess.run(
-        [sys.executable, "-m", "slurmgate.runtime.node_worker", "preflight", "--spec", "-"],
+        [sys.executable, "-m", "slurmgate.runtime.steps.node_worker", "preflight", "--spec", "-"],
         input=spec.encode(),
         env=env,
         capture_output=True,

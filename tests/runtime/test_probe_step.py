@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slurmgate.runtime import probe_step, readiness
-from slurmgate.runtime.probe_step import ProbeChannel, ProbeStepFailed
+from slurmgate.runtime.steps import probe_step, readiness
+from slurmgate.runtime.steps.probe_step import ProbeChannel, ProbeStepFailed
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -44,7 +44,7 @@ def server_url() -> Iterator[str]:
 @pytest.fixture
 def step() -> Iterator[tuple[subprocess.Popen[bytes], ProbeChannel]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmgate.runtime.probe_step"],
+        [sys.executable, "-m", "slurmgate.runtime.steps.probe_step"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

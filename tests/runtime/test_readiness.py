@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slurmgate.runtime import readiness
+from slurmgate.runtime.steps import readiness
 
 
 class Flapping:
@@ -86,7 +86,7 @@ def test_a_lane_that_never_holds_its_streak_times_out_with_the_reason(flapping) 
 
 
 def test_the_spec_default_is_two_probes_and_zero_is_refused() -> None:
-    from slurmgate.runtime.spec import AllocationSpec, SpecError
+    from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 
     data = {
         "schema_version": 1,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime.reaper import reap_stale_runs, stale_records
-from slurmgate.runtime.records import (
+from slurmgate.runtime.ledger.reaper import reap_stale_runs, stale_records
+from slurmgate.runtime.ledger.records import (
     MAX_RECORD_BYTES,
     RunStatus,
     load_records,

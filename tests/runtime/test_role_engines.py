@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime import engines, frontends, layout
-from slurmgate.runtime.role_engines import LANE_DIR
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.engines import frontends, layout
+from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.engines.roles import LANE_DIR
+from slurmgate.runtime.spec.model import AllocationSpec
 
 
 def _plan(
@@ -286,7 +287,7 @@ def test_service_readiness() -> None:
 
 
 def test_frontend_ports_collide_with_the_endpoint_are_refused() -> None:
-    from slurmgate.runtime.spec import SpecError
+    from slurmgate.runtime.spec.model import SpecError
 
     with pytest.raises(SpecError, match="port 17000 on node 0 is also claimed by"):
         _plan(

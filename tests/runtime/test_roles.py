@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmgate.runtime import layout
-from slurmgate.runtime.spec import AllocationSpec, SpecError
+from slurmgate.runtime.engines import layout
+from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 
 SGLANG = ["python", "-m", "sglang.launch_server", "--model-path", "/m"]
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime import slurm
 from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.slurm import commands as slurm
 
 from .conftest import assert_no_orphans, hosts_of, job_gone, port_held
 
@@ -217,7 +217,7 @@ def test_a_client_preflight_that_exits_23_launches_nothing(runs_root: Path, tmp_
     wrapper.write_text(
         f"#!{sys.executable}\n"
         "import os, sys\n"
-        "if sys.argv[1:4] == ['-m', 'slurmgate.runtime.node_worker', 'preflight'] and "
+        "if sys.argv[1:4] == ['-m', 'slurmgate.runtime.steps.node_worker', 'preflight'] and "
         "os.environ.get('SLURM_JOB_NAME', '').endswith('-preflight-client'):\n"
         "    print('client preflight: exit 23', file=sys.stderr)\n"
         "    sys.exit(23)\n"

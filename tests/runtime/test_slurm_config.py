@@ -17,16 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime import layout, slurm
+from slurmgate.runtime.engines import layout
 from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.run.client import OutputEcho
-from slurmgate.runtime.slurm_config import (
+from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.slurm import commands as slurm
+from slurmgate.slurm.config import (
     BundledCluster,
     cluster_record_path,
     recorded_slurm_conf,
     save_cluster,
 )
-from slurmgate.runtime.spec import AllocationSpec, SpecError
 
 from .conftest import EXAMPLE, example_data
 
@@ -255,7 +256,7 @@ def test_a_run_of_a_reservation_mapped_pool_gets_the_nodes_the_controller_counte
     """A pool mapped to a reservation counts only that reservation's nodes; a run whose spec
     names it is granted those nodes at once, and one that does not would wait in the queue."""
     from slurmgate.admission.settings import PoolPartition
-    from slurmgate.runtime.slurm_capacity import read_pool_capacity
+    from slurmgate.slurm.capacity import read_pool_capacity
 
     name = f"sg-ci-{os.getpid()}"
     slurm.run(
@@ -323,7 +324,7 @@ def test_the_spec_python_runs_every_node_side_step(tmp_path: Path) -> None:
     hosts = ["n1", "n2", "n3"]
     run.layout = layout.bind(run.plan, hosts, {h: f"10.0.0.{i}" for i, h in enumerate(hosts)})
     argv = run.worker_argv("preflight-chat", "preflight", ["n1"], None)
-    assert argv[argv.index("--") + 1 :][:3] == [python, "-m", "slurmgate.runtime.node_worker"]
+    assert argv[argv.index("--") + 1 :][:3] == [python, "-m", "slurmgate.runtime.steps.node_worker"]
     # The lanes' own `python -m ...` commands find the same interpreter first on PATH.
     assert run._base_env()["PATH"].split(os.pathsep)[0] == "/shared/venvs/slurmgate/bin"
     default = AllocationRun(_site_spec(), runs_root=tmp_path)
@@ -342,7 +343,7 @@ def test_an_interpreter_that_cannot_run_names_the_python_field(tmp_path: Path) -
     assert run.interpreter_problem("SLURMGATE-PREFLIGHT host=node1 check=gpus: x") is None
     bare = (
         "/usr/bin/python3: Error while finding module specification for "
-        "'slurmgate.runtime.node_worker' (ModuleNotFoundError: No module named 'slurmgate')\n"
+        "'slurmgate.runtime.steps.node_worker' (ModuleNotFoundError: No module named 'slurmgate')\n"
     )
     problem = run.interpreter_problem(bare)
     assert problem is not None and problem.startswith("python: /nowhere/bin/python has no slurm")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime.spec import AllocationSpec, SpecError
+from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 
 from .conftest import example_data
 
@@ -150,7 +150,7 @@ def test_client_cpus_default_is_left_to_the_allocation() -> None:
 
 
 def test_expert_parallel_is_a_single_node_knob_over_the_tensor_parallel_gpus() -> None:
-    from slurmgate.runtime import layout
+    from slurmgate.runtime.engines import layout
 
     data = example_data()
     chat = data["deployments"][0]

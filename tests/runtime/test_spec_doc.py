@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from slurmgate.runtime import engines
-from slurmgate.runtime.spec import AllocationSpec, DeploymentSpec
+from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.spec.model import AllocationSpec, DeploymentSpec
 
 from .conftest import REPO
 

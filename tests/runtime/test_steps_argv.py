@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime import layout, slurm
-from slurmgate.runtime.node_worker import PREFLIGHT_OK
+from slurmgate.runtime.engines import layout
 from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.run.preflight import preflight_reports
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.steps.node_worker import PREFLIGHT_OK
+from slurmgate.slurm import commands as slurm
 
 from .conftest import example_data
 
@@ -34,7 +35,7 @@ def test_every_serve_step_is_fail_fast_with_one_task_per_node(runs_root: Path) -
         argv = run.worker_argv(f"serve-{d.name}", "serve", nodelist, None)
         head = argv[: argv.index("--")]
         command = argv[argv.index("--") + 1 :]
-        assert command[1:] == ["-m", "slurmgate.runtime.node_worker", "serve", "--spec", "-"]
+        assert command[1:] == ["-m", "slurmgate.runtime.steps.node_worker", "serve", "--spec", "-"]
         # Slurm ends every node's task when one exits non-zero: the seed's fail-fast.
         assert _flag(argv, "kill-on-bad-exit") == "1", head
         n = str(len(nodelist))

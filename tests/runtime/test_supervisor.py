@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime import supervisor
-from slurmgate.runtime.supervisor import StepFailed, Supervisor
+from slurmgate.runtime.run import supervisor
+from slurmgate.runtime.run.supervisor import StepFailed, Supervisor
 
 from .conftest import assert_no_orphans
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmgate.runtime.reaper import reap_stale_runs
-from slurmgate.runtime.records import RECORD_NAME, RunRecord, load_records
+from slurmgate.runtime.ledger.reaper import reap_stale_runs
+from slurmgate.runtime.ledger.records import RECORD_NAME, RunRecord, load_records
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "sg-planted-0badc0de"
@@ -175,7 +175,7 @@ def test_a_record_artifact_that_cannot_be_published_is_a_warning(
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
     from slurmgate.runtime.run import AllocationRun
-    from slurmgate.runtime.spec import AllocationSpec
+    from slurmgate.runtime.spec.model import AllocationSpec
     from slurmgate.tasks.allocation import publish_record
     from slurmgate.testbed.localproc import free_port
 

@@ -22,7 +22,7 @@ from pydantic import SecretStr
 from slurmgate.runtime.credentials import RunCredentials, SecretUnresolved
 from slurmgate.runtime.redact import Redactor
 from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec import AllocationSpec, SpecError
+from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 from slurmgate.runtime.stepenv import step_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -311,7 +311,7 @@ def test_controller_credentials_stay_behind_and_spec_secrets_reach_only_their_st
                 seen["endpoint"] += 1
                 assert env["SLURMGATE_ENDPOINT_TOKEN"] == endpoint_token
                 assert hf not in raw.decode(errors="replace")
-            elif b"slurmgate.runtime.node_worker" in cmdline:
+            elif b"slurmgate.runtime.steps.node_worker" in cmdline:
                 seen["worker"] += 1
                 assert b"--spec\0-" in cmdline  # its spec came on stdin
         assert seen["chat"] == 2 and seen["pipe"] == 2 and seen["endpoint"] >= 2, seen

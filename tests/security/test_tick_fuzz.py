@@ -40,11 +40,11 @@ from starlette.routing import Route
 from slurmgate.admission.labels import fold
 from slurmgate.admission.model import JobStatus
 from slurmgate.admission.tick import reconcile_tick
+from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient, MalformedResponse
 from slurmgate.github.etags import MemoryEtagCache
 from slurmgate.github.payloads import MalformedPayload, parse_job, parse_runner
 from slurmgate.github.scope import GitHubScope
-from slurmgate.github.steps import direct_steps
 from slurmgate.serving import ThreadedServer
 
 SPEC = json.loads((Path(__file__).parents[1] / "data" / "runners-subset.json").read_text())

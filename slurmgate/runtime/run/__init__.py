@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from slurmgate.runtime.records import RunStatus
+from slurmgate.runtime.ledger.records import RunStatus
 from slurmgate.runtime.run.allocate import AllocatePhase
 from slurmgate.runtime.run.cleanup import CleanupPhase
 from slurmgate.runtime.run.client import ClientPhase
 from slurmgate.runtime.run.launch import LaunchPhase
 from slurmgate.runtime.run.preflight import PreflightPhase
 from slurmgate.runtime.run.state import RunFailed, RunResult, new_run_id
-from slurmgate.runtime.supervisor import DEFER, CleanupFailed
+from slurmgate.runtime.run.supervisor import DEFER, CleanupFailed
 
 
 class AllocationRun(AllocatePhase, PreflightPhase, LaunchPhase, ClientPhase, CleanupPhase):

@@ -9,11 +9,11 @@ from pathlib import Path
 from types import FrameType
 
 from slurmgate.errors import InputError
-from slurmgate.runtime import slurm
 from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
-from slurmgate.runtime.spec import AllocationSpec
-from slurmgate.runtime.supervisor import CleanupFailed, StepFailed
+from slurmgate.runtime.run.supervisor import CleanupFailed, StepFailed
+from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.slurm import commands as slurm
 
 
 class Terminated(BaseException):
@@ -44,9 +44,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m slurmgate.runtime.run run SPEC [--runs-dir D]`: the run without Prefect."""
-    from slurmgate.runtime.reaper import reap_stale_runs
-    from slurmgate.runtime.records import load_records
-    from slurmgate.runtime.spec import SpecError
+    from slurmgate.runtime.ledger.reaper import reap_stale_runs
+    from slurmgate.runtime.ledger.records import load_records
+    from slurmgate.runtime.spec.model import SpecError
 
     args = _parser().parse_args(argv)
     if args.command == "reap":

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from slurmgate.runtime import heartbeat, slurm
-from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime.records import ProcessIdentity, job_comment
+from slurmgate.runtime.engines import layout as layout_mod
+from slurmgate.runtime.ledger import heartbeat
+from slurmgate.runtime.ledger.records import ProcessIdentity, job_comment
 from slurmgate.runtime.run.state import RunFailed, RunState
+from slurmgate.slurm import commands as slurm
 
 
 class AllocatePhase(RunState):

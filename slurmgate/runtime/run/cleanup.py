@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import time
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import RunStatus
+from slurmgate.runtime.ledger.records import RunStatus
 from slurmgate.runtime.run.site_hooks import HookPhases
-from slurmgate.runtime.supervisor import DEFER, CleanupReport
+from slurmgate.runtime.run.supervisor import DEFER, CleanupReport
+from slurmgate.slurm import commands as slurm
 
 
 class CleanupPhase(HookPhases):

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import httpx
 
-from slurmgate.runtime import readiness, slurm
-from slurmgate.runtime.probe_step import ProbeStepFailed
 from slurmgate.runtime.run.endpoints import EndpointsPhase
 from slurmgate.runtime.run.state import RunFailed
-from slurmgate.runtime.supervisor import StepFailed
+from slurmgate.runtime.run.supervisor import StepFailed
+from slurmgate.runtime.steps import readiness
+from slurmgate.runtime.steps.probe_step import ProbeStepFailed
+from slurmgate.slurm import commands as slurm
 
 METRICS_HELLO_TIMEOUT_S = 15.0  # the metrics step after the client: optional, so bounded tighter
 DIRECT_METRICS_TIMEOUT_S = 2.0

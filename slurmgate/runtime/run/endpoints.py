@@ -11,12 +11,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from slurmgate.runtime import engines, readiness, slurm
 from slurmgate.runtime.endpoint.config import TOKEN_ENV, EndpointConfig, PrefillBackend
-from slurmgate.runtime.probe_step import ProbeStepFailed
+from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.run.services import ServiceSteps
 from slurmgate.runtime.run.state import RunFailed
-from slurmgate.runtime.supervisor import StepFailed
+from slurmgate.runtime.run.supervisor import StepFailed
+from slurmgate.runtime.steps import readiness
+from slurmgate.runtime.steps.probe_step import ProbeStepFailed
+from slurmgate.slurm import commands as slurm
 
 ENDPOINT_STARTUP_S = 60.0
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 
-from slurmgate.runtime import engines, readiness
-from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime.probe_step import ProbeStepFailed
+from slurmgate.runtime.engines import layout as layout_mod
+from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.run.endpoints import ENDPOINT_STARTUP_S
 from slurmgate.runtime.run.probes import ProbeSteps
 from slurmgate.runtime.run.services import ServiceSteps
 from slurmgate.runtime.run.state import RunFailed
-from slurmgate.runtime.supervisor import StepFailed
+from slurmgate.runtime.run.supervisor import StepFailed
+from slurmgate.runtime.steps import readiness
+from slurmgate.runtime.steps.probe_step import ProbeStepFailed
 
 
 class LaunchPhase(ServiceSteps, ProbeSteps):

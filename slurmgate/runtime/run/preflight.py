@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slurmgate.runtime.node_worker import PREFLIGHT_OK
 from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.run.workers import WorkerSteps
+from slurmgate.runtime.steps.node_worker import PREFLIGHT_OK
 
 PREFLIGHT_TIMEOUT_S = 120.0
 

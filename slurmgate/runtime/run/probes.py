@@ -8,10 +8,11 @@ import subprocess
 
 import httpx
 
-from slurmgate.runtime import readiness, slurm
-from slurmgate.runtime.node_worker import node_name
-from slurmgate.runtime.probe_step import HELLO_TIMEOUT_S, ProbeChannel, ProbeStepFailed
 from slurmgate.runtime.run.state import RunState
+from slurmgate.runtime.steps import readiness
+from slurmgate.runtime.steps.node_worker import node_name
+from slurmgate.runtime.steps.probe_step import HELLO_TIMEOUT_S, ProbeChannel, ProbeStepFailed
+from slurmgate.slurm import commands as slurm
 
 
 def controller_on(host: str) -> bool:
@@ -43,7 +44,7 @@ class ProbeSteps(RunState):
         step = self.supervisor.start(
             name,
             slurm.srun_argv(
-                [self.python, "-m", "slurmgate.runtime.probe_step"],
+                [self.python, "-m", "slurmgate.runtime.steps.probe_step"],
                 job_id=self.job_id,
                 nodelist=[client_host],
                 step_name=self._step_name(name),

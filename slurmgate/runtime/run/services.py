@@ -13,14 +13,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from slurmgate.runtime import frontends, readiness
-from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime.node_worker import LaneSpec, NodeSpec, WorkerSpec
-from slurmgate.runtime.probe_step import ProbeStepFailed
+from slurmgate.runtime.engines import frontends
+from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.run.probes import ProbeSteps
 from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.run.supervisor import StepFailed
 from slurmgate.runtime.run.workers import WorkerSteps
-from slurmgate.runtime.supervisor import StepFailed
+from slurmgate.runtime.steps import readiness
+from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
+from slurmgate.runtime.steps.probe_step import ProbeStepFailed
 
 SERVICE_STARTUP_S = 60.0  # etcd and NATS start in a second or two
 

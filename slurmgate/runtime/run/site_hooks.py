@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slurmgate.runtime.hooks import HookInvocation
-from slurmgate.runtime.records import HookOutcome
+from slurmgate.runtime.ledger.records import HookOutcome
 from slurmgate.runtime.run.state import RunFailed, RunState
 
 

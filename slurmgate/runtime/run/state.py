@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmgate.errors import ExternalError
-from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime import readiness, slurm
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
-from slurmgate.runtime.heartbeat import Heartbeat
+from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.hooks import HookRunner, run_plain
-from slurmgate.runtime.records import (
+from slurmgate.runtime.ledger.heartbeat import Heartbeat
+from slurmgate.runtime.ledger.records import (
     RECORD_NAME,
     HookOutcome,
     NodeFailure,
@@ -27,9 +26,11 @@ from slurmgate.runtime.records import (
     controller_identity,
     default_runs_root,
 )
-from slurmgate.runtime.spec import AllocationSpec
+from slurmgate.runtime.run.supervisor import CleanupReport, Supervisor
+from slurmgate.runtime.spec.model import AllocationSpec
 from slurmgate.runtime.stepenv import step_env
-from slurmgate.runtime.supervisor import CleanupReport, Supervisor
+from slurmgate.runtime.steps import readiness
+from slurmgate.slurm import commands as slurm
 
 
 class RunFailed(ExternalError):
@@ -134,7 +135,7 @@ class RunState:
             lambda invocation: run_plain(invocation, lambda line: self.log(line))
         )
         self.hooks: dict[str, HookOutcome] = {}
-        # Node failures (runtime/node_failures.py): nodes this attempt's allocation must avoid,
+        # Node failures (runtime/run/node_failures.py): nodes this attempt's allocation must avoid,
         # the attempt it retries, the node it blamed and the attempt that retried it.
         self.excluded_nodes = list(exclude_nodes)
         self.retry_of = retry_of

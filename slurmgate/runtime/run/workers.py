@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmgate.runtime import engines, slurm
-from slurmgate.runtime import layout as layout_mod
-from slurmgate.runtime.node_worker import LaneSpec, NodeSpec, WorkerSpec
+from slurmgate.runtime.engines import layout as layout_mod
+from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.run.state import RunState
-from slurmgate.runtime.spec import DeploymentSpec
+from slurmgate.runtime.spec.model import DeploymentSpec
+from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
+from slurmgate.slurm import commands as slurm
 
 
 class WorkerSteps(RunState):
@@ -75,7 +76,7 @@ class WorkerSteps(RunState):
         preflight step lets every node finish its checks (no fail-fast): a failure is then
         one node's only when every other node reported it passed.
         """
-        argv = [self.python, "-m", "slurmgate.runtime.node_worker", mode, "--spec", "-"]
+        argv = [self.python, "-m", "slurmgate.runtime.steps.node_worker", mode, "--spec", "-"]
         return slurm.srun_argv(
             argv,
             job_id=self.job_id or "",

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 from slurmgate.errors import ExternalError, InputError
-from slurmgate.runtime.role_engines import LANE_DIR
+from slurmgate.runtime.engines.roles import LANE_DIR
 
 MAX_SPEC_BYTES = 64 * 1024
 EXIT_PREFLIGHT = 70
@@ -416,7 +416,7 @@ def _line(text: str) -> None:
 
 
 def _lane_exit(host: str, lane: str, status: int) -> str:
-    from slurmgate.runtime.supervisor import lane_exit_line
+    from slurmgate.runtime.run.supervisor import lane_exit_line
 
     return lane_exit_line(host, lane, status)
 
@@ -427,7 +427,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    from slurmgate.runtime.supervisor import group_alive
+    from slurmgate.runtime.run.supervisor import group_alive
 
     return group_alive(pgid)
 
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 3 or args[0] not in {"preflight", "serve"} or args[1] != "--spec":
         print(
-            "usage: python -m slurmgate.runtime.node_worker {preflight|serve} --spec {-|B64}",
+            "usage: python -m slurmgate.runtime.steps.node_worker {preflight|serve} --spec {-|B64}",
             file=sys.stderr,
         )
         return 64

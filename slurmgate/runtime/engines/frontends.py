@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from slurmgate.runtime.role_engines import LANE_DIR
+from slurmgate.runtime.engines.roles import LANE_DIR
 
 FrontendName = Literal["dynamo", "sglang-router", "vllm-router", "trtllm-serve"]
 RequestPlane = Literal["tcp", "nats", "http"]

@@ -22,8 +22,8 @@ from typing import IO, Any
 import httpx
 
 from slurmgate.errors import ExternalError
-from slurmgate.runtime.node_worker import node_name
-from slurmgate.runtime.readiness import ProbeItem, fetch_text, probe_chain, probe_item
+from slurmgate.runtime.steps.node_worker import node_name
+from slurmgate.runtime.steps.readiness import ProbeItem, fetch_text, probe_chain, probe_item
 
 MAX_LINE_BYTES = 2 * 1024 * 1024  # a request or an answer line; longer is a protocol failure
 MAX_TEXT_CHARS = 512 * 1024  # a fetched document (an endpoint's /metrics) is cut to this
@@ -129,7 +129,7 @@ def serve(in_fd: int, out_fd: int, idle_exit_s: float = IDLE_EXIT_S) -> int:
 
 
 def main() -> int:
-    """`python -m slurmgate.runtime.probe_step`: the step itself (stdin/stdout JSON lines)."""
+    """`python -m slurmgate.runtime.steps.probe_step`: the step itself (stdin/stdout JSON lines)."""
     return serve(sys.stdin.fileno(), sys.stdout.fileno())
 
 

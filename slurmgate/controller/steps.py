@@ -21,9 +21,9 @@ from slurmgate.admission.settings import AdmissionSettings, PoolPartition
 from slurmgate.admission.tick import ReadCapacity, TickSteps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.snapshot import EventReads, take_snapshot
-from slurmgate.runtime.slurm_capacity import read_pool_capacity
-from slurmgate.runtime.slurm_clusters import ClusterReads
-from slurmgate.runtime.slurmrestd import (
+from slurmgate.slurm.capacity import read_pool_capacity
+from slurmgate.slurm.clusters import ClusterReads
+from slurmgate.slurm.slurmrestd import (
     SlurmRestConfigError,
     SlurmRestSettings,
     read_rest_capacity,

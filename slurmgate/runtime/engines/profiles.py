@@ -18,8 +18,8 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from slurmgate.runtime import role_engines
-from slurmgate.runtime.role_engines import RoleSupport
+from slurmgate.runtime.engines import roles as role_engines
+from slurmgate.runtime.engines.roles import RoleSupport
 
 EngineName = Literal[
     "custom",

@@ -1,6 +1,6 @@
 """A srt-slurm recipe as an allocation spec: what it honours, reports or refuses, by name.
 
-`spec_from_recipe` reads a recipe of either schema (`slurmgate.ci.recipes`) and builds the
+`spec_from_recipe` reads a recipe of either schema (`slurmgate.runtime.spec.recipes`) and builds the
 `AllocationSpec` that runs the same workers: one deployment whose roles are the recipe's
 prefill and decode (or agg) workers in the engine's own sizes, its engine flags and env, the
 frontend it names (Dynamo's, the SGLang router, trtllm-serve) and a client that drives the
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmgate.ci import recipes
 from slurmgate.errors import InputError
-from slurmgate.runtime.spec import AllocationSpec, SpecError
+from slurmgate.runtime.spec import recipes
+from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 
 DEFAULT_MODEL = "/model"  # where srtctl mounts the recipe's model in its container
 _SLUG = re.compile(r"[^a-z0-9-]+")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmgate.errors import one_line
-from slurmgate.runtime import heartbeat, slurm
-from slurmgate.runtime.records import (
+from slurmgate.runtime.ledger import heartbeat
+from slurmgate.runtime.ledger.records import (
     ProcessIdentity,
     RunRecord,
     RunStatus,
@@ -20,6 +20,7 @@ from slurmgate.runtime.records import (
     parse_job_comment,
     process_start_ticks,
 )
+from slurmgate.slurm import commands as slurm
 
 REAP_BACKOFF_S = 30.0
 REAP_BACKOFF_MAX_S = 300.0

@@ -16,8 +16,8 @@ from types import FrameType
 from typing import Any
 
 from slurmgate.errors import ExternalError
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import live_processes
+from slurmgate.runtime.ledger.records import live_processes
+from slurmgate.slurm import commands as slurm
 
 TERMINATION_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgate.errors import InputError
-from slurmgate.runtime import engines, frontends
-from slurmgate.runtime.role_engines import RoleShape
+from slurmgate.runtime.engines import frontends
+from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.engines.roles import RoleShape
 
 
 class RoleSizes(RoleShape, Protocol):

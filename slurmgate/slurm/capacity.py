@@ -24,7 +24,7 @@ from datetime import datetime
 
 from slurmgate.admission.capacity import MissingNodes, NodeCapacity
 from slurmgate.admission.settings import PoolPartition
-from slurmgate.runtime import slurm
+from slurmgate.slurm import commands as slurm
 
 MANAGED_JOB_PREFIX = "sg-"
 MANAGED_COMMENT = "slurmgate"

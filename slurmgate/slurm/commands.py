@@ -61,7 +61,7 @@ def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     if not env.get("SLURM_CONF"):
         # Imported here: the node worker reaches this module through the supervisor and
         # must start without pydantic; only a controller with no SLURM_CONF needs the record.
-        from slurmgate.runtime.slurm_config import recorded_slurm_conf
+        from slurmgate.slurm.config import recorded_slurm_conf
 
         conf = recorded_slurm_conf()
         if conf:

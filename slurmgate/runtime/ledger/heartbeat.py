@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import ProcessIdentity, job_comment
+from slurmgate.runtime.ledger.records import ProcessIdentity, job_comment
+from slurmgate.slurm import commands as slurm
 
 DEFAULT_INTERVAL_S = 60.0
 DEFAULT_STALE_AFTER_S = 600.0

@@ -31,14 +31,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from slurmgate.admission.capacity import NodeCapacity
 from slurmgate.admission.settings import PoolPartition
 from slurmgate.errors import InputError
-from slurmgate.runtime.slurm import SlurmError
-from slurmgate.runtime.slurm_capacity import (
+from slurmgate.slurm.capacity import (
     SlurmJob,
     SlurmNode,
     SlurmReservation,
     expand_hostlist,
     pool_capacity,
 )
+from slurmgate.slurm.commands import SlurmError
 
 # Jobs whose allocation holds nodes, as `squeue -t` lists them for the command read.
 HOLDING_STATES = frozenset(

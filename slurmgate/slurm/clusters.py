@@ -21,9 +21,9 @@ from pydantic import SecretStr, ValidationError
 from slurmgate.admission.capacity import CapacityUnread, NodeCapacity
 from slurmgate.admission.settings import PoolPartition, SlurmCluster
 from slurmgate.errors import one_line
-from slurmgate.runtime.slurm import SlurmError
-from slurmgate.runtime.slurm_capacity import read_pool_capacity
-from slurmgate.runtime.slurmrestd import SlurmRestSettings, read_rest_capacity
+from slurmgate.slurm.capacity import read_pool_capacity
+from slurmgate.slurm.commands import SlurmError
+from slurmgate.slurm.slurmrestd import SlurmRestSettings, read_rest_capacity
 
 OWN_CLUSTER = "(own)"
 """How the controller's own Slurm (no `cluster` in a pool's partition) is named in warnings."""

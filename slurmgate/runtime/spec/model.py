@@ -20,9 +20,11 @@ from pydantic import (
 )
 
 from slurmgate.errors import InputError
-from slurmgate.runtime import engines, frontends, role_engines
 from slurmgate.runtime.endpoint.config import TOKEN_ENV
-from slurmgate.runtime.layout import port_problems
+from slurmgate.runtime.engines import frontends
+from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.engines import roles as role_engines
+from slurmgate.runtime.engines.layout import port_problems
 from slurmgate.runtime.redact import CREDENTIAL_FLAG, CREDENTIAL_NAME, literal_credential
 
 # Flags the launcher owns, per engine: a command that sets them itself would fight the layout.
@@ -774,7 +776,7 @@ class DeploymentSpec(_Strict):
 
     def role_problems(self, node_gpus: int) -> list[tuple[str, str, str]]:
         """What the nodes cannot hold of this deployment's roles: (field, message, fix)."""
-        from slurmgate.runtime.layout import RolePlacementError, role_placement
+        from slurmgate.runtime.engines.layout import RolePlacementError, role_placement
 
         found: list[tuple[str, str, str]] = []
         for name, role in self.roles.items() if self.roles else []:
@@ -841,7 +843,7 @@ class DeploymentSpec(_Strict):
 
     def nodes_for(self, node_gpus: int) -> int:
         if self.roles is not None:
-            from slurmgate.runtime.layout import role_placement
+            from slurmgate.runtime.engines.layout import role_placement
 
             return sum(
                 role_placement(self.worker_gpus(name), node_gpus, role).nodes

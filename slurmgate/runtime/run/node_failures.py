@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from slurmgate.errors import InputError, one_line
-from slurmgate.runtime import slurm
-from slurmgate.runtime.records import NodeFailure
+from slurmgate.runtime.ledger.records import NodeFailure
+from slurmgate.slurm import commands as slurm
 
 if TYPE_CHECKING:
     from slurmgate.runtime.run import AllocationRun

@@ -1,0 +1,1 @@
+"""The controller wiring: the reconcile tick's steps over the GitHub and Slurm adapters."""

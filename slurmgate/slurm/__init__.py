@@ -1,0 +1,1 @@
+"""The Slurm adapter: its real commands, its configuration, capacity per pool and cluster."""
