@@ -127,10 +127,11 @@ def main(argv: list[str] | None = None) -> None:
         except WakeSettingsError as exc:
             parser.error(str(exc))
     inline = InlineScope(args.api_url, args.repo, args.org) if args.api_url else None
-    # the commands' door: Prefect's telemetry defaults, then one line naming the API served to
-    from slurmgate.cli.prefect_layer import use_prefect_api
+    # our commands' Prefect defaults (telemetry off), then one line naming the API served to
     from slurmgate.errors import ExternalError
+    from slurmgate.flows.prefect_api import prefect_defaults, use_prefect_api
 
+    prefect_defaults()
     try:
         use_prefect_api()
     except ExternalError as exc:

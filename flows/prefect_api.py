@@ -27,6 +27,25 @@ API_LINE = "prefect: flow runs go to {where}"
 API_WAIT_ENV = "SLURMGATE_PREFECT_API_WAIT_S"
 API_WAIT_S = 60.0
 
+# Prefect's temporary server needs ~20 s to start on a 2-core login node (its imports alone take
+# 7 s), which is exactly Prefect's default limit; set before Prefect reads its settings.
+EPHEMERAL_STARTUP_TIMEOUT_S = "90"
+
+# Prefect sends anonymous usage data unless told not to: offline its server logs an ERROR per
+# failed heartbeat, and on a fresh SQLite database the heartbeat's first write can collide with
+# the flow's own writes ("database is locked", a traceback). Off unless the user set them.
+TELEMETRY_OFF = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+def prefect_defaults() -> None:
+    """Our commands' Prefect defaults (a longer temporary-server start, telemetry off), unless the
+    user set them; called before anything imports prefect, since Prefect reads them once."""
+    os.environ.setdefault(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_TIMEOUT_S
+    )
+    for name, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(name, value)
+
 
 class PrefectApiError(ExternalError):
     """The Prefect API the command would use does not answer, or refuses it."""

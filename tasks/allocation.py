@@ -18,9 +18,10 @@ from prefect.artifacts import (
 from prefect.exceptions import MissingContextError
 
 from slurmgate.errors import SlurmgateError
+from slurmgate.paths import default_runs_root
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.ledger.reaper import ReapTally, reap_all_users_from_env, reap_stale_runs
-from slurmgate.runtime.ledger.records import default_runs_root, load_records
+from slurmgate.runtime.ledger.records import load_records
 from slurmgate.runtime.run import AllocationRun
 
 # Subflows get a run id; the live run (with its processes) stays in this process. The registry

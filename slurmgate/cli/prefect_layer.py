@@ -12,22 +12,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# Prefect's temporary server needs ~20 s to start on a 2-core login node (its imports alone take
-# 7 s), which is exactly Prefect's default limit; set before Prefect reads its settings.
-EPHEMERAL_STARTUP_TIMEOUT_S = "90"
-
-# Prefect sends anonymous usage data unless told not to: offline its server logs an ERROR per
-# failed heartbeat, and on a fresh SQLite database the heartbeat's first write can collide with
-# the flow's own writes ("database is locked", a traceback). Off unless the user set them.
-TELEMETRY_OFF = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-
 
 def _prefect_settings() -> None:
-    os.environ.setdefault(
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_TIMEOUT_S
-    )
-    for name, value in TELEMETRY_OFF.items():
-        os.environ.setdefault(name, value)
+    from slurmgate.flows.prefect_api import prefect_defaults
+
+    prefect_defaults()
 
 
 # Importing this module means a flow is about to run: whatever imports prefect next sees them.

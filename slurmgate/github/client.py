@@ -19,13 +19,11 @@ import hashlib
 import json
 import logging
 import math
-import os
 import random
 import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -50,6 +48,7 @@ from slurmgate.github.payloads import (
     parse_team_membership,
 )
 from slurmgate.github.scope import GitHubScope, is_repo
+from slurmgate.paths import state_dir
 
 log = logging.getLogger(__name__)
 
@@ -1046,15 +1045,6 @@ def _error_message(response: httpx.Response, content: bytes) -> str:
 
 def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in text)
-
-
-STATE_DIR_ENV = "SLURMGATE_STATE_DIR"
-
-
-def state_dir() -> Path:
-    """Where the controller keeps its ETag cache: $SLURMGATE_STATE_DIR, else ~/.cache/slurmgate."""
-    configured = os.environ.get(STATE_DIR_ENV, "").strip()
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "slurmgate"
 
 
 def etag_cache_for(scope: GitHubScope) -> FileEtagCache:

@@ -15,16 +15,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot, leases_from_fleet
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.github.client import (
-    AuthError,
-    GitHubError,
-    JobSource,
-    MalformedResponse,
-    state_dir,
-)
+from slurmgate.github.client import AuthError, GitHubError, JobSource, MalformedResponse
 from slurmgate.github.jobstore import JobEventStore, store_path
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.skipqueue import SkipQueueAuthorizer, SkipQueueClient, skip_queue_pr
+from slurmgate.paths import state_dir
 
 log = logging.getLogger(__name__)
 

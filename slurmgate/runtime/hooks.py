@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from slurmgate.runtime.ledger.records import HookOutcome, live_processes, process_start_ticks
+from slurmgate.runtime.ledger.records import HookOutcome
+from slurmgate.runtime.procs import live_processes, process_start_ticks
 from slurmgate.runtime.redact import Redactor
 
 GRACE_S = 2.0  # SIGTERM to SIGKILL; under prefect-shell's 5 s before it kills the guard itself

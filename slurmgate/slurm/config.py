@@ -8,8 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from slurmgate.github.client import state_dir
-from slurmgate.runtime.ledger.records import UntrustedRecord, check_trusted
+from slurmgate.paths import UntrustedRecord, check_trusted, state_dir
 
 CLUSTER_RECORD_NAME = "slurm-cluster.json"
 # The record is a few hundred bytes; anything larger was not written by `cluster up`.

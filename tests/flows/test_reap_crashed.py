@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from slurmgate.flows.reconcile import reconcile
-from slurmgate.runtime.ledger.records import RunRecord, load_records, process_start_ticks
+from slurmgate.runtime.ledger.records import RunRecord, load_records
+from slurmgate.runtime.procs import process_start_ticks
 from slurmgate.slurm import commands as slurm
 
 from ..runtime.conftest import assert_no_orphans, processes_with

@@ -12,14 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmgate.runtime.ledger import heartbeat
+from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment, parse_job_comment
 from slurmgate.runtime.ledger.reaper import foreign_stale_allocations
-from slurmgate.runtime.ledger.records import (
-    NodeFailure,
-    ProcessIdentity,
-    RunRecord,
-    job_comment,
-    parse_job_comment,
-)
+from slurmgate.runtime.ledger.records import NodeFailure, RunRecord
 from slurmgate.runtime.run.node_failures import (
     LANE_CRASH_MIN_UPTIME_S,
     NodeFailureSettingError,

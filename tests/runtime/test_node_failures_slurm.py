@@ -15,13 +15,9 @@ from typing import Any
 
 import pytest
 
+from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment, parse_job_comment
 from slurmgate.runtime.ledger.reaper import reap_stale_runs
-from slurmgate.runtime.ledger.records import (
-    ProcessIdentity,
-    job_comment,
-    load_records,
-    parse_job_comment,
-)
+from slurmgate.runtime.ledger.records import load_records
 from slurmgate.runtime.spec.model import AllocationSpec
 from slurmgate.slurm import commands as slurm
 

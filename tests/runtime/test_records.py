@@ -13,12 +13,8 @@ from typing import Any
 import pytest
 
 from slurmgate.runtime.ledger.reaper import reap_stale_runs, stale_records
-from slurmgate.runtime.ledger.records import (
-    MAX_RECORD_BYTES,
-    RunStatus,
-    load_records,
-    process_start_ticks,
-)
+from slurmgate.runtime.ledger.records import MAX_RECORD_BYTES, RunStatus, load_records
+from slurmgate.runtime.procs import process_start_ticks
 
 # What a controller wrote before records were typed: no start time, no host, a numeric job id,
 # and a key no current version knows.

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime.run import supervisor
 from slurmgate.runtime.run.supervisor import StepFailed, Supervisor
+from slurmgate.runtime.steps import protocol
 
 from .conftest import assert_no_orphans
 
@@ -161,7 +161,7 @@ def test_signal_during_cleanup_waits_for_it_to_finish(tmp_path: Path) -> None:
 
 
 def test_a_failed_steps_cause_names_the_lane_and_node_from_its_log() -> None:
-    log = "noise\n" + supervisor.lane_exit_line("node3", "d-prefill-00000-rank-00000", 1) + "\nend"
-    cause = supervisor.lane_exit_cause(log)
+    log = "noise\n" + protocol.lane_exit_line("node3", "d-prefill-00000-rank-00000", 1) + "\nend"
+    cause = protocol.lane_exit_cause(log)
     assert cause == ": lane d-prefill-00000-rank-00000 on node node3 exited with status 1"
-    assert supervisor.lane_exit_cause("srun: error: node3: task 0: Exited") == ""
+    assert protocol.lane_exit_cause("srun: error: node3: task 0: Exited") == ""

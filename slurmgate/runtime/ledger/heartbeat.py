@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from slurmgate.runtime.ledger.records import ProcessIdentity, job_comment
+from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment
 from slurmgate.slurm import commands as slurm
 
 DEFAULT_INTERVAL_S = 60.0

@@ -12,14 +12,9 @@ from typing import Any
 
 from slurmgate.errors import one_line
 from slurmgate.runtime.ledger import heartbeat
-from slurmgate.runtime.ledger.records import (
-    ProcessIdentity,
-    RunRecord,
-    RunStatus,
-    cmdline_contains,
-    parse_job_comment,
-    process_start_ticks,
-)
+from slurmgate.runtime.ledger.comment import ProcessIdentity, parse_job_comment
+from slurmgate.runtime.ledger.records import RunRecord, RunStatus
+from slurmgate.runtime.procs import cmdline_contains, process_start_ticks
 from slurmgate.slurm import commands as slurm
 
 REAP_BACKOFF_S = 30.0

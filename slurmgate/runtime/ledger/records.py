@@ -6,49 +6,21 @@ import json
 import os
 import secrets
 import socket
-import stat
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slurmgate.errors import InputError
+from slurmgate.paths import check_trusted, default_runs_root
+from slurmgate.runtime.ledger.comment import ProcessIdentity
+from slurmgate.runtime.procs import cmdline_contains, process_start_ticks
 
 RECORD_NAME = "record.json"
 # A record is a few kilobytes; anything far larger was not written by a controller.
 MAX_RECORD_BYTES = 1 << 20
-
-
-class UntrustedRecord(InputError):
-    """A record file this user did not write, or one others could have changed: never acted on."""
-
-
-def check_trusted(path: Path, st: os.stat_result) -> None:
-    """Raise UntrustedRecord unless `st` is a regular file of this user that only it can write.
-
-    A reaper kills process groups and cancels jobs a record names, so a record planted by
-    someone else (or rewritable by them) must not steer it.
-    """
-    if not stat.S_ISREG(st.st_mode):
-        raise UntrustedRecord(f"{path} is not a regular file")
-    if st.st_uid != os.geteuid():
-        raise UntrustedRecord(f"{path} belongs to uid {st.st_uid}, not to this user")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UntrustedRecord(
-            f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
-        )
-
-
-def default_runs_root() -> Path:
-    """Where run directories (logs, record.json) live: $SLURMGATE_RUNS_DIR or ~/.cache."""
-    env = os.environ.get("SLURMGATE_RUNS_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "slurmgate" / "runs"
 
 
 class RunStatus(StrEnum):
@@ -68,117 +40,6 @@ class RunStatus(StrEnum):
 
 
 _FINISHED = frozenset({RunStatus.CLEAN, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.REAPED})
-
-
-@dataclass(frozen=True)
-class LiveProcess:
-    """One process that has not exited, as /proc/PID/stat shows it."""
-
-    pid: int
-    ppid: int
-    pgrp: int
-    session: int
-
-
-def live_processes() -> list[LiveProcess]:
-    """Every process of this machine that has not exited (zombies left out), from /proc."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # Fields after the parenthesised command: state ppid pgrp session ...
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 4 and rest[0] not in (b"Z", b"X"):
-            found.append(LiveProcess(int(entry.name), int(rest[1]), int(rest[2]), int(rest[3])))
-    return found
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None once it exited.
-
-    With the pid it names one process for good: a reused pid has a later start time. A zombie
-    (exited, not yet waited for) counts as exited.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if not fields or fields[0] in {b"Z", b"X"}:
-        return None
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def cmdline_contains(pid: int, token: str) -> bool:
-    """The live process `pid` has `token` in its command line."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return token.encode() in cmdline
-
-
-class ProcessIdentity(BaseModel):
-    """One process for good: its host, its pid and when it started."""
-
-    model_config = ConfigDict(frozen=True)
-
-    pid: int
-    started: int | None = None
-    host: str = ""
-
-    @classmethod
-    def current(cls) -> ProcessIdentity:
-        pid = os.getpid()
-        return cls(pid=pid, started=process_start_ticks(pid), host=socket.gethostname())
-
-
-JOB_COMMENT_PREFIX = "slurmgate run="
-
-
-def job_comment(run_id: str, controller: ProcessIdentity, beat: int | None = None) -> str:
-    """The comment of an allocation a run makes: its run, its controller and the controller's
-    last heartbeat (epoch seconds), so a reaper of another user (the runner service's, say) or
-    on another host finds it in `squeue` without the run's record."""
-    started = str(controller.started) if controller.started is not None else "-"
-    text = f"{JOB_COMMENT_PREFIX}{run_id} controller={controller.host}/{controller.pid}/{started}"
-    return text if beat is None else f"{text} beat={beat}"
-
-
-class JobComment(NamedTuple):
-    """A parsed `job_comment`."""
-
-    run_id: str
-    controller: ProcessIdentity
-    beat: int | None = None
-
-
-def parse_job_comment(comment: str) -> JobComment | None:
-    """The run, controller and heartbeat of a `job_comment`, or None for any other comment."""
-    if not comment.startswith(JOB_COMMENT_PREFIX) or len(comment) > 400:
-        return None
-    run_id, *words = comment[len(JOB_COMMENT_PREFIX) :].split()
-    fields = dict(w.partition("=")[::2] for w in words)
-    host, _, rest = fields.get("controller", "").partition("/")
-    pid, _, started = rest.partition("/")
-    if not run_id or not host or not pid.isdigit():
-        return None
-    beat = fields.get("beat", "")
-    return JobComment(
-        run_id,
-        ProcessIdentity(
-            pid=int(pid), started=int(started) if started.isdigit() else None, host=host
-        ),
-        int(beat) if beat.isdigit() and len(beat) <= 12 else None,
-    )
 
 
 class StepRecord(BaseModel):

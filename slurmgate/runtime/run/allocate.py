@@ -7,7 +7,7 @@ from typing import Any
 
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.ledger import heartbeat
-from slurmgate.runtime.ledger.records import ProcessIdentity, job_comment
+from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment
 from slurmgate.runtime.run.state import RunFailed, RunState
 from slurmgate.slurm import commands as slurm
 

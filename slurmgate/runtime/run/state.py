@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmgate.errors import ExternalError
+from slurmgate.paths import default_runs_root
 from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.hooks import HookRunner, run_plain
@@ -24,7 +25,6 @@ from slurmgate.runtime.ledger.records import (
     RunStatus,
     StepRecord,
     controller_identity,
-    default_runs_root,
 )
 from slurmgate.runtime.run.supervisor import CleanupReport, Supervisor
 from slurmgate.runtime.spec.model import AllocationSpec

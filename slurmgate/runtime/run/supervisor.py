@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -16,28 +15,11 @@ from types import FrameType
 from typing import Any
 
 from slurmgate.errors import ExternalError
-from slurmgate.runtime.ledger.records import live_processes
+from slurmgate.runtime.procs import group_alive
+from slurmgate.runtime.steps.protocol import lane_exit_cause
 from slurmgate.slurm import commands as slurm
 
 TERMINATION_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
-
-# The line a node worker writes when one of its lanes exits: a failed step's error names the
-# node and the lane from it, whatever else the log tail holds.
-LANE_EXIT = "SLURMGATE-LANE-EXIT"
-LANE_EXIT_LINE = re.compile(LANE_EXIT + r" host=(\S+) lane=(\S+) status=(-?\d+)")
-
-
-def lane_exit_line(host: str, lane: str, status: int) -> str:
-    return f"{LANE_EXIT} host={host} lane={lane} status={status}"
-
-
-def lane_exit_cause(log: str) -> str:
-    """`: lane L on node H exited with status N` for the first lane exit in a step's log."""
-    found = LANE_EXIT_LINE.search(log)
-    if found is None:
-        return ""
-    host, lane, status = found.groups()
-    return f": lane {lane} on node {host} exited with status {status}"
 
 
 class StepFailed(ExternalError):
@@ -406,22 +388,6 @@ class Supervisor:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def group_alive(pgid: int) -> bool:
-    """A live (non-zombie) process is in the group; zombies wait for a slow init to reap them."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return bool(live_group_members(pgid)) if os.path.isdir("/proc/self") else True
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Non-zombie pids whose process group is `pgid`, read from /proc."""
-    return [p.pid for p in live_processes() if p.pgrp == pgid]
 
 
 def _wait_exit(step: Step, timeout: float) -> bool:

@@ -416,7 +416,7 @@ def _line(text: str) -> None:
 
 
 def _lane_exit(host: str, lane: str, status: int) -> str:
-    from slurmgate.runtime.run.supervisor import lane_exit_line
+    from slurmgate.runtime.steps.protocol import lane_exit_line
 
     return lane_exit_line(host, lane, status)
 
@@ -427,7 +427,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    from slurmgate.runtime.run.supervisor import group_alive
+    from slurmgate.runtime.procs import group_alive
 
     return group_alive(pgid)
 

@@ -1,0 +1,46 @@
+"""Where slurmgate keeps its files (the state home, the runs home), and which it may trust."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from slurmgate.errors import InputError
+
+
+def default_runs_root() -> Path:
+    """Where run directories (logs, record.json) live: $SLURMGATE_RUNS_DIR or ~/.cache."""
+    env = os.environ.get("SLURMGATE_RUNS_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "slurmgate" / "runs"
+
+
+STATE_DIR_ENV = "SLURMGATE_STATE_DIR"
+
+
+def state_dir() -> Path:
+    """Where the controller keeps its ETag cache: $SLURMGATE_STATE_DIR, else ~/.cache/slurmgate."""
+    configured = os.environ.get(STATE_DIR_ENV, "").strip()
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "slurmgate"
+
+
+class UntrustedRecord(InputError):
+    """A record file this user did not write, or one others could have changed: never acted on."""
+
+
+def check_trusted(path: Path, st: os.stat_result) -> None:
+    """Raise UntrustedRecord unless `st` is a regular file of this user that only it can write.
+
+    A reaper kills process groups and cancels jobs a record names, so a record planted by
+    someone else (or rewritable by them) must not steer it.
+    """
+    if not stat.S_ISREG(st.st_mode):
+        raise UntrustedRecord(f"{path} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise UntrustedRecord(f"{path} belongs to uid {st.st_uid}, not to this user")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UntrustedRecord(
+            f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
+        )
