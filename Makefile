@@ -16,7 +16,7 @@ bench:
 	bash scripts/bench.sh
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && MYPY=.venv/bin/mypy scripts/typecheck.sh
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && MYPY=.venv/bin/mypy scripts/typecheck.sh && LINT_IMPORTS=$(CURDIR)/.venv/bin/lint-imports scripts/contracts.sh
 
 wheel:
 	.venv/bin/python -m pip wheel --no-deps -w dist .

@@ -14,6 +14,7 @@ export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
 echo "== ruff check"; ruff check .
 echo "== ruff format --check"; ruff format --check .
 echo "== mypy (core and the Prefect layer)"; scripts/typecheck.sh
+echo "== import-linter (the contract between the parts)"; scripts/contracts.sh
 
 if [ "$fast" = 1 ]; then
     echo "== pytest (fast subset: no Slurm, no Prefect server)"

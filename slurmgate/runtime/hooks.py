@@ -30,7 +30,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from slurmgate.runtime.ledger.records import HookOutcome
 from slurmgate.runtime.procs import live_processes, process_start_ticks
 from slurmgate.runtime.redact import Redactor
 
@@ -43,6 +42,41 @@ LINE_CHARS = 2000
 TIMED_OUT = 124  # as timeout(1)
 PARENT_GONE = 125
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+class HookOutcome(BaseModel):
+    """What one hook did: its exit status, or why it was stopped."""
+
+    name: str
+    returncode: int | None = None
+    timed_out: bool = False
+    stopped_by: str | None = None  # "timeout", "signal", "parent exited"
+    seconds: float = 0.0
+    timeout_s: float | None = None  # the hook's limit, when it ran under one
+    leftovers: int = 0  # processes still running after the hook's shell exited: stopped
+    log: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.stopped_by is None
+
+    def describe(self) -> str:
+        """One line: `succeeded in 1.2 s`, `exited 3 in …`, `timed out after 2 s …`."""
+        if self.timed_out:
+            # The limit, not the measured time: stopping the tree takes a moment more.
+            limit = self.timeout_s if self.timeout_s is not None else self.seconds
+            text = f"timed out after {limit:.1f} s; all its processes were stopped"
+        elif self.stopped_by:
+            text = f"stopped ({self.stopped_by}) after {self.seconds:.1f} s"
+        elif self.returncode == 0:
+            text = f"succeeded in {self.seconds:.1f} s"
+        elif self.returncode is None:
+            text = "did not report (its guard died)"
+        else:
+            text = f"exited {self.returncode} after {self.seconds:.1f} s"
+        if self.leftovers:
+            text += f"; {self.leftovers} process(es) it left running were stopped"
+        return text
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime.credentials import RunCredentials
 from slurmgate.runtime.hooks import HookInvocation, run_plain
 from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.credentials import RunCredentials
 from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 
 from .conftest import assert_no_orphans, example_data, processes_with

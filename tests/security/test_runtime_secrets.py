@@ -19,9 +19,9 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from slurmgate.runtime.credentials import RunCredentials, SecretUnresolved
 from slurmgate.runtime.redact import Redactor
 from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.credentials import RunCredentials, SecretUnresolved
 from slurmgate.runtime.spec.model import AllocationSpec, SpecError
 from slurmgate.runtime.stepenv import step_env
 

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from slurmgate.paths import check_trusted, default_runs_root
+from slurmgate.runtime.hooks import HookOutcome
 from slurmgate.runtime.ledger.comment import ProcessIdentity
 from slurmgate.runtime.procs import cmdline_contains, process_start_ticks
 
@@ -54,41 +55,6 @@ class StepRecord(BaseModel):
     step_id: str | None = None
     log: str | None = None
     returncode: int | None = None
-
-
-class HookOutcome(BaseModel):
-    """What one hook did: its exit status, or why it was stopped."""
-
-    name: str
-    returncode: int | None = None
-    timed_out: bool = False
-    stopped_by: str | None = None  # "timeout", "signal", "parent exited"
-    seconds: float = 0.0
-    timeout_s: float | None = None  # the hook's limit, when it ran under one
-    leftovers: int = 0  # processes still running after the hook's shell exited: stopped
-    log: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and self.stopped_by is None
-
-    def describe(self) -> str:
-        """One line: `succeeded in 1.2 s`, `exited 3 in …`, `timed out after 2 s …`."""
-        if self.timed_out:
-            # The limit, not the measured time: stopping the tree takes a moment more.
-            limit = self.timeout_s if self.timeout_s is not None else self.seconds
-            text = f"timed out after {limit:.1f} s; all its processes were stopped"
-        elif self.stopped_by:
-            text = f"stopped ({self.stopped_by}) after {self.seconds:.1f} s"
-        elif self.returncode == 0:
-            text = f"succeeded in {self.seconds:.1f} s"
-        elif self.returncode is None:
-            text = "did not report (its guard died)"
-        else:
-            text = f"exited {self.returncode} after {self.seconds:.1f} s"
-        if self.leftovers:
-            text += f"; {self.leftovers} process(es) it left running were stopped"
-        return text
 
 
 class NodeFailure(BaseModel):

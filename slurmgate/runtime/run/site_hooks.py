@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from slurmgate.runtime.hooks import HookInvocation
-from slurmgate.runtime.ledger.records import HookOutcome
+from slurmgate.runtime.hooks import HookInvocation, HookOutcome
 from slurmgate.runtime.run.state import RunFailed, RunState
 
 

@@ -13,19 +13,18 @@ from pathlib import Path
 
 from slurmgate.errors import ExternalError
 from slurmgate.paths import default_runs_root
-from slurmgate.runtime.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.engines import layout as layout_mod
-from slurmgate.runtime.hooks import HookRunner, run_plain
+from slurmgate.runtime.hooks import HookOutcome, HookRunner, run_plain
 from slurmgate.runtime.ledger.heartbeat import Heartbeat
 from slurmgate.runtime.ledger.records import (
     RECORD_NAME,
-    HookOutcome,
     NodeFailure,
     RunRecord,
     RunStatus,
     StepRecord,
     controller_identity,
 )
+from slurmgate.runtime.run.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.run.supervisor import CleanupReport, Supervisor
 from slurmgate.runtime.spec.model import AllocationSpec
 from slurmgate.runtime.stepenv import step_env
