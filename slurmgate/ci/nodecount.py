@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from slurmgate.documents import DocumentError, read_yaml
 from slurmgate.errors import InputError
 from slurmgate.runtime.spec import recipes
 
@@ -138,9 +137,9 @@ def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | No
     if not path.is_file():
         return None  # the recipe lives only in the runtime image: fall through to the roles
     try:
-        recipe = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise NodeCountError(f"recipe {config} is not valid YAML ({exc}); fix the file") from exc
+        recipe = read_yaml(path)
+    except DocumentError as exc:
+        raise NodeCountError(f"recipe {config}: {exc}") from None
     if isinstance(recipe, dict) and recipe.get("schema") is not None:
         # srt-slurm 2.0's `roles:` layout (InferenceX migrated its recipes to it)
         try:

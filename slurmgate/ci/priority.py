@@ -19,10 +19,10 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from slurmgate.admission.labels import JOB_PREFIX
+from slurmgate.documents import DocumentError, parse_yaml, read_yaml
 from slurmgate.errors import InputError
 
 SCORE_QUANTUM = Decimal("0.001")
@@ -187,20 +187,10 @@ def load_priority_policy(path: str | Path, text: str | None = None) -> PriorityP
     and the message of a bad one names it. `text` is the file's content when already read.
     """
     where = str(path)
-    if text is None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise PriorityPolicyError(
-                f"priority policy {where}: cannot read ({exc.strerror}); check the path"
-            ) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        problem = " ".join(str(exc).split())
-        raise PriorityPolicyError(
-            f"priority policy {where}: not valid YAML ({problem}); fix the syntax"
-        ) from None
+        data = read_yaml(path) if text is None else parse_yaml(text, str(where))
+    except DocumentError as exc:
+        raise PriorityPolicyError(f"priority policy {exc}") from None
     if not isinstance(data, Mapping):
         raise PriorityPolicyError(
             f"priority policy {where}: expected a mapping with version, base-score, "

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from slurmgate.admission.labels import (
     MAX_PR_NUMBER,
     SKIP_QUEUE_PREFIX,
@@ -52,6 +50,7 @@ from slurmgate.ci.priority import (
     render_score,
     score,
 )
+from slurmgate.documents import DocumentError, parse_yaml, read_yaml
 from slurmgate.errors import InputError
 
 PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
@@ -295,27 +294,23 @@ def load_spec(
 ) -> JobSpec:
     """Read a YAML or JSON document (JSON is YAML) from `path`, or from `text` when given."""
     source = str(path)
-    if text is None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise CIError(f"{source}: cannot read ({exc.strerror}); check the path") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        problem = " ".join(str(exc).split())
-        raise CIError(f"{source}: not valid YAML or JSON ({problem}); fix the syntax") from None
+        data = (
+            read_yaml(path, kind="YAML or JSON")
+            if text is None
+            else parse_yaml(text, source, kind="YAML or JSON")
+        )
+    except DocumentError as exc:
+        raise CIError(str(exc)) from None
     return spec_from_data(data, source, hardware, recipe_root)
 
 
 def load_hardware(path: str | Path) -> dict[str, int]:
     """A GPUs-per-node table: `{label: gpus}`, or a runners.yaml with a `hardware:` section."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise CIError(f"--hardware {path}: cannot read ({exc.strerror}); check the path") from None
-    except yaml.YAMLError:
-        raise CIError(f"--hardware {path}: not valid YAML; fix the syntax") from None
+        data = read_yaml(path)
+    except DocumentError as exc:
+        raise CIError(f"--hardware {exc}") from None
     if isinstance(data, Mapping) and isinstance(data.get("hardware"), Mapping):
         data = data["hardware"]
     if not isinstance(data, Mapping):

@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from slurmgate.documents import DocumentError, parse_yaml
 from slurmgate.errors import InputError
 
 MAX_RECIPE_BYTES = 256 * 1024
@@ -68,11 +67,9 @@ def parse(text: str, source: str = "recipe") -> dict[str, Any]:
     if len(text) > MAX_RECIPE_BYTES:
         raise RecipeError(f"{source}: larger than {MAX_RECIPE_BYTES // 1024} KiB")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise RecipeError(f"{source}: not valid YAML{line} — fix the YAML syntax") from None
+        data = parse_yaml(text, source, max_bytes=MAX_RECIPE_BYTES)
+    except DocumentError as exc:
+        raise RecipeError(str(exc).replace("; ", " — ", 1)) from None
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: not a mapping of recipe keys — a recipe is a YAML mapping")
     if _depth(data) > MAX_DEPTH:
