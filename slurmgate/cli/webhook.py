@@ -40,7 +40,7 @@ def webhook(
     # the limits default to RelaySettings' own (None: not given); the help says what they are
     max_body_bytes: Annotated[
         int | None,
-        typer.Option(help="Refuse larger bodies (413). Default 25000000, GitHub's own cap."),
+        typer.Option(help="Refuse larger workflow_job bodies (413). Default 1 MiB."),
     ] = None,
     max_buffered_bytes: Annotated[
         int | None,

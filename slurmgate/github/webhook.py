@@ -3,9 +3,12 @@
 Prefect's open-source server has deployment triggers on events but no incoming webhooks, so this
 small starlette app sits between GitHub and Prefect's `POST /api/events`:
 
-1. the body is read only within limits: a `Content-Length` over `max_body_bytes` (GitHub's own
-   25 MB cap) is refused with 413 before a byte of it is read, a streamed (chunked) body is cut
-   off at the same size, a body that takes longer than `body_timeout_s` gets 408, and all bodies
+1. nothing is read of a request without a well-formed `X-Hub-Signature-256` (401), nor of an
+   event other than `workflow_job` and `ping` (202, ignored: the relay acts on no other event,
+   so verifying one would only cost its body); a `workflow_job` delivery is a few KB, so a
+   `Content-Length` over `max_body_bytes` (1 MiB; GitHub's own cap, 25 MB, is for events the
+   relay ignores) is refused with 413 before a byte of it is read, a streamed (chunked) body is
+   cut off at the same size, a body that takes longer than `body_timeout_s` gets 408, and all bodies
    held at once share one `max_buffered_bytes` budget (503 beyond it). Under uvicorn
    (`server_options`), headers must arrive within `header_timeout_s` and `max_header_bytes`,
    and more than `max_connections` open connections are answered 503;
@@ -82,6 +85,11 @@ DELIVERY_HEADER = "x-github-delivery"
 EVENT_HEADER = "x-github-event"
 # GitHub caps webhook payloads at 25 MB and drops larger ones without sending them.
 GITHUB_MAX_PAYLOAD_BYTES = 25_000_000
+# A workflow_job delivery (the job, its steps, the repository, the sender) is a few KB; a body
+# is read before its signature can be checked, so unverified bodies are kept this small.
+MAX_JOB_BODY_BYTES = 1 << 20
+# The events whose bodies the relay reads: the one it acts on, and GitHub's hook check.
+READ_EVENTS = frozenset({"workflow_job", "ping"})
 # The job timestamp that dates each action's delivery.
 ACTION_TIMESTAMP = {
     "queued": "created_at",
@@ -93,6 +101,7 @@ _ACTION_PATTERN = r"^[a-z_]{1,32}$"
 # GitHub's delivery ids are GUIDs; anything longer is not GitHub's and is not worth keeping.
 _DELIVERY_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _LENGTH_RE = re.compile(r"^[0-9]{1,20}$")
+_SIGNATURE_RE = re.compile(r"^sha256=[0-9a-fA-F]{64}$")
 _NAMESPACE = uuid.UUID("5b2f7f0e-3c41-4f53-9a55-6c1d8e7a0b11")
 
 
@@ -114,9 +123,10 @@ class RelaySettings(BaseModel):
     dedupe_ttl_s: float = Field(default=86_400.0, gt=0, description="How long an id is kept.")
     post_timeout_s: float = Field(default=5.0, gt=0, le=9.0, description="Prefect post timeout.")
     max_body_bytes: int = Field(
-        default=GITHUB_MAX_PAYLOAD_BYTES,
+        default=MAX_JOB_BODY_BYTES,
         ge=1024,
-        description="Largest body read (413 beyond); GitHub never sends more than 25 MB.",
+        le=GITHUB_MAX_PAYLOAD_BYTES,
+        description="Largest workflow_job body read (413 beyond); such a delivery is a few KB.",
     )
     max_buffered_bytes: int = Field(
         default=64 * 1024 * 1024,
@@ -436,12 +446,6 @@ async def read_body(
 
     Its bytes count against `budget` until the block ends.
     """
-    head_size = sum(len(name) + len(value) + 4 for name, value in request.headers.raw)
-    if head_size > settings.max_header_bytes:
-        # uvicorn's h11 caps a head that arrives in pieces; one that arrives whole is sized here
-        raise RefusedBody(
-            431, "head-too-large", f"headers are over the {settings.max_header_bytes} byte limit"
-        )
     limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -546,19 +550,40 @@ def create_app(
     def answer(status: int, outcome: str, **extra: Any) -> JSONResponse:
         return JSONResponse({"outcome": outcome, **extra}, status_code=status)
 
+    def unread(status: int, outcome: str, **extra: Any) -> JSONResponse:
+        # the body is still on the wire: the connection cannot be reused
+        response = answer(status, outcome, **extra)
+        response.headers["connection"] = "close"
+        return response
+
     async def hook(request: Request) -> JSONResponse:
         delivery = request.headers.get(DELIVERY_HEADER, "")
         kind = request.headers.get(EVENT_HEADER, "")
+        head_size = sum(len(name) + len(value) + 4 for name, value in request.headers.raw)
+        if head_size > settings.max_header_bytes:
+            # uvicorn's h11 caps a head that arrives in pieces; one that arrives whole is sized here
+            stats["too_large"] += 1
+            limit = settings.max_header_bytes
+            return unread(431, "head-too-large", detail=f"headers are over the {limit} byte limit")
+        claimed = request.headers.get(SIGNATURE_HEADER)
+        if claimed is None or not _SIGNATURE_RE.match(claimed.strip()):
+            # no body can match a missing or malformed signature: refuse before reading it
+            stats["unauthorized"] += 1
+            outcome = "unsigned" if claimed is None else "bad-signature"
+            log.warning(
+                "rejected delivery=%s event=%s: %s", _shown(delivery), _shown(kind), outcome
+            )
+            return unread(401, outcome)
+        if kind not in READ_EVENTS:
+            stats["ignored"] += 1
+            return unread(202, "ignored", event=kind)
         try:
             async with read_body(request, settings, budget) as body:
                 return await judge(body, delivery, kind, request)
         except RefusedBody as exc:
             stats[refusal_stat.get(exc.outcome, "bad")] += 1
             log.warning("refused delivery=%s: %s", _shown(delivery), exc)
-            # the rest of the body is still on the wire: the connection cannot be reused
-            response = answer(exc.status, exc.outcome, detail=str(exc))
-            response.headers["connection"] = "close"
-            return response
+            return unread(exc.status, exc.outcome, detail=str(exc))
 
     async def judge(body: bytearray, delivery: str, kind: str, request: Request) -> JSONResponse:
         if not verify_signature(secret, body, request.headers.get(SIGNATURE_HEADER)):
@@ -573,9 +598,6 @@ def create_app(
             return answer(401, "unsigned" if unsigned else "bad-signature")
         if kind == "ping":
             return answer(200, "pong")
-        if kind != "workflow_job":
-            stats["ignored"] += 1
-            return answer(202, "ignored", event=kind)
         if not _DELIVERY_RE.match(delivery):
             stats["bad"] += 1
             detail = "X-GitHub-Delivery header is " + ("not an id" if delivery else "missing")

@@ -34,6 +34,9 @@ from slurmgate.github.webhook import RelayServer, RelaySettings, signature
 from slurmgate.serving import ThreadedServer
 
 MB = 1_000_000
+# A well-formed signature that matches no body: the relay must read the body to know it is wrong.
+FORGED = "sha256=" + "0" * 64
+JOB_CAP = 1 << 20  # RelaySettings' default max_body_bytes
 RELAY_COMMAND = [sys.executable, "-m", "slurmgate.cli", "webhook", "--port", "0"]
 
 
@@ -194,13 +197,21 @@ def closed_after(sock: socket.socket, timeout_s: float) -> float:
 
 
 def test_a_declared_oversized_body_is_refused_before_it_is_read(relay) -> None:
-    """`Content-Length` over GitHub's 25 MB cap: 413 as soon as the headers are in."""
+    """`Content-Length` over the 1 MiB cap of a job delivery: 413 as soon as the headers are in."""
     server = relay()
     with connect(server.port) as sock:
-        sock.sendall(head({"Content-Length": str(200 * MB), "X-GitHub-Event": "workflow_job"}))
+        sock.sendall(
+            head(
+                {
+                    "Content-Length": str(200 * MB),
+                    "X-GitHub-Event": "workflow_job",
+                    "X-Hub-Signature-256": FORGED,
+                }
+            )
+        )
         status, answer = read_answer(sock, timeout_s=5)  # no byte of the body was sent
         assert (status, answer["outcome"]) == (413, "too-large")
-        assert "25000000" in answer["detail"]
+        assert str(JOB_CAP) in answer["detail"]
         assert closed_after(sock, timeout_s=5) < 5  # the unread body cannot be reused
     assert server.stats["too_large"] == 1 and server.stats["unauthorized"] == 0
 
@@ -226,14 +237,16 @@ def stream_chunked(port: int, total: int, headers: dict[str, str]) -> tuple[int,
 
 
 def test_a_streamed_unsigned_body_is_cut_off_and_memory_stays_flat(relay_process) -> None:
-    """200 MB chunked (no Content-Length) and unsigned: read up to 25 MB, then refused.
+    """200 MB chunked (no Content-Length) under a forged signature: read up to 1 MiB, refused.
 
     Before the limit the relay read it all, then checked the signature: it grew by ~390 MB.
     """
     relay = relay_process()
     assert deliver(relay.url, job_payload(61001)).status_code == 202  # warm every code path
     before = relay.memory_kb("VmHWM")
-    sent, _ = stream_chunked(relay.port, 200 * MB, {"X-GitHub-Event": "workflow_job"})
+    sent, _ = stream_chunked(
+        relay.port, 200 * MB, {"X-GitHub-Event": "workflow_job", "X-Hub-Signature-256": FORGED}
+    )
     grown_mb = (relay.memory_kb("VmHWM") - before) / 1000
     print(f"peak RSS growth on a 200 MB unsigned chunked POST: {grown_mb:.1f} MB")
     assert grown_mb < 80, f"the relay's peak memory grew {grown_mb:.0f} MB"
@@ -249,23 +262,70 @@ def test_bodies_in_flight_share_one_memory_budget(relay) -> None:
     server = relay(max_body_bytes=MB, max_buffered_bytes=MB + MB // 2, body_timeout_s=30)
     held = connect(server.port)
     try:
-        held.sendall(head({"Content-Length": str(MB)}) + b"x" * (MB - 1))  # all but one byte
+        forged = {"X-GitHub-Event": "workflow_job", "X-Hub-Signature-256": FORGED}
+        held.sendall(head({**forged, "Content-Length": str(MB)}) + b"x" * (MB - 1))  # all but one
         deadline = time.monotonic() + 10
         while server.app.state.budget.held < MB - 1:
             assert time.monotonic() < deadline, "the relay never read the first body"
             time.sleep(0.05)
-        busy = deliver(server.url, b"y" * (MB // 2 + 10), secret=None)
+        busy = deliver(server.url, b"y" * (MB // 2 + 10), signature=FORGED)
         assert busy.status_code == 503 and busy.json()["outcome"] == "busy"
         held.sendall(b"x")
         status, _ = read_answer(held, timeout_s=10)
-        assert status == 401  # read in full, then refused for its missing signature
+        assert status == 401  # read in full, then refused for its wrong signature
     finally:
         held.close()
-    assert deliver(server.url, b"y" * (MB // 2 + 10), secret=None).status_code == 401
+    assert deliver(server.url, b"y" * (MB // 2 + 10), signature=FORGED).status_code == 401
     assert server.app.state.budget.held == 0 and server.stats["busy"] == 1
 
 
 # ---- slow clients are cut off --------------------------------------------------------------------
+
+
+def test_unsigned_and_ignored_uploads_are_answered_before_a_byte_is_read(relay) -> None:
+    """Three unsigned 25 MB uploads, and three of events the relay ignores, hold nothing of the
+    budget: each is answered from its headers alone, and a real delivery still gets through."""
+    server = relay()
+    sockets = [connect(server.port) for _ in range(6)]
+    try:
+        for n, sock in enumerate(sockets):
+            headers = {"Content-Length": str(25 * MB), "X-GitHub-Event": "workflow_job"}
+            if n >= 3:
+                headers.update({"X-GitHub-Event": "push", "X-Hub-Signature-256": FORGED})
+            sock.sendall(head(headers) + b"x" * 1000)  # the start of a body, never finished
+        answers = [read_answer(sock, timeout_s=5) for sock in sockets]
+        assert [(s, a["outcome"]) for s, a in answers] == [(401, "unsigned")] * 3 + [
+            (202, "ignored")
+        ] * 3
+        assert server.app.state.budget.held == 0
+        assert all(closed_after(sock, timeout_s=5) < 5 for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert deliver(server.url, job_payload(61003)).status_code == 202
+    assert server.stats["unauthorized"] == 3 and server.stats["ignored"] == 3
+
+
+def test_forged_signatures_hold_at_most_the_job_cap_each(relay) -> None:
+    """A forged signature gets a body read, but only a job delivery's 1 MiB: three at once hold
+    3 MiB of the 64 MiB budget, where 25 MB bodies filled it."""
+    server = relay(body_timeout_s=30)
+    sockets = [connect(server.port) for _ in range(3)]
+    forged = {"X-GitHub-Event": "workflow_job", "X-Hub-Signature-256": FORGED}
+    try:
+        for sock in sockets:
+            sock.sendall(head({**forged, "Transfer-Encoding": "chunked"}))
+            piece = b"x" * (JOB_CAP - 1)
+            sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        deadline = time.monotonic() + 10
+        while server.app.state.budget.held < 3 * (JOB_CAP - 1):
+            assert time.monotonic() < deadline, server.app.state.budget.held
+            time.sleep(0.05)
+        assert server.app.state.budget.held <= 3 * JOB_CAP
+        assert deliver(server.url, job_payload(61004)).status_code == 202
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def test_slow_headers_are_cut_off_by_the_header_timeout(relay_process) -> None:
@@ -302,7 +362,15 @@ def test_slow_headers_are_cut_off_by_the_header_timeout(relay_process) -> None:
 def test_a_slow_body_is_answered_408_at_the_body_timeout(relay) -> None:
     server = relay(body_timeout_s=1)
     with connect(server.port) as sock:
-        sock.sendall(head({"Content-Length": "1000", "X-GitHub-Event": "workflow_job"}))
+        sock.sendall(
+            head(
+                {
+                    "Content-Length": "1000",
+                    "X-GitHub-Event": "workflow_job",
+                    "X-Hub-Signature-256": FORGED,
+                }
+            )
+        )
         started = time.monotonic()
         answered: list[tuple[int, dict[str, Any]]] = []
 
