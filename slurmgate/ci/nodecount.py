@@ -41,19 +41,52 @@ def _positive_int(value: object, field: str, fix: str) -> int:
     return value
 
 
-def _settings(role: Mapping[str, Any], where: str) -> list[tuple[str, str]]:
-    """The `KEY=VALUE` pairs of a role's `additional-settings`."""
+def _settings(role: Mapping[str, Any], where: str) -> list[str]:
+    """A role's `additional-settings`: KEY=VALUE strings, read exactly as InferenceX reads them
+    (no whitespace is trimmed: `CONFIG_FILE =x` names no recipe there, so none here either)."""
     raw = role.get("additional-settings") or []
     if not isinstance(raw, list):
         raise NodeCountError(
             f"{where}.additional-settings must be a list of KEY=VALUE strings, got {raw!r}"
         )
-    pairs = []
     for item in raw:
-        if isinstance(item, str) and "=" in item:
-            key, _, value = item.partition("=")
-            pairs.append((key.strip(), value.strip()))
-    return pairs
+        if not isinstance(item, str):
+            # InferenceX's generator stops on it (a string method on a non-string)
+            raise NodeCountError(
+                f"{where}.additional-settings holds {item!r}, not a KEY=VALUE string; quote it"
+            )
+    return raw
+
+
+def _near_misses(roles: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse a setting that looks like a node-count setting but that InferenceX's generator
+    does not read as one (`PREFILL_NODES= 2`, `CONFIG_FILE =x`, a leading space, `DECODE_NODES`
+    in the prefill role): it would silently count another number than the row's writer meant,
+    and with `CONFIG_FILE` a smaller one. What the generator does read, it reads the same here."""
+    for name, role in roles.items():
+        own = _OVERRIDE_KEYS[name]
+        for setting in _settings(role, name):
+            key, equals, value = setting.partition("=")
+            known = key.strip().upper()
+            if known not in (*_OVERRIDE_KEYS.values(), _CONFIG_FILE):
+                continue
+            if known == _CONFIG_FILE:
+                exact = key == _CONFIG_FILE and equals and value and value == value.strip()
+                form = f"{_CONFIG_FILE}=recipes/<file>.yaml"
+            elif known != own:
+                role_of = next(r for r, k in _OVERRIDE_KEYS.items() if k == known)
+                raise NodeCountError(
+                    f"{name}.additional-settings sets {known}, which InferenceX reads only in "
+                    f"{role_of}'s settings; move it to {role_of}.additional-settings"
+                )
+            else:
+                exact = re.match(rf"^{re.escape(own)}=(\d+)$", setting) is not None
+                form = f"{own}=<n>"
+            if not exact:
+                raise NodeCountError(
+                    f"{name}.additional-settings {setting!r} is not read as {known} by "
+                    f"InferenceX's generator; write {form} with no spaces"
+                )
 
 
 def _roles(row: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -112,10 +145,10 @@ def _hardware_pair(roles: Mapping[str, Mapping[str, Any]]) -> None:
 
 def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | None) -> int | None:
     configs = {
-        value
+        setting.split("=", 1)[1]
         for name, role in roles.items()
-        for key, value in _settings(role, name)
-        if key == _CONFIG_FILE
+        for setting in _settings(role, name)
+        if setting.startswith(f"{_CONFIG_FILE}=")
     }
     if not configs:
         return None
@@ -179,28 +212,31 @@ def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | No
 
 
 def _overrides(roles: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    """Per-role PREFILL_NODES / DECODE_NODES, wherever they occur; every occurrence must agree."""
-    seen: dict[str, set[str]] = {key: set() for key in _OVERRIDE_KEYS.values()}
-    for name, role in roles.items():
-        for key, value in _settings(role, name):
-            if key in seen:
-                seen[key].add(value)
+    """Each role's own PREFILL_NODES / DECODE_NODES, matched as InferenceX's generator matches
+    them: the whole setting is `KEY=<digits>` (its `re` pattern, so any Unicode decimal digit),
+    only in that role's settings, and every match of a role must agree and be positive."""
     result: dict[str, int] = {}
-    for role_name, key in _OVERRIDE_KEYS.items():
-        values = seen[key]
+    for role_name, role in roles.items():
+        key = _OVERRIDE_KEYS[role_name]
+        pattern = re.compile(rf"^{re.escape(key)}=(\d+)$")
+        values = []
+        for setting in _settings(role, role_name):
+            match = pattern.match(setting)
+            if match:
+                values.append(int(match.group(1)))
         if not values:
             continue
-        if len(values) > 1:
+        if len(set(values)) > 1:
+            shown = ", ".join(str(v) for v in sorted(set(values)))
             raise NodeCountError(
-                f"{key} is set to different values ({', '.join(sorted(values))}); "
-                "keep one value in every additional-settings"
+                f"{role_name}.additional-settings sets {key} to different values ({shown}); "
+                f"keep one value"
             )
-        raw = values.pop()
-        if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1:
+        if values[0] < 1:
             raise NodeCountError(
-                f"{key}={raw} is not a positive integer; write {key}=<n> with n >= 1"
+                f"{key}={values[0]} is not a positive integer; write {key}=<n> with n >= 1"
             )
-        result[role_name] = int(raw)
+        result[role_name] = values[0]
     return result
 
 
@@ -260,6 +296,7 @@ def node_count(
                 "a multinode row needs num-nodes or prefill/decode roles; add one of them"
             )
         return 1
+    _near_misses(roles)
     recipe = _recipe_nodes(roles, recipe_root)
     if recipe is not None:
         return recipe

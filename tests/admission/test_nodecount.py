@@ -74,8 +74,12 @@ def test_role_overrides_win_over_topology_even_with_unknown_runner() -> None:
 
 
 def test_overrides_must_agree_and_be_positive() -> None:
+    row = disagg(role(1, 8, "PREFILL_NODES=2", "PREFILL_NODES=3"), role(1, 8, "DECODE_NODES=1"))
+    with pytest.raises(NodeCountError, match="sets PREFILL_NODES to different values"):
+        node_count(row, HARDWARE)
+    # InferenceX reads a role's count only in its own settings: elsewhere it is refused
     row = disagg(role(1, 8, "PREFILL_NODES=2"), role(1, 8, "PREFILL_NODES=3", "DECODE_NODES=1"))
-    with pytest.raises(NodeCountError, match="PREFILL_NODES is set to different values"):
+    with pytest.raises(NodeCountError, match="reads only in prefill's settings"):
         node_count(row, HARDWARE)
     row = disagg(role(1, 8, "PREFILL_NODES=0"), role(1, 8))
     with pytest.raises(NodeCountError, match="PREFILL_NODES=0 is not a positive integer"):
