@@ -13,7 +13,7 @@ import slurmgate.tasks.allocation as registry
 from slurmgate.runtime.run import AllocationRun, new_run_id
 from slurmgate.runtime.run.node_failures import NodeRetry, run_with_node_retry
 from slurmgate.runtime.spec.model import AllocationSpec
-from slurmgate.runtime.spec.presets import SpecOverrides, resolve_spec
+from slurmgate.runtime.spec.presets import SpecOverrides, configured_presets_dir, resolve_spec
 from slurmgate.tasks.allocation import (
     Progress,
     log,
@@ -134,7 +134,7 @@ def allocation(
     """
     from prefect.runtime import flow_run
 
-    spec = resolve_spec(spec, spec_file, overrides)
+    spec = resolve_spec(spec, spec_file, overrides, configured_presets_dir())
     if spec_file:
         log(
             f"spec from the preset {spec_file} on this host"

@@ -1,4 +1,4 @@
-"""`slurmgate spec from-recipe`: an srt-slurm recipe as the allocation spec that runs it."""
+"""`slurmgate spec check` and `from-recipe`: validate a spec file, or build one from a recipe."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from slurmgate.runtime.spec.from_recipe import RecipeSpec
 
 app = typer.Typer(
-    help="Allocation specs: build one from an srt-slurm recipe.", no_args_is_help=True
+    help="Allocation specs: check one, or build one from an srt-slurm recipe.",
+    no_args_is_help=True,
 )
 
 RecipeArg = Annotated[Path, typer.Argument(help="An srt-slurm recipe (schema 1 or 2, YAML).")]
@@ -48,3 +49,19 @@ def from_recipe(recipe: RecipeArg, model: ModelOpt = None) -> None:
     typer.echo(built.yaml(str(recipe)), nl=False)
     if not built.spec.deployments:
         raise fail("the recipe has no deployment")
+
+
+@app.command(
+    "check",
+    epilog="Example: slurmgate spec check /site/specs/nightly.yaml  (every problem, by field)",
+)
+def check(spec: Annotated[Path, typer.Argument(help="An allocation spec (YAML).")]) -> None:
+    """Validate an allocation spec file and print every problem, or what it would run."""
+    from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+
+    try:
+        parsed = AllocationSpec.from_yaml(spec)
+    except SpecError as exc:
+        raise fail(str(exc)) from None
+    nodes = parsed.total_nodes
+    typer.echo(f"ok: {parsed.name}, {len(parsed.deployments)} deployment(s), {nodes} node(s)")

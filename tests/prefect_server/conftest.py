@@ -231,6 +231,7 @@ def served(prefect_server: PrefectServer, saved_blocks: dict[str, str]) -> Itera
     env = prefect_server.env(
         PREFECT_RUNNER_POLL_FREQUENCY="1",
         SLURMGATE_STATE_DIR=str(prefect_server.home / "state"),
+        SLURMGATE_PRESETS_DIR=str(prefect_server.home / "site-specs"),
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -132,12 +132,13 @@ def test_a_custom_run_of_allocation_takes_a_preset_file_and_overrides(
     served: PrefectServer, page: Any, tmp_path: Any
 ) -> None:
     """The short form: a spec file on the worker's host and one override, typed into the
-    deployment's custom-run form. The file is absent, so the run fails naming `spec_file`."""
+    deployment's custom-run form. The file is absent from the worker's presets folder, so the
+    run fails naming `spec_file`."""
     from playwright.sync_api import expect
 
     deployment_id = served.deployment_id("allocation/allocation")
     before = {r["id"] for r in served_runs(served, deployment_id)}
-    missing = str(tmp_path / "site-specs" / "nightly.yaml")
+    missing = "nightly.yaml"  # a name in the worker's presets folder, which has none
 
     page.goto(f"{served.url}/deployments/deployment/{deployment_id}/run")
     page.wait_for_load_state("networkidle")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def test_a_preset_with_overrides_changes_only_the_overridden_fields(tmp_path: Pa
         replicas={"chat": 1},
         client_command=["true"],
     )
-    spec = resolve_spec(None, str(path), overrides)
+    spec = resolve_spec(None, path.name, overrides, tmp_path)
     original = AllocationSpec.from_yaml(path)
     assert (spec.name, spec.time_limit, spec.slurm.partition) == ("nightly", "00:30:00", "gpu")
     assert spec.deployments[0].replicas == 1 and original.deployments[0].replicas == 2
@@ -49,31 +50,69 @@ def test_a_preset_with_overrides_changes_only_the_overridden_fields(tmp_path: Pa
 
 def test_no_overrides_give_the_file_as_it_is(tmp_path: Path) -> None:
     path = preset(tmp_path)
-    assert resolve_spec(None, str(path), SpecOverrides()) == AllocationSpec.from_yaml(path)
+    assert resolve_spec(None, str(path), SpecOverrides(), tmp_path) == AllocationSpec.from_yaml(
+        path
+    )
     full = AllocationSpec.from_yaml(path)
-    assert resolve_spec(full, None, None) is full
+    assert resolve_spec(full, None, None, None) is full
 
 
 @pytest.mark.parametrize(
     ("spec", "spec_file", "field"),
-    [(None, None, "spec"), ("full", "/x.yaml", "spec"), (None, "relative.yaml", "spec_file")],
+    [(None, None, "spec"), ("full", "/x.yaml", "spec"), (None, "/x.yaml", "spec_file")],
 )
-def test_exactly_one_source_and_an_absolute_path(
-    spec: str | None, spec_file: str | None, field: str
+def test_exactly_one_source_and_inside_the_presets_folder(
+    tmp_path: Path, spec: str | None, spec_file: str | None, field: str
 ) -> None:
     full = AllocationSpec.from_yaml(EXAMPLE) if spec else None
     with pytest.raises(SpecError) as err:
-        resolve_spec(full, spec_file, None)
+        resolve_spec(full, spec_file, None, tmp_path)
     assert err.value.problems[0][0] == field
 
 
 def test_a_missing_or_oversized_file_names_spec_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"^spec_file: .*cannot be read on this host"):
-        resolve_spec(None, str(tmp_path / "nope.yaml"), None)
+        resolve_spec(None, "nope.yaml", None, tmp_path)
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (MAX_SPEC_FILE_BYTES + 1))
     with pytest.raises(SpecError, match=r"^spec_file: .* over 1048576"):
-        resolve_spec(None, str(big), None)
+        resolve_spec(None, str(big), None, tmp_path)
+
+
+def test_without_a_presets_folder_no_preset_is_read(tmp_path: Path) -> None:
+    path = preset(tmp_path)
+    with pytest.raises(SpecError, match=r"^spec_file: no presets folder .* SLURMGATE_PRESETS_DIR"):
+        resolve_spec(None, str(path), None, None)
+
+
+def test_hostile_preset_names_are_refused_without_reading_or_echoing(tmp_path: Path) -> None:
+    """Through the UI anyone who may start a run names the file: only regular files inside the
+    presets folder are read, a FIFO or a device never blocks, and no byte comes back."""
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    outside = tmp_path / "site.ini"
+    outside.write_text("[db]\npassword: hunter2\n")
+    os.mkfifo(presets / "fifo.yaml")
+    (presets / "link.yaml").symlink_to(outside)
+    (presets / "zero.yaml").symlink_to("/dev/zero")
+    (presets / "folder.yaml").mkdir()
+    (presets / "secret.yaml").write_text("root:x:0:0:root:/root:/bin/bash: 1\npassword: hunter2\n")
+    cases = {
+        "fifo.yaml": "is not a regular file",
+        "folder.yaml": "is not a regular file",
+        "link.yaml": "is outside the presets folder",
+        "zero.yaml": "is outside the presets folder",
+        str(outside): "is outside the presets folder",
+        "../site.ini": "is outside the presets folder",
+        "/etc/shadow": "is outside the presets folder",
+        "secret.yaml": "is not a valid allocation spec (5 problem(s))",
+    }
+    for name, reason in cases.items():
+        with pytest.raises(SpecError) as err:
+            resolve_spec(None, name, None, presets)
+        message = str(err.value)
+        assert message.startswith(f"spec_file: {name} {reason}"), message
+        assert "hunter2" not in message and "root:x" not in message
 
 
 def test_bad_overrides_name_the_field_and_the_fix(tmp_path: Path) -> None:

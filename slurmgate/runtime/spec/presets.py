@@ -4,19 +4,35 @@ The allocation deployment's full spec is a form of a dozen kilobytes in the Pref
 for every run. A preset names a spec file that lives on the host of the worker that runs the
 flow (the site's checked-in specs), and `SpecOverrides` are the handful of fields people change
 between runs; the result is validated as a whole, like a spec given in full.
+
+A preset's name arrives through the UI or the API, from anyone who may start a run, and is
+read by the worker: so only regular files under the one presets folder the worker's operator
+configured are read, under a size bound, and an error never echoes a byte of the file (the
+command line, which reads its user's own files, shows every problem).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from slurmgate.documents import DocumentError, parse_yaml
 from slurmgate.runtime.spec.model import AllocationName, AllocationSpec, SpecError, spec_error_from
 
 # A spec is a few kilobytes; a path that names something far larger is not one.
 MAX_SPEC_FILE_BYTES = 1 << 20
+# The one folder a preset named through the UI or the API may come from (the site's specs).
+PRESETS_DIR_ENV = "SLURMGATE_PRESETS_DIR"
+
+
+def configured_presets_dir() -> Path | None:
+    """The presets folder the worker's operator configured, or None."""
+    value = os.environ.get(PRESETS_DIR_ENV, "").strip()
+    return Path(value).expanduser() if value else None
 
 
 class SpecOverrides(BaseModel):
@@ -41,23 +57,68 @@ class SpecOverrides(BaseModel):
         return self == SpecOverrides()
 
 
-def load_spec_file(path: str) -> AllocationSpec:
-    """The spec in `path` on this host; errors name the `spec_file` field and the fix."""
-    p = Path(path).expanduser()
-    if not p.is_absolute():
-        raise SpecError([("spec_file", f"{path!r} is relative", "give an absolute path")])
-    try:
-        size = p.stat().st_size
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise SpecError(
-            [("spec_file", f"{path} cannot be read on this host ({reason})", "check the path")]
-        ) from None
-    if size > MAX_SPEC_FILE_BYTES:
-        raise SpecError(
-            [("spec_file", f"{path} is {size} bytes, over {MAX_SPEC_FILE_BYTES}", "name a spec")]
+def _refused(problem: str, fix: str) -> SpecError:
+    return SpecError([("spec_file", problem, fix)])
+
+
+def _preset_path(name: str, presets_dir: Path | None) -> Path:
+    """The file `name` names inside the presets folder (symlinks followed), or SpecError."""
+    if presets_dir is None:
+        raise _refused(
+            "no presets folder is configured on this worker",
+            f"set {PRESETS_DIR_ENV} in the worker's environment to the folder of the site's "
+            "spec files, or give the spec in full",
         )
-    return AllocationSpec.from_yaml(p)
+    if not name or "\x00" in name or len(name) > 1024:
+        raise _refused("is not a file name", "name a spec file in the presets folder")
+    root = Path(os.path.realpath(presets_dir))
+    target = Path(os.path.realpath(root / name))  # an absolute name stays as it is
+    if not target.is_relative_to(root):
+        raise _refused(
+            f"{name} is outside the presets folder {root}",
+            "name a spec file in the presets folder",
+        )
+    return target
+
+
+def load_spec_file(name: str, presets_dir: Path | None) -> AllocationSpec:
+    """The preset `name` (relative to `presets_dir`, or absolute inside it) on this host.
+
+    Only a regular file is read (a FIFO, a device or a folder is refused without blocking),
+    at most MAX_SPEC_FILE_BYTES of it; errors name `spec_file` and the fix, not the content.
+    """
+    path = _preset_path(name, presets_dir)
+    try:
+        # O_NONBLOCK: opening a FIFO for reading must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _refused(
+            f"{name} cannot be read on this host ({exc.strerror or 'unreadable'})",
+            "name a spec file in the presets folder",
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refused(f"{name} is not a regular file", "name a spec file")
+        if st.st_size > MAX_SPEC_FILE_BYTES:
+            raise _refused(f"{name} is over {MAX_SPEC_FILE_BYTES} bytes", "name a spec file")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            raw = handle.read(MAX_SPEC_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_SPEC_FILE_BYTES:
+        raise _refused(f"{name} is over {MAX_SPEC_FILE_BYTES} bytes", "name a spec file")
+    check = f"check it with `slurmgate spec check {path}` on the worker's host"
+    try:
+        data = parse_yaml(raw.decode("utf-8"), name)
+        return AllocationSpec.from_data(data, source="spec_file")
+    except (UnicodeDecodeError, DocumentError):
+        raise _refused(f"{name} is not a YAML spec", check) from None
+    except SpecError as exc:
+        count = len(exc.problems)
+        raise _refused(
+            f"{name} is not a valid allocation spec ({count} problem(s))", check
+        ) from None
 
 
 def apply_overrides(spec: AllocationSpec, overrides: SpecOverrides) -> AllocationSpec:
@@ -98,9 +159,13 @@ def apply_overrides(spec: AllocationSpec, overrides: SpecOverrides) -> Allocatio
 
 
 def resolve_spec(
-    spec: AllocationSpec | None, spec_file: str | None, overrides: SpecOverrides | None
+    spec: AllocationSpec | None,
+    spec_file: str | None,
+    overrides: SpecOverrides | None,
+    presets_dir: Path | None,
 ) -> AllocationSpec:
-    """The run's spec from exactly one of a full `spec` or a `spec_file`, then the overrides."""
+    """The run's spec from exactly one of a full `spec` or a `spec_file` (a preset in
+    `presets_dir`), then the overrides."""
     if (spec is None) == (spec_file is None):
         raise SpecError(
             [
@@ -111,7 +176,7 @@ def resolve_spec(
                 )
             ]
         )
-    chosen = spec if spec is not None else load_spec_file(str(spec_file))
+    chosen = spec if spec is not None else load_spec_file(str(spec_file), presets_dir)
     if overrides is None or overrides.is_empty():
         return chosen
     return apply_overrides(chosen, overrides)
