@@ -12,7 +12,7 @@ from prefect.flows import Flow
 import slurmgate.tasks.allocation as registry
 from slurmgate.runtime.run import AllocationRun, new_run_id
 from slurmgate.runtime.run.node_failures import NodeRetry, run_with_node_retry
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.presets import SpecOverrides, configured_presets_dir, resolve_spec
 from slurmgate.tasks.allocation import (
     Progress,

@@ -392,7 +392,7 @@ def run_runtime(
     job completes, a tick releases its lease, and loadgen, metrics and cleanup are read."""
     from prefect.artifacts import Artifact
 
-    from slurmgate.runtime.spec.model import AllocationSpec
+    from slurmgate.runtime.spec.allocation import AllocationSpec
     from slurmgate.testbed.emulator.testing import running_emulator
 
     result = RuntimeResult()

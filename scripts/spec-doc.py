@@ -20,7 +20,7 @@ from pydantic_core import PydanticUndefined
 
 from slurmgate.runtime.engines import frontends, layout
 from slurmgate.runtime.engines import profiles as engines
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 HEADER = """\
 # The allocation spec

@@ -23,6 +23,13 @@ MAX_DEPTH = 64
 class DocumentError(InputError):
     """A YAML document that is too large, malformed, or expands past the bounds."""
 
+    def __init__(self, problem: str, fix: str, source: str = "") -> None:
+        self.source, self.problem, self.fix = source, problem, fix
+        super().__init__(f"{source}: {problem}; {fix}" if source else f"{problem}; {fix}")
+
+    def at(self, source: str) -> DocumentError:
+        return DocumentError(self.problem, self.fix, source)
+
 
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, counting aliases as it composes so a bomb stops early."""
@@ -33,7 +40,10 @@ class _BoundedLoader(yaml.SafeLoader):
         if self.check_event(AliasEvent):
             self.aliases += 1
             if self.aliases > MAX_ALIASES:
-                raise DocumentError(f"uses more than {MAX_ALIASES} YAML aliases (*name)")
+                raise DocumentError(
+                    f"uses more than {MAX_ALIASES} YAML aliases (*name)",
+                    "write the repeated parts out",
+                )
         return super().compose_node(parent, index)  # type: ignore[no-any-return]
 
 
@@ -47,7 +57,9 @@ def _measure(root: Node) -> tuple[int, int]:
         if key in memo:
             return memo[key]
         if key in active:
-            raise DocumentError("holds a recursive YAML alias (a node that contains itself)")
+            raise DocumentError(
+                "holds a recursive YAML alias (a node that contains itself)", "remove the loop"
+            )
         active.add(key)
         children: list[Node] = []
         if isinstance(node, SequenceNode):
@@ -75,7 +87,7 @@ def parse_yaml(
     number of nodes it expands to once every alias is followed.
     """
     if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-        raise DocumentError(f"{source}: larger than {max_bytes // 1024} KiB")
+        raise DocumentError(f"larger than {max_bytes // 1024} KiB", "shorten it", source)
     loader = _BoundedLoader(text)
     try:
         node = loader.get_single_node()
@@ -84,19 +96,19 @@ def parse_yaml(
         size, depth = _measure(node)
         if size > MAX_EXPANDED_NODES:
             raise DocumentError(
-                f"expands to more than {MAX_EXPANDED_NODES} nodes once its aliases are "
-                "followed; write the repeated parts out or use fewer aliases"
+                f"expands to more than {MAX_EXPANDED_NODES} nodes once its aliases are followed",
+                "write the repeated parts out or use fewer aliases",
             )
         if depth > MAX_DEPTH:
-            raise DocumentError(f"nests deeper than {MAX_DEPTH} levels; flatten it")
+            raise DocumentError(f"nests deeper than {MAX_DEPTH} levels", "flatten it")
         return loader.construct_document(node)
     except DocumentError as exc:
-        raise DocumentError(f"{source}: {exc}") from None
+        raise exc.at(source) from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
         problem = getattr(exc, "problem", None) or "a syntax error"
-        raise DocumentError(f"{source}: not valid {kind}{at}: {problem}; fix the syntax") from None
+        raise DocumentError(f"not valid {kind}{at}: {problem}", "fix the syntax", source) from None
     finally:
         loader.dispose()
 
@@ -109,12 +121,12 @@ def read_yaml(path: str | Path, *, max_bytes: int = MAX_DOCUMENT_BYTES, kind: st
             raw = handle.read(max_bytes + 1)
     except OSError as exc:
         raise DocumentError(
-            f"{p}: cannot read it ({exc.strerror or exc}); check the path"
+            f"cannot read it ({exc.strerror or exc})", "check the path", str(p)
         ) from None
     if len(raw) > max_bytes:
-        raise DocumentError(f"{p}: larger than {max_bytes // 1024} KiB")
+        raise DocumentError(f"larger than {max_bytes // 1024} KiB", "shorten it", str(p))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise DocumentError(f"{p}: not UTF-8 text") from None
+        raise DocumentError("not UTF-8 text", "save it as UTF-8", str(p)) from None
     return parse_yaml(text, str(p), max_bytes=max_bytes, kind=kind)

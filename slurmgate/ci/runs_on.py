@@ -259,7 +259,8 @@ def spec_from_data(
             f"got {type(data).__name__}; pass a single row, not the whole matrix"
         )
     if is_allocation_spec(data):
-        from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+        from slurmgate.runtime.spec.allocation import AllocationSpec
+        from slurmgate.runtime.spec.errors import SpecError
 
         try:
             spec = AllocationSpec.from_data(dict(data), source=source)

@@ -43,7 +43,8 @@ def allocation_run(
 ) -> None:
     """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
     from slurmgate.cli import prefect_layer
-    from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+    from slurmgate.runtime.spec.allocation import AllocationSpec
+    from slurmgate.runtime.spec.errors import SpecError
     from slurmgate.slurm import commands as slurm
 
     if (spec is None) == (recipe is None):

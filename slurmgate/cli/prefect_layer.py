@@ -39,7 +39,7 @@ def use_prefect_api() -> None:
 
 if TYPE_CHECKING:
     from slurmgate.github.scope import GitHubScope
-    from slurmgate.runtime.spec.model import AllocationSpec
+    from slurmgate.runtime.spec.allocation import AllocationSpec
     from slurmgate.testbed.demo import DemoOptions
 
 

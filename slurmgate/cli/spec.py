@@ -57,7 +57,8 @@ def from_recipe(recipe: RecipeArg, model: ModelOpt = None) -> None:
 )
 def check(spec: Annotated[Path, typer.Argument(help="An allocation spec (YAML).")]) -> None:
     """Validate an allocation spec file and print every problem, or what it would run."""
-    from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+    from slurmgate.runtime.spec.allocation import AllocationSpec
+    from slurmgate.runtime.spec.errors import SpecError
 
     try:
         parsed = AllocationSpec.from_yaml(spec)

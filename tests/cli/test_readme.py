@@ -300,7 +300,9 @@ def test_the_first_real_deployment_covers_each_step() -> None:
 
 def test_the_spec_fields_the_checklist_names_exist_with_those_defaults() -> None:
     """A field renamed in the spec, or a default port changed, must change the checklist."""
-    from slurmgate.runtime.spec.model import AllocationSpec, DeploymentSpec, SlurmSpec
+    from slurmgate.runtime.spec.allocation import AllocationSpec
+    from slurmgate.runtime.spec.deployment import DeploymentSpec
+    from slurmgate.runtime.spec.slurm_options import SlurmSpec
 
     checklist = first_real_deployment()
     fields = {**AllocationSpec.model_fields, **DeploymentSpec.model_fields}

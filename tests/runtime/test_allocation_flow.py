@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from slurmgate.runtime.ledger.records import load_records
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 
 from .conftest import assert_no_orphans, example_data, processes_with

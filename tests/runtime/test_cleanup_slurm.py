@@ -23,7 +23,7 @@ import yaml
 
 from slurmgate.runtime.ledger.records import load_records
 from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 from slurmgate.testbed import cluster
 

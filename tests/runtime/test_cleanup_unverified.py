@@ -11,7 +11,7 @@ from slurmgate.runtime.ledger.reaper import stale_records
 from slurmgate.runtime.ledger.records import RunRecord, RunStatus
 from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.run.supervisor import CleanupFailed
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import example_data
 

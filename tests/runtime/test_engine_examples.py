@@ -21,7 +21,8 @@ import pytest
 
 from slurmgate.runtime.engines import layout
 from slurmgate.runtime.run import AllocationRun
-from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 
 from .conftest import REPO
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from slurmgate.runtime.engines import layout
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES_PYTHON = REPO / ".venv-engines" / "bin" / "python"

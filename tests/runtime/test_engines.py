@@ -29,7 +29,8 @@ from slurmgate.runtime.endpoint.backpressure import metrics_query, queue_sample
 from slurmgate.runtime.endpoint.config import EndpointConfig, parse_config
 from slurmgate.runtime.engines import layout
 from slurmgate.runtime.engines import profiles as engines
-from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 from slurmgate.runtime.steps import readiness
 
 

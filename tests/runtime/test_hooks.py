@@ -20,7 +20,8 @@ import pytest
 from slurmgate.runtime.hooks import HookInvocation, run_plain
 from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.run.credentials import RunCredentials
-from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 
 from .conftest import assert_no_orphans, example_data, processes_with
 

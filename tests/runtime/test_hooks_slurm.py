@@ -20,7 +20,7 @@ import yaml
 from slurmgate.runtime.ledger.reaper import reap_stale_runs
 from slurmgate.runtime.ledger.records import load_records
 from slurmgate.runtime.run import RunFailed
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans, example_data, job_gone, processes_with
 from .test_hooks import kill_marked

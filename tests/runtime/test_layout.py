@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurmgate.runtime.engines import layout
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import example_data
 

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.steps import readiness
 from slurmgate.testbed.llamacpp_server import launch_command
 from slurmgate.testbed.tiny_gguf import MODEL_NAME, write_tiny_model

@@ -289,7 +289,7 @@ def test_heartbeat_settings_name_the_variable() -> None:
 
 def test_an_attempt_asks_salloc_to_exclude_and_names_its_controller(tmp_path: Path) -> None:
     from slurmgate.runtime.run import AllocationRun
-    from slurmgate.runtime.spec.model import AllocationSpec
+    from slurmgate.runtime.spec.allocation import AllocationSpec
 
     from .conftest import example_data
 

@@ -18,7 +18,7 @@ import pytest
 from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment, parse_job_comment
 from slurmgate.runtime.ledger.reaper import reap_stale_runs
 from slurmgate.runtime.ledger.records import load_records
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 
 from .conftest import assert_no_orphans, example_data, hosts_of, job_gone, port_held

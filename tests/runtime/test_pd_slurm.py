@@ -26,7 +26,7 @@ import pytest
 
 from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans, job_gone, processes_with
 

@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmgate.runtime.spec.model import AllocationSpec, EnvSecretRef, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 from slurmgate.runtime.spec.presets import (
     MAX_SPEC_FILE_BYTES,
     SpecOverrides,
     apply_overrides,
     resolve_spec,
 )
+from slurmgate.runtime.spec.secret_refs import EnvSecretRef
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "specs" / "local-stub.yaml"

@@ -86,7 +86,8 @@ def test_a_lane_that_never_holds_its_streak_times_out_with_the_reason(flapping) 
 
 
 def test_the_spec_default_is_two_probes_and_zero_is_refused() -> None:
-    from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+    from slurmgate.runtime.spec.allocation import AllocationSpec
+    from slurmgate.runtime.spec.errors import SpecError
 
     data = {
         "schema_version": 1,

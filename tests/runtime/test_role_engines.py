@@ -23,7 +23,7 @@ import pytest
 from slurmgate.runtime.engines import frontends, layout
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.roles import LANE_DIR
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 
 def _plan(
@@ -287,7 +287,7 @@ def test_service_readiness() -> None:
 
 
 def test_frontend_ports_collide_with_the_endpoint_are_refused() -> None:
-    from slurmgate.runtime.spec.model import SpecError
+    from slurmgate.runtime.spec.errors import SpecError
 
     with pytest.raises(SpecError, match="port 17000 on node 0 is also claimed by"):
         _plan(

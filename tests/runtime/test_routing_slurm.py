@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from slurmgate.runtime.run import AllocationRun
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slurmgate.runtime.run import AllocationRun, RunFailed
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 
 from .conftest import assert_no_orphans, hosts_of, job_gone, port_held

@@ -20,7 +20,8 @@ import pytest
 from slurmgate.runtime.engines import layout
 from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.run.client import OutputEcho
-from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 from slurmgate.slurm import commands as slurm
 from slurmgate.slurm.config import (
     BundledCluster,

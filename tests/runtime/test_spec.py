@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 
 from .conftest import example_data
 

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 from slurmgate.runtime.engines import profiles as engines
-from slurmgate.runtime.spec.model import AllocationSpec, DeploymentSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.deployment import DeploymentSpec
 
 from .conftest import REPO
 

@@ -9,7 +9,7 @@ import pytest
 from slurmgate.runtime.engines import layout
 from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.run.preflight import preflight_reports
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.steps.node_worker import PREFLIGHT_OK
 from slurmgate.slurm import commands as slurm
 

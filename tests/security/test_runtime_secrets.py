@@ -22,7 +22,8 @@ from pydantic import SecretStr
 from slurmgate.runtime.redact import Redactor
 from slurmgate.runtime.run import AllocationRun, RunFailed
 from slurmgate.runtime.run.credentials import RunCredentials, SecretUnresolved
-from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 from slurmgate.runtime.stepenv import step_env
 
 REPO = Path(__file__).resolve().parents[2]

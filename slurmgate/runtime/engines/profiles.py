@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from slurmgate.runtime.engines import flags
 from slurmgate.runtime.engines import roles as role_engines
 from slurmgate.runtime.engines.roles import RoleSupport
 
@@ -333,37 +334,6 @@ def _llamacpp_argv(
 
 
 VLLM_QUEUE = QueueMetrics(waiting="vllm:num_requests_waiting", running="vllm:num_requests_running")
-# Flags the vLLM-style launch sets, and flags that would change a replica's shape.
-_CUSTOM_FLAGS = (
-    "--host",
-    "--port",
-    "--tensor-parallel-size",
-    "--pipeline-parallel-size",
-    "--nnodes",
-    "--node-rank",
-    "--master-addr",
-    "--master-port",
-    "--headless",
-    "--distributed-timeout-seconds",
-    "--enable-expert-parallel",
-    # A replica is one server on TP × PP GPUs; data parallelism is more replicas, or the
-    # `data_parallel` field where the engine has a data-parallel launch (vLLM).
-    "--data-parallel-size",
-)
-# vLLM also has short forms, and the other data-parallel flags of its multi-node launch.
-_VLLM_FLAGS = (
-    *_CUSTOM_FLAGS,
-    "-tp",
-    "-pp",
-    "-dp",
-    "--data-parallel-size-local",
-    "--data-parallel-address",
-    "--data-parallel-rpc-port",
-    "--data-parallel-start-rank",
-    "--data-parallel-rank",
-    "--data-parallel-hybrid-lb",
-    "--data-parallel-external-lb",
-)
 
 CUSTOM = EngineProfile(
     name="custom",
@@ -372,7 +342,7 @@ CUSTOM = EngineProfile(
     docs=("https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html",),
     probes=Probes(models=True, lists_model=False),
     queue=VLLM_QUEUE,
-    launcher_flags=_CUSTOM_FLAGS,
+    launcher_flags=flags.CUSTOM,
     render=_vllm_argv,
     roles=role_engines.CUSTOM_ROLES,
 )
@@ -389,7 +359,7 @@ VLLM = EngineProfile(
     ),
     probes=Probes(models=True, lists_model=True),
     queue=VLLM_QUEUE,
-    launcher_flags=_VLLM_FLAGS,
+    launcher_flags=flags.VLLM,
     render=_vllm_argv,
     model_flags=("--model",),
     model_after="serve",
@@ -416,28 +386,7 @@ SGLANG = EngineProfile(
     ),
     probes=Probes(models=True, lists_model=True),
     queue=QueueMetrics(waiting="sglang:num_queue_reqs", running="sglang:num_running_reqs"),
-    launcher_flags=(
-        "--host",
-        "--port",
-        "--tp",
-        "--tp-size",
-        "--tensor-parallel-size",
-        "--pp",
-        "--pp-size",
-        "--pipeline-parallel-size",
-        "--ep",
-        "--ep-size",
-        "--expert-parallel-size",
-        "--dp",
-        "--dp-size",
-        "--data-parallel-size",
-        "--nnodes",
-        "--node-rank",
-        "--dist-init-addr",
-        "--nccl-init-addr",
-        "--dist-timeout",
-        "--enable-metrics",
-    ),
+    launcher_flags=flags.SGLANG,
     render=_sglang_argv,
     model_flags=("--model-path", "--model"),
     served_name_flags=("--served-model-name",),
@@ -457,7 +406,7 @@ LLAMACPP = EngineProfile(
     queue=QueueMetrics(
         waiting="llamacpp:requests_deferred", running="llamacpp:requests_processing"
     ),
-    launcher_flags=("--host", "--port", "--metrics"),
+    launcher_flags=flags.LLAMACPP,
     render=_llamacpp_argv,
     model_flags=("-m", "--model"),
     served_name_flags=("-a", "--alias"),
@@ -497,7 +446,7 @@ TRTLLM = EngineProfile(
     queue=QueueMetrics(
         waiting="trtllm_num_requests_waiting", running="trtllm_num_requests_running"
     ),
-    launcher_flags=role_engines.TRTLLM_ROLE_FLAGS,
+    launcher_flags=flags.TRTLLM,
     render=_roles_only,
     model_after="trtllm-serve",
     roles=role_engines.TRTLLM_ROLES,

@@ -7,7 +7,7 @@ how many GPUs a worker of given sizes takes, which combinations it cannot run, a
 launcher appends to the deployment's command on each of a worker's processes (one per node).
 Pure policy: no I/O, standard library only.
 
-Sources, pinned per engine (the URLs are repeated in `engines.py`'s profiles and checked by
+Sources, pinned per engine (the URLs are repeated in `profiles.py`'s profiles and checked by
 tests/runtime/test_role_engines.py):
 - SGLang PD: https://docs.sglang.ai/advanced_features/pd_disaggregation.html and
   https://docs.sglang.ai/advanced_features/server_arguments.html (`--disaggregation-mode`,
@@ -27,6 +27,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from slurmgate.runtime.engines import flags
 
 PD_ROLES = ("prefill", "decode")
 ROLE_NAMES = ("prefill", "decode", "agg")
@@ -242,34 +244,6 @@ def _host(addr: str) -> str:
 
 # -- SGLang ------------------------------------------------------------------------------------
 
-SGLANG_ROLE_FLAGS = (
-    "--host",
-    "--port",
-    "--tp",
-    "--tp-size",
-    "--tensor-parallel-size",
-    "--pp",
-    "--pp-size",
-    "--pipeline-parallel-size",
-    "--ep",
-    "--ep-size",
-    "--expert-parallel-size",
-    "--dp",
-    "--dp-size",
-    "--data-parallel-size",
-    "--enable-dp-attention",
-    "--nnodes",
-    "--node-rank",
-    "--dist-init-addr",
-    "--nccl-init-addr",
-    "--dist-timeout",
-    "--nccl-port",
-    "--enable-metrics",
-    "--disaggregation-mode",
-    "--disaggregation-bootstrap-port",
-    "--disaggregation-transfer-backend",
-)
-
 
 def sglang_role_argv(
     spec: RoleDeployment, role: RoleShape, lane: RoleLane, master_addr: str, bind_host: str
@@ -323,7 +297,7 @@ SGLANG_ROLES = RoleSupport(
     worker_gpus=tp_pp_dp_attention,
     render=sglang_role_argv,
     env=sglang_role_env,
-    launcher_flags=SGLANG_ROLE_FLAGS,
+    launcher_flags=flags.SGLANG_ROLE,
     transfer_backends=SGLANG_TRANSFER_BACKENDS,
     # With nnodes > 1 SGLang opens its ZMQ sockets on the --dist-init-addr port + 1 … + 6.
     rendezvous_span=7,
@@ -331,31 +305,6 @@ SGLANG_ROLES = RoleSupport(
 
 
 # -- vLLM --------------------------------------------------------------------------------------
-
-VLLM_ROLE_FLAGS = (
-    "--host",
-    "--port",
-    "--tensor-parallel-size",
-    "-tp",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--data-parallel-size",
-    "-dp",
-    "--data-parallel-size-local",
-    "--data-parallel-address",
-    "--data-parallel-rpc-port",
-    "--data-parallel-start-rank",
-    "--data-parallel-rank",
-    "--data-parallel-hybrid-lb",
-    "--data-parallel-external-lb",
-    "--enable-expert-parallel",
-    "--nnodes",
-    "--node-rank",
-    "--master-addr",
-    "--master-port",
-    "--headless",
-    "--distributed-timeout-seconds",
-)
 
 
 def kv_transfer_config(spec: RoleDeployment, role: RoleShape) -> list[str]:
@@ -471,10 +420,7 @@ VLLM_ROLES = RoleSupport(
     worker_gpus=tp_pp_dp,
     render=vllm_role_argv,
     env=vllm_role_env,
-    # --kv-transfer-config is not among them: a role's args may carry a connector the
-    # deployment's kv_transfer cannot name (a recipe's MultiConnector); the spec then
-    # refuses kv_transfer beside it.
-    launcher_flags=VLLM_ROLE_FLAGS,
+    launcher_flags=flags.VLLM,
     transfer_backends=tuple(VLLM_CONNECTORS),
     # --master-port, and the data-parallel RPC port after it.
     rendezvous_span=2,
@@ -527,11 +473,7 @@ CUSTOM_ROLES = RoleSupport(
     worker_gpus=tp_pp_dp,
     render=custom_role_argv,
     env=plain_role_env,
-    launcher_flags=(
-        *VLLM_ROLE_FLAGS,
-        "--disaggregation-mode",
-        "--disaggregation-bootstrap-port",
-    ),
+    launcher_flags=flags.CUSTOM_ROLE,
     transfer_backends=SGLANG_TRANSFER_BACKENDS,
     dp_attention=False,
     expert_parallel="tp-times-dp",
@@ -543,8 +485,6 @@ CUSTOM_ROLES = RoleSupport(
 # since Dynamo 1.0, `--request-plane`), and srt-slurm's builders: a Dynamo worker is the
 # engine's own flags plus Dynamo's, registers with etcd (discovery) and serves the frontend
 # over the request plane, not over HTTP.
-
-DYNAMO_FLAGS = ("--request-plane", "--disaggregation-mode")
 
 
 def dynamo_sglang_argv(
@@ -595,26 +535,6 @@ def dynamo_sglang_env(
 # (https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html: context and generation
 # servers need `cache_transceiver_config` in their YAML). A worker on several nodes needs an
 # MPI launch (one srun with a task per GPU, --mpi pmix), which lanes do not do: refused.
-
-TRTLLM_ROLE_FLAGS = (
-    "--host",
-    "--port",
-    "--tp_size",
-    "--tensor_parallel_size",
-    "--pp_size",
-    "--pipeline_parallel_size",
-    "--ep_size",
-    "--moe_expert_parallel_size",
-    "--config",
-    "--extra_llm_api_options",
-    "--extra-engine-args",
-)
-TRTLLM_KEYS = (
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "moe_expert_parallel_size",
-    "enable_attention_dp",
-)
 
 
 def trtllm_config(spec: RoleDeployment, role: RoleShape, lane: RoleLane) -> dict[str, Any]:
@@ -685,19 +605,19 @@ TRTLLM_ROLES = RoleSupport(
     worker_gpus=tp_pp,
     render=trtllm_role_argv,
     env=trtllm_env,
-    launcher_flags=TRTLLM_ROLE_FLAGS,
+    launcher_flags=flags.TRTLLM,
     transfer_backends=TRTLLM_TRANSFER_BACKENDS,
     multi_node=False,
     engine_config=True,
     files=trtllm_files,
-    launcher_keys=TRTLLM_KEYS,
+    launcher_keys=flags.TRTLLM_CONFIG_KEYS,
 )
 
 DYNAMO_SGLANG_ROLES = RoleSupport(
     worker_gpus=tp_pp_dp_attention,
     render=dynamo_sglang_argv,
     env=dynamo_sglang_env,
-    launcher_flags=(*SGLANG_ROLE_FLAGS, *DYNAMO_FLAGS),
+    launcher_flags=flags.DYNAMO_SGLANG,
     transfer_backends=SGLANG_TRANSFER_BACKENDS,
     rendezvous_span=7,
     side_span=lambda role: 2,  # SGLang's NCCL port, then DYN_SYSTEM_PORT
@@ -707,7 +627,7 @@ DYNAMO_VLLM_ROLES = RoleSupport(
     worker_gpus=tp_pp_dp,
     render=dynamo_vllm_argv,
     env=dynamo_vllm_env,
-    launcher_flags=(*VLLM_ROLE_FLAGS, *DYNAMO_FLAGS),
+    launcher_flags=flags.DYNAMO_VLLM,
     transfer_backends=tuple(VLLM_CONNECTORS),
     rendezvous_span=2,
     side_span=lambda role: vllm_side_span(role) + 1,  # the NIXL block, then DYN_SYSTEM_PORT
@@ -719,12 +639,12 @@ DYNAMO_TRTLLM_ROLES = RoleSupport(
     worker_gpus=tp_pp,
     render=dynamo_trtllm_argv,
     env=dynamo_trtllm_env,
-    launcher_flags=(*TRTLLM_ROLE_FLAGS, *DYNAMO_FLAGS),
+    launcher_flags=flags.DYNAMO_TRTLLM,
     transfer_backends=TRTLLM_TRANSFER_BACKENDS,
     multi_node=False,
     engine_config=True,
     files=trtllm_files,
-    launcher_keys=TRTLLM_KEYS,
+    launcher_keys=flags.TRTLLM_CONFIG_KEYS,
 )
 
 

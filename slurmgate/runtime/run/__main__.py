@@ -12,7 +12,7 @@ from slurmgate.errors import InputError
 from slurmgate.runtime.run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.run.supervisor import CleanupFailed, StepFailed
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m slurmgate.runtime.run run SPEC [--runs-dir D]`: the run without Prefect."""
     from slurmgate.runtime.ledger.reaper import reap_stale_runs
     from slurmgate.runtime.ledger.records import load_records
-    from slurmgate.runtime.spec.model import SpecError
+    from slurmgate.runtime.spec.errors import SpecError
 
     args = _parser().parse_args(argv)
     if args.command == "reap":

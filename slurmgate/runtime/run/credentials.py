@@ -10,13 +10,8 @@ from pydantic import SecretStr
 
 from slurmgate.errors import InputError
 from slurmgate.runtime.redact import Redactor
-from slurmgate.runtime.spec.model import (
-    AllocationSpec,
-    EnvSecretRef,
-    EnvValue,
-    SecretBlockRef,
-    SecretValue,
-)
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.secret_refs import EnvSecretRef, EnvValue, SecretBlockRef, SecretValue
 
 # Reads a Prefect Secret block by name. The core never imports Prefect: the Prefect layer
 # passes this in, and a run without it cannot resolve `{secret: NAME}`.

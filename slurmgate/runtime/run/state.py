@@ -26,7 +26,7 @@ from slurmgate.runtime.ledger.records import (
 )
 from slurmgate.runtime.run.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.run.supervisor import CleanupReport, Supervisor
-from slurmgate.runtime.spec.model import AllocationSpec
+from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.stepenv import step_env
 from slurmgate.runtime.steps import readiness
 from slurmgate.slurm import commands as slurm

@@ -7,7 +7,7 @@ from typing import Any
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.run.state import RunState
-from slurmgate.runtime.spec.model import DeploymentSpec
+from slurmgate.runtime.spec.deployment import DeploymentSpec
 from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
 from slurmgate.slurm import commands as slurm
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from slurmgate.errors import InputError
 from slurmgate.runtime.spec import recipes
-from slurmgate.runtime.spec.model import AllocationSpec, SpecError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
 
 DEFAULT_MODEL = "/model"  # where srtctl mounts the recipe's model in its container
 _SLUG = re.compile(r"[^a-z0-9-]+")

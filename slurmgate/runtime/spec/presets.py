@@ -21,7 +21,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slurmgate.documents import DocumentError, parse_yaml
-from slurmgate.runtime.spec.model import AllocationName, AllocationSpec, SpecError, spec_error_from
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError, spec_error_from
+from slurmgate.runtime.spec.fields import AllocationName
 
 # A spec is a few kilobytes; a path that names something far larger is not one.
 MAX_SPEC_FILE_BYTES = 1 << 20

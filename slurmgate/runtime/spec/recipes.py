@@ -69,7 +69,7 @@ def parse(text: str, source: str = "recipe") -> dict[str, Any]:
     try:
         data = parse_yaml(text, source, max_bytes=MAX_RECIPE_BYTES)
     except DocumentError as exc:
-        raise RecipeError(str(exc).replace("; ", " — ", 1)) from None
+        raise RecipeError(f"{exc.source}: {exc.problem} — {exc.fix}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: not a mapping of recipe keys — a recipe is a YAML mapping")
     if _depth(data) > MAX_DEPTH:

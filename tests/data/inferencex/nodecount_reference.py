@@ -61,4 +61,3 @@ def recipe_node_count(prefill: dict, decode: dict, recipe_root: Path) -> int | N
     if "prefill_nodes" in resources and "decode_nodes" in resources:
         return int(resources["prefill_nodes"]) + int(resources["decode_nodes"])
     raise ValueError(f"Recipe has no supported node resource fields: {recipe_path}")
-
