@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -384,20 +385,44 @@ class QueuedJob:
     comment: str
 
 
-_SQUEUE_SEP = "\x1f"  # job names and comments may hold any printable text
+# A job's name and comment are written by its user, and `squeue` prints them verbatim: a comment
+# holding a newline forges whole lines of a formatted listing. Its JSON (one document, every
+# string escaped) cannot be forged; it is read under a size bound.
+MAX_SQUEUE_JSON_BYTES = 64 << 20
+ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"})
 
 
 def jobs_of_all_users(*, timeout: float = 10.0) -> list[QueuedJob]:
-    """Every user's pending and running jobs (`squeue --all`), with their comments."""
-    fmt = _SQUEUE_SEP.join(("%i", "%j", "%u", "%T", "%k"))
-    argv = ["squeue", "-h", "--all", "-t", "PD,CF,R,S", "-o", fmt]
+    """Every user's pending and running jobs (`squeue --all --json`), with their comments."""
+    argv = ["squeue", "--all", "--json"]
     out = run(argv, timeout=timeout)
+    if len(out.stdout) > MAX_SQUEUE_JSON_BYTES:
+        raise SlurmError(argv, f"answered more than {MAX_SQUEUE_JSON_BYTES >> 20} MiB", "")
+    try:
+        listed = json.loads(out.stdout).get("jobs")
+    except (ValueError, AttributeError):
+        raise SlurmError(argv, "answered something other than its JSON", out.stdout[:200]) from None
+    if not isinstance(listed, list):
+        raise SlurmError(argv, "answered JSON without a jobs list", "")
     jobs = []
-    for line in out.stdout.splitlines():
-        parts = line.split(_SQUEUE_SEP)
-        if len(parts) == 5 and parts[0].strip():
-            comment = "" if parts[4] == "(null)" else parts[4]
-            jobs.append(QueuedJob(parts[0].strip(), parts[1], parts[2], parts[3], comment))
+    for job in listed:
+        if not isinstance(job, dict):
+            continue
+        job_id, name, user, state = (
+            job.get(k) for k in ("job_id", "name", "user_name", "job_state")
+        )
+        comment = job.get("comment") or ""
+        if not (isinstance(job_id, int) and not isinstance(job_id, bool) and job_id > 0):
+            continue
+        if not (
+            isinstance(name, str)
+            and isinstance(user, str)
+            and isinstance(state, str)
+            and isinstance(comment, str)
+        ):
+            continue
+        if state in ACTIVE_JOB_STATES:
+            jobs.append(QueuedJob(str(job_id), name, user, state, comment))
     return jobs
 
 

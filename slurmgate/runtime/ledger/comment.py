@@ -50,6 +50,8 @@ def parse_job_comment(comment: str) -> JobComment | None:
     """The run, controller and heartbeat of a `job_comment`, or None for any other comment."""
     if not comment.startswith(JOB_COMMENT_PREFIX) or len(comment) > 400:
         return None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in comment):
+        return None  # written by a job's user: a newline or a control character is a forgery
     run_id, *words = comment[len(JOB_COMMENT_PREFIX) :].split()
     fields = dict(w.partition("=")[::2] for w in words)
     host, _, rest = fields.get("controller", "").partition("/")
