@@ -287,7 +287,7 @@ async def floor_arm(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.controller.steps import direct_steps
-    from slurmgate.github.client import client_for_scope
+    from slurmgate.github.factory import client_for_scope
     from slurmgate.github.scope import GitHubScope
     from slurmgate.testbed.emulator.testing import running_emulator
 

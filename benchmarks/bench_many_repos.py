@@ -76,7 +76,7 @@ async def one_tick(emu: Any, settings: Any, events: Any, alone: bool = False) ->
     from slurmgate.admission.batch_verify import BATCH_WRITE_BUDGET_S
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.controller.steps import direct_steps
-    from slurmgate.github.client import client_for_scope
+    from slurmgate.github.factory import client_for_scope
     from slurmgate.github.scope import GitHubScope
 
     scope = GitHubScope(api_url=emu.url, org="acme", all_repos=True)

@@ -113,7 +113,7 @@ async def core_tick(
     from slurmgate.admission.estimates import RuntimeHistory
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.controller.steps import direct_steps
-    from slurmgate.github.client import client_for_scope
+    from slurmgate.github.factory import client_for_scope
     from slurmgate.github.scope import GitHubScope
     from slurmgate.github.snapshot import EventReads
 

@@ -20,7 +20,8 @@ from slurmgate.admission.settings import (
     TeamLimits,
 )
 from slurmgate.github.app_auth import GitHubAppCredentials
-from slurmgate.github.client import GitHubClient, client_for_scope
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.factory import client_for_scope
 from slurmgate.github.scope import GitHubScope
 
 

@@ -21,7 +21,8 @@ from slurmgate.admission.tick import TickLog, TickReport, TickSteps, reconcile_t
 from slurmgate.blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.controller.steps import slurm_capacity_step
 from slurmgate.github.access import ScopeAccessError, app_id_of, explain
-from slurmgate.github.client import GitHubClient, GitHubError
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import GitHubError
 from slurmgate.github.scope import ScopeError
 from slurmgate.tasks.allocation import reap_crashed_allocations
 from slurmgate.tasks.github import (

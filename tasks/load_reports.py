@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect.artifacts import create_image_artifact, create_table_artifact
 
-from slurmgate.runtime.loadgen import ChatReport, read_reports
+from slurmgate.runtime.loadgen.report import ChatReport, read_reports
 from slurmgate.tasks.allocation import log, warn
 
 P50_COLOR = "#28a03c"

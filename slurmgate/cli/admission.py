@@ -122,7 +122,8 @@ def status(
     from slurmgate.controller.steps import direct_steps
     from slurmgate.github.access import app_id_of, explain
     from slurmgate.github.app_auth import AppAuthError
-    from slurmgate.github.client import GitHubClient, GitHubError
+    from slurmgate.github.client import GitHubClient
+    from slurmgate.github.errors import GitHubError
 
     token = _token("read the runners")
     scope = _scope(api_url, repo, org, repos, all_repos)

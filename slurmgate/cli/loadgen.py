@@ -103,7 +103,7 @@ def loadgen(
     import asyncio
     import json
 
-    from slurmgate.runtime.loadgen import LoadSpec, run_load
+    from slurmgate.runtime.loadgen.completions import LoadSpec, run_load
 
     if not url.startswith(("http://", "https://")):
         raise fail(f"URL {url!r} is not an http(s) URL; e.g. http://127.0.0.1:17000")
@@ -181,11 +181,13 @@ def _chat_load(
     import asyncio
     import json
 
-    from slurmgate.runtime import loadgen as lg
+    from slurmgate.runtime.loadgen.chat import run_chat_load
+    from slurmgate.runtime.loadgen.report import label_for, report_path_in, write_report
+    from slurmgate.runtime.loadgen.workload import ChatLoadSpec, Lengths, LoadInputError
 
     token = os.environ.get("SLURMGATE_ENDPOINT_TOKEN")  # from the runtime, never argv
     try:
-        spec = lg.ChatLoadSpec(
+        spec = ChatLoadSpec(
             url=url,
             model=model,
             path=path or "/v1/chat/completions",
@@ -194,28 +196,28 @@ def _chat_load(
             arrivals=arrivals,
             duration=duration if duration is not None or requests is not None else 10.0,
             requests=requests,
-            prompt_tokens=lg.Lengths.parse(prompt_tokens, "--prompt-tokens"),
-            output_tokens=lg.Lengths.parse(output_tokens, "--output-tokens"),
+            prompt_tokens=Lengths.parse(prompt_tokens, "--prompt-tokens"),
+            output_tokens=Lengths.parse(output_tokens, "--output-tokens"),
             seed=seed,
             honour_retry_after=honour_retry_after,
-            label=label or lg.label_for(url, os.environ.get("SLURMGATE_ENDPOINTS")),
+            label=label or label_for(url, os.environ.get("SLURMGATE_ENDPOINTS")),
             headers={"authorization": f"Bearer {token}"} if token else {},
             timeout=timeout,
             idle_timeout=min(timeout, 60.0),
         )
         spec.check()
-    except lg.LoadInputError as exc:
+    except LoadInputError as exc:
         raise fail(str(exc)) from None
-    result = asyncio.run(lg.run_chat_load(spec))
+    result = asyncio.run(run_chat_load(spec))
     targets = [report] if report is not None else []
     from slurmgate.runtime.run.client import CLIENT_REPORTS_ENV
 
     reports_dir = os.environ.get(CLIENT_REPORTS_ENV)
     if reports_dir:
-        targets.append(lg.report_path_in(Path(reports_dir), spec.label))
+        targets.append(report_path_in(Path(reports_dir), spec.label))
     for target in targets:
         try:
-            lg.write_report(result, target)
+            write_report(result, target)
         except OSError as exc:
             raise fail(f"cannot write the report to {target}: {exc.strerror or exc}") from None
     typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.render())

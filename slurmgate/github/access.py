@@ -11,7 +11,8 @@ from pydantic import SecretStr
 
 from slurmgate.errors import ExternalError
 from slurmgate.github.app_auth import AppAuthError, GitHubAppCredentials
-from slurmgate.github.client import AuthError, GitHubError, RateLimited, client_for_scope
+from slurmgate.github.errors import AuthError, GitHubError, RateLimited
+from slurmgate.github.factory import client_for_scope
 from slurmgate.github.scope import GitHubScope
 
 REPO_RUNNER_PERMISSIONS = (

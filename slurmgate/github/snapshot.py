@@ -15,7 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot, leases_from_fleet
 from slurmgate.admission.settings import AdmissionSettings
-from slurmgate.github.client import AuthError, GitHubError, JobSource, MalformedResponse
+from slurmgate.github.client import JobSource
+from slurmgate.github.errors import AuthError, GitHubError, MalformedResponse
 from slurmgate.github.jobstore import JobEventStore, store_path
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.skipqueue import SkipQueueAuthorizer, SkipQueueClient, skip_queue_pr

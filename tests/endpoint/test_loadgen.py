@@ -8,7 +8,9 @@ import httpx
 import pytest
 from endpoint_helpers import Backend, Proc, running_backends, wait_status
 
-from slurmgate.runtime.loadgen import LoadSpec, percentile, retry_after_seconds, run_load
+from slurmgate.runtime.loadgen.completions import LoadSpec, run_load
+from slurmgate.runtime.loadgen.report import percentile
+from slurmgate.runtime.loadgen.workload import retry_after_seconds
 
 
 def test_percentile_is_nearest_rank() -> None:

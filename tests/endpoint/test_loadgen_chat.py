@@ -28,19 +28,15 @@ from endpoint_helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmgate.runtime.loadgen import (
+from slurmgate.runtime.loadgen.chat import run_chat_load
+from slurmgate.runtime.loadgen.report import histogram, percentile, read_reports
+from slurmgate.runtime.loadgen.stream import SSEDecoder, SSEError, stream_chat
+from slurmgate.runtime.loadgen.workload import (
     MAX_LENGTH,
     ChatLoadSpec,
     Lengths,
     LoadInputError,
-    SSEDecoder,
-    SSEError,
     arrival_gaps,
-    histogram,
-    percentile,
-    read_reports,
-    run_chat_load,
-    stream_chat,
 )
 from slurmgate.runtime.run.client import CLIENT_REPORTS_ENV
 

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from slurmgate.runtime.loadgen import ChatLoadSpec, Lengths, run_chat_load
+from slurmgate.runtime.loadgen.chat import run_chat_load
+from slurmgate.runtime.loadgen.workload import ChatLoadSpec, Lengths
 from slurmgate.testbed.llamacpp_server import launch_command
 from slurmgate.testbed.localproc import free_port, stop_group
 from slurmgate.testbed.tiny_gguf import MODEL_NAME, write_tiny_model

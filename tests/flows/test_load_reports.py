@@ -12,13 +12,9 @@ import pytest
 from prefect import flow
 from prefect.artifacts import Artifact
 
-from slurmgate.runtime.loadgen import (
-    ChatLoadSpec,
-    Lengths,
-    report_path_in,
-    run_chat_load,
-    write_report,
-)
+from slurmgate.runtime.loadgen.chat import run_chat_load
+from slurmgate.runtime.loadgen.report import report_path_in, write_report
+from slurmgate.runtime.loadgen.workload import ChatLoadSpec, Lengths
 from slurmgate.serving import ThreadedServer
 from slurmgate.tasks.load_reports import publish_load_reports
 from slurmgate.testbed.stub_server import StubApp, StubState, parse_settings

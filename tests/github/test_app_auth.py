@@ -41,7 +41,8 @@ from slurmgate.github.app_auth import (
     InstallationTokenProvider,
     credentials_from_env,
 )
-from slurmgate.github.client import AuthError, GitHubClient, NotFound, accepted_permissions
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import AuthError, NotFound, accepted_permissions
 from slurmgate.github.scope import GitHubScope
 from slurmgate.runtime.redact import redact_patterns
 from slurmgate.testbed.emulator.apps import new_private_key

@@ -9,11 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from slurmgate.admission.model import JobStatus
-from slurmgate.github.client import (
-    GitHubClient,
-    NotFound,
-    ValidationFailed,
-)
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import NotFound, ValidationFailed
 from slurmgate.github.etags import FileEtagCache, MemoryEtagCache
 from slurmgate.github.scope import GitHubScope
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator

@@ -7,13 +7,8 @@ import time
 
 import pytest
 
-from slurmgate.github.client import (
-    AuthError,
-    GitHubClient,
-    RateLimited,
-    TransientError,
-    ValidationFailed,
-)
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import AuthError, RateLimited, TransientError, ValidationFailed
 from slurmgate.github.scope import GitHubScope
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 

@@ -16,7 +16,8 @@ import pytest
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
-from slurmgate.github.client import GitHubClient, NotFound
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import NotFound
 from slurmgate.github.jobstore import JobEventStore
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.snapshot import EventReads, EventReadSettings, take_snapshot

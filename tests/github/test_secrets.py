@@ -9,12 +9,8 @@ import traceback
 import pytest
 from pydantic import SecretStr
 
-from slurmgate.github.client import (
-    AuthError,
-    GitHubClient,
-    GitHubError,
-    TransientError,
-)
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import AuthError, GitHubError, TransientError
 from slurmgate.github.scope import GitHubScope
 from slurmgate.testbed.emulator.testing import running_emulator
 

@@ -13,7 +13,8 @@ from slurmgate.admission.model import Job, JobStatus
 from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
-from slurmgate.github.client import GitHubClient, MalformedResponse, NotFound
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import MalformedResponse, NotFound
 from slurmgate.github.etags import FileEtagCache
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.skipqueue import skip_queue_pr

@@ -30,7 +30,8 @@ from slurmgate.github.app_auth import (
     GitHubAppCredentials,
     InstallationTokenProvider,
 )
-from slurmgate.github.client import GitHubClient, MalformedResponse
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import MalformedResponse
 from slurmgate.github.etags import FileEtagCache, MemoryEtagCache
 from slurmgate.github.payloads import MAX_LABEL_LENGTH
 from slurmgate.github.scope import GitHubScope, is_login, is_repo

@@ -41,7 +41,8 @@ from slurmgate.admission.labels import fold
 from slurmgate.admission.model import JobStatus
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
-from slurmgate.github.client import GitHubClient, MalformedResponse
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.errors import MalformedResponse
 from slurmgate.github.etags import MemoryEtagCache
 from slurmgate.github.payloads import MalformedPayload, parse_job, parse_runner
 from slurmgate.github.scope import GitHubScope
