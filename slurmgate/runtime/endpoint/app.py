@@ -3,12 +3,13 @@
 Run it as ``python -m slurmgate.runtime.endpoint --name D --listen HOST:PORT --backend URL ...``
 or ``slurmgate endpoint`` with the same flags (``config.py`` holds them).
 Every request arrives through the data plane (``dataplane.py``: HTTP/1.1 on raw asyncio
-protocols and httptools, both to the client and to the lanes) on the one port; ``/health`` and
-``/metrics`` are starlette routes it calls as ASGI, and the lanes' scrapes and health probes go
-through a small aiohttp session of their own. Chosen by measurement with wrk against the
-DataDesigner proxy (``benchmarks/bench_endpoint.py``, ``benchmarks/results/endpoint.md``):
-uvicorn + ASGI downstream and aiohttp upstream cost 0.70-0.78x the peer's CPU per request, this
-data plane 0.19-0.30x, with the same routing, retry and limit code.
+protocols and httptools, both to the client and to the lanes, ``upstream.py``) on the one port;
+``/health`` and ``/metrics`` are starlette routes it calls as ASGI, and the lanes' scrapes and
+health probes go through a small aiohttp session of their own. Chosen by measurement with wrk
+against the DataDesigner proxy (``benchmarks/bench_endpoint.py``,
+``benchmarks/results/endpoint.md``): uvicorn + ASGI downstream and aiohttp upstream cost
+0.70-0.78x the peer's CPU per request, this data plane 0.19-0.30x, with the same routing, retry
+and limit code.
 
 Routing is least-active with a rotating cursor for ties (``routing.py``), gated per lane by the
 sampled queue depth (``backpressure.py``) and by the lane's health probes, which take a failing
@@ -65,15 +66,9 @@ from slurmgate.runtime.endpoint.backpressure import (
 )
 from slurmgate.runtime.endpoint.breaker import Breaker
 from slurmgate.runtime.endpoint.config import DEFAULT_PROG, EndpointConfig, parse_config
-from slurmgate.runtime.endpoint.dataplane import (
-    ClientConnection,
-    Incoming,
-    LanePool,
-    UpstreamConnection,
-    UpstreamError,
-    asgi_scope,
-)
+from slurmgate.runtime.endpoint.dataplane import ClientConnection, Incoming, asgi_scope
 from slurmgate.runtime.endpoint.routing import LeastActiveRouter
+from slurmgate.runtime.endpoint.upstream import LanePool, UpstreamConnection, UpstreamError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
