@@ -37,7 +37,7 @@ import asyncio
 import http
 import time
 from collections import deque
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import httptools
 
@@ -520,21 +520,3 @@ class ClientConnection(asyncio.Protocol):
             self._begin(req)
         elif self.parsing is None:
             self.idle_since = time.monotonic()
-
-
-def asgi_scope(req: Incoming, path: str, query: bytes) -> dict[str, Any]:
-    """An ASGI HTTP scope for a request the control routes (starlette) answer."""
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1" if req.http11 else "1.0",
-        "method": req.method.decode("latin-1"),
-        "scheme": "http",
-        "path": path,
-        "raw_path": req.target.split(b"?", 1)[0],
-        "query_string": query,
-        "root_path": "",
-        "headers": req.headers,
-        "server": None,
-        "client": None,
-    }
