@@ -77,3 +77,24 @@ def group_alive(pgid: int) -> bool:
 def live_group_members(pgid: int) -> list[int]:
     """Non-zombie pids whose process group is `pgid`, read from /proc."""
     return [p.pid for p in live_processes() if p.pgrp == pgid]
+
+
+def hidden_but_alive(pid: int) -> bool:
+    """`pid` exists although /proc does not show it to this user.
+
+    Login nodes often mount /proc with `hidepid=1` or `hidepid=2`: another user's /proc/PID is
+    unreadable or absent, which reads like an exited process. The kernel still answers
+    `kill(pid, 0)` with EPERM for a process that exists and is not ours.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb"):
+            return False  # /proc shows it: what it says stands (a zombie has exited)
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return False  # ours and signalable, yet without /proc/PID/stat: it has just exited

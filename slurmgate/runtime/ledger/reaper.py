@@ -14,7 +14,7 @@ from slurmgate.errors import one_line
 from slurmgate.runtime.ledger import heartbeat
 from slurmgate.runtime.ledger.comment import ProcessIdentity, parse_job_comment
 from slurmgate.runtime.ledger.records import RunRecord, RunStatus
-from slurmgate.runtime.procs import cmdline_contains, process_start_ticks
+from slurmgate.runtime.procs import cmdline_contains, hidden_but_alive, process_start_ticks
 from slurmgate.slurm import commands as slurm
 
 REAP_BACKOFF_S = 30.0
@@ -236,8 +236,12 @@ class ForeignAllocation:
 
 
 def _controller_gone(controller: ProcessIdentity) -> bool:
-    """The controller process no longer exists: /proc shows every user's processes."""
+    """The controller process no longer exists. Where /proc hides other users' processes
+    (`hidepid`), a pid the kernel still knows counts as alive: its start time cannot be read,
+    and cancelling a live run is worse than reaping a dead one a heartbeat later."""
     started = process_start_ticks(controller.pid)
+    if started is None and hidden_but_alive(controller.pid):
+        return False
     if controller.started is None:
         return started is None
     return started != controller.started
