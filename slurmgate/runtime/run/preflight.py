@@ -9,7 +9,7 @@ from typing import Any
 
 from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.run.workers import client_worker_spec, start_workers, worker_spec
-from slurmgate.runtime.steps.node_worker import PREFLIGHT_OK
+from slurmgate.runtime.steps import protocol
 
 PREFLIGHT_TIMEOUT_S = 120.0
 
@@ -17,16 +17,11 @@ PREFLIGHT_TIMEOUT_S = 120.0
 # them all (a step cannot ask for more than the job holds there).
 SEED_CLIENT_CPUS = 32
 
-_PREFLIGHT_LINE = re.compile(
-    r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
-)
 # What slurmstepd says when a task's program cannot be executed, and Python without slurmgate.
 _EXEC_FAILED = re.compile(
     r"slurmstepd(?:-(?P<node>[^:\s]+))?: error: execve\(\): (?P<path>[^:]+): (?P<reason>[^\n]*)"
 )
 _NO_SLURMGATE = re.compile(r"No module named '?slurmgate")
-# Not anchored: srun may run two tasks' lines together.
-_PREFLIGHT_OK_LINE = re.compile(rf"{PREFLIGHT_OK} host=(\S+?) cpus=(\d+) gpus=(\d+)")
 
 
 @dataclass(frozen=True)
@@ -41,7 +36,8 @@ class NodeReport:
 def preflight_reports(log: str, planned: list[str], step: str) -> dict[str, NodeReport]:
     """Every planned node reported from itself, once: else RunFailed naming the node."""
     reports = [
-        NodeReport(host=h, cpus=int(c), gpus=int(g)) for h, c, g in _PREFLIGHT_OK_LINE.findall(log)
+        NodeReport(host=m.host, cpus=m.cpus, gpus=m.gpus)
+        for m in protocol.messages(log, protocol.PreflightPassed)
     ]
     stray = [r.host for r in reports if r.host not in planned]
     if stray:
@@ -116,10 +112,10 @@ def _expect_ok(ctx: RunContext, step: Any, planned: list[str]) -> dict[str, Node
     problem = interpreter_problem(ctx, tail)
     if problem:
         raise RunFailed("preflight", problem)
-    found = _PREFLIGHT_LINE.findall(tail)
+    found = protocol.messages(tail, protocol.PreflightCheckFailed)
     if found:
-        host, check, message = found[0]
-        raise RunFailed("preflight", f"node {host}: check {check}: {message}")
+        first = found[0]
+        raise RunFailed("preflight", f"node {first.host}: check {first.check}: {first.detail}")
     raise RunFailed("preflight", f"{step.name} exited {rc}: {tail.strip()[-600:]}")
 
 
