@@ -30,7 +30,7 @@ import yaml
 from options import SMOKE_NOTE, add_output_flags, results_dir
 
 from slurmgate.runtime.ledger.records import RunRecord, load_records
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 from slurmgate.testbed.llamacpp_server import launch_command

@@ -10,8 +10,9 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import Flow
 
 import slurmgate.tasks.allocation as registry
-from slurmgate.runtime.run import AllocationRun, new_run_id
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.node_failures import NodeRetry, run_with_node_retry
+from slurmgate.runtime.run.state import new_run_id
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.presets import SpecOverrides, configured_presets_dir, resolve_spec
 from slurmgate.tasks.allocation import (

@@ -22,7 +22,7 @@ from slurmgate.paths import default_runs_root
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.ledger.reaper import ReapTally, reap_all_users_from_env, reap_stale_runs
 from slurmgate.runtime.ledger.records import load_records
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.allocation_run import AllocationRun
 
 # Subflows get a run id; the live run (with its processes) stays in this process. The registry
 # lives here and flows reach it as `module.attribute`: a served flow is cloudpickled by value,

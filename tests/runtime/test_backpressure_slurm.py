@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans

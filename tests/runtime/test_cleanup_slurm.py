@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from slurmgate.runtime.ledger.records import load_records
-from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.allocation_run import AllocationRun
+from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 from slurmgate.testbed import cluster

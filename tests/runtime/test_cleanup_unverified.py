@@ -9,7 +9,7 @@ import pytest
 
 from slurmgate.runtime.ledger.reaper import stale_records
 from slurmgate.runtime.ledger.records import RunRecord, RunStatus
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.supervisor import CleanupFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from slurmgate.runtime.engines import layout
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError
 

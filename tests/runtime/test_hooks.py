@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from slurmgate.runtime.hooks import HookInvocation, run_plain
-from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.credentials import RunCredentials
+from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError
 

@@ -19,7 +19,7 @@ import yaml
 
 from slurmgate.runtime.ledger.reaper import reap_stale_runs
 from slurmgate.runtime.ledger.records import load_records
-from slurmgate.runtime.run import RunFailed
+from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans, example_data, job_gone, processes_with

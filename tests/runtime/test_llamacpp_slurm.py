@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.allocation_run import AllocationRun
+from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.steps import readiness
 from slurmgate.testbed.llamacpp_server import launch_command

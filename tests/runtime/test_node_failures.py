@@ -24,18 +24,20 @@ from slurmgate.runtime.run.node_failures import (
     drain_reason,
     retry_decision,
 )
+from slurmgate.runtime.steps import protocol
 from slurmgate.slurm import commands as slurm
 
 NODES = [f"node{i}" for i in range(1, 7)]
 
 
 def _ok(host: str) -> str:
-    return f"SLURMGATE-PREFLIGHT-OK host={host} cpus=1 gpus=8\n"
+    return protocol.encode(protocol.PreflightPassed(host=host, cpus=1, gpus=8)) + "\n"
 
 
 def _fail(host: str, check: str = "gpu-count", message: str = "4 GPUs visible") -> str:
     return (
-        f"SLURMGATE-PREFLIGHT host={host} check={check}: {message}\n"
+        protocol.encode(protocol.PreflightCheckFailed(host=host, check=check, detail=message))
+        + "\n"
         f"srun: error: {host}: task 1: Exited with exit code 70\n"
     )
 
@@ -115,11 +117,12 @@ def _serve(
     lines = []
     for n in nodes:
         if started is None or n in started:
-            lines.append(f"[node-worker {n}] started lane chat-r0 pid 12 gpus 0,1")
+            lines.append(protocol.encode(protocol.LaneStarted(host=n, lane="chat-r0")))
     for n, uptime in crashed.items():
         lines.append(
-            f"[node-worker {n}] lane chat-r0 exited with status 134 after {uptime:.1f} s: "
-            "stopping the node"
+            protocol.encode(
+                protocol.LaneExited(host=n, lane="chat-r0", status=134, uptime_s=uptime)
+            )
         )
     for n in nodes:
         if n not in crashed:
@@ -167,9 +170,8 @@ def test_failures_that_are_no_node_s() -> None:
     assert blame("client", [running]).node is None
     assert blame("readiness", [running]).node is None
     assert blame("allocate", []).node is None
-    spawn = StepOutcome(
-        "serve-chat", ("node1", "node2"), 71, "[node-worker node1] lane chat-r0 failed to start\n"
-    )
+    spawn_failed = protocol.LaneSpawnFailed(host="node1", lane="chat-r0", detail="No such file")
+    spawn = StepOutcome("serve-chat", ("node1", "node2"), 71, protocol.encode(spawn_failed) + "\n")
     assert "could not start" in blame("launch", [spawn]).reason
 
 
@@ -288,7 +290,7 @@ def test_heartbeat_settings_name_the_variable() -> None:
 
 
 def test_an_attempt_asks_salloc_to_exclude_and_names_its_controller(tmp_path: Path) -> None:
-    from slurmgate.runtime.run import AllocationRun
+    from slurmgate.runtime.run.allocation_run import AllocationRun
     from slurmgate.runtime.spec.allocation import AllocationSpec
 
     from .conftest import example_data

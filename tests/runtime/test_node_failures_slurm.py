@@ -162,7 +162,7 @@ def _comment_of(job_id: str) -> str:
 def test_a_run_beats_in_its_allocations_comment_until_its_cleanup(
     runs_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from slurmgate.runtime.run import AllocationRun
+    from slurmgate.runtime.run.allocation_run import AllocationRun
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("SLURMGATE_HEARTBEAT_S", "1")

@@ -303,7 +303,7 @@ def test_the_node_workers_are_told_each_roles_env_and_files_and_preflight_checks
 ) -> None:
     """What the runtime sends the node workers of a PD deployment: each lane its role's env
     and its engine's files, and the client node's preflight every port the router opens."""
-    from slurmgate.runtime.run import AllocationRun
+    from slurmgate.runtime.run.allocation_run import AllocationRun
 
     roles = {
         "prefill": {"tensor_parallel": 2, "env": {"ONLY_PREFILL": "1"}},

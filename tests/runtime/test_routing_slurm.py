@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.allocation_run import AllocationRun
+from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.slurm import commands as slurm
 

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from slurmgate.runtime.engines import layout
-from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.preflight import preflight_reports
+from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
-from slurmgate.runtime.steps.node_worker import PREFLIGHT_OK
+from slurmgate.runtime.steps import protocol
 from slurmgate.slurm import commands as slurm
 
 from .conftest import example_data
@@ -56,7 +57,7 @@ def test_srun_argv_keeps_the_fail_fast_flag_by_default() -> None:
 
 
 def _ok(host: str, cpus: int = 8, gpus: int = 8) -> str:
-    return f"{PREFLIGHT_OK} host={host} cpus={cpus} gpus={gpus}\n"
+    return protocol.encode(protocol.PreflightPassed(host=host, cpus=cpus, gpus=gpus)) + "\n"
 
 
 def test_preflight_reports_are_read_even_when_srun_joins_two_lines() -> None:

@@ -161,7 +161,8 @@ def test_signal_during_cleanup_waits_for_it_to_finish(tmp_path: Path) -> None:
 
 
 def test_a_failed_steps_cause_names_the_lane_and_node_from_its_log() -> None:
-    log = "noise\n" + protocol.lane_exit_line("node3", "d-prefill-00000-rank-00000", 1) + "\nend"
+    exited = protocol.LaneExited("node3", "d-prefill-00000-rank-00000", status=1, uptime_s=9.0)
+    log = "noise\n" + protocol.encode(exited) + "\nend"
     cause = protocol.lane_exit_cause(log)
     assert cause == ": lane d-prefill-00000-rank-00000 on node node3 exited with status 1"
     assert protocol.lane_exit_cause("srun: error: node3: task 0: Exited") == ""

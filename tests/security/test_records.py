@@ -174,7 +174,7 @@ def test_a_record_artifact_that_cannot_be_published_is_a_warning(
 ) -> None:
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    from slurmgate.runtime.run import AllocationRun
+    from slurmgate.runtime.run.allocation_run import AllocationRun
     from slurmgate.runtime.spec.allocation import AllocationSpec
     from slurmgate.tasks.allocation import publish_record
     from slurmgate.testbed.localproc import free_port

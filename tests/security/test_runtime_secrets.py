@@ -20,8 +20,9 @@ import yaml
 from pydantic import SecretStr
 
 from slurmgate.runtime.redact import Redactor
-from slurmgate.runtime.run import AllocationRun, RunFailed
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.credentials import RunCredentials, SecretUnresolved
+from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError
 from slurmgate.runtime.stepenv import step_env

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import FrameType
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.run import AllocationRun
+from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.run.supervisor import CleanupFailed, StepFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import httpx
 
-from slurmgate.runtime.run.endpoints import EndpointsPhase
-from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.run.endpoints import token_env
+from slurmgate.runtime.run.probes import ProbeOpener
+from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.run.supervisor import StepFailed
 from slurmgate.runtime.steps import readiness
 from slurmgate.runtime.steps.probe_step import ProbeStepFailed
@@ -99,86 +100,84 @@ class OutputEcho:
         self.held.append(text)
 
 
-class ClientPhase(EndpointsPhase):
-    """The client step, and the endpoints' metrics read before anything stops."""
+def client_env(ctx: RunContext) -> dict[str, str]:
+    assert ctx.layout
+    urls = {d.name: ctx.layout.endpoint_url(d) for d in ctx.plan.deployments}
+    env = {env_name(name): url for name, url in urls.items()}
+    env["SLURMGATE_ENDPOINTS"] = json.dumps(urls, sort_keys=True)
+    env["OPENAI_BASE_URL"] = next(iter(urls.values())) + "/v1"
+    env[CLIENT_REPORTS_ENV] = str(ctx.client_reports_dir)
+    env.update(ctx.credentials.client_env)
+    env.update(token_env(ctx))
+    return env
 
-    def client_env(self) -> dict[str, str]:
-        assert self.layout
-        urls = {d.name: self.layout.endpoint_url(d) for d in self.plan.deployments}
-        env = {env_name(name): url for name, url in urls.items()}
-        env["SLURMGATE_ENDPOINTS"] = json.dumps(urls, sort_keys=True)
-        env["OPENAI_BASE_URL"] = next(iter(urls.values())) + "/v1"
-        env[CLIENT_REPORTS_ENV] = str(self.client_reports_dir)
-        env.update(self.credentials.client_env)
-        env.update(self._token_env())
-        return env
 
-    def run_client(self) -> int:
-        """The client step on the client host; the run fails if it fails or a server dies."""
-        self._enter("client")
-        assert self.layout and self.job_id
-        step = self.supervisor.start(
+def run_client(ctx: RunContext) -> int:
+    """The client step on the client host; the run fails if it fails or a server dies."""
+    ctx.enter("client")
+    assert ctx.layout and ctx.job_id
+    step = ctx.supervisor.start(
+        "client",
+        slurm.srun_argv(
+            list(ctx.spec.client.command),
+            job_id=ctx.job_id,
+            nodelist=[ctx.layout.client_host],
+            step_name=ctx.step_name("client"),
+            gres="none",
+            cpus_per_task=ctx.client_cpus,
+        ),
+        env=ctx.base_env(client_env(ctx)),
+        step_name=ctx.step_name("client"),
+        required=False,
+    )
+    # Its output reaches the run's log (the console and Prefect) as it comes; the whole
+    # of it stays in the step's log file.
+    echo = OutputEcho(step.log_path, lambda line: ctx.log(f"client| {line}"))
+    try:
+        rc = ctx.supervisor.wait(step, on_poll=echo.poll)
+    except StepFailed as exc:
+        raise RunFailed("client", f"{exc}; its output: {step.log_path}") from None
+    finally:
+        echo.finish()
+    if rc != 0:
+        raise RunFailed(
             "client",
-            slurm.srun_argv(
-                list(self.spec.client.command),
-                job_id=self.job_id,
-                nodelist=[self.layout.client_host],
-                step_name=self._step_name("client"),
-                gres="none",
-                cpus_per_task=self.client_cpus,
-            ),
-            env=self._base_env(self.client_env()),
-            step_name=self._step_name("client"),
-            required=False,
+            f"client exited {rc}; its output: {step.log_path}, which ends:\n" + step.log_tail(600),
         )
-        # Its output reaches the run's log (the console and Prefect) as it comes; the whole
-        # of it stays in the step's log file.
-        echo = OutputEcho(step.log_path, lambda line: self.log(f"client| {line}"))
-        try:
-            rc = self.supervisor.wait(step, on_poll=echo.poll)
-        except StepFailed as exc:
-            raise RunFailed("client", f"{exc}; its output: {step.log_path}") from None
-        finally:
-            echo.finish()
-        if rc != 0:
-            raise RunFailed(
-                "client",
-                f"client exited {rc}; its output: {step.log_path}, which ends:\n"
-                + step.log_tail(600),
-            )
-        self.log(f"client succeeded; its output: {step.log_path}")
-        return rc
+    ctx.log(f"client succeeded; its output: {step.log_path}")
+    return rc
 
-    def collect_endpoint_metrics(self) -> dict[str, str]:
-        """The endpoints' Prometheus text, fetched before they stop.
 
-        Straight from this process first, with a short timeout: after the client the numbers
-        are optional, and a new probe step costs an srun, which a slow or stuck slurmctld can
-        hold up for its whole start-up budget. Only endpoints this process cannot reach are
-        read through a probe step on the client host.
-        """
-        if not self.layout:
-            return {}
-        token = self.credentials.endpoint_token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        urls = {d.name: self.layout.endpoint_url(d) + "/metrics" for d in self.plan.deployments}
-        with httpx.Client(trust_env=False) as http:
-            direct = readiness.LocalProber(http)
-            for name, url in urls.items():
-                text = direct.fetch(url, headers, DIRECT_METRICS_TIMEOUT_S)
-                if text is not None:
-                    self.endpoint_metrics[name] = text
-        missing = {name: url for name, url in urls.items() if name not in self.endpoint_metrics}
-        if not missing:
-            return self.endpoint_metrics
-        try:
-            prober = self.open_prober(60.0, hello_timeout_s=METRICS_HELLO_TIMEOUT_S)
-            for name, url in missing.items():
-                text = prober.fetch(url, headers, 2.0)
-                if text is not None:
-                    self.endpoint_metrics[name] = text
-        except (StepFailed, ProbeStepFailed) as exc:
-            self.log(f"endpoint metrics not collected: {exc}")
-        finally:
-            self.shut_prober()
-        return self.endpoint_metrics
+def collect_endpoint_metrics(ctx: RunContext, probes: ProbeOpener) -> dict[str, str]:
+    """The endpoints' Prometheus text, fetched before they stop.
+
+    Straight from this process first, with a short timeout: after the client the numbers
+    are optional, and a new probe step costs an srun, which a slow or stuck slurmctld can
+    hold up for its whole start-up budget. Only endpoints this process cannot reach are
+    read through a probe step on the client host.
+    """
+    if not ctx.layout:
+        return {}
+    token = ctx.credentials.endpoint_token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    urls = {d.name: ctx.layout.endpoint_url(d) + "/metrics" for d in ctx.plan.deployments}
+    with httpx.Client(trust_env=False) as http:
+        direct = readiness.LocalProber(http)
+        for name, url in urls.items():
+            text = direct.fetch(url, headers, DIRECT_METRICS_TIMEOUT_S)
+            if text is not None:
+                ctx.endpoint_metrics[name] = text
+    missing = {name: url for name, url in urls.items() if name not in ctx.endpoint_metrics}
+    if not missing:
+        return ctx.endpoint_metrics
+    try:
+        prober = probes.open_prober(60.0, hello_timeout_s=METRICS_HELLO_TIMEOUT_S)
+        for name, url in missing.items():
+            text = prober.fetch(url, headers, 2.0)
+            if text is not None:
+                ctx.endpoint_metrics[name] = text
+    except (StepFailed, ProbeStepFailed) as exc:
+        ctx.log(f"endpoint metrics not collected: {exc}")
+    finally:
+        probes.shut_prober()
+    return ctx.endpoint_metrics

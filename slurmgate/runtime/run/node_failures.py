@@ -1,8 +1,9 @@
 """Node failures: which one node a failed run blames, whether it retries without it, the drain.
 
 Policy (`blame`, `retry_decision`) is pure: it reads the failed phase and the failed steps'
-logs, as the node workers and srun wrote them. Mechanism (`run_with_node_retry`, the drain) goes
-through the run's own phases and the real `scontrol`.
+logs, the node workers' messages in them (`steps/protocol.py`) and what srun itself said there.
+Mechanism (`run_with_node_retry`, the drain) goes through the run's own phases and the real
+`scontrol`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from slurmgate.errors import InputError, one_line
 from slurmgate.runtime.ledger.records import NodeFailure
+from slurmgate.runtime.steps import protocol
 from slurmgate.slurm import commands as slurm
 
 if TYPE_CHECKING:
-    from slurmgate.runtime.run import AllocationRun
+    from slurmgate.runtime.run.allocation_run import AllocationRun
 
 # A lane that dies this soon after it started is taken for a bad command (an engine fails on
 # a wrong flag or model while it starts, on every node alike), never for its node.
@@ -27,15 +29,6 @@ LANE_CRASH_MIN_UPTIME_S = 60.0
 _PLAN_CHECKS = frozenset({"identity", "ntasks", "hostname"})
 DRAIN_REASON_MAX = 120
 
-_PREFLIGHT_FAILED = re.compile(
-    r"SLURMGATE-PREFLIGHT host=(\S+) check=(\S+): (.*?)(?:srun: .*)?$", re.M
-)
-_PREFLIGHT_OK = re.compile(r"SLURMGATE-PREFLIGHT-OK host=(\S+?) cpus=")
-_LANE_EXIT = re.compile(
-    r"\[node-worker (\S+)\] lane (\S+) exited with status (-?\d+) after ([\d.]+) s"
-)
-_LANE_STARTED = re.compile(r"\[node-worker (\S+)\] started lane ")
-_SPAWN_FAILED = re.compile(r"\[node-worker (\S+)\] lane (\S+) failed to start")
 # What srun says when it cannot reach a node's slurmd, or Slurm lost the node under the step.
 _UNREACHABLE = re.compile(
     r"srun: error: (?:Task launch for \S+ failed on node (\S+?):|Node failure on (\S+))(.*)$",
@@ -79,19 +72,19 @@ def _preflight_faults(
     that reported nothing at all."""
     faults: dict[str, tuple[Kind, str]] = {}
     plan_level: list[str] = []
-    for host, check, message in _PREFLIGHT_FAILED.findall(step.log):
-        text = f"preflight check {check} failed: {message.strip()}"
-        if check in _PLAN_CHECKS:
-            plan_level.append(f"{host}: {text}")
-        elif host in step.nodes:
-            faults.setdefault(host, ("preflight", text))
+    for failed in protocol.messages(step.log, protocol.PreflightCheckFailed):
+        text = f"preflight check {failed.check} failed: {failed.detail.strip()}"
+        if failed.check in _PLAN_CHECKS:
+            plan_level.append(f"{failed.host}: {text}")
+        elif failed.host in step.nodes:
+            faults.setdefault(failed.host, ("preflight", text))
     for first, second, rest in _UNREACHABLE.findall(step.log):
         host = first or second
         if host in step.nodes:
             faults.setdefault(
                 host, ("unreachable", f"unreachable: srun: {rest.strip() or 'node failure'}")
             )
-    ok = set(_PREFLIGHT_OK.findall(step.log))
+    ok = {passed.host for passed in protocol.messages(step.log, protocol.PreflightPassed)}
     silent = [n for n in step.nodes if n not in ok and n not in faults]
     return faults, plan_level, silent
 
@@ -102,19 +95,20 @@ def _lane_faults(step: StepOutcome) -> tuple[dict[str, tuple[Kind, str]], list[s
     start)."""
     faults: dict[str, tuple[Kind, str]] = {}
     refusals: list[str] = []
-    for host, lane in _SPAWN_FAILED.findall(step.log):
-        refusals.append(f"lane {lane} on {host} could not start (its command)")
-    for host, lane, status, uptime in _LANE_EXIT.findall(step.log):
+    for refused in protocol.messages(step.log, protocol.LaneSpawnFailed):
+        refusals.append(f"lane {refused.lane} on {refused.host} could not start (its command)")
+    for exited in protocol.messages(step.log, protocol.LaneExited):
+        host, lane, status, uptime = exited.host, exited.lane, exited.status, exited.uptime_s
         if host not in step.nodes:
             continue
-        if float(uptime) < LANE_CRASH_MIN_UPTIME_S:
+        if uptime < LANE_CRASH_MIN_UPTIME_S:
             refusals.append(
-                f"lane {lane} on {host} exited {status} after {float(uptime):.1f} s, before "
+                f"lane {lane} on {host} exited {status} after {uptime:.1f} s, before "
                 f"{LANE_CRASH_MIN_UPTIME_S:.0f} s: taken for its command, not its node"
             )
             continue
         faults.setdefault(
-            host, ("lane-crash", f"lane {lane} crashed (status {status}) after {uptime} s")
+            host, ("lane-crash", f"lane {lane} crashed (status {status}) after {uptime:.1f} s")
         )
     for first, second, rest in _UNREACHABLE.findall(step.log):
         host = first or second
@@ -173,7 +167,7 @@ def _blame_lanes(failed: Sequence[StepOutcome]) -> Blame:
         for host, (kind, reason) in step_faults.items():
             if kind == "lane-crash":
                 others = [n for n in step.nodes if n != host]
-                started = set(_LANE_STARTED.findall(step.log))
+                started = {m.host for m in protocol.messages(step.log, protocol.LaneStarted)}
                 if not others or any(n not in started for n in others):
                     return _not_attributed(
                         f"{step.name}: {reason}, but no other node of the step ran the same "

@@ -15,10 +15,10 @@ from typing import Any
 
 from slurmgate.runtime.engines import frontends
 from slurmgate.runtime.engines import layout as layout_mod
-from slurmgate.runtime.run.probes import ProbeSteps
-from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.run.probes import ProbeOpener
+from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.run.supervisor import StepFailed
-from slurmgate.runtime.run.workers import WorkerSteps
+from slurmgate.runtime.run.workers import start_workers
 from slurmgate.runtime.steps import readiness
 from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
 from slurmgate.runtime.steps.probe_step import ProbeStepFailed
@@ -26,91 +26,93 @@ from slurmgate.runtime.steps.probe_step import ProbeStepFailed
 SERVICE_STARTUP_S = 60.0  # etcd and NATS start in a second or two
 
 
-class ServiceSteps(WorkerSteps, ProbeSteps):
-    """Start one deployment's service lanes of one kind, and wait until they are ready."""
-
-    def start_services(self, d: layout_mod.DeploymentPlan, *, frontend: bool, phase: str) -> bool:
-        """Start the frontend (`frontend`) or the other services of `d` as one step on the
-        client host and wait for them; False when `d` has none of that kind."""
-        assert self.layout
-        dspec = self.spec.deployments[d.index]
-        launches = [
-            s
-            for s in layout_mod.service_launches(dspec, self.layout, d)
-            if (s.plan.name == "frontend") == frontend
-        ]
-        if not launches or dspec.frontend is None:
-            return False
-        kind = "frontend" if frontend else "services"
-        name = f"{kind}-{d.name}"
-        host = self.layout.client_host
-        lanes = [
-            LaneSpec(
-                id=f"{d.name}-{s.plan.name}",
-                argv=s.argv,
-                gpus=[],
-                delay_s=0.0,
-                env=s.env,
-                files=s.files,
-            )
-            for s in launches
-        ]
-        ports = sorted({p for s in launches for p in s.plan.ports})
-        spec = WorkerSpec(
-            run_id=self.run_id,
-            name=name,
-            gpus_per_node=0,
-            model_path=None,
-            grace_s=min(self.grace_s, 10.0),
-            nodes=[
-                NodeSpec(
-                    host=host,
-                    ports=ports,
-                    lanes=lanes,
-                    address=self.layout.address(self.plan.client_node),
-                )
-            ],
+def start_services(
+    ctx: RunContext,
+    probes: ProbeOpener,
+    d: layout_mod.DeploymentPlan,
+    *,
+    frontend: bool,
+    phase: str,
+) -> bool:
+    """Start the frontend (`frontend`) or the other services of `d` as one step on the
+    client host and wait for them; False when `d` has none of that kind."""
+    assert ctx.layout
+    dspec = ctx.spec.deployments[d.index]
+    launches = [
+        s
+        for s in layout_mod.service_launches(dspec, ctx.layout, d)
+        if (s.plan.name == "frontend") == frontend
+    ]
+    if not launches or dspec.frontend is None:
+        return False
+    kind = "frontend" if frontend else "services"
+    name = f"{kind}-{d.name}"
+    host = ctx.layout.client_host
+    lanes = [
+        LaneSpec(
+            id=f"{d.name}-{s.plan.name}",
+            argv=s.argv,
+            gpus=[],
+            delay_s=0.0,
+            env=s.env,
+            files=s.files,
         )
-        self.log(
-            f"decision: start {', '.join(s.plan.name for s in launches)} of {d.name} on {host}"
-        )
-        env = {
-            **layout_mod.service_env(dspec, self.layout),
-            **self.credentials.deployment_env[d.index],
-        }
-        self._start_workers(
-            name, "serve", spec, [host], gres="none", env=self._base_env(env), required=True
-        )
-        self.supervisor.resolve_step_ids(timeout=3.0)
-        timeout = dspec.frontend.startup_timeout_s if frontend else SERVICE_STARTUP_S
-        expected = layout_mod.expected_workers(dspec, d)
-        address = self.layout.address(self.plan.client_node)
-        targets = [
-            readiness.Target(
-                name=f"{d.name} {s.plan.name}",
-                base_url=f"http://{address}:{s.plan.probe_port}",
-                path=s.plan.readiness_path,
-                deadline=time.monotonic() + timeout,
-                models=False,
-                accept=_rule(dspec.frontend.type, s.plan.name, expected),
+        for s in launches
+    ]
+    ports = sorted({p for s in launches for p in s.plan.ports})
+    spec = WorkerSpec(
+        run_id=ctx.run_id,
+        name=name,
+        gpus_per_node=0,
+        model_path=None,
+        grace_s=min(ctx.options.grace_s, 10.0),
+        nodes=[
+            NodeSpec(
+                host=host,
+                ports=ports,
+                lanes=lanes,
+                address=ctx.layout.address(ctx.plan.client_node),
             )
-            for s in launches
-        ]
-        try:
-            readiness.wait_ready(
-                targets,
-                probe_timeout=1.0,
-                poll_s=0.2,
-                check_alive=self.supervisor.check_required,
-                prober=self.open_prober(timeout + 60.0),
-            )
-        except (readiness.ReadinessTimeout, StepFailed, ProbeStepFailed) as exc:
-            raise RunFailed(phase, str(exc)) from None
-        finally:
-            # The next phase opens the prober for its own lifetime.
-            self.shut_prober()
-        self.log(f"{kind} of {d.name} ready on {host}")
-        return True
+        ],
+    )
+    ctx.log(f"decision: start {', '.join(s.plan.name for s in launches)} of {d.name} on {host}")
+    env = {
+        **layout_mod.service_env(dspec, ctx.layout),
+        **ctx.credentials.deployment_env[d.index],
+    }
+    start_workers(
+        ctx, name, "serve", spec, [host], gres="none", env=ctx.base_env(env), required=True
+    )
+    ctx.supervisor.resolve_step_ids(timeout=3.0)
+    timeout = dspec.frontend.startup_timeout_s if frontend else SERVICE_STARTUP_S
+    expected = layout_mod.expected_workers(dspec, d)
+    address = ctx.layout.address(ctx.plan.client_node)
+    targets = [
+        readiness.Target(
+            name=f"{d.name} {s.plan.name}",
+            base_url=f"http://{address}:{s.plan.probe_port}",
+            path=s.plan.readiness_path,
+            deadline=time.monotonic() + timeout,
+            models=False,
+            accept=_rule(dspec.frontend.type, s.plan.name, expected),
+        )
+        for s in launches
+    ]
+    try:
+        readiness.wait_ready(
+            targets,
+            probe_timeout=1.0,
+            poll_s=0.2,
+            check_alive=ctx.supervisor.check_required,
+            prober=probes.open_prober(timeout + 60.0),
+        )
+    except (readiness.ReadinessTimeout, StepFailed, ProbeStepFailed) as exc:
+        raise RunFailed(phase, str(exc)) from None
+    finally:
+        # The next phase opens the prober for its own lifetime.
+        probes.shut_prober()
+    ctx.log(f"{kind} of {d.name} ready on {host}")
+    return True
 
 
 def _rule(frontend: str, service: str, expected: dict[str, int]) -> Any:

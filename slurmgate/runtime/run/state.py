@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +27,6 @@ from slurmgate.runtime.run.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.run.supervisor import CleanupReport, Supervisor
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.stepenv import step_env
-from slurmgate.runtime.steps import readiness
 from slurmgate.slurm import commands as slurm
 
 
@@ -62,20 +60,75 @@ class RunResult:
 
 
 @dataclass
-class _Timings:
+class Timings:
+    """A run's named marks: seconds since a phase's start, or wall-clock instants."""
+
     marks: dict[str, float] = field(default_factory=dict)
 
     def mark(self, name: str, t0: float) -> None:
         self.marks[name] = round(time.monotonic() - t0, 4)
 
 
-class RunState:
-    """A run's state and bookkeeping; each phase of `AllocationRun` is a mixin over it."""
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is carried out: where its files go, its interpreter, its time bounds."""
 
-    launched_at: float
+    run_id: str
+    run_dir: Path
+    python: str
+    allocate_timeout_s: float = 300.0
+    grace_s: float = 10.0
+    poll_s: float = 0.1
 
-    def __init__(
-        self,
+
+@dataclass(eq=False)
+class RunContext:
+    """One run's context, handed to every phase: the spec and its plan, the options, the log,
+    the supervisor of its steps, and what the phases learn and decide as the run goes.
+
+    The phases read and write it; the record (`record.json`) is written from it at every
+    phase (`save`). Nothing else about a run is shared between its phases.
+    """
+
+    spec: AllocationSpec
+    options: RunOptions
+    credentials: RunCredentials
+    supervisor: Supervisor
+    emit: Callable[[str], None]
+    on_progress: Callable[[str, int, int], None] | None
+    hook_runner: HookRunner
+    redact: Callable[[str], str]
+    plan: layout_mod.AllocationPlan
+    t0: float = field(default_factory=time.monotonic)
+    timings: Timings = field(default_factory=Timings)
+    # The allocation: its job, whether this run made it (and must cancel it), its hosts.
+    job_id: str | None = None
+    owned_allocation: bool = False
+    layout: layout_mod.Layout | None = None
+    heartbeat: Heartbeat | None = None  # beats while this run owns an allocation
+    # Where the run is, and how it ends.
+    phase: str = "new"
+    status: RunStatus = RunStatus.RUNNING
+    error: str | None = None
+    cleanup_report: CleanupReport | None = None
+    # What the phases learned: the client's CPUs, when the lanes launched, hooks, metrics.
+    client_cpus: int | None = None
+    launched_at: float = 0.0
+    hooks: dict[str, HookOutcome] = field(default_factory=dict)
+    endpoint_metrics: dict[str, str] = field(default_factory=dict)
+    # Node failures (runtime/run/node_failures.py): nodes this attempt's allocation must avoid,
+    # the attempt it retries, the phase it failed in, which steps had failed on their own by
+    # then, the node it blamed and the attempt that retried it.
+    excluded_nodes: list[str] = field(default_factory=list)
+    retry_of: str | None = None
+    failed_phase: str | None = None
+    exits_at_failure: dict[str, int | None] = field(default_factory=dict)
+    node_failure: NodeFailure | None = None
+    retried_as: str | None = None
+
+    @classmethod
+    def open(
+        cls,
         spec: AllocationSpec,
         *,
         runs_root: Path | None = None,
@@ -90,64 +143,59 @@ class RunState:
         hook_runner: HookRunner | None = None,
         exclude_nodes: tuple[str, ...] = (),
         retry_of: str | None = None,
-    ) -> None:
-        self.spec = spec
+    ) -> RunContext:
+        """A new run's context, its directory made and its first record written."""
         # Resolved here, on the client host, before anything starts: an unknown reference
         # fails the run with nothing to clean up. The values live only in this process.
-        self.credentials = RunCredentials.resolve(spec, resolve_secret)
-        self.redact = self.credentials.redactor()
-        self.run_id = run_id or new_run_id(spec.name)
-        self.run_dir = (runs_root or default_runs_root()) / self.run_id
-        self.python = python or spec.python or sys.executable
-        self.allocate_timeout_s = allocate_timeout_s
-        self.poll_s = poll_s
-        self.grace_s = grace_s
-        self._log = log or (lambda m: print(f"[slurmgate] {m}", file=sys.stderr, flush=True))
-        self._on_progress = on_progress
-        self.plan = layout_mod.plan(spec)
-        self.job_id: str | None = None
-        self.owned_allocation = False
-        self.layout: layout_mod.Layout | None = None
-        self.phase = "new"
-        self.status = RunStatus.RUNNING
-        self.error: str | None = None
-        self.endpoint_metrics: dict[str, str] = {}
-        self.t0 = time.monotonic()
-        self.timings = _Timings()
-        self.supervisor = Supervisor(
-            self.run_dir,
+        credentials = RunCredentials.resolve(spec, resolve_secret)
+        run_id = run_id or new_run_id(spec.name)
+        options = RunOptions(
+            run_id=run_id,
+            run_dir=(runs_root or default_runs_root()) / run_id,
+            python=python or spec.python or sys.executable,
+            allocate_timeout_s=allocate_timeout_s,
             grace_s=grace_s,
-            poll_s=0.1,
-            on_change=lambda _s: self.save(),
-            redact=self.redact,
+            poll_s=poll_s,
         )
-        self.client_cpus: int | None = spec.client.cpus
-        self.probe_origin: str | None = None
-        self._prober: readiness.Prober | None = None
-        self._close_prober: Callable[[], None] = lambda: None
-        self._cleanup_lock = threading.RLock()
-        self._cleanup_state = "open"
-        self._cleanup_report: CleanupReport | None = None
-        self._heartbeat: Heartbeat | None = None  # beats while this run owns an allocation
-        # Site hooks run on this host; without a runner from the Prefect layer, the core's own.
-        self._hook_runner = hook_runner or (
-            lambda invocation: run_plain(invocation, lambda line: self.log(line))
+        redact = credentials.redactor()
+
+        def changed(_: Supervisor) -> None:
+            context.save()
+
+        supervisor = Supervisor(
+            options.run_dir, grace_s=grace_s, poll_s=0.1, on_change=changed, redact=redact
         )
-        self.hooks: dict[str, HookOutcome] = {}
-        # Node failures (runtime/run/node_failures.py): nodes this attempt's allocation must avoid,
-        # the attempt it retries, the node it blamed and the attempt that retried it.
-        self.excluded_nodes = list(exclude_nodes)
-        self.retry_of = retry_of
-        self.failed_phase: str | None = None
-        self.exits_at_failure: dict[str, int | None] = {}
-        self.node_failure: NodeFailure | None = None
-        self.retried_as: str | None = None
-        self.save()
+        context = cls(
+            spec=spec,
+            options=options,
+            credentials=credentials,
+            supervisor=supervisor,
+            emit=log or (lambda m: print(f"[slurmgate] {m}", file=sys.stderr, flush=True)),
+            on_progress=on_progress,
+            # Site hooks run on this host; without a runner from the Prefect layer, the core's.
+            hook_runner=hook_runner or (lambda i: run_plain(i, lambda line: context.log(line))),
+            redact=redact,
+            plan=layout_mod.plan(spec),
+            client_cpus=spec.client.cpus,
+            excluded_nodes=list(exclude_nodes),
+            retry_of=retry_of,
+        )
+        context.save()
+        return context
 
-    # -- bookkeeping -----------------------------------------------------------------------
+    # -- who the run is ----------------------------------------------------------------------
 
-    def log(self, message: str) -> None:
-        self._log(self.redact(message))
+    @property
+    def run_id(self) -> str:
+        return self.options.run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return self.options.run_dir
+
+    @property
+    def python(self) -> str:
+        return self.options.python
 
     @property
     def record_path(self) -> Path:
@@ -157,8 +205,13 @@ class RunState:
     def client_reports_dir(self) -> Path:
         return self.run_dir / "client-reports"
 
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        self.emit(self.redact(message))
+
     def record(self) -> RunRecord:
-        report = getattr(self, "_cleanup_report", None)
+        report = self.cleanup_report
         return RunRecord(
             run_id=self.run_id,
             name=self.spec.name,
@@ -170,28 +223,27 @@ class RunState:
             error=self.redact(self.error) if self.error else None,
             **controller_identity(),
             cleanup_complete=report.complete if report else None,
-            hooks=dict(getattr(self, "hooks", {})),
-            node_failure=getattr(self, "node_failure", None),
-            excluded_nodes=list(getattr(self, "excluded_nodes", [])),
-            retry_of=getattr(self, "retry_of", None),
-            retried_as=getattr(self, "retried_as", None),
-            steps=(
-                [StepRecord(**step) for step in self.supervisor.records()]
-                if hasattr(self, "supervisor")
-                else []
-            ),
+            hooks=dict(self.hooks),
+            node_failure=self.node_failure,
+            excluded_nodes=list(self.excluded_nodes),
+            retry_of=self.retry_of,
+            retried_as=self.retried_as,
+            steps=[StepRecord(**step) for step in self.supervisor.records()],
         )
 
     def save(self) -> None:
         if self.run_dir.exists():
             self.record().write(self.record_path)
 
-    def _enter(self, phase: str) -> None:
+    def enter(self, phase: str) -> None:
+        """The run is now in `phase`: recorded, then logged."""
         self.phase = phase
         self.save()
         self.log(f"phase {phase}")
 
-    def _base_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+    # -- steps -------------------------------------------------------------------------------
+
+    def base_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """An allow-list of the controller's environment (no credentials, no Slurm step
         shape), then what the runtime and the spec set for this step."""
         bindir = str(Path(self.python).parent)
@@ -204,5 +256,5 @@ class RunState:
         # srun needs it, and so does a step that runs Slurm commands itself.
         return step_env(slurm.environ(), {**named, **(extra or {})})
 
-    def _step_name(self, role: str) -> str:
+    def step_name(self, role: str) -> str:
         return f"{self.run_id}-{role}"

@@ -6,100 +6,102 @@ from typing import Any
 
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
-from slurmgate.runtime.run.state import RunState
+from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.spec.deployment import DeploymentSpec
 from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
 from slurmgate.slurm import commands as slurm
 
 
-class WorkerSteps(RunState):
-    """The node-worker steps every phase that runs on the nodes starts."""
-
-    def _worker_spec(self, d: layout_mod.DeploymentPlan) -> WorkerSpec:
-        assert self.layout
-        dspec = self.spec.deployments[d.index]
-        nodes = []
-        for n in d.nodes:
-            lanes = []
-            address = self.layout.address(n.node)
-            for lane in n.lanes:
-                master = self.layout.address(lane.rendezvous_node)
-                argv = layout_mod.lane_argv(dspec, lane, master, bind_host=address)
-                # The deployment's env travels in the step's environment, never in argv
-                # (argv is world-readable in /proc and may hold tokens); a lane's own env is
-                # what its engine needs per node (the address it advertises) and its role's.
-                env = layout_mod.lane_env(dspec, lane, address)
-                files = layout_mod.lane_files(dspec, lane)
-                lanes.append(layout_lane(lane, argv, env, files))
-            nodes.append(
-                NodeSpec(
-                    host=self.layout.host(n.node), ports=list(n.ports), lanes=lanes, address=address
-                )
+def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
+    assert ctx.layout
+    dspec = ctx.spec.deployments[d.index]
+    nodes = []
+    for n in d.nodes:
+        lanes = []
+        address = ctx.layout.address(n.node)
+        for lane in n.lanes:
+            master = ctx.layout.address(lane.rendezvous_node)
+            argv = layout_mod.lane_argv(dspec, lane, master, bind_host=address)
+            # The deployment's env travels in the step's environment, never in argv
+            # (argv is world-readable in /proc and may hold tokens); a lane's own env is
+            # what its engine needs per node (the address it advertises) and its role's.
+            env = layout_mod.lane_env(dspec, lane, address)
+            files = layout_mod.lane_files(dspec, lane)
+            lanes.append(layout_lane(lane, argv, env, files))
+        nodes.append(
+            NodeSpec(
+                host=ctx.layout.host(n.node), ports=list(n.ports), lanes=lanes, address=address
             )
-        return WorkerSpec(
-            run_id=self.run_id,
-            name=d.name,
-            gpus_per_node=self.spec.gpus_per_node,
-            model_path=self.spec.model_path,
-            grace_s=min(self.grace_s, 10.0),
-            nodes=nodes,
-            model_paths=_command_model_paths(dspec),
         )
+    return WorkerSpec(
+        run_id=ctx.run_id,
+        name=d.name,
+        gpus_per_node=ctx.spec.gpus_per_node,
+        model_path=ctx.spec.model_path,
+        grace_s=min(ctx.options.grace_s, 10.0),
+        nodes=nodes,
+        model_paths=_command_model_paths(dspec),
+    )
 
-    def _client_worker_spec(self) -> WorkerSpec:
-        assert self.layout
-        # the endpoints' ports, and the service lanes' (frontends, etcd, NATS)
-        ports = sorted(
-            {d.endpoint_port for d in self.plan.deployments}
-            | {p for d in self.plan.deployments for s in d.services for p in s.ports}
-        )
-        return WorkerSpec(
-            run_id=self.run_id,
-            name="client",
-            gpus_per_node=0,
-            model_path=None,
-            grace_s=1.0,
-            nodes=[
-                NodeSpec(
-                    host=self.layout.client_host,
-                    ports=ports,
-                    lanes=[],
-                    address=self.layout.address(self.plan.client_node),
-                )
-            ],
-        )
 
-    def worker_argv(self, name: str, mode: str, nodelist: list[str], gres: str | None) -> list[str]:
-        """The srun of one node-worker step: one task per listed node, fail-fast.
+def client_worker_spec(ctx: RunContext) -> WorkerSpec:
+    assert ctx.layout
+    # the endpoints' ports, and the service lanes' (frontends, etcd, NATS)
+    ports = sorted(
+        {d.endpoint_port for d in ctx.plan.deployments}
+        | {p for d in ctx.plan.deployments for s in d.services for p in s.ports}
+    )
+    return WorkerSpec(
+        run_id=ctx.run_id,
+        name="client",
+        gpus_per_node=0,
+        model_path=None,
+        grace_s=1.0,
+        nodes=[
+            NodeSpec(
+                host=ctx.layout.client_host,
+                ports=ports,
+                lanes=[],
+                address=ctx.layout.address(ctx.plan.client_node),
+            )
+        ],
+    )
 
-        The serve steps of `launch` are exactly this with mode `serve` and the job's GPUs. A
-        preflight step lets every node finish its checks (no fail-fast): a failure is then
-        one node's only when every other node reported it passed.
-        """
-        argv = [self.python, "-m", "slurmgate.runtime.steps.node_worker", mode, "--spec", "-"]
-        return slurm.srun_argv(
-            argv,
-            job_id=self.job_id or "",
-            nodelist=nodelist,
-            step_name=self._step_name(name),
-            gres=gres,
-            kill_on_bad_exit=mode != "preflight",
-            extra=["--input=all"],
-        )
 
-    def _start_workers(
-        self, name: str, mode: str, ws: WorkerSpec, nodelist: list[str], **step: Any
-    ) -> Any:
-        """One node-worker srun; its spec goes through stdin (to every task), never argv: the
-        lanes' commands are the user's and argv is public in /proc."""
-        gres = step.pop("gres")
-        return self.supervisor.start(
-            name,
-            self.worker_argv(name, mode, nodelist, gres),
-            step_name=self._step_name(name),
-            stdin_data=ws.encode().encode(),
-            **step,
-        )
+def worker_argv(
+    ctx: RunContext, name: str, mode: str, nodelist: list[str], gres: str | None
+) -> list[str]:
+    """The srun of one node-worker step: one task per listed node, fail-fast.
+
+    The serve steps of `launch` are exactly this with mode `serve` and the job's GPUs. A
+    preflight step lets every node finish its checks (no fail-fast): a failure is then
+    one node's only when every other node reported it passed.
+    """
+    argv = [ctx.python, "-m", "slurmgate.runtime.steps.node_worker", mode, "--spec", "-"]
+    return slurm.srun_argv(
+        argv,
+        job_id=ctx.job_id or "",
+        nodelist=nodelist,
+        step_name=ctx.step_name(name),
+        gres=gres,
+        kill_on_bad_exit=mode != "preflight",
+        extra=["--input=all"],
+    )
+
+
+def start_workers(
+    ctx: RunContext, name: str, mode: str, ws: WorkerSpec, nodelist: list[str], **step: Any
+) -> Any:
+    """One node-worker srun; its spec goes through stdin (to every task), never argv: the
+    lanes' commands are the user's and argv is public in /proc."""
+    gres = step.pop("gres")
+    return ctx.supervisor.start(
+        name,
+        worker_argv(ctx, name, mode, nodelist, gres),
+        step_name=ctx.step_name(name),
+        stdin_data=ws.encode().encode(),
+        **step,
+    )
 
 
 def _command_model_paths(dspec: DeploymentSpec) -> list[str]:

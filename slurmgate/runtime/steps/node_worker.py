@@ -20,10 +20,13 @@ from typing import Any
 
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.engines.roles import LANE_DIR
+from slurmgate.runtime.steps import protocol
 
 MAX_SPEC_BYTES = 64 * 1024
 EXIT_PREFLIGHT = 70
+# The human lines of a preflight and of a lane's exit; the controller reads `protocol`'s lines.
 PREFLIGHT_OK = "SLURMGATE-PREFLIGHT-OK"
+LANE_EXIT = "SLURMGATE-LANE-EXIT"
 EXIT_SPAWN = 71
 POLL_S = 0.1
 MAX_LANE_FILES = 8
@@ -340,6 +343,7 @@ class Lanes:
         self.procs.append((lane, proc))
         self.started[lane.id] = time.monotonic()
         _say(f"started lane {lane.id} pid {proc.pid} gpus {env['CUDA_VISIBLE_DEVICES'] or '-'}")
+        _tell(protocol.LaneStarted(host=node_name(), lane=lane.id))
 
     def first_exit(self) -> tuple[LaneSpec, int] | None:
         for lane, proc in self.procs:
@@ -384,6 +388,7 @@ def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> in
                     lanes.spawn(lane, visible, spec.run_id)
                 except OSError as exc:
                     _say(f"lane {lane.id} failed to start ({lane.argv[0]}): {exc.strerror}")
+                    _tell(protocol.LaneSpawnFailed(node_name(), lane.id, str(exc.strerror)))
                     return EXIT_SPAWN
             if stop.is_set():
                 _say("stop requested: stopping lanes")
@@ -395,7 +400,8 @@ def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> in
                 uptime = time.monotonic() - lanes.started[lane.id]
                 _say(f"lane {lane.id} exited with status {rc} after {uptime:.1f} s: "
                      "stopping the node")  # fmt: skip
-                _line(_lane_exit(node_name(), lane.id, rc))
+                _line(f"{LANE_EXIT} host={node_name()} lane={lane.id} status={rc}")
+                _tell(protocol.LaneExited(node_name(), lane.id, rc, uptime))
                 if rc == 0:
                     return 1  # a server lane must never end on its own
                 return 128 - rc if rc < 0 else rc
@@ -415,10 +421,9 @@ def _line(text: str) -> None:
     sys.stderr.flush()
 
 
-def _lane_exit(host: str, lane: str, status: int) -> str:
-    from slurmgate.runtime.steps.protocol import lane_exit_line
-
-    return lane_exit_line(host, lane, status)
+def _tell(message: protocol.Message) -> None:
+    """The controller's copy of an event, beside the human line: one machine line."""
+    _line(protocol.encode(message))
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -468,10 +473,13 @@ def main(argv: list[str] | None = None) -> int:
             # The controller checks every planned node reported, from the node it planned.
             cpus = os.environ.get("SLURM_CPUS_ON_NODE", "0")
             _line(f"{PREFLIGHT_OK} host={node_name()} cpus={cpus} gpus={len(visible_gpus())}")
+            if cpus.isascii() and cpus.isdigit():
+                _tell(protocol.PreflightPassed(node_name(), int(cpus), len(visible_gpus())))
             return 0
         return serve(spec, stop, stop_signal)
     except PreflightFailed as exc:
         _line(f"SLURMGATE-PREFLIGHT host={exc.host} check={exc.check}: {exc.message}")
+        _tell(protocol.PreflightCheckFailed(exc.host, exc.check, exc.message))
         return EXIT_PREFLIGHT
 
 
