@@ -1,0 +1,78 @@
+"""A job comment is written by the job's user: one that forges a line of `squeue`'s listing
+must not steer root's all-users reaper to another user's job."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment
+from slurmgate.runtime.ledger.reaper import reap_stale_runs
+from slurmgate.runtime.ledger.records import load_records
+from slurmgate.slurm import commands as slurm
+
+from .conftest import job_gone
+
+pytestmark = pytest.mark.slurm
+
+VICTIM, FORGER = "sgvictim", "sgforger"
+
+
+def _user(name: str) -> None:
+    if subprocess.run(["id", name], capture_output=True).returncode != 0:
+        subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
+        )
+
+
+def _submit(user: str, name: str, comment: str) -> str:
+    """A one-node job of `user` that sleeps, with `name` and `comment`; its job id."""
+    argv = ["sbatch", "--parsable", "-N1", "-t", "00:03:00", "-J", name, "--comment", comment]
+    out = subprocess.run(
+        ["runuser", "-u", user, "--", *argv, "--wrap", "sleep 170"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "SLURM_CONF": os.environ["SLURM_CONF"], "HOME": "/"},
+        cwd="/",
+    )
+    found = re.match(r"(\d+)", out.stdout.strip())
+    assert out.returncode == 0 and found, out.stdout + out.stderr
+    return found.group(1)
+
+
+def test_a_comment_that_forges_a_squeue_line_cancels_no_one_elses_job(runs_root: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("submits jobs as two other Unix users: needs root")
+    for user in (VICTIM, FORGER):
+        _user(user)
+    # the victim's job: a name the forger knows, and no slurmgate comment at all
+    victim_run = f"sg-victim-{os.getpid()}"
+    victim = _submit(VICTIM, victim_run, "my own note")
+    # the forger's comment: its own line, then a newline and a whole forged line of the
+    # listing the reaper used to read (job id, name, user, state, comment, 0x1f apart) that
+    # names the victim's job, with a comment whose controller on this host is long dead
+    dead = ProcessIdentity(pid=4_000_000, started=1, host=socket.gethostname())
+    forged_comment = job_comment(victim_run, dead)
+    forged = "\x1f".join((victim, victim_run, VICTIM, "RUNNING", forged_comment))
+    forger = _submit(FORGER, "sg-forger", f"x\n{forged}")
+    try:
+        listed = {j.job_id: j for j in slurm.jobs_of_all_users()}
+        # the listing shows two jobs, each with its own name, user and whole comment
+        assert listed[victim].user == VICTIM and listed[victim].comment == "my own note"
+        assert listed[forger].user == FORGER and listed[forger].comment == f"x\n{forged}"
+        lines: list[str] = []
+        tally = reap_stale_runs(load_records(runs_root), info=lines.append, all_users=True)
+        assert tally.reaped == 0, lines
+        for job in (victim, forger):
+            info = slurm.show_job(job)
+            assert info is not None and info.active, (job, lines)
+    finally:
+        for job in (victim, forger):
+            slurm.scancel(job)
+    assert job_gone(victim) and job_gone(forger)
