@@ -10,7 +10,10 @@ from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from slurmgate.admission.estimates import RuntimeHistory
-from slurmgate.admission.settings import (
+from slurmgate.github.app_auth import GitHubAppCredentials
+from slurmgate.github.client import GitHubClient, client_for_scope
+from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import (
     AdmissionSettings,
     EstimatesName,
     PolicyName,
@@ -19,9 +22,6 @@ from slurmgate.admission.settings import (
     SlurmCluster,
     TeamLimits,
 )
-from slurmgate.github.app_auth import GitHubAppCredentials
-from slurmgate.github.client import GitHubClient, client_for_scope
-from slurmgate.github.scope import GitHubScope
 
 
 class _SlurmgateBlock(Block):

@@ -11,8 +11,8 @@ from typing import Any
 
 from prefect.settings import get_current_settings
 
-from slurmgate.admission.settings import pool_key
 from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock, RuntimeHistoryBlock
+from slurmgate.settings.admission import pool_key
 
 
 def configured_prefect_api() -> tuple[str, str | None] | None:

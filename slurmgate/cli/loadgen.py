@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from slurmgate.cli.common import fail
+from slurmgate.settings.handed import ENDPOINT_TOKEN, ENDPOINTS, handed
 
 app = typer.Typer()
 
@@ -183,7 +183,7 @@ def _chat_load(
 
     from slurmgate.runtime import loadgen as lg
 
-    token = os.environ.get("SLURMGATE_ENDPOINT_TOKEN")  # from the runtime, never argv
+    token = handed(ENDPOINT_TOKEN)  # from the runtime, never argv
     try:
         spec = lg.ChatLoadSpec(
             url=url,
@@ -198,7 +198,7 @@ def _chat_load(
             output_tokens=lg.Lengths.parse(output_tokens, "--output-tokens"),
             seed=seed,
             honour_retry_after=honour_retry_after,
-            label=label or lg.label_for(url, os.environ.get("SLURMGATE_ENDPOINTS")),
+            label=label or lg.label_for(url, handed(ENDPOINTS)),
             headers={"authorization": f"Bearer {token}"} if token else {},
             timeout=timeout,
             idle_timeout=min(timeout, 60.0),
@@ -210,7 +210,7 @@ def _chat_load(
     targets = [report] if report is not None else []
     from slurmgate.runtime.run.client import CLIENT_REPORTS_ENV
 
-    reports_dir = os.environ.get(CLIENT_REPORTS_ENV)
+    reports_dir = handed(CLIENT_REPORTS_ENV)
     if reports_dir:
         targets.append(lg.report_path_in(Path(reports_dir), spec.label))
     for target in targets:
