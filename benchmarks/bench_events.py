@@ -284,11 +284,11 @@ def burst(
 
 async def floor_arm(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """The core protocol alone: queue, then one direct tick at once (a fresh client, as a run)."""
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.controller.steps import direct_steps
     from slurmgate.github.factory import client_for_scope
     from slurmgate.github.scope import GitHubScope
+    from slurmgate.settings.admission import AdmissionSettings
     from slurmgate.testbed.emulator.testing import running_emulator
 
     os.environ["SLURMGATE_STATE_DIR"] = str(log_dir / "state-floor")

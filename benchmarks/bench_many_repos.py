@@ -102,9 +102,9 @@ async def one_tick(emu: Any, settings: Any, events: Any, alone: bool = False) ->
 
 
 def run_arm(name: str, args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.github.jobstore import JobEventStore
     from slurmgate.github.snapshot import EventReads
+    from slurmgate.settings.admission import AdmissionSettings
     from slurmgate.testbed.emulator.testing import running_emulator
 
     os.environ["SLURMGATE_STATE_DIR"] = str(state_dir)
@@ -175,11 +175,11 @@ def paced_tick(args: argparse.Namespace, grace_s: float) -> dict[str, Any]:
     """`--paced-admit` jobs of `--nodes` admitted by one tick whose client writes at GitHub's
     pace (one write a second) on `--runners` runners of one repository, with `grace_s` as the
     orphan grace; the reads beyond a quiet tick after it, per admission."""
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.controller.steps import direct_steps
     from slurmgate.github.client import GitHubClient
     from slurmgate.github.scope import GitHubScope
+    from slurmgate.settings.admission import AdmissionSettings
     from slurmgate.testbed.emulator.testing import running_emulator
 
     settings = AdmissionSettings(

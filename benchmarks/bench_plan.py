@@ -27,7 +27,7 @@ from options import SMOKE_NOTE, add_output_flags, results_dir
 
 from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot
 from slurmgate.admission.planner import plan
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

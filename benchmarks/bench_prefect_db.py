@@ -399,7 +399,7 @@ def core_child(gh_url: str, repo: str, log: str) -> dict[str, Any]:
     """In the child process: the same tick through the core, without Prefect."""
     from bench_reconcile import core_logger, core_tick
 
-    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.settings.admission import AdmissionSettings
 
     class Target:  # what core_tick reads of an emulator
         url, token = gh_url, os.environ["GITHUB_TOKEN"]

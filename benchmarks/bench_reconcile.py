@@ -138,8 +138,8 @@ async def snapshot_of(emu: Any) -> Any:
 def run(runners: int, jobs: int, seed: int) -> dict[str, Any]:
     from prefect.testing.utilities import prefect_test_harness
 
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.flows.reconcile import reconcile
+    from slurmgate.settings.admission import AdmissionSettings
     from slurmgate.testbed.emulator.testing import running_emulator
 
     mix = load_mix()

@@ -10,7 +10,11 @@ from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from slurmgate.admission.estimates import RuntimeHistory
-from slurmgate.admission.settings import (
+from slurmgate.github.app_auth import GitHubAppCredentials
+from slurmgate.github.client import GitHubClient
+from slurmgate.github.factory import client_for_scope
+from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import (
     AdmissionSettings,
     EstimatesName,
     PolicyName,
@@ -19,10 +23,6 @@ from slurmgate.admission.settings import (
     SlurmCluster,
     TeamLimits,
 )
-from slurmgate.github.app_auth import GitHubAppCredentials
-from slurmgate.github.client import GitHubClient
-from slurmgate.github.factory import client_for_scope
-from slurmgate.github.scope import GitHubScope
 
 
 class _SlurmgateBlock(Block):

@@ -19,8 +19,8 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import get_current_settings
 
-from slurmgate.admission.settings import pool_key
 from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock, RuntimeHistoryBlock
+from slurmgate.settings.admission import pool_key
 
 
 def configured_prefect_api() -> tuple[str, str | None] | None:

@@ -28,6 +28,8 @@ from typing import Any
 
 from slurmgate.ci.priority import job_label
 from slurmgate.progress import progress
+from slurmgate.settings.handed import inherited
+from slurmgate.settings.prefect import PrefectSettings
 from slurmgate.testbed.board import AdmissionTracker, counted
 from slurmgate.testbed.demo import (
     JOB_MIX,
@@ -76,7 +78,7 @@ def served_reconcile(workdir: Path, api: str) -> Iterator[str]:
 
     log = open(workdir / "serve.log", "wb")  # noqa: SIM115 (closed below)
     env = dict(
-        os.environ,
+        inherited(),
         PREFECT_API_URL=api,
         PREFECT_RUNNER_POLL_FREQUENCY="1",
         PREFECT_RESULTS_PERSIST_BY_DEFAULT="true",
@@ -342,8 +344,8 @@ class Dispatch:
 
 
 async def _save_link_blocks(emu: Any, partition: str) -> None:
-    from slurmgate.admission.settings import PoolPartition
     from slurmgate.blocks import AdmissionPolicyBlock, GitHubScopeBlock
+    from slurmgate.settings.admission import PoolPartition
 
     app = emu.admin.create_app()
     await GitHubScopeBlock(
@@ -636,7 +638,7 @@ def contextmanager_chain(mode: str, workdir: Path) -> Iterator[str | None]:
                     running_prefect_server(
                         workdir,
                         log=workdir / "prefect-server.log",
-                        prefect_home=Path(os.environ.get("PREFECT_HOME") or workdir / "prefect"),
+                        prefect_home=Path(PrefectSettings.text("home") or workdir / "prefect"),
                     )
                 )
             os.environ["PREFECT_API_URL"] = server.api_url

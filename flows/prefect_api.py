@@ -16,6 +16,7 @@ import time
 
 from slurmgate.errors import ExternalError
 from slurmgate.progress import progress
+from slurmgate.settings.prefect import PrefectSettings
 
 TEMPORARY_SERVER = (
     "a temporary local Prefect server (its runs, logs and artifacts vanish when this command "
@@ -64,7 +65,7 @@ def _say(text: str) -> None:
 
 
 def _api_wait_s() -> float:
-    raw = os.environ.get(API_WAIT_ENV, "")
+    raw = PrefectSettings.text("api_wait_s") or ""
     try:
         return max(0.0, float(raw)) if raw else API_WAIT_S
     except ValueError:
@@ -154,7 +155,9 @@ def use_prefect_api() -> None:
         try:
             SubprocessASGIServer().start()
         except Exception as exc:
-            limit = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")
+            limit = PrefectSettings.environ().get(
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20"
+            )
             raise PrefectApiError(
                 f"the temporary Prefect server did not start ({' '.join(str(exc).split())[:300]})"
                 f"; raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (now {limit} s) or "

@@ -16,7 +16,6 @@ from slurmgate.admission.estimates import HistoryError, RuntimeHistory
 from slurmgate.admission.leases import AdmitOutcome
 from slurmgate.admission.metrics import METRICS
 from slurmgate.admission.model import Admit
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickLog, TickReport, TickSteps, reconcile_tick
 from slurmgate.blocks import AdmissionPolicyBlock, RuntimeHistoryBlock
 from slurmgate.controller.steps import slurm_capacity_step
@@ -24,6 +23,7 @@ from slurmgate.github.access import ScopeAccessError, app_id_of, explain
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.errors import GitHubError
 from slurmgate.github.scope import ScopeError
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.tasks.allocation import reap_crashed_allocations
 from slurmgate.tasks.github import (
     bound_client,

@@ -7,23 +7,45 @@ import stat
 from pathlib import Path
 
 from slurmgate.errors import InputError
-
-
-def default_runs_root() -> Path:
-    """Where run directories (logs, record.json) live: $SLURMGATE_RUNS_DIR or ~/.cache."""
-    env = os.environ.get("SLURMGATE_RUNS_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "slurmgate" / "runs"
-
+from slurmgate.settings.home import HomeSettings
 
 STATE_DIR_ENV = "SLURMGATE_STATE_DIR"
 
 
 def state_dir() -> Path:
     """Where the controller keeps its ETag cache: $SLURMGATE_STATE_DIR, else ~/.cache/slurmgate."""
-    configured = os.environ.get(STATE_DIR_ENV, "").strip()
+    configured = (HomeSettings.text("state_dir") or "").strip()
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "slurmgate"
+
+
+def default_runs_root() -> Path:
+    """Where run directories (logs, record.json) live: $SLURMGATE_RUNS_DIR, else the state
+    home's runs/ (~/.cache/slurmgate/runs when neither is set)."""
+    configured = HomeSettings.text("runs_dir")
+    if configured:
+        return Path(configured)
+    return state_dir() / "runs"
+
+
+def presets_dir() -> Path | None:
+    """The folder of the site's presets ($SLURMGATE_PRESETS_DIR, ~ expanded), or None."""
+    configured = (HomeSettings.text("presets_dir") or "").strip()
+    return Path(configured).expanduser() if configured else None
+
+
+def legacy_runs_root() -> Path:
+    """Where runs lived before the runs home followed the state home: ~/.cache/slurmgate/runs."""
+    return Path.home() / ".cache" / "slurmgate" / "runs"
+
+
+def runs_roots() -> list[Path]:
+    """The runs homes a reaper reads: the runs home, then the legacy one when it differs and
+    exists, so runs started before SLURMGATE_STATE_DIR moved the runs home are still reaped."""
+    home = default_runs_root()
+    legacy = legacy_runs_root()
+    if legacy != home and legacy.is_dir():
+        return [home, legacy]
+    return [home]
 
 
 class UntrustedRecord(InputError):

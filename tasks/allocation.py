@@ -190,13 +190,13 @@ def reap_crashed_allocations(
 ) -> ReapTally:
     """Reap, on this host, the Slurm leftovers of allocation runs whose controller died.
 
-    Reads the run records under `runs_root` ($SLURMGATE_RUNS_DIR or ~/.cache/slurmgate/runs) and
+    Reads the run records under `runs_root` (by default the runs home, and the legacy one) and
     hands the stale ones to `reap_stale_runs`, which logs one line per action. It never raises:
     an unreadable runs directory is one warning, and the tick goes on.
     """
     root = runs_root or default_runs_root()
     try:
-        records = load_records(root, warn=logger.warning)
+        records = load_records(runs_root, warn=logger.warning)
     except Exception as exc:  # an unreadable runs directory must not fail the caller
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         logger.warning("reap skipped: cannot read run records in %s: %s", root, reason)

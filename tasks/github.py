@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -26,7 +25,6 @@ from slurmgate.admission.leases import (
     remove_labels,
 )
 from slurmgate.admission.model import Admit, Snapshot
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.blocks import GitHubScopeBlock
 from slurmgate.errors import is_transient
 from slurmgate.github.app_auth import (
@@ -37,6 +35,8 @@ from slurmgate.github.app_auth import (
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import ScopeError
 from slurmgate.github.snapshot import EventReads, take_snapshot
+from slurmgate.settings.admission import AdmissionSettings
+from slurmgate.settings.github import GitHubSettings
 
 # The client is bound per flow run and never passed as a parameter: Prefect serialises flow
 # parameters for the API, and a client object would carry the token there.
@@ -180,7 +180,7 @@ async def resolve_scope(
     (or the GitHub App the $SLURMGATE_GITHUB_APP_* variables name)."""
     if api_url or repo or org:
         try:
-            credentials = credentials_from_env(os.environ)
+            credentials = credentials_from_env()
         except AppCredentialsError as exc:
             raise ScopeError(str(exc)) from None
         if credentials is None:
@@ -203,7 +203,7 @@ async def resolve_scope(
             (WRITE_INTERVAL_ENV, "min_write_interval_s"),
             (RETRIES_ENV, "request_retries"),
         ):
-            raw = os.environ.get(env, "").strip()
+            raw = GitHubSettings.environ().get(env, "").strip()
             if raw:
                 pacing[field] = raw
         try:

@@ -32,7 +32,7 @@ from decimal import Decimal
 from slurmgate.admission.capacity import FleetState, JobRequest
 from slurmgate.admission.model import Blocked, BlockReason, Lease
 from slurmgate.admission.policies import priority_order
-from slurmgate.admission.settings import (
+from slurmgate.settings.admission import (
     ANY_REPO,
     AdmissionSettings,
     RepoLimits,

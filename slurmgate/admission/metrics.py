@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, writ
 
 from slurmgate.admission.model import Admit, Decisions
 from slurmgate.admission.tick import TickLog, TickReport
+from slurmgate.settings.admission import AdmissionMetricsSettings
 
 PREFIX = "slurmgate"
 TEXTFILE_ENV = "SLURMGATE_METRICS_TEXTFILE"
@@ -187,7 +188,7 @@ class AdmissionMetrics:
                 api_calls=api_calls,
                 rate_limit=rate_limit,
             )
-        target = os.environ.get(TEXTFILE_ENV, "").strip()
+        target = (AdmissionMetricsSettings.text("metrics_textfile") or "").strip()
         if target:
             try:
                 self.write_textfile(target)

@@ -77,7 +77,7 @@ from slurmgate.admission.model import (
     leases_from_fleet,
 )
 from slurmgate.admission.policies import SKIP_QUEUE_PRIORITY, policy_for, priority_order
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 
 # Release reasons that read the lease's runners: a partial fleet cannot tell them apart from
 # a runner GitHub listed in a shape we could not read.

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 from slurmgate.admission.capacity import LEGACY, FleetState, JobRequest, Placement, Profile
 from slurmgate.admission.model import Blocked, BlockReason
-from slurmgate.admission.settings import POLICY_NAMES, AdmissionSettings
+from slurmgate.settings.admission import POLICY_NAMES, AdmissionSettings
 
 SKIP_QUEUE_PRIORITY = "skip-queue"
 """How a verified skip-queue job's priority is shown (admit lines, the board) instead of a score."""

@@ -34,8 +34,8 @@ from slurmgate.admission.leases import (
 )
 from slurmgate.admission.model import Admit, Blocked, Clean, Decisions, Release, Snapshot
 from slurmgate.admission.planner import plan
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import ExternalError, one_line
+from slurmgate.settings.admission import AdmissionSettings
 
 ReadSnapshot = Callable[[], Awaitable[Snapshot]]
 AdmitJob = Callable[[Admit, int, BatchShare], Awaitable[AdmitOutcome]]

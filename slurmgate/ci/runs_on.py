@@ -38,7 +38,6 @@ from slurmgate.admission.labels import (
     fold,
     nodes_label,
 )
-from slurmgate.admission.settings import flag_value
 from slurmgate.ci.nodecount import NodeCountError, UnknownGpusPerNode, node_count
 from slurmgate.ci.priority import (
     DEFAULT_POLICY,
@@ -52,6 +51,7 @@ from slurmgate.ci.priority import (
 )
 from slurmgate.documents import DocumentError, parse_yaml, read_yaml
 from slurmgate.errors import InputError
+from slurmgate.settings.admission import flag_value
 
 PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
 NODE_SLOT_FLAG = "NODE_SLOT_SCHEDULER_ENABLED"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -15,9 +14,9 @@ from slurmgate.cli.common import fail
 if TYPE_CHECKING:
     from pydantic import SecretStr
 
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.github.app_auth import GitHubAppCredentials
     from slurmgate.github.scope import GitHubScope
+    from slurmgate.settings.admission import AdmissionSettings
 
 app = typer.Typer()
 
@@ -41,7 +40,7 @@ def _token(purpose: str) -> SecretStr | GitHubAppCredentials:
     from slurmgate.github.app_auth import AppCredentialsError, credentials_from_env
 
     try:
-        credentials = credentials_from_env(os.environ)
+        credentials = credentials_from_env()
     except AppCredentialsError as exc:
         raise fail(str(exc)) from None
     if credentials is None:
@@ -70,9 +69,9 @@ def reconcile(
     all_repos: AllRepos = False,
 ) -> None:
     """One reconcile tick through the Prefect flow (token from GITHUB_TOKEN, flags from env)."""
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.cli import prefect_layer
     from slurmgate.github.scope import ScopeError
+    from slurmgate.settings.admission import AdmissionSettings
 
     if not once:
         raise fail(
@@ -117,13 +116,13 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the board rows as JSON.")] = False,
 ) -> None:
     """The pool and lease board of a live GitHub scope (reads only; token from GITHUB_TOKEN)."""
-    from slurmgate.admission.settings import AdmissionSettings
     from slurmgate.admission.tick import reconcile_tick
     from slurmgate.controller.steps import direct_steps
     from slurmgate.github.access import app_id_of, explain
     from slurmgate.github.app_auth import AppAuthError
     from slurmgate.github.client import GitHubClient
     from slurmgate.github.errors import GitHubError
+    from slurmgate.settings.admission import AdmissionSettings
 
     token = _token("read the runners")
     scope = _scope(api_url, repo, org, repos, all_repos)

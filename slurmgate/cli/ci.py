@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -30,6 +29,7 @@ from slurmgate.ci.runs_on import (
     skip_queue_pr,
 )
 from slurmgate.cli.common import fail
+from slurmgate.settings.ci import CISettings
 
 LABELS_EPILOG = (
     "Example: PRIORITY_SCHEDULER_ENABLED=true NODE_SLOT_SCHEDULER_ENABLED=true "
@@ -150,7 +150,7 @@ def labels(
     except PriorityPolicyError as exc:
         raise fail(str(exc)) from None
     try:
-        flags = flags_from_env(os.environ)
+        flags = flags_from_env(CISettings.environ())
         for note in flags.notes:
             typer.echo(f"note: {note}", err=True)
         if priority is not None or node_slots is not None:
@@ -174,7 +174,7 @@ def labels(
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     if github_output:
-        target = os.environ.get("GITHUB_OUTPUT", "").strip()
+        target = (CISettings.text("github_output") or "").strip()
         if not target:
             raise fail("--github-output needs $GITHUB_OUTPUT; it is set inside GitHub Actions")
         with open(target, "a", encoding="utf-8") as handle:

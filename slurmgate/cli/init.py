@@ -11,7 +11,6 @@ file) or from $SLURMGATE_GITHUB_APP_PRIVATE_KEY(_FILE), never from the command l
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,8 +19,9 @@ import httpx
 import typer
 from pydantic import ValidationError
 
-from slurmgate.admission.settings import AdmissionSettings, PolicyName
 from slurmgate.cli.common import fail
+from slurmgate.settings.admission import AdmissionSettings, PolicyName
+from slurmgate.settings.github import GitHubSettings
 
 if TYPE_CHECKING:
     from slurmgate.github.app_auth import GitHubAppCredentials
@@ -54,7 +54,7 @@ def _one_line(exc: ValidationError) -> str:
 
 
 def _token() -> str:
-    token = os.environ.get("GITHUB_TOKEN", "").strip()
+    token = (GitHubSettings.text("token") or "").strip()
     if token:
         return token
     if not sys.stdin.isatty():
@@ -81,7 +81,7 @@ def _app_credentials(
         app_credentials_from_env,
     )
 
-    env = dict(os.environ)
+    env = GitHubSettings.environ()
     if app_id is not None:
         env[APP_ID_ENV] = str(app_id)
     if installation_id is not None:

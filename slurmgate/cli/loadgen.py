@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from slurmgate.cli.common import fail
+from slurmgate.settings.handed import ENDPOINT_TOKEN, ENDPOINTS, handed
 
 app = typer.Typer()
 
@@ -185,7 +185,7 @@ def _chat_load(
     from slurmgate.runtime.loadgen.report import label_for, report_path_in, write_report
     from slurmgate.runtime.loadgen.workload import ChatLoadSpec, Lengths, LoadInputError
 
-    token = os.environ.get("SLURMGATE_ENDPOINT_TOKEN")  # from the runtime, never argv
+    token = handed(ENDPOINT_TOKEN)  # from the runtime, never argv
     try:
         spec = ChatLoadSpec(
             url=url,
@@ -200,7 +200,7 @@ def _chat_load(
             output_tokens=Lengths.parse(output_tokens, "--output-tokens"),
             seed=seed,
             honour_retry_after=honour_retry_after,
-            label=label or label_for(url, os.environ.get("SLURMGATE_ENDPOINTS")),
+            label=label or label_for(url, handed(ENDPOINTS)),
             headers={"authorization": f"Bearer {token}"} if token else {},
             timeout=timeout,
             idle_timeout=min(timeout, 60.0),
@@ -212,7 +212,7 @@ def _chat_load(
     targets = [report] if report is not None else []
     from slurmgate.runtime.run.client import CLIENT_REPORTS_ENV
 
-    reports_dir = os.environ.get(CLIENT_REPORTS_ENV)
+    reports_dir = handed(CLIENT_REPORTS_ENV)
     if reports_dir:
         targets.append(report_path_in(Path(reports_dir), spec.label))
     for target in targets:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,8 @@ import typer
 from pydantic import ValidationError
 
 from slurmgate.cli.common import fail
+from slurmgate.settings.github import GitHubSettings
+from slurmgate.settings.prefect import PrefectSettings
 
 SECRET_ENV = "SLURMGATE_WEBHOOK_SECRET"
 WEBHOOK_EPILOG = (
@@ -80,12 +81,12 @@ def webhook(
         except OSError as exc:
             raise fail(f"--secret-file {secret_file}: cannot read ({exc.strerror})") from None
     else:
-        secret = os.environ.get(SECRET_ENV, "").strip()
+        secret = (GitHubSettings.text("webhook_secret") or "").strip()
     if not secret:
         raise fail(f"no webhook secret: export {SECRET_ENV} or pass --secret-file")
     if not prefect_api_url:
         raise fail("no Prefect API: export PREFECT_API_URL or pass --prefect-api-url")
-    auth = os.environ.get("PREFECT_API_AUTH_STRING", "").strip() or None
+    auth = (PrefectSettings.text("api_auth_string") or "").strip() or None
     limits = {
         "max_body_bytes": max_body_bytes,
         "max_buffered_bytes": max_buffered_bytes,

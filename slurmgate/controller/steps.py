@@ -17,18 +17,14 @@ from slurmgate.admission.leases import (
     remove_labels,
 )
 from slurmgate.admission.model import Admit, Snapshot
-from slurmgate.admission.settings import AdmissionSettings, PoolPartition
 from slurmgate.admission.tick import ReadCapacity, TickSteps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.snapshot import EventReads, take_snapshot
+from slurmgate.settings.admission import AdmissionSettings, PoolPartition
+from slurmgate.settings.slurm import SlurmRestSettings
 from slurmgate.slurm.capacity import read_pool_capacity
 from slurmgate.slurm.clusters import ClusterReads
-from slurmgate.slurm.slurmrestd import (
-    SlurmRestConfigError,
-    SlurmRestSettings,
-    read_rest_capacity,
-    rest_settings,
-)
+from slurmgate.slurm.slurmrestd import SlurmRestConfigError, read_rest_capacity, rest_settings
 
 
 def direct_steps(

@@ -25,7 +25,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -45,6 +44,7 @@ from pydantic import SecretStr
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.github.bodies import ACCEPT_ENCODING, BodyRefused, read_capped
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.github import GitHubSettings
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ def app_credentials_from_env(
     $SLURMGATE_GITHUB_APP_PRIVATE_KEY (the PEM text; `\\n` escapes are accepted, as some
     secret stores keep one line).
     """
-    env = os.environ if environ is None else environ
+    env = GitHubSettings.environ() if environ is None else environ
     names = (APP_ID_ENV, APP_PRIVATE_KEY_ENV, APP_PRIVATE_KEY_FILE_ENV, APP_INSTALLATION_ID_ENV)
     if not any(env.get(name, "").strip() for name in names):
         return None
@@ -263,7 +263,7 @@ def credentials_from_env(
 ) -> GitHubAppCredentials | SecretStr | None:
     """What the commands authenticate with: the App the $SLURMGATE_GITHUB_APP_* variables
     name, else $GITHUB_TOKEN, else None. The App wins when both are set."""
-    env = os.environ if environ is None else environ
+    env = GitHubSettings.environ() if environ is None else environ
     app = app_credentials_from_env(env)
     if app is not None:
         return app

@@ -28,11 +28,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from slurmgate.admission.labels import MAX_PR_NUMBER, SKIP_QUEUE_PREFIX, LabelError, fold
 from slurmgate.admission.model import Job, JobStatus
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.github.client import JobSource
 from slurmgate.github.errors import GitHubError
 from slurmgate.github.etags import EtagCache, StoredRecords
 from slurmgate.github.payloads import LabelEvent, ProblemMemory
+from slurmgate.settings.admission import AdmissionSettings
 
 log = logging.getLogger(__name__)
 

@@ -10,17 +10,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from slurmgate.admission.model import Job, JobStatus, Runner, Snapshot, leases_from_fleet
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.github.client import JobSource
 from slurmgate.github.errors import AuthError, GitHubError, MalformedResponse
 from slurmgate.github.jobstore import JobEventStore, store_path
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.skipqueue import SkipQueueAuthorizer, SkipQueueClient, skip_queue_pr
 from slurmgate.paths import state_dir
+from slurmgate.settings.admission import AdmissionSettings
+from slurmgate.settings.github import EventReadSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,31 +42,6 @@ class SnapshotClient(SkipQueueClient, Protocol):
 
     @property
     def scope(self) -> GitHubScope: ...
-
-
-class EventReadSettings(BaseSettings):
-    """How the tick uses the relay's job events (environment `SLURMGATE_<NAME>`)."""
-
-    model_config = SettingsConfigDict(env_prefix="SLURMGATE_", extra="ignore")
-
-    full_read_every: int = Field(
-        default=10,
-        ge=1,
-        le=10_000,
-        description="With job events, every K-th snapshot read polls every run (the repair "
-        "path for missed deliveries); 1 polls every time (env SLURMGATE_FULL_READ_EVERY).",
-    )
-    event_recheck_s: float = Field(
-        default=120.0,
-        gt=0,
-        description="A job whose queued state nobody confirmed for this long is read by id "
-        "(env SLURMGATE_EVENT_RECHECK_S, seconds).",
-    )
-    job_store: Path | None = Field(
-        default=None,
-        description="The relay's job-event store (env SLURMGATE_JOB_STORE; default "
-        "job-events.sqlite in the state directory). Without the file the tick polls.",
-    )
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from slurmgate.admission.policies import (
     policy_for,
     priority_key,
 )
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.errors import InputError
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.simulator.metrics import Run, summarize
 from slurmgate.simulator.traces import Trace, TraceJob
 

@@ -15,7 +15,6 @@ nodes are not missing: the leases of their jobs already count them.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -23,8 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from slurmgate.admission.capacity import MissingNodes, NodeCapacity
-from slurmgate.admission.settings import PoolPartition
+from slurmgate.settings.admission import PoolPartition
 from slurmgate.slurm import commands as slurm
+from slurmgate.slurm.jobenv import command_environment
 
 MANAGED_JOB_PREFIX = "sg-"
 MANAGED_COMMENT = "slurmgate"
@@ -311,7 +311,7 @@ def read_pool_capacity(
     """
     if not partitions:
         return {}
-    env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
+    env = {**command_environment(), "SLURM_CONF": slurm_conf} if slurm_conf else None
 
     def run(argv: list[str]) -> str:
         return slurm.run(argv, timeout=timeout, env=env).stdout

@@ -11,7 +11,6 @@ a controller that times out does not stall the re-read), then is asked again.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,11 +18,13 @@ from pathlib import Path
 from pydantic import SecretStr, ValidationError
 
 from slurmgate.admission.capacity import CapacityUnread, NodeCapacity
-from slurmgate.admission.settings import PoolPartition, SlurmCluster
 from slurmgate.errors import one_line
+from slurmgate.settings.admission import PoolPartition, SlurmCluster
+from slurmgate.settings.handed import named
+from slurmgate.settings.slurm import SlurmRestSettings
 from slurmgate.slurm.capacity import read_pool_capacity
 from slurmgate.slurm.commands import SlurmError
-from slurmgate.slurm.slurmrestd import SlurmRestSettings, read_rest_capacity
+from slurmgate.slurm.slurmrestd import read_rest_capacity
 
 OWN_CLUSTER = "(own)"
 """How the controller's own Slurm (no `cluster` in a pool's partition) is named in warnings."""
@@ -87,7 +88,7 @@ def rest_settings_of(name: str, cluster: SlurmCluster) -> SlurmRestSettings:
     the controller's own cluster's)."""
     token: str | None = None
     if cluster.slurmrestd_token_env:
-        token = os.environ.get(cluster.slurmrestd_token_env, "").strip()
+        token = (named(cluster.slurmrestd_token_env) or "").strip()
         if not token:
             raise SlurmError(
                 ["slurmrestd", str(cluster.slurmrestd_url)],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmgate.errors import ExternalError
+from slurmgate.slurm.jobenv import command_environment, slurm_variable
 
 DEFAULT_TIMEOUT_S = 30.0
 # What every Slurm client command prints when it finds neither SLURM_CONF, nor
@@ -58,7 +59,7 @@ def missing_conf_message(conf: str) -> str:
 def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """`base` (default: this process's environment), with the SLURM_CONF that `slurmgate
     cluster up` recorded when `base` sets none: a SLURM_CONF the user set always wins."""
-    env = dict(os.environ if base is None else base)
+    env = command_environment(base)
     if not env.get("SLURM_CONF"):
         # Imported here: the node worker reaches this module through the supervisor and
         # must start without pydantic; only a controller with no SLURM_CONF needs the record.
@@ -439,5 +440,4 @@ def sinfo_states(*, timeout: float = 10.0) -> dict[str, str]:
 
 def current_job_id(env: Mapping[str, str] | None = None) -> str | None:
     """The allocation this process runs inside, if any."""
-    e = os.environ if env is None else env
-    return e.get("SLURM_JOB_ID") or e.get("SLURM_JOBID") or None
+    return slurm_variable("SLURM_JOB_ID", env) or slurm_variable("SLURM_JOBID", env) or None

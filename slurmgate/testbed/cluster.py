@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmgate.errors import ExternalError
+from slurmgate.settings.handed import inherited
+from slurmgate.settings.testbed import LocalClusterSettings
 from slurmgate.slurm.config import (
     BundledCluster,
     forget_cluster,
@@ -53,9 +55,10 @@ def scripts_dir() -> Path:
 
 
 def _env(directory: str | None, mode: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["SLURM_LOCAL_DIR"] = directory or env.get("SLURM_LOCAL_DIR", DEFAULT_DIR)
-    env["SLURM_LOCAL_MODE"] = mode or env.get("SLURM_LOCAL_MODE", DEFAULT_MODE)
+    env = inherited()
+    given = LocalClusterSettings.environ()
+    env["SLURM_LOCAL_DIR"] = directory or given.get("SLURM_LOCAL_DIR", DEFAULT_DIR)
+    env["SLURM_LOCAL_MODE"] = mode or given.get("SLURM_LOCAL_MODE", DEFAULT_MODE)
     return env
 
 
@@ -133,7 +136,11 @@ def down(
     cluster the suite itself started.
     """
     recorded = load_cluster()
-    if directory is None and recorded is not None and "SLURM_LOCAL_DIR" not in os.environ:
+    if (
+        directory is None
+        and recorded is not None
+        and LocalClusterSettings.text("local_dir") is None
+    ):
         directory = recorded.directory  # the one `up` brought up, unless told otherwise
     env = _env(directory, None)
     directory = env["SLURM_LOCAL_DIR"]

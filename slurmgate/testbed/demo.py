@@ -16,6 +16,7 @@ from typing import Any
 
 from slurmgate.ci.priority import job_label, queue_namespace, queue_token, score
 from slurmgate.errors import ExternalError
+from slurmgate.settings.handed import handed
 from slurmgate.testbed.board import counted, render_compact, render_live
 from slurmgate.testbed.emulator import fleet_from_job_mix
 
@@ -143,7 +144,7 @@ def draw_jobs(
 def command_started_at() -> float:
     """When the command began (epoch seconds): scripts/demo.sh's stamp, else this process's
     start, else now."""
-    stamp = os.environ.get(STARTED_AT_ENV, "")
+    stamp = handed(STARTED_AT_ENV) or ""
     try:
         started = float(stamp)
     except ValueError:

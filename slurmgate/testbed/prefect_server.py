@@ -8,7 +8,6 @@ at the end read any server's API.
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from slurmgate.errors import ExternalError
+from slurmgate.settings.handed import inherited
+from slurmgate.settings.prefect import PrefectSettings
 from slurmgate.testbed.localproc import free_port, stop_group
 
 
@@ -50,11 +51,11 @@ def server_env(
 
     Telemetry is off, as in every command of ours, unless the user turned it on explicitly.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = {k: v for k, v in inherited().items() if not k.startswith("PREFECT_")}
     env.setdefault("DO_NOT_TRACK", "1")
     env.update(
         PREFECT_HOME=str(prefect_home),
-        PREFECT_SERVER_ANALYTICS_ENABLED=os.environ.get(
+        PREFECT_SERVER_ANALYTICS_ENABLED=PrefectSettings.environ().get(
             "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
         ),
         PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",  # one log line per 503 the server sends

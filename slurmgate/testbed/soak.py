@@ -51,12 +51,12 @@ from slurmgate.admission.labels import (
 )
 from slurmgate.admission.leases import AdmitOutcome, AnchorDeadline, admit_lease
 from slurmgate.admission.model import Admit
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.errors import one_line
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.simulator.traces import read_job_mix
 from slurmgate.testbed.emulator.server import BackgroundServer
 from slurmgate.testbed.emulator.state import EmuJob, EmulatorState, FaultPlan, build_state

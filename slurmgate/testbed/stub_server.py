@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmgate.errors import InputError
+from slurmgate.settings.handed import handed
 from slurmgate.testbed.stub_pd import (
     PairingError,
     PrefilledRooms,
@@ -89,7 +90,7 @@ class KnobError(InputError):
 
 
 def _env_default(name: str, kind: type, default: Any) -> Any:
-    raw = os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"))
+    raw = handed(ENV_PREFIX + name.upper().replace("-", "_"))
     if raw is None or raw == "":
         return default
     if kind is bool:

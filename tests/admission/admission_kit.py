@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from slurmgate.admission.labels import fold
 from slurmgate.admission.model import Decisions, Job, JobStatus, Runner, Snapshot
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ON = AdmissionSettings(PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True)

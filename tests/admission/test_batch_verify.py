@@ -16,12 +16,12 @@ from slurmgate.admission.batch_verify import BatchVerification, verification_bat
 from slurmgate.admission.labels import LeaseLabel
 from slurmgate.admission.leases import ANCHOR_WITHIN_S, admit_lease, anchor_window_s
 from slurmgate.admission.model import Admit
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.errors import NotFoundError
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 SETTINGS = AdmissionSettings(PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True)

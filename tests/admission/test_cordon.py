@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from slurmgate.admission.model import JobStatus
 from slurmgate.admission.planner import plan
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 
 
 def cordoned(**cordons: str) -> AdmissionSettings:

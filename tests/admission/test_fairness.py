@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from slurmgate.admission.model import Decisions, Job, JobStatus, Snapshot, leases_from_fleet
 from slurmgate.admission.planner import plan
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.blocks import AdmissionPolicyBlock
+from slurmgate.settings.admission import AdmissionSettings
 
 
 def rules(**knobs: object) -> AdmissionSettings:

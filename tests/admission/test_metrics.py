@@ -18,11 +18,11 @@ from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmgate.admission.metrics import AdmissionMetrics
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import running_emulator
 
 DASHBOARD = (

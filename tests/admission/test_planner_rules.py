@@ -25,7 +25,7 @@ from slurmgate.admission.capacity import LEGACY
 from slurmgate.admission.model import BlockReason, JobStatus, ReleaseReason, Runner, Snapshot
 from slurmgate.admission.planner import plan
 from slurmgate.admission.policies import policy_named, priority_order
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 
 # ---- the seed's examples ------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from slurmgate.admission.estimates import RuntimeHistory, job_key
 from slurmgate.admission.model import BlockReason, Job, JobStatus
 from slurmgate.admission.planner import plan
 from slurmgate.admission.policies import policy_for
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 
 DEFAULT_METHOD = ("learned", 3600.0, 0.25)  # benchmarks/bench_policies.py: chosen on KTH only
 

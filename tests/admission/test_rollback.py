@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 GATE = ["ci-job-1.000-drain", "ci-attempt-1", "nodes:2"]

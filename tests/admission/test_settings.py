@@ -10,7 +10,7 @@ from admission_kit import NOW, ON, job, lease_runners, pool, snapshot
 from pydantic import ValidationError
 
 from slurmgate.admission.planner import plan
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 
 ENV = (
     "PRIORITY_SCHEDULER_ENABLED",

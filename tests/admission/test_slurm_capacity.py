@@ -21,9 +21,9 @@ from slurmgate.admission.capacity import MissingNodes, NodeCapacity, compact_hos
 from slurmgate.admission.leases import RemovalOutcome
 from slurmgate.admission.model import BlockReason, JobStatus, Snapshot
 from slurmgate.admission.planner import plan
-from slurmgate.admission.settings import AdmissionSettings, PoolPartition
 from slurmgate.admission.tick import TickSteps, reconcile_tick
 from slurmgate.controller.steps import slurm_capacity_step
+from slurmgate.settings.admission import AdmissionSettings, PoolPartition
 from slurmgate.slurm.capacity import (
     HELD_OUTSIDE,
     expand_hostlist,
@@ -571,7 +571,7 @@ def test_later_slurmrestd_plugins_states_as_lists_and_times_as_objects() -> None
 def test_slurmrestd_settings_name_the_variable_and_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from slurmgate.slurm.slurmrestd import SlurmRestSettings
+    from slurmgate.settings.slurm import SlurmRestSettings
 
     assert SlurmRestSettings().url is None
     monkeypatch.setenv("SLURMGATE_SLURMRESTD_URL", "unix:/run/slurmrestd.sock")
@@ -599,7 +599,7 @@ async def test_slurmrestd_not_answering_fails_open_with_one_warning_and_no_token
 ) -> None:
     from pydantic import SecretStr
 
-    from slurmgate.slurm.slurmrestd import SlurmRestSettings
+    from slurmgate.settings.slurm import SlurmRestSettings
 
     token = "eyJhbGciOiJIUzI1NiJ9.slurm-token-secret"
     rest = SlurmRestSettings(

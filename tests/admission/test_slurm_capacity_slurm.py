@@ -23,14 +23,15 @@ from pathlib import Path
 import pytest
 from flowcheck import jobs_by_id, wait_for
 
-from slurmgate.admission.settings import AdmissionSettings, PoolPartition
 from slurmgate.admission.tick import TickReport, reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings, PoolPartition
+from slurmgate.settings.slurm import SlurmRestSettings
 from slurmgate.slurm import commands as slurm
 from slurmgate.slurm.capacity import read_pool_capacity
-from slurmgate.slurm.slurmrestd import SlurmRestSettings, read_rest_capacity
+from slurmgate.slurm.slurmrestd import read_rest_capacity
 from slurmgate.testbed.emulator.state import EmuJob
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from slurmgate.admission.capacity import CapacityUnread
-from slurmgate.admission.settings import AdmissionSettings
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.slurm.capacity import read_pool_capacity
 from slurmgate.slurm.clusters import OWN_CLUSTER, ClusterReads
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import running_emulator
 
 REPO = Path(__file__).resolve().parents[2]

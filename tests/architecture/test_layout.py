@@ -26,6 +26,7 @@ PARTS = (
     "controller",
     "github",
     "runtime",
+    "settings",
     "simulator",
     "slurm",
     "testbed",

@@ -8,8 +8,8 @@ from uuid import uuid4
 
 import pytest
 
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.blocks import AdmissionPolicyBlock
+from slurmgate.settings.admission import AdmissionSettings
 
 
 def _through_a_block_document(block: AdmissionPolicyBlock) -> AdmissionPolicyBlock:

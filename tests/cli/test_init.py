@@ -191,8 +191,8 @@ def test_init_options_mirror_the_settings_model() -> None:
     import inspect
     from typing import get_args, get_type_hints
 
-    from slurmgate.admission.settings import AdmissionSettings, PolicyName
     from slurmgate.cli.init import init
+    from slurmgate.settings.admission import AdmissionSettings, PolicyName
 
     hints = get_type_hints(init, include_extras=True)
     parameters = inspect.signature(init).parameters

@@ -46,7 +46,7 @@ async def test_a_corrupt_history_is_ignored_not_fatal(emulator_factory, monkeypa
 
 
 def test_policy_block_mirrors_every_planner_knob() -> None:
-    from slurmgate.admission.settings import AdmissionSettings
+    from slurmgate.settings.admission import AdmissionSettings
 
     block = AdmissionPolicyBlock(
         priority_scheduler_enabled=True,

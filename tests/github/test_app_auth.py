@@ -25,7 +25,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from pydantic import SecretStr
 
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.errors import SlurmgateError
@@ -45,6 +44,7 @@ from slurmgate.github.client import GitHubClient
 from slurmgate.github.errors import AuthError, NotFound, accepted_permissions
 from slurmgate.github.scope import GitHubScope
 from slurmgate.runtime.redact import redact_patterns
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.apps import new_private_key
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.errors import NotFound
 from slurmgate.github.jobstore import JobEventStore
 from slurmgate.github.scope import GitHubScope
-from slurmgate.github.snapshot import EventReads, EventReadSettings, take_snapshot
+from slurmgate.github.snapshot import EventReads, take_snapshot
 from slurmgate.github.webhook import job_of, parse_delivery
+from slurmgate.settings.admission import AdmissionSettings
+from slurmgate.settings.github import EventReadSettings
 from slurmgate.testbed.emulator.state import EmuJob
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 

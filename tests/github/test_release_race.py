@@ -7,11 +7,11 @@ import asyncio
 import time
 
 from slurmgate.admission.labels import LeaseLabel
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 GATE = ("ci-attempt-1", "ci-job-1.000-race", "nodes:2")

@@ -10,7 +10,6 @@ import pytest
 from flowcheck import assert_invariants, fleet, jobs_by_id, managed_on, wait_for
 
 from slurmgate.admission.model import Job, JobStatus
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
@@ -19,6 +18,7 @@ from slurmgate.github.etags import FileEtagCache
 from slurmgate.github.scope import GitHubScope
 from slurmgate.github.skipqueue import skip_queue_pr
 from slurmgate.github.snapshot import take_snapshot
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 TEAM = "acme/gpu-admins"

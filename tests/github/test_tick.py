@@ -13,11 +13,11 @@ from slurmgate.admission.batch_verify import BatchShare
 from slurmgate.admission.estimates import RuntimeHistory
 from slurmgate.admission.leases import AdmitOutcome
 from slurmgate.admission.model import Admit
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickFailed, TickSteps, reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 SETTINGS = AdmissionSettings(

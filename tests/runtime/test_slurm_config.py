@@ -256,7 +256,7 @@ def test_a_run_of_a_reservation_mapped_pool_gets_the_nodes_the_controller_counte
 ) -> None:
     """A pool mapped to a reservation counts only that reservation's nodes; a run whose spec
     names it is granted those nodes at once, and one that does not would wait in the queue."""
-    from slurmgate.admission.settings import PoolPartition
+    from slurmgate.settings.admission import PoolPartition
     from slurmgate.slurm.capacity import read_pool_capacity
 
     name = f"sg-ci-{os.getpid()}"

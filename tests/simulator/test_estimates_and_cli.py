@@ -16,8 +16,8 @@ from slurmgate.admission.estimates import (
     high_quantile,
     job_key,
 )
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.cli.app import run as cli
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.simulator.engine import POLICY_KNOBS, simulate
 from slurmgate.simulator.traces import read_trace
 

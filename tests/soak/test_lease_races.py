@@ -23,11 +23,11 @@ from slurmgate.admission.leases import (
     verify_lease,
 )
 from slurmgate.admission.model import Admit, Snapshot
-from slurmgate.admission.settings import AdmissionSettings
 from slurmgate.admission.tick import TickSteps, reconcile_tick
 from slurmgate.controller.steps import direct_steps
 from slurmgate.github.client import GitHubClient
 from slurmgate.github.scope import GitHubScope
+from slurmgate.settings.admission import AdmissionSettings
 from slurmgate.testbed.emulator.testing import RunningEmulator, running_emulator
 
 SETTINGS = AdmissionSettings(PRIORITY_SCHEDULER_ENABLED=True, NODE_SLOT_SCHEDULER_ENABLED=True)

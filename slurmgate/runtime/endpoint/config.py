@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +17,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from slurmgate.settings.handed import PROCESS_ENVIRONMENT
 
 DEFAULT_PROG = "python -m slurmgate.runtime.endpoint"
 # The bearer token comes from the environment only: argv is world-readable in /proc and `ps`.
@@ -276,7 +277,7 @@ def _flag(name: str) -> str:
 def parse_config(
     argv: list[str] | None = None,
     prog: str = DEFAULT_PROG,
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] = PROCESS_ENVIRONMENT,
 ) -> EndpointConfig:
     """Build the config from the command line (and the token from the environment); bad values
     exit 2 naming the flag and the fix."""

@@ -8,12 +8,12 @@ beating (its host rebooted, its process was SIGKILLed) from one that still runs.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 
 from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment
+from slurmgate.settings.runtime import LedgerSettings
 from slurmgate.slurm import commands as slurm
 
 DEFAULT_INTERVAL_S = 60.0
@@ -39,14 +39,14 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 def interval_from_env(env: Mapping[str, str] | None = None) -> float:
     """`SLURMGATE_HEARTBEAT_S`: seconds between two beats (60)."""
-    return _seconds(os.environ if env is None else env, "SLURMGATE_HEARTBEAT_S", DEFAULT_INTERVAL_S)
+    e = LedgerSettings.environ() if env is None else env
+    return _seconds(e, "SLURMGATE_HEARTBEAT_S", DEFAULT_INTERVAL_S)
 
 
 def stale_after_from_env(env: Mapping[str, str] | None = None) -> float:
     """`SLURMGATE_REAP_STALE_S`: a controller on another host whose beat is older is gone (600)."""
-    return _seconds(
-        os.environ if env is None else env, "SLURMGATE_REAP_STALE_S", DEFAULT_STALE_AFTER_S
-    )
+    e = LedgerSettings.environ() if env is None else env
+    return _seconds(e, "SLURMGATE_REAP_STALE_S", DEFAULT_STALE_AFTER_S)
 
 
 class Heartbeat:

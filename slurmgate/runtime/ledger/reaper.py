@@ -15,6 +15,7 @@ from slurmgate.runtime.ledger import heartbeat
 from slurmgate.runtime.ledger.comment import ProcessIdentity, parse_job_comment
 from slurmgate.runtime.ledger.records import RunRecord, RunStatus
 from slurmgate.runtime.procs import cmdline_contains, hidden_but_alive, process_start_ticks
+from slurmgate.settings.runtime import LedgerSettings
 from slurmgate.slurm import commands as slurm
 
 REAP_BACKOFF_S = 30.0
@@ -217,7 +218,7 @@ def reap_stale_runs(
 
 def reap_all_users_from_env(env: dict[str, str] | None = None) -> bool:
     """`SLURMGATE_REAP_ALL_USERS=1`: the scheduled pass also reaps other users' runs."""
-    value = (os.environ if env is None else env).get("SLURMGATE_REAP_ALL_USERS", "")
+    value = (LedgerSettings.environ() if env is None else env).get("SLURMGATE_REAP_ALL_USERS", "")
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 

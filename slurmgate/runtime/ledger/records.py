@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slurmgate.paths import check_trusted, default_runs_root
+from slurmgate.paths import check_trusted, runs_roots
 from slurmgate.runtime.hooks import HookOutcome
 from slurmgate.runtime.ledger.comment import ProcessIdentity
 from slurmgate.runtime.procs import cmdline_contains, process_start_ticks
@@ -194,11 +194,12 @@ def _to_stderr(message: str) -> None:
 def load_records(
     runs_root: Path | None = None, *, warn: Callable[[str], Any] = _to_stderr
 ) -> list[RunRecord]:
-    """Every usable run record under the runs root. Each one skipped (unreadable, not valid,
-    or not trusted) is one `warn` line: its run's leftovers are not reaped until it is fixed."""
-    root = runs_root or default_runs_root()
+    """Every usable run record under the runs root (by default the runs home, and the legacy
+    one while it holds runs: `paths.runs_roots`). Each one skipped (unreadable, not valid, or
+    not trusted) is one `warn` line: its run's leftovers are not reaped until it is fixed."""
+    roots = [runs_root] if runs_root else runs_roots()
     out = []
-    for path in sorted(root.glob(f"*/{RECORD_NAME}")):
+    for path in [p for root in roots for p in sorted(root.glob(f"*/{RECORD_NAME}"))]:
         try:
             out.append(RunRecord.read(path))
         except (OSError, ValueError) as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -12,6 +11,7 @@ from slurmgate.errors import InputError
 from slurmgate.runtime.redact import Redactor
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.secret_refs import EnvSecretRef, EnvValue, SecretBlockRef, SecretValue
+from slurmgate.settings.handed import named
 
 # Reads a Prefect Secret block by name. The core never imports Prefect: the Prefect layer
 # passes this in, and a run without it cannot resolve `{secret: NAME}`.
@@ -27,7 +27,7 @@ def resolve_secret(where: str, value: SecretValue, resolver: SecretResolver | No
     if isinstance(value, SecretStr):
         return value.get_secret_value()
     if isinstance(value, EnvSecretRef):
-        found = os.environ.get(value.from_env)
+        found = named(value.from_env)
         if found is None:
             raise SecretUnresolved(
                 f"{where}: the controller has no variable {value.from_env} — set it where "

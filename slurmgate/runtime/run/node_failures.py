@@ -8,7 +8,6 @@ Mechanism (`run_with_node_retry`, the drain) goes through the run's own phases a
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from slurmgate.errors import InputError, one_line
 from slurmgate.runtime.ledger.records import NodeFailure
 from slurmgate.runtime.steps import protocol
+from slurmgate.settings.runtime import NodeRetrySettings
 from slurmgate.slurm import commands as slurm
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ class NodeFailureSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeFailureSettings:
-        e = os.environ if env is None else env
+        e = NodeRetrySettings.environ() if env is None else env
         return cls(
             retry=_flag(e, "SLURMGATE_NODE_RETRY", True),
             drain=_flag(e, "SLURMGATE_DRAIN_FAILED_NODES", False),

@@ -27,6 +27,7 @@ from slurmgate.runtime.run.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.run.supervisor import CleanupReport, Supervisor
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.stepenv import step_env
+from slurmgate.settings.handed import inherited
 from slurmgate.slurm import commands as slurm
 
 
@@ -248,9 +249,9 @@ class RunContext:
         shape), then what the runtime and the spec set for this step."""
         bindir = str(Path(self.python).parent)
         named = {
-            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            "PATH": bindir + os.pathsep + inherited().get("PATH", ""),
             "SLURMGATE_RUN_ID": self.run_id,
-            "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+            "PYTHONUNBUFFERED": inherited().get("PYTHONUNBUFFERED", "1"),
         }
         # slurm.environ adds the SLURM_CONF `slurmgate cluster up` recorded, when none is set:
         # srun needs it, and so does a step that runs Slurm commands itself.

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slurmgate.documents import DocumentError, parse_yaml
+from slurmgate.paths import presets_dir
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError, spec_error_from
 from slurmgate.runtime.spec.fields import AllocationName
@@ -33,8 +34,7 @@ PRESETS_DIR_ENV = "SLURMGATE_PRESETS_DIR"
 
 def configured_presets_dir() -> Path | None:
     """The presets folder the worker's operator configured, or None."""
-    value = os.environ.get(PRESETS_DIR_ENV, "").strip()
-    return Path(value).expanduser() if value else None
+    return presets_dir()
 
 
 class SpecOverrides(BaseModel):

@@ -21,6 +21,8 @@ from typing import Any
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.engines.roles import LANE_DIR
 from slurmgate.runtime.steps import protocol
+from slurmgate.settings import handed
+from slurmgate.slurm.jobenv import slurm_variable
 
 MAX_SPEC_BYTES = 64 * 1024
 EXIT_PREFLIGHT = 70
@@ -222,7 +224,7 @@ class PreflightFailed(ExternalError):
 
 
 def visible_gpus(env: dict[str, str] | None = None) -> list[str]:
-    e = os.environ if env is None else env
+    e = handed.PROCESS_ENVIRONMENT if env is None else env
     value = e.get("CUDA_VISIBLE_DEVICES", "").strip()
     if not value or value == "NoDevFiles":
         return []
@@ -234,15 +236,15 @@ def node_name() -> str:
 
     Slurm's NodeName may differ from the hostname, and the plan's hosts are NodeNames.
     """
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return slurm_variable("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def select_node(spec: WorkerSpec) -> NodeSpec:
     """Pick this task's node by SLURM_PROCID and check identity against the plan."""
     here = node_name()
     try:
-        procid = int(os.environ["SLURM_PROCID"])
-        ntasks = int(os.environ["SLURM_NTASKS"])
+        procid = int(slurm_variable("SLURM_PROCID") or "")
+        ntasks = int(slurm_variable("SLURM_NTASKS") or "")
     except (KeyError, ValueError):
         raise PreflightFailed(
             here, "identity", "SLURM_PROCID/SLURM_NTASKS not set: run under srun"
@@ -272,7 +274,7 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
         raise PreflightFailed(
             node.host,
             "gpu-list",
-            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} lists a GPU "
+            f"CUDA_VISIBLE_DEVICES={handed.handed('CUDA_VISIBLE_DEVICES') or ''!r} lists a GPU "
             "twice: two lanes would share it",
         )
     # A superset is fine (the seed accepts it too): lanes take the first GPUs of the list.
@@ -281,7 +283,7 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
             node.host,
             "gpu-count",
             f"{len(gpus)} GPUs visible (CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}) but the plan needs "
+            f"{handed.handed('CUDA_VISIBLE_DEVICES') or ''!r}) but the plan needs "
             f"{spec.gpus_per_node}",
         )
     for port in node.ports:
@@ -328,7 +330,7 @@ class Lanes:
         return path
 
     def spawn(self, lane: LaneSpec, visible: list[str], run_id: str) -> None:
-        env = dict(os.environ)
+        env = handed.inherited()
         env.update(lane.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] for g in lane.gpus)
         env["SLURMGATE_RUN_ID"] = run_id
@@ -471,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         if args[0] == "preflight":
             preflight(spec)
             # The controller checks every planned node reported, from the node it planned.
-            cpus = os.environ.get("SLURM_CPUS_ON_NODE", "0")
+            cpus = slurm_variable("SLURM_CPUS_ON_NODE") or "0"
             _line(f"{PREFLIGHT_OK} host={node_name()} cpus={cpus} gpus={len(visible_gpus())}")
             if cpus.isascii() and cpus.isdigit():
                 _tell(protocol.PreflightPassed(node_name(), int(cpus), len(visible_gpus())))

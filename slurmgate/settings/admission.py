@@ -1,9 +1,10 @@
-"""Admission settings: the two seed feature flags and the planner knobs, from the environment."""
+"""Admission settings: the two seed feature flags, the planner knobs, and the metrics file."""
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import (
@@ -17,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from slurmgate.settings.part import Part, variable
 
 PolicyName = Literal["greedy", "easy", "conservative"]
 """The admission policies a deployment can choose (the simulator adds its `fcfs` baseline)."""
@@ -599,3 +602,13 @@ class AdmissionSettings(BaseSettings):
     def node_slots(self) -> bool:
         """True when jobs are sized by their nodes:N label (both flags on)."""
         return self.PRIORITY_SCHEDULER_ENABLED and self.NODE_SLOT_SCHEDULER_ENABLED
+
+
+class AdmissionMetricsSettings(Part):
+    """Where each tick's Prometheus metrics go besides the served /metrics."""
+
+    metrics_textfile: Path | None = variable(
+        "SLURMGATE_METRICS_TEXTFILE",
+        "Write each tick's metrics to this file for node_exporter's textfile collector "
+        "(unset: not written).",
+    )

@@ -1,0 +1,44 @@
+"""Allocation runtime settings: the controller's heartbeat, the reaper, node-failure retries."""
+
+from __future__ import annotations
+
+from slurmgate.settings.part import Part, variable
+
+
+class LedgerSettings(Part):
+    """The heartbeat a run's controller writes, and how the reaper judges it."""
+
+    heartbeat_s: float = variable(
+        "SLURMGATE_HEARTBEAT_S",
+        "Seconds between two beats of a controller in its allocation's job comment.",
+        60.0,
+        gt=0,
+        le=86_400,
+    )
+    reap_stale_s: float = variable(
+        "SLURMGATE_REAP_STALE_S",
+        "A controller on another host whose last beat is older than this (seconds) is gone.",
+        600.0,
+        gt=0,
+        le=86_400,
+    )
+    reap_all_users: bool = variable(
+        "SLURMGATE_REAP_ALL_USERS",
+        "The scheduled reap also reaps other users' runs whose controller is gone "
+        "(on for 1, true, yes or on).",
+        False,
+    )
+
+
+class NodeRetrySettings(Part):
+    """What a run does when one node fails it (each a yes/no: 1, true, yes, on or 0, false, no,
+    off)."""
+
+    node_retry: bool = variable(
+        "SLURMGATE_NODE_RETRY",
+        "Run the spec once more, on a new allocation, without a node that alone failed the run.",
+        True,
+    )
+    drain_failed_nodes: bool = variable(
+        "SLURMGATE_DRAIN_FAILED_NODES", "Drain that node in Slurm before the retry.", False
+    )

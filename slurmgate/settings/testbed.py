@@ -1,0 +1,23 @@
+"""Testbed settings: where the bundled local Slurm cluster lives, and how its nodes are made."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from slurmgate.settings.part import Part, variable
+
+
+class LocalClusterSettings(Part):
+    """The bundled cluster of `slurmgate cluster up` (its scripts read these too)."""
+
+    local_dir: str = variable(
+        "SLURM_LOCAL_DIR",
+        "The cluster's directory: its slurm.conf, spool, logs and env.sh.",
+        "/tmp/slurm-local",
+    )
+    local_mode: Literal["netns", "uts"] = variable(
+        "SLURM_LOCAL_MODE",
+        "netns: a network namespace and an IP per node (lanes on two nodes may share a port); "
+        "uts: the nodes share this host's network (`slurmgate cluster up` defaults to netns).",
+        "netns",
+    )
