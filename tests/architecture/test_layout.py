@@ -302,3 +302,26 @@ def test_product_code_never_imports_the_testbed() -> None:
         if imported == TESTBED or imported.startswith(f"{TESTBED}.")
     )
     assert offenders == []
+
+
+# A module past this many lines answers more than one question; the testbed's stand-ins (the
+# GitHub emulator's state, the soak) are not the product and may grow past it.
+MAX_MODULE_LINES = 800
+MAX_RUNTIME_TOP_MODULES = 8
+
+
+def test_no_module_outside_the_testbed_is_over_the_line_limit() -> None:
+    long = {
+        name: n
+        for name, path in modules(CORE, *PREFECT_LAYER).items()
+        if not name.startswith(f"{CORE}.testbed")
+        and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"split these by question (at most {MAX_MODULE_LINES} lines): {long}"
+
+
+def test_the_runtime_keeps_its_rooms_in_folders() -> None:
+    loose = sorted(
+        p.name for p in (REPO / CORE / "runtime").glob("*.py") if p.name != "__init__.py"
+    )
+    assert len(loose) <= MAX_RUNTIME_TOP_MODULES, loose
