@@ -150,7 +150,9 @@ def test_dynamo_workers_frontend_and_services() -> None:
     assert _value(argv, "--disaggregation-mode") == "prefill"
     assert _value(argv, "--request-plane") == "tcp"
     (d,) = lay.plan.deployments
-    etcd, nats, frontend = layout.service_launches(spec.deployments[0], lay, d)
+    # the workers run on other nodes: etcd and NATS want the run's certificates
+    pems = frontends.ServicePems("ca", "server", "server-key", "client", "client-key")
+    etcd, nats, frontend = layout.service_launches(spec.deployments[0], lay, d, pems)
     assert frontend.argv == [
         "python3",
         "-m",
@@ -161,12 +163,14 @@ def test_dynamo_workers_frontend_and_services() -> None:
         "kv",
     ]
     assert frontend.env == {
-        "ETCD_ENDPOINTS": "http://10.0.0.1:2379",
+        "ETCD_ENDPOINTS": "https://10.0.0.1:2379",
         "NATS_SERVER": "nats://10.0.0.1:4222",
         "DYN_REQUEST_PLANE": "tcp",
+        **frontends.client_auth_env(),
     }
-    assert _value(etcd.argv, "--listen-client-urls") == "http://10.0.0.1:2379"
-    assert _value(nats.argv, "-p") == "4222" and _value(nats.argv, "-m") == "8222"
+    assert _value(etcd.argv, "--listen-client-urls") == "https://10.0.0.1:2379"
+    assert _value(nats.argv, "-c") == f"{LANE_DIR}/nats.conf"
+    assert "port: 4222" in nats.files["nats.conf"] and '"127.0.0.1:8222"' in nats.files["nats.conf"]
     assert [s.name for s in d.services] == ["etcd", "nats", "frontend"]
     # the workers find etcd through the step's env, the same on every node
     assert layout.service_env(spec.deployments[0], lay)["ETCD_ENDPOINTS"].endswith(":2379")
@@ -217,7 +221,7 @@ def test_pd_routers_are_told_each_prefill_with_its_bootstrap_port() -> None:
         "--port",
         "8000",
         "--prometheus-host",
-        "10.0.0.1",
+        "127.0.0.1",  # nothing scrapes it: loopback, no longer the cluster address
         "--prometheus-port",
         "8001",
     ]

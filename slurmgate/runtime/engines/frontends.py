@@ -127,8 +127,9 @@ def frontend_argv(
             for url in workers.decode:
                 argv += ["--decode", url]
         argv += ["--host", bind_host, "--port", str(port)]
-        # Its Prometheus server listens on 0.0.0.0:29000 unless told: beside its port instead.
-        argv += ["--prometheus-host", bind_host, "--prometheus-port", str(port + 1)]
+        # Its Prometheus server listens on 0.0.0.0:29000 unless told, without auth; nothing of
+        # the run scrapes it, so it listens on loopback, beside the router's port.
+        argv += ["--prometheus-host", LOOPBACK, "--prometheus-port", str(port + 1)]
     elif name == "vllm-router":
         if workers.agg:
             argv += ["--worker-urls", *workers.agg]
@@ -184,29 +185,95 @@ def frontend_files(name: str, bind_host: str, port: int, workers: Workers) -> di
 
 
 def frontend_env(
-    name: str, services_host: str, ports: Mapping[str, int], plane: str
+    name: str, services_host: str, ports: Mapping[str, int], plane: str, *, tls: bool = False
 ) -> dict[str, str]:
-    """What the frontend (and, for Dynamo, every worker) needs to find the services."""
+    """What the frontend (and, for Dynamo, every worker) needs to find the services: their
+    URLs only, never a secret (with `tls`, each lane's `client_auth_env` names its files)."""
     if name != "dynamo":
         return {}
+    scheme = "https" if tls else "http"
     return {
-        "ETCD_ENDPOINTS": f"http://{services_host}:{ports['etcd']}",
+        "ETCD_ENDPOINTS": f"{scheme}://{services_host}:{ports['etcd']}",
         "NATS_SERVER": f"nats://{services_host}:{ports['nats']}",
         "DYN_REQUEST_PLANE": plane,
     }
 
 
+# Every service lane binds loopback when the deployment runs on the client host alone; else
+# etcd and NATS listen on the node's address and admit only clients holding a certificate of
+# the run's own CA (mutual TLS), which each lane reads from these files under LANE_DIR.
+LOOPBACK = "127.0.0.1"
+CA_FILE = "service-ca.pem"
+SERVER_CERT_FILE = "service-server.pem"
+SERVER_KEY_FILE = "service-server.key"
+CLIENT_CERT_FILE = "service-client.pem"
+CLIENT_KEY_FILE = "service-client.key"
+NATS_CONFIG_FILE = "nats.conf"
+
+
+@dataclass(frozen=True)
+class ServicePems:
+    """A run's TLS material for etcd and NATS, PEM text: its CA, the servers', a client's."""
+
+    ca_cert: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+    def server_files(self) -> dict[str, str]:
+        return {
+            CA_FILE: self.ca_cert,
+            SERVER_CERT_FILE: self.server_cert,
+            SERVER_KEY_FILE: self.server_key,
+        }
+
+    def client_files(self) -> dict[str, str]:
+        return {
+            CA_FILE: self.ca_cert,
+            CLIENT_CERT_FILE: self.client_cert,
+            CLIENT_KEY_FILE: self.client_key,
+        }
+
+
+def client_auth_env() -> dict[str, str]:
+    """Where a Dynamo lane's etcd and NATS clients find the run's client certificate: paths
+    under LANE_DIR, which the node worker fills in (Dynamo's runtime reads ETCD_AUTH_* and
+    NATS_TLS_*; the values are paths, the keys stay in the lane's 0600 files)."""
+    ca, cert, key = (f"{LANE_DIR}/{n}" for n in (CA_FILE, CLIENT_CERT_FILE, CLIENT_KEY_FILE))
+    return {
+        "ETCD_AUTH_CA": ca,
+        "ETCD_AUTH_CLIENT_CERT": cert,
+        "ETCD_AUTH_CLIENT_KEY": key,
+        "NATS_TLS_CA_CERT_PATH": ca,
+        "NATS_TLS_CLIENT_CERT_PATH": cert,
+        "NATS_TLS_CLIENT_KEY_PATH": key,
+    }
+
+
 def service_argv(
-    name: str, command: Sequence[str], bind_host: str, ports: Mapping[str, int]
+    name: str,
+    command: Sequence[str],
+    bind_host: str,
+    ports: Mapping[str, int],
+    *,
+    tls: bool = False,
 ) -> list[str]:
-    """etcd or NATS as srt-slurm's head node runs them, listening on the node's address, with
-    their data under the lane's own directory."""
+    """etcd or NATS as srt-slurm's head node runs them, listening on `bind_host` (loopback, or
+    the node's address with `tls`), with their data under the lane's own directory.
+
+    etcd's peer listener serves a cluster of one: it stays on loopback. With `tls` its client
+    listener asks every client for a certificate of the run's CA, and its /health answers on
+    loopback (same port number) for the readiness probe, which runs on this node. NATS reads
+    its listeners from its config file (`nats_config`; its monitor on loopback) and, with
+    `tls`, verifies every client's certificate against the run's CA.
+    """
     argv = list(command)
     if name == "etcd":
-        client = f"http://{bind_host}:{ports['etcd']}"
-        peer = f"http://{bind_host}:{ports['etcd_peer']}"
-        return [
-            *argv,
+        scheme = "https" if tls else "http"
+        client = f"{scheme}://{bind_host}:{ports['etcd']}"
+        peer = f"http://{LOOPBACK}:{ports['etcd_peer']}"
+        argv += [
             "--name",
             "slurmgate",
             "--data-dir",
@@ -222,24 +289,67 @@ def service_argv(
             "--initial-cluster",
             f"slurmgate={peer}",
         ]
+        if tls:
+            argv += [
+                "--client-cert-auth",
+                "--trusted-ca-file",
+                f"{LANE_DIR}/{CA_FILE}",
+                "--cert-file",
+                f"{LANE_DIR}/{SERVER_CERT_FILE}",
+                "--key-file",
+                f"{LANE_DIR}/{SERVER_KEY_FILE}",
+                "--listen-metrics-urls",
+                f"http://{LOOPBACK}:{ports['etcd']}",
+            ]
+        return argv
     if name == "nats":
-        return [
-            *argv,
-            "-a",
-            bind_host,
-            "-p",
-            str(ports["nats"]),
-            "-m",
-            str(ports["nats_monitor"]),
-            "-js",
-            "-sd",
-            f"{LANE_DIR}/nats",
-        ]
+        argv += ["-c", f"{LANE_DIR}/{NATS_CONFIG_FILE}", "-js", "-sd", f"{LANE_DIR}/nats"]
+        if tls:
+            argv += [
+                "--tlsverify",
+                "--tlscert",
+                f"{LANE_DIR}/{SERVER_CERT_FILE}",
+                "--tlskey",
+                f"{LANE_DIR}/{SERVER_KEY_FILE}",
+                "--tlscacert",
+                f"{LANE_DIR}/{CA_FILE}",
+            ]
+        return argv
     raise ValueError(f"unknown service {name!r}")
 
 
+def nats_config(bind_host: str, ports: Mapping[str, int]) -> str:
+    """nats-server's config: its client listener, and its monitor on loopback (no flag of
+    nats-server's sets the monitor's host apart from the client listener's)."""
+    monitor = f"{LOOPBACK}:{ports['nats_monitor']}"
+    lines = [
+        f"host: {json.dumps(bind_host)}",
+        f"port: {ports['nats']}",
+        f"http: {json.dumps(monitor)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def service_files(
+    name: str, bind_host: str, ports: Mapping[str, int], pems: ServicePems | None
+) -> dict[str, str]:
+    """Files a service lane reads under LANE_DIR: NATS's config, and with TLS (`pems`) the CA
+    and the server's certificate and key."""
+    files = pems.server_files() if pems is not None else {}
+    if name == "nats":
+        files[NATS_CONFIG_FILE] = nats_config(bind_host, ports)
+    return files
+
+
 SERVICE_READINESS = {"etcd": ("etcd", "/health"), "nats": ("nats_monitor", "/healthz")}
-"""Per service: the port it is probed on (a key of the service ports) and the path."""
+"""Per service: the port it is probed on (a key of the service ports) and the path; NATS's
+monitor always, and etcd's /health with TLS, answer on loopback (`service_probe_host`)."""
+
+
+def service_probe_host(name: str, bind_host: str) -> str:
+    """Where a service's readiness is asked, from its own node: the frontend on its address,
+    etcd and NATS on loopback (their plain-HTTP health listeners bind only there)."""
+    return bind_host if name == "frontend" else LOOPBACK
 
 
 def service_ready(name: str, status: int, body: Any) -> bool:

@@ -345,14 +345,45 @@ class ServiceLaunch:
     files: dict[str, str]
 
 
-def service_launches(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> list[ServiceLaunch]:
+def services_local(lay: Layout, d: DeploymentPlan) -> bool:
+    """Every lane of the deployment runs on the client host: its etcd and NATS need answer
+    no other node, so they listen on loopback; else on the node's address, with mutual TLS."""
+    return all(node == lay.plan.client_node for node in d.node_indices)
+
+
+def services_tls(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> bool:
+    """The deployment has etcd and NATS, and nodes besides the client host reach them."""
+    has_services = spec.frontend is not None and bool(
+        frontends.FRONTENDS[spec.frontend.type].services
+    )
+    return has_services and not services_local(lay, d)
+
+
+def services_host(lay: Layout, d: DeploymentPlan) -> str:
+    """The address etcd and NATS listen on, and their clients reach them at."""
+    return frontends.LOOPBACK if services_local(lay, d) else lay.address(lay.plan.client_node)
+
+
+def service_launches(
+    spec: DeploymentShape,
+    lay: Layout,
+    d: DeploymentPlan,
+    pems: frontends.ServicePems | None = None,
+) -> list[ServiceLaunch]:
     """Every service lane of a deployment with a frontend, in start order (etcd, NATS, then
-    the frontend), bound to the client node's address."""
+    the frontend): the frontend on the client node's address, etcd and NATS on
+    `services_host`, with the run's certificates (`pems`) when `services_tls`."""
     f = spec.frontend
     if f is None:
         return []
     host = lay.address(lay.plan.client_node)
     ports = f.service_ports
+    tls = services_tls(spec, lay, d)
+    if tls and pems is None:
+        raise ValueError(
+            f"{d.name}: etcd and NATS serve other nodes: they need the run's certificates"
+        )
+    pems = pems if tls else None
     out = []
     for service in d.services:
         if service.name == "frontend":
@@ -360,21 +391,31 @@ def service_launches(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> l
             argv = frontends.frontend_argv(f.type, f.argv_head, f.args, host, f.port, workers)
             env = {**service_env(spec, lay), **f.env}
             files = frontends.frontend_files(f.type, host, f.port, workers)
+            if pems is not None:
+                env |= frontends.client_auth_env()
+                files |= pems.client_files()
         else:
             command = f.etcd_command if service.name == "etcd" else f.nats_command
-            argv, env, files = frontends.service_argv(service.name, command, host, ports), {}, {}
+            bind = services_host(lay, d)
+            argv = frontends.service_argv(service.name, command, bind, ports, tls=tls)
+            env, files = {}, frontends.service_files(service.name, bind, ports, pems)
         out.append(ServiceLaunch(service, argv, env, files))
     return out
 
 
 def service_env(spec: DeploymentShape, lay: Layout) -> dict[str, str]:
     """What the frontend and every worker of the deployment need to find etcd and NATS
-    (Dynamo): the same for all, so it belongs in the deployment's step environment."""
+    (Dynamo): their URLs, the same for all, so it belongs in the deployment's step environment
+    (the certificates' paths are each lane's: `frontends.client_auth_env`)."""
     if spec.frontend is None:
         return {}
-    host = lay.address(lay.plan.client_node)
+    d = next(p for p in lay.plan.deployments if p.name == spec.name)
     return frontends.frontend_env(
-        spec.frontend.type, host, spec.frontend.service_ports, spec.frontend.request_plane
+        spec.frontend.type,
+        services_host(lay, d),
+        spec.frontend.service_ports,
+        spec.frontend.request_plane,
+        tls=services_tls(spec, lay, d),
     )
 
 

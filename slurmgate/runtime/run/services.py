@@ -6,6 +6,10 @@ before the workers; the frontend (Dynamo's, sglang-router or vllm-router in PD m
 `trtllm-serve disaggregated`) starts once every worker answers, and is ready when it lists them
 (`frontends.frontend_ready`). Each group is one node-worker step on the client host, so it is
 supervised (fail-fast) and stopped by cleanup exactly like the model-server lanes.
+
+etcd and NATS listen on loopback when every lane of the deployment runs on the client host;
+else on its address, admitting only clients with a certificate of the run's own CA
+(`service_certs`), which each lane that needs one gets as 0600 files in its private directory.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from slurmgate.runtime.engines import frontends
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.run.probes import ProbeOpener
+from slurmgate.runtime.run.service_certs import deployment_pems
 from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.run.supervisor import StepFailed
 from slurmgate.runtime.run.workers import start_workers
@@ -40,7 +45,7 @@ def start_services(
     dspec = ctx.spec.deployments[d.index]
     launches = [
         s
-        for s in layout_mod.service_launches(dspec, ctx.layout, d)
+        for s in layout_mod.service_launches(dspec, ctx.layout, d, deployment_pems(ctx, d))
         if (s.plan.name == "frontend") == frontend
     ]
     if not launches or dspec.frontend is None:
@@ -87,10 +92,12 @@ def start_services(
     timeout = dspec.frontend.startup_timeout_s if frontend else SERVICE_STARTUP_S
     expected = layout_mod.expected_workers(dspec, d)
     address = ctx.layout.address(ctx.plan.client_node)
+    # The probes run on the client host: etcd's and NATS's health listeners are on loopback.
     targets = [
         readiness.Target(
             name=f"{d.name} {s.plan.name}",
-            base_url=f"http://{address}:{s.plan.probe_port}",
+            base_url=f"http://{frontends.service_probe_host(s.plan.name, address)}:"
+            f"{s.plan.probe_port}",
             path=s.plan.readiness_path,
             deadline=time.monotonic() + timeout,
             models=False,

@@ -13,6 +13,7 @@ from pathlib import Path
 from slurmgate.errors import ExternalError
 from slurmgate.paths import default_runs_root
 from slurmgate.runtime.engines import layout as layout_mod
+from slurmgate.runtime.engines.frontends import ServicePems
 from slurmgate.runtime.hooks import HookOutcome, HookRunner, run_plain
 from slurmgate.runtime.ledger.heartbeat import Heartbeat
 from slurmgate.runtime.ledger.records import (
@@ -126,6 +127,9 @@ class RunContext:
     exits_at_failure: dict[str, int | None] = field(default_factory=dict)
     node_failure: NodeFailure | None = None
     retried_as: str | None = None
+    # Per deployment whose etcd and NATS serve other nodes: the run's own CA and certificates
+    # (run/service_certs.py). Held here only: never in the record.
+    service_pems: dict[str, ServicePems] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from slurmgate.runtime.engines import frontends
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.run.service_certs import deployment_pems
 from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.spec.deployment import DeploymentSpec
 from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
@@ -15,6 +17,8 @@ from slurmgate.slurm import commands as slurm
 def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
     assert ctx.layout
     dspec = ctx.spec.deployments[d.index]
+    # Dynamo's workers reach etcd and NATS on other nodes with the run's client certificate.
+    pems = deployment_pems(ctx, d)
     nodes = []
     for n in d.nodes:
         lanes = []
@@ -27,6 +31,9 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
             # what its engine needs per node (the address it advertises) and its role's.
             env = layout_mod.lane_env(dspec, lane, address)
             files = layout_mod.lane_files(dspec, lane)
+            if pems is not None:
+                env |= frontends.client_auth_env()
+                files |= pems.client_files()
             lanes.append(layout_lane(lane, argv, env, files))
         nodes.append(
             NodeSpec(

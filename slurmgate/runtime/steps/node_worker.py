@@ -319,8 +319,9 @@ class Lanes:
         self.dirs: list[str] = []
 
     def lane_dir(self, lane: LaneSpec, run_id: str) -> str:
-        """A fresh private directory for the lane (LANE_DIR in its argv), with its files in
-        it: an engine's YAML, or the data of etcd and NATS. Removed when the lanes stop."""
+        """A fresh private directory for the lane (LANE_DIR in its argv and env), with its
+        files in it, each 0600: an engine's YAML, the data of etcd and NATS, the run's service
+        certificates and keys. Removed when the lanes stop."""
         path = tempfile.mkdtemp(prefix=f"slurmgate-{run_id}-{lane.id}-")
         self.dirs.append(path)
         for name, text in lane.files.items():
@@ -336,9 +337,11 @@ class Lanes:
         env["SLURMGATE_RUN_ID"] = run_id
         env["SLURMGATE_RUN_LANE"] = lane.id
         argv = lane.argv
-        if lane.files or any(LANE_DIR in a for a in argv):
+        if lane.files or any(LANE_DIR in a for a in [*argv, *lane.env.values()]):
             where = self.lane_dir(lane, run_id)
             argv = [a.replace(LANE_DIR, where) for a in argv]
+            # A lane's env may name its files too (the paths of its certificates).
+            env.update({k: v.replace(LANE_DIR, where) for k, v in lane.env.items()})
         proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
         )
