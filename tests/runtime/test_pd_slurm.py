@@ -9,9 +9,11 @@ decode lanes logged exactly the bootstrap rooms the prefill lanes logged). Then 
 prefill worker dies (it crashes after its fifth request) while the client still runs: the run
 fails within seconds, names the node and the lane, and cleanup leaves nothing on any node.
 
-A Dynamo deployment (stub workers, a stand-in frontend) runs Debian's real etcd and NATS as its
-service lanes on the client node: the client reads and writes etcd and reads NATS's INFO and
-monitor while the run lives, and cleanup leaves neither behind.
+A Dynamo deployment (stub workers on two nodes, a stand-in frontend) runs Debian's real etcd and
+NATS as its service lanes on the client node, behind the run's own mutual TLS: the frontend
+reaches both with the certificate files the runtime gave its lane; the client, an outsider to
+them, reads their health on loopback and NATS's INFO, and is refused by both; cleanup leaves
+neither behind.
 """
 
 from __future__ import annotations
@@ -184,20 +186,36 @@ def test_2p1d_endpoint_and_1p1d_sglang_router_pair_requests_and_a_dying_prefill_
 
 # A stand-in for Dynamo's frontend (`frontend.command`): it answers /health listing one
 # prefill and one decode instance only once the real etcd and NATS lanes answer it at the
-# addresses the runtime gives it (ETCD_ENDPOINTS, NATS_SERVER).
+# addresses the runtime gives it (ETCD_ENDPOINTS, NATS_SERVER), through mutual TLS with the
+# certificate files its lane was given (ETCD_AUTH_*, NATS_TLS_*, as Dynamo's runtime reads them).
 DYNAMO_FRONTEND = r"""
-import json, os, socket, sys, time, urllib.request
+import base64, json, os, socket, ssl, sys, time, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 port = int(sys.argv[sys.argv.index("--http-port") + 1])
 etcd, nats = os.environ["ETCD_ENDPOINTS"], os.environ["NATS_SERVER"]
+tls = ssl.create_default_context(cafile=os.environ["ETCD_AUTH_CA"])
+tls.load_cert_chain(os.environ["ETCD_AUTH_CLIENT_CERT"], os.environ["ETCD_AUTH_CLIENT_KEY"])
+nats_tls = ssl.create_default_context(cafile=os.environ["NATS_TLS_CA_CERT_PATH"])
+nats_tls.load_cert_chain(
+    os.environ["NATS_TLS_CLIENT_CERT_PATH"], os.environ["NATS_TLS_CLIENT_KEY_PATH"]
+)
+b64 = lambda s: base64.b64encode(s.encode()).decode()
 while True:
     try:
-        with urllib.request.urlopen(etcd + "/health", timeout=2) as r:
+        with urllib.request.urlopen(etcd + "/health", timeout=2, context=tls) as r:
             health = json.loads(r.read())
+        put = urllib.request.Request(
+            etcd + "/v3/kv/put", data=json.dumps({"key": b64("k"), "value": b64("v")}).encode()
+        )
+        with urllib.request.urlopen(put, timeout=2, context=tls) as r:
+            stored = r.status == 200
         host, nport = nats.removeprefix("nats://").rsplit(":", 1)
-        with socket.create_connection((host, int(nport)), timeout=2) as s:
-            info = s.makefile().readline()
-        if health.get("health") == "true" and info.startswith("INFO {"):
+        with socket.create_connection((host, int(nport)), timeout=2) as raw:
+            raw.makefile("rb").readline()
+            with nats_tls.wrap_socket(raw, server_hostname=host) as s:
+                s.sendall(b'CONNECT {"verbose":false,"tls_required":true}\r\nPING\r\n')
+                pong = s.recv(64)
+        if health.get("health") == "true" and stored and pong.startswith(b"PONG"):
             break
     except OSError:
         pass
@@ -220,28 +238,46 @@ class Health(BaseHTTPRequestHandler):
 HTTPServer(("0.0.0.0", port), Health).serve_forever()
 """
 
-# The client asks the services themselves, on the client node's address (the endpoint's host):
-# etcd's /health and a key written and read back through its v3 gateway, NATS's INFO line on
-# its client port and its monitor's /healthz.
+# The client is an outsider to the services (it has no certificate of the run): on the client
+# node it reads etcd's /health and NATS's monitor on loopback, and NATS's INFO line on the node's
+# address; etcd refuses its write over TLS and plain HTTP, NATS its TLS upgrade.
 SERVICES_CLIENT = r"""
-import base64, json, os, socket, urllib.request
+import base64, json, os, socket, ssl, urllib.request
 base = json.loads(os.environ["SLURMGATE_ENDPOINTS"])["dyn"]
 host = base.removeprefix("http://").rsplit(":", 1)[0]
 
-def call(url, payload=None):
+def call(url, payload=None, context=None):
     data = None if payload is None else json.dumps(payload).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=5) as r:
+    req = urllib.request.Request(url, data=data)
+    with urllib.request.urlopen(req, timeout=5, context=context) as r:
         return r.status, json.loads(r.read())
 
+def refused(fn):
+    try:
+        return f"answered {fn()!r}"
+    except Exception as exc:
+        return f"refused {type(exc).__name__}"
+
 b64 = lambda s: base64.b64encode(s.encode()).decode()
-etcd = f"http://{host}:%(etcd)d"
-out = {"etcd_health": call(etcd + "/health")}
-call(etcd + "/v3/kv/put", {"key": b64("slurmgate"), "value": b64("answered")})
-_, got = call(etcd + "/v3/kv/range", {"key": b64("slurmgate")})
-out["etcd_value"] = base64.b64decode(got["kvs"][0]["value"]).decode()
-with socket.create_connection((host, %(nats)d), timeout=5) as s:
-    out["nats_info"] = json.loads(s.makefile().readline().removeprefix("INFO "))
-out["nats_healthz"] = call(f"http://{host}:%(nats_monitor)d/healthz")
+put = {"key": b64("/services/outsider"), "value": b64("x")}
+loose = ssl.create_default_context()
+loose.check_hostname, loose.verify_mode = False, ssl.CERT_NONE
+out = {"etcd_health": call("http://127.0.0.1:%(etcd)d/health")}
+out["etcd_put_tls"] = refused(lambda: call(f"https://{host}:%(etcd)d/v3/kv/put", put, loose))
+out["etcd_put_plain"] = refused(lambda: call(f"http://{host}:%(etcd)d/v3/kv/put", put))
+with socket.create_connection((host, %(nats)d), timeout=5) as raw:
+    out["nats_info"] = json.loads(raw.makefile("rb").readline().decode().removeprefix("INFO "))
+
+    def subscribe():
+        with loose.wrap_socket(raw, server_hostname=host) as s:
+            s.sendall(b'CONNECT {"verbose":false,"tls_required":true}\r\nSUB > 1\r\nPING\r\n')
+            answer = s.recv(64)
+            if not answer.startswith(b"PONG"):
+                raise ConnectionError(answer.decode(errors="replace"))
+            return answer.decode()
+
+    out["nats_sub"] = refused(subscribe)
+out["nats_healthz"] = call("http://127.0.0.1:%(nats_monitor)d/healthz")
 print("RESULT " + json.dumps(out), flush=True)
 """
 
@@ -308,15 +344,19 @@ def test_dynamo_deployment_runs_real_etcd_and_nats_as_service_lanes(
     line = next(x for x in logs["client.log"].splitlines() if x.startswith("RESULT "))
     report: dict[str, Any] = json.loads(line[len("RESULT ") :])
     assert report["etcd_health"] == [200, {"health": "true"}], report
-    assert report["etcd_value"] == "answered"
+    # an outsider without the run's certificate can neither write etcd nor subscribe on NATS
+    assert report["etcd_put_tls"].startswith("refused"), report
+    assert report["etcd_put_plain"].startswith("refused"), report
+    assert report["nats_sub"].startswith("refused"), report
     assert report["nats_info"]["port"] == SERVICE_PORTS["nats"], report["nats_info"]
     assert report["nats_info"]["jetstream"] is True, report["nats_info"]
+    assert report["nats_info"]["tls_required"] is True, report["nats_info"]
     assert report["nats_healthz"] == [200, {"status": "ok"}], report
     # both ran as lanes of the services step on the client node, before the workers, and the
     # frontend found them at the addresses the runtime handed it
     services = logs["services-dyn.log"]
     assert "started lane dyn-etcd pid" in services and "started lane dyn-nats pid" in services
-    etcd = f"http://{head}:{SERVICE_PORTS['etcd']}"
+    etcd = f"https://{head}:{SERVICE_PORTS['etcd']}"
     nats = f"nats://{head}:{SERVICE_PORTS['nats']}"
     assert f"frontend saw etcd {etcd} and nats {nats}" in logs["frontend-dyn.log"]
     # nothing of either is left on any node (every node of the bundled cluster is this host)

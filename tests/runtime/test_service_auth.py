@@ -105,6 +105,15 @@ def test_on_one_host_etcd_and_nats_listen_on_loopback_without_certificates(
         assert lane.files == {} and not any(k.startswith("ETCD_AUTH") for k in lane.env)
 
 
+def test_nodes_that_share_loopback_share_the_services_on_it(tmp_path: Path) -> None:
+    """Nodes addressed as 127.0.0.1 are one machine (a local test cluster): loopback serves."""
+    run = AllocationRun(_spec(TWO_HOSTS), runs_root=tmp_path)
+    run.layout = layout.bind(run.plan, ["n0", "n1"], {"n0": "127.0.0.1", "n1": "127.0.0.1"})
+    etcd, _, frontend = _launches(run)
+    assert _value(etcd.argv, "--listen-client-urls") == "http://127.0.0.1:2379"
+    assert frontend.files == {} and not run.context.service_pems
+
+
 def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: Path) -> None:
     run = _run(TWO_HOSTS, tmp_path)
     assert run.layout and run.plan.total_nodes == 2

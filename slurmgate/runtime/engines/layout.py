@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -346,9 +347,16 @@ class ServiceLaunch:
 
 
 def services_local(lay: Layout, d: DeploymentPlan) -> bool:
-    """Every lane of the deployment runs on the client host: its etcd and NATS need answer
-    no other node, so they listen on loopback; else on the node's address, with mutual TLS."""
-    return all(node == lay.plan.client_node for node in d.node_indices)
+    """Every lane of the deployment runs on the client host (or every node is this machine:
+    the client node's address is loopback): its etcd and NATS need answer no other host, so
+    they listen on loopback; else on the node's address, with mutual TLS."""
+    if all(node == lay.plan.client_node for node in d.node_indices):
+        return True
+    address = lay.address(lay.plan.client_node)
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 def services_tls(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> bool:
