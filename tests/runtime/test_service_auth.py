@@ -32,7 +32,7 @@ from slurmgate.runtime.engines.roles import LANE_DIR
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.service_certs import deployment_pems, make_service_pems
 from slurmgate.runtime.spec.allocation import AllocationSpec
-from slurmgate.runtime.steps.node_worker import Lanes, LaneSpec
+from slurmgate.runtime.steps.node_worker import Lanes, LaneSpec, WorkerSpec
 
 DYNAMO = ["python3", "-m", "dynamo.sglang", "--model-path", "/model"]
 SECRET_FILES = (frontends.SERVER_KEY_FILE, frontends.CLIENT_KEY_FILE)
@@ -142,9 +142,11 @@ def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: P
     worker = run._worker_spec(d)
     lanes = [lane for n in worker.nodes for lane in n.lanes]
     assert len({n.host for n in worker.nodes}) == 2
+    assert worker.shared_files == pems.client_files()  # sent once, written for every lane
     for lane in lanes:
-        assert lane.files == pems.client_files()
+        assert lane.files == {}
         assert {k: lane.env[k] for k in auth} == auth
+    assert WorkerSpec.decode(worker.encode()).shared_files == pems.client_files()
     # no key, certificate or CA text in any argv or env, nor in the record
     secrets = [pems.server_key, pems.client_key, pems.ca_cert, pems.client_cert]
     shown = json.dumps(
@@ -174,14 +176,14 @@ def test_the_node_worker_writes_them_0600_and_names_their_paths_in_the_lanes_env
         gpus=[],
         delay_s=0.0,
         env={"NATS_SERVER": "nats://10.0.0.1:4222", **frontends.client_auth_env()},
-        files=pems.client_files(),
+        files={"own.yaml": "{}"},
     )
-    lanes = Lanes(grace_s=1.0)
+    lanes = Lanes(grace_s=1.0, shared_files=pems.client_files())
     try:
         lanes.spawn(lane, [], "r1")
         (where,) = lanes.dirs
         assert stat.S_IMODE(os.stat(where).st_mode) == 0o700
-        for name in pems.client_files():
+        for name in [*pems.client_files(), "own.yaml"]:
             assert stat.S_IMODE(os.stat(Path(where) / name).st_mode) == 0o600
         assert (Path(where) / "service-client.key").read_text() == pems.client_key
         (_, proc) = lanes.procs[0]

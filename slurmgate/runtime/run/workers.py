@@ -33,7 +33,6 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
             files = layout_mod.lane_files(dspec, lane)
             if pems is not None:
                 env |= frontends.client_auth_env()
-                files |= pems.client_files()
             lanes.append(layout_lane(lane, argv, env, files))
         nodes.append(
             NodeSpec(
@@ -48,6 +47,8 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
         grace_s=min(ctx.options.grace_s, 10.0),
         nodes=nodes,
         model_paths=_command_model_paths(dspec),
+        # every lane's copy of the client certificate, sent once
+        shared_files=pems.client_files() if pems is not None else {},
     )
 
 

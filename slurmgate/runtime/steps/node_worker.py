@@ -72,6 +72,9 @@ class WorkerSpec:
     # Absolute model paths the deployment's command loads, as its engine profile reads them
     # (`--model /models/x`): checked like model_path, so a missing checkpoint fails preflight.
     model_paths: list[str] = field(default_factory=list)
+    # Files every lane of the step gets in its directory besides its own (the run's client
+    # certificate for etcd and NATS): sent once, not once per lane, to keep the spec small.
+    shared_files: dict[str, str] = field(default_factory=dict)
 
     def checked_paths(self) -> list[str]:
         """Every model path preflight checks, each once, the spec's own first."""
@@ -85,6 +88,7 @@ class WorkerSpec:
             "gpus_per_node": self.gpus_per_node,
             "model_path": self.model_path,
             "model_paths": self.model_paths,
+            **({"shared_files": self.shared_files} if self.shared_files else {}),
             "grace_s": self.grace_s,
             "nodes": [
                 {
@@ -130,7 +134,7 @@ class WorkerSpec:
         _keys(
             data,
             {"v", "run_id", "name", "gpus_per_node", "model_path", "grace_s", "nodes"},
-            optional=frozenset({"model_paths"}),
+            optional=frozenset({"model_paths", "shared_files"}),
         )
         if data["v"] != 1:
             raise WorkerSpecError(f"spec version {data['v']!r} is not supported")
@@ -183,6 +187,7 @@ class WorkerSpec:
                 _typed(p, str, "model_paths[]")
                 for p in _typed(data.get("model_paths", []), list, "model_paths")
             ],
+            shared_files=_files(data.get("shared_files", {}), "every lane"),
         )
 
 
@@ -312,8 +317,9 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
 class Lanes:
     """This node's lane processes, each in its own session."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, shared_files: dict[str, str] | None = None) -> None:
         self.grace_s = grace_s
+        self.shared_files = dict(shared_files or {})
         self.procs: list[tuple[LaneSpec, subprocess.Popen[bytes]]] = []
         self.started: dict[str, float] = {}  # lane id -> when it started (monotonic)
         self.dirs: list[str] = []
@@ -324,7 +330,7 @@ class Lanes:
         certificates and keys. Removed when the lanes stop."""
         path = tempfile.mkdtemp(prefix=f"slurmgate-{run_id}-{lane.id}-")
         self.dirs.append(path)
-        for name, text in lane.files.items():
+        for name, text in {**self.shared_files, **lane.files}.items():
             fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
@@ -337,7 +343,8 @@ class Lanes:
         env["SLURMGATE_RUN_ID"] = run_id
         env["SLURMGATE_RUN_LANE"] = lane.id
         argv = lane.argv
-        if lane.files or any(LANE_DIR in a for a in [*argv, *lane.env.values()]):
+        files = lane.files or self.shared_files
+        if files or any(LANE_DIR in a for a in [*argv, *lane.env.values()]):
             where = self.lane_dir(lane, run_id)
             argv = [a.replace(LANE_DIR, where) for a in argv]
             # A lane's env may name its files too (the paths of its certificates).
@@ -381,7 +388,7 @@ def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> in
     """Start lanes after their delays and exit as soon as one exits or a stop arrives."""
     node = preflight(spec)
     visible = visible_gpus()
-    lanes = Lanes(spec.grace_s)
+    lanes = Lanes(spec.grace_s, spec.shared_files)
     order = sorted(node.lanes, key=lambda lane: lane.delay_s)
     t0 = time.monotonic()
     pending = list(order)
