@@ -339,13 +339,16 @@ async def test_after_killed_hung_and_slow_lanes_and_vanished_clients_nothing_is_
                 per_lane = max(1, config.pool_size // len(ep.lanes))
 
                 def settled() -> bool:
-                    return all(lane.active == 0 and lane.queued == 0 for lane in ep.lanes) and all(
-                        gate._value == per_lane for gate in ep.links.gates
-                    )
+                    held = [
+                        (lane.active, lane.queued, len(lane.awaiting), len(lane.cut_off))
+                        for lane in ep.lanes
+                    ]
+                    gates = [gate._value for gate in ep.links.gates]
+                    return set(held) == {(0, 0, 0, 0)} and set(gates) == {per_lane}
 
                 started = time.monotonic()
                 await until(settled, timeout=2.0)
-                print(f"settled in {time.monotonic() - started:.2f} s")
+                print(f"settled in {time.monotonic() - started:.2f} s; {dict(ep.stats.statuses)}")
                 await until(lambda: set(asyncio.all_tasks()) <= before | {asyncio.current_task()})
                 assert _live_upstreams(ep) == []
             finally:
