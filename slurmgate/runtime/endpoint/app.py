@@ -15,7 +15,7 @@ Routing is least-active with a rotating cursor for ties (``routing.py``), gated 
 sampled queue depth (``backpressure.py``) and by the lane's health probes, which take a failing
 lane out of rotation. A request goes the aggregated way (``aggregated.py``: tried on at most
 ``max_attempts`` lanes, each try one ``forward.Attempt``) or, with prefill and decode lanes, the
-paired way (``disaggregated.py``).
+paired way (``disaggregated.py``), where every request is paired or refused (``pd.py``).
 
 Each lane has ``pool_size // lanes`` upstream connections; a request that waits for one is held
 here and counts as waiting in the lane's queue. Request bodies are kept whole (a retry needs
@@ -119,7 +119,12 @@ class Endpoint:
         self._sampler_tasks: list[asyncio.Task[None]] = []
         self._retry_after = config.retry_after_header
         self._buffered = 0  # bytes of request bodies held now, over all requests
+        # every body of a PD deployment is parsed to be paired: it has a limit of its own
+        self.body_limit_flag = "--max-body-bytes"
         self.max_body_bytes = config.max_body_bytes
+        if self.pd and config.max_pd_body_bytes < config.max_body_bytes:
+            self.body_limit_flag = "--max-pd-body-bytes"
+            self.max_body_bytes = config.max_pd_body_bytes
         self.connections: set[ClientConnection] = set()  # the clients', kept by the data plane
         self._expected = config.token.get_secret_value().encode() if config.token else None
         self._control_app: ASGIApp | None = None
@@ -158,6 +163,8 @@ class Endpoint:
             await asyncio.wait(self._sampler_tasks, timeout=1.0)
         self._sampler_tasks = []
         self.links.close_pools()
+        if self.paired is not None:
+            self.paired.close()
         if self.control is not None:
             await self.control.close()
         self.control = None
@@ -286,7 +293,7 @@ class Endpoint:
 
     def too_large(self, conn: ClientConnection, req: Incoming) -> None:
         self.stats.rejected_too_large += 1
-        message = f"request body over {self.config.max_body_bytes} bytes (--max-body-bytes)"
+        message = f"request body over {self.max_body_bytes} bytes ({self.body_limit_flag})"
         self.stats.statuses[
             answer(conn, req, 413, json_error(413, "request_too_large", message))
         ] += 1
@@ -332,7 +339,7 @@ class Endpoint:
     async def _handle(self, conn: ClientConnection, req: Incoming) -> None:
         stats = self.stats
         try:
-            if self.paired is not None and req.method == b"POST":
+            if self.paired is not None:  # paired or refused, whatever its method
                 status = await self.paired.forward(conn, req)
             else:
                 status = await self.aggregated.forward(conn, req)

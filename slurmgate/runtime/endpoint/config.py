@@ -36,6 +36,7 @@ TUNING_FLAGS: dict[str, type] = {
     "breaker_failures": int,
     "breaker_open_s": float,
     "max_body_bytes": int,
+    "max_pd_body_bytes": int,
     "max_buffered_bytes": int,
     "body_timeout": float,
     "max_connections": int,
@@ -114,6 +115,14 @@ class EndpointConfig(BaseModel):
         "it; doubled each time the probe fails (at most 8 times)",
     )
     max_body_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
+    max_pd_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=0,
+        description="request body limit of a prefill/decode deployment, whose every body is "
+        "parsed as JSON to be paired: a prompt is a few MB at most, and a parse costs many "
+        "times its body; over it a request is answered 413 (the lower of this and "
+        "--max-body-bytes holds)",
+    )
     max_buffered_bytes: int = Field(
         default=256 * 1024 * 1024,
         ge=0,

@@ -1,10 +1,14 @@
 """The prefill/decode path: one request sent to a paired prefill and decode lane, decode answering.
 
 Only a connection that could not be made moves a leg on to another lane of its role (nothing
-was sent yet); every other failure happens after the pairing was fixed, and is answered (502).
-The body is read as JSON once, when the request arrives (``pd.json_object``: anything else goes
-the aggregated way, to a decode lane), and rewritten with the bootstrap fields once both lanes
-are known (``pd.paired_body``); both legs get the same bytes.
+was sent yet); every other failure happens after the pairing was fixed, and is answered once:
+a first-byte timeout 504, a lane that left rotation 503 (cut short as soon as it left), any
+other failure 502. Every request is paired or refused by the rule in ``pd.py``: a body is
+parsed once (``pd.pairable``, in a worker thread, one parse at a time, so the event loop keeps
+answering and the parses' memory stays one body's), before any lane is taken, and gets its
+bootstrap fields once both lanes are known (``pd.paired``); both legs get the same bytes.
+The prefill leg gives its slot, its count and its connection back as soon as its answer is
+read whole: the decode's stream does not hold a prefill lane.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -27,13 +32,13 @@ from slurmgate.runtime.endpoint.forward import (
     BrokenStream,
     BrokeOff,
     Buffered,
+    CutOff,
     Failure,
     Interrupted,
     LaneLinks,
     NotConnected,
     Sent,
     Stale,
-    TimedOut,
     pass_on,
     read_if_small,
     read_whole,
@@ -43,6 +48,7 @@ from slurmgate.runtime.endpoint.metrics import EndpointStats
 from slurmgate.runtime.endpoint.routing import LeastActiveRouter
 
 Prefilled = Buffered | Failure | BrokeOff  # what the prefill leg ends in
+ALLOWED = b"GET, HEAD, POST, PUT"  # the methods a PD deployment serves (``pd.py``'s rule)
 
 
 @dataclass
@@ -93,7 +99,11 @@ class PairedPath:
         self.decode_router = decode_router
         self.links = links
         self.not_forwarded = not_forwarded
-        self.unpaired = unpaired  # what is not a JSON object goes to a decode lane as it came
+        self.unpaired = unpaired  # what has no body goes to a decode lane as it came
+        # One body parsed at a time, off the event loop, always on the same thread: a parse
+        # on another thread each time would leave its memory in another malloc arena.
+        self.parsing = asyncio.Semaphore(1)
+        self.parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pd-parse")
         # a prefill lane's bootstrap_host: its URL's host, as sglang-router injects it
         lanes = prefill_router.lanes
         self.bootstrap_hosts = {lane.index: urlsplit(lane.url).hostname or "" for lane in lanes}
@@ -107,9 +117,11 @@ class PairedPath:
         done-callback, so the request never waits on a decode that waits in vain for its
         bootstrap room; the prefill's answer (or a 502) is then the request's.
         """
-        request = pd.json_object(req.body)
-        if request is None:
-            return await self.unpaired.forward(conn, req)  # not a generation request
+        ready = await self._pairable(conn, req)
+        if isinstance(ready, int):
+            return ready
+        if ready is None:
+            return await self.unpaired.forward(conn, req)  # no body: nothing to pair
         prefill = await self._open_leg(conn, req, self.prefill_router, "prefill")
         if isinstance(prefill, int):
             return prefill
@@ -122,13 +134,8 @@ class PairedPath:
             if isinstance(decode, int):
                 return decode
             index = prefill.lane.index
-            try:
-                body, _ = pd.paired_body(
-                    req.body, request, self.bootstrap_hosts[index], prefill.lane.bootstrap_port
-                )
-            except ValueError as exc:
-                message = f"cannot pair the request: {exc}"
-                return answer(conn, req, 400, json_error(400, "invalid_request_error", message))
+            body, _ = pd.paired(ready, self.bootstrap_hosts[index], prefill.lane.bootstrap_port)
+            del ready
             before, after = request_head(req, self.not_forwarded, len(body))
             hosts = self.links.hosts
             prefilling = asyncio.create_task(
@@ -140,7 +147,7 @@ class PairedPath:
                 # the decode's head is in (or the prefill cut it off): the prefill decides
                 prefilled = await prefilling
                 if not isinstance(prefilled, Buffered):
-                    p_verdict = False
+                    p_verdict = None if isinstance(prefilled, CutOff) else False
                     return _leg_failed(conn, req, "prefill", prefilled)
                 p_verdict = prefilled.status < 500
                 if not 200 <= prefilled.status < 300:
@@ -149,7 +156,7 @@ class PairedPath:
                     conn.send_full(req, prefilled.status, out, prefilled.body)
                     return prefilled.status
             if not isinstance(sent, Answered):
-                d_verdict = False
+                d_verdict = None if isinstance(sent, CutOff) else False
                 return _leg_failed(conn, req, "decode", sent)
             upstream = sent.upstream
             d_verdict = upstream.status < 500
@@ -174,6 +181,42 @@ class PairedPath:
             prefill.attempt.close(p_verdict)
             if isinstance(decode, Leg):
                 decode.attempt.close(d_verdict)
+
+    async def _pairable(self, conn: ClientConnection, req: Incoming) -> pd.Pairable | int | None:
+        """The request's body ready to pair; None when it has none (it goes to a decode lane
+        as it came); else the status of the refusal answered (``pd.py``'s rule)."""
+        method = req.method
+        if not req.body:
+            return None
+        if method in pd.BODYLESS_METHODS:
+            message = f"a {method.decode()} request to a prefill/decode deployment has no body"
+            return answer(conn, req, 400, json_error(400, "invalid_request_error", message))
+        if method not in pd.PAIRED_METHODS:
+            message = (
+                f"{method.decode(errors='replace')} is not paired by a prefill/decode "
+                "deployment; use POST"
+            )
+            body = json_error(405, "method_not_allowed", message)
+            return answer(conn, req, 405, body, [(b"allow", ALLOWED)])
+        await self.parsing.acquire()
+        loop = asyncio.get_running_loop()
+        parsing = loop.run_in_executor(self.parser, pd.pairable, bytes(req.body))
+        parsing.add_done_callback(self._parsed)
+        ready = await asyncio.shield(parsing)  # a client that leaves does not stop a parse
+        if isinstance(ready, str):
+            message = f"cannot pair the request: {ready}"
+            return answer(conn, req, 400, json_error(400, "invalid_request_error", message))
+        return ready
+
+    def close(self) -> None:
+        """Stop the parser's thread (a parse under way ends first, unwaited)."""
+        self.parser.shutdown(wait=False, cancel_futures=True)
+
+    def _parsed(self, parsing: asyncio.Future[pd.Pairable | str]) -> None:
+        """A parse ended (its request may be gone): the next one may start."""
+        self.parsing.release()
+        if not parsing.cancelled():
+            parsing.exception()  # retrieved: a parse that failed unforeseen leaves no warning
 
     async def _open_leg(
         self, conn: ClientConnection, req: Incoming, router: LeastActiveRouter, role: str
@@ -210,14 +253,15 @@ class PairedPath:
             return overloaded(conn, req, self.config, self.config.retry_after_header, message)
         return bad_gateway(conn, req, f"no {role} backend could be reached")
 
-    async def _send_leg(self, leg: Leg, head: bytes, body: bytes) -> Sent | NotConnected:
+    async def _send_leg(self, leg: Leg, head: bytes, body: bytes) -> Sent | NotConnected | CutOff:
         """Send the paired body on a leg's connection; a reused connection the lane had closed
         (before any byte of the answer) is replaced once by a new one to the same lane, so the
-        pairing holds. A leg interrupted by its partner's failure ends ``Interrupted``."""
+        pairing holds. A first-byte timeout is not a stale connection: it ends the leg. A leg
+        interrupted by its partner's failure ends ``Interrupted``; one whose lane left rotation
+        while it waited ends ``CutOff``."""
         attempt = leg.attempt
-        sent = await attempt.send(head, body)
-        # A first-byte timeout on a reused connection that never answered counts as stale too.
-        stale = isinstance(sent, Stale | TimedOut) and attempt.reused_unanswered
+        sent = await attempt.watched(attempt.send(head, body))
+        stale = isinstance(sent, Stale) and attempt.reused_unanswered
         if not stale or leg.retried or leg.interrupted:
             return sent
         leg.retried = True
@@ -227,7 +271,7 @@ class PairedPath:
             return not_connected
         if leg.interrupted:  # the partner failed while this leg reconnected
             return Interrupted()
-        return await attempt.send(head, body)
+        return await attempt.watched(attempt.send(head, body))
 
     async def _prefill(self, leg: Leg, head: bytes, body: bytes) -> Prefilled:
         sent = await self._send_leg(leg, head, body)
@@ -238,12 +282,21 @@ class PairedPath:
         data = await read_whole(upstream)
         if isinstance(data, BrokeOff):
             return data
+        # read whole: the prefill lane's slot, count and connection are given back now
+        leg.attempt.close(status < 500)
         return Buffered(status, headers, data)
 
 
 def _leg_failed(
     conn: ClientConnection, req: Incoming, role: str, failure: Failure | BrokeOff
 ) -> int:
-    reason = "timeout" if failure.timed_out else "dropped"
-    message = f"the {role} backend failed before answering ({reason}); not retried"
+    """A leg's failure, answered once: 504 for a timeout, 503 for a lane that left rotation,
+    else 502; never retried, since the pairing was fixed."""
+    if failure.timed_out:
+        message = f"the {role} backend did not answer in time; not retried"
+        return answer(conn, req, 504, json_error(504, "gateway_timeout", message))
+    if isinstance(failure, CutOff):
+        message = f"the {role} backend left rotation before answering; not retried"
+        return answer(conn, req, 503, json_error(503, "service_unavailable", message))
+    message = f"the {role} backend failed before answering (dropped); not retried"
     return bad_gateway(conn, req, message)

@@ -6,10 +6,12 @@ whose seams are the places to change:
 - ``Attempt.take`` counts the request on the lane (``requests``, ``active``) and waits for the
   lane's gate, its share of the lane's connections, counted as ``queued`` while it waits;
   ``Attempt.close`` gives back the connection, the gate and the count, with the breaker's
-  verdict (``True`` answered well, ``False`` failed, ``None`` no verdict), exactly once.
+  verdict (``True`` answered well, ``False`` failed, ``None`` no verdict); only its first call
+  counts, so a leg may give its slot back as soon as its answer is in, before its request ends.
 - ``Attempt.connect`` takes a connection from the lane's pool within the connect timeout.
 - ``Attempt.send`` sends the head and the body, as the caller built them (nothing here parses
-  or rewrites a body), and waits for the answer's head within the first-byte timeout.
+  or rewrites a body), and waits for the answer's head within the first-byte timeout;
+  ``Attempt.watched`` runs such a wait given up (``CutOff``) when the lane leaves rotation.
 - ``read_whole`` reads an answer's body whole (``read_if_small`` when it is small); ``pass_on``
   sends it to the client whole, or streams it (``relay``) under the stream's idle timeout; once
   its first byte went out nothing can be retried, and a break cuts the client (``BrokenStream``).
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from slurmgate.errors import ExternalError
@@ -35,6 +38,7 @@ from slurmgate.runtime.endpoint.heads import response_headers
 from slurmgate.runtime.endpoint.upstream import LanePool, UpstreamConnection, UpstreamError
 
 SMALL_BODY = 64 * 1024  # an answer up to this size is read whole before it is passed on
+T = TypeVar("T")
 
 # -- outcomes -------------------------------------------------------------------------------
 
@@ -148,7 +152,7 @@ class Timeouts:
 class Attempt:
     """One request on one lane: its slot, its connection, its send; given back by ``close``."""
 
-    __slots__ = ("gate", "lane", "pool", "timeouts", "upstream")
+    __slots__ = ("closed", "gate", "lane", "pool", "timeouts", "upstream")
 
     def __init__(
         self, lane: Lane, gate: asyncio.Semaphore, pool: LanePool, timeouts: Timeouts
@@ -158,6 +162,7 @@ class Attempt:
         self.pool = pool
         self.timeouts = timeouts
         self.upstream: UpstreamConnection | None = None
+        self.closed = False
 
     async def take(self) -> None:
         """Count the request on its lane and take the lane's gate, counted as queued while it
@@ -179,7 +184,11 @@ class Attempt:
 
     def close(self, verdict: bool | None) -> None:
         """Give back the connection (to the pool when it ended cleanly), the gate and the
-        count; the breaker hears ``verdict``, or that the attempt was abandoned (``None``)."""
+        count; the breaker hears ``verdict``, or that the attempt was abandoned (``None``).
+        A second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         lane = self.lane
         if verdict is None:
             lane.breaker.abandoned()
@@ -187,6 +196,7 @@ class Attempt:
             lane.breaker.record(verdict, time.monotonic())
         if self.upstream is not None:
             self.pool.release(self.upstream)
+            self.upstream = None
         self.gate.release()
         lane.active -= 1
 
@@ -223,15 +233,23 @@ class Attempt:
     async def forward(self, head: bytes, body: bytes | bytearray) -> Outcome:
         """Connect and send; given up (``CutOff``) when the lane leaves rotation meanwhile,
         since a wedged engine would hold the request until the first-byte timeout."""
+        return await self.watched(self._connect_and_send(head, body))
+
+    async def _connect_and_send(self, head: bytes, body: bytes | bytearray) -> Outcome:
+        not_connected = await self.connect()
+        if not_connected is not None:
+            return not_connected
+        return await self.send(head, body)
+
+    async def watched(self, step: Awaitable[T]) -> T | CutOff:
+        """Await ``step`` (a wait for the lane's answer) as one the lane's health prober may
+        cut short: a lane that leaves rotation cancels it, and it ends ``CutOff``."""
         me = asyncio.current_task()
         assert me is not None
         lane = self.lane
         lane.awaiting.add(me)
         try:
-            not_connected = await self.connect()
-            if not_connected is not None:
-                return not_connected
-            return await self.send(head, body)
+            return await step
         except asyncio.CancelledError:
             if me not in lane.cut_off:
                 raise
