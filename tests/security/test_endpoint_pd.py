@@ -162,6 +162,7 @@ def _list_body(item: bytes, size: int) -> bytes:
     return b'{"prompt":[' + b",".join([item] * count) + b"]}"
 
 
+@pytest.mark.serial  # a wall-clock bound: one at a time
 async def test_large_and_costly_pd_bodies_keep_memory_and_health_bounded() -> None:
     """Three 40 MiB bodies of ``{}`` items (refused at their head), three of 8 MiB under the
     default limit but over the bracket cap, and three of 8 MiB of short strings (parsed whole,
@@ -213,6 +214,7 @@ async def test_large_and_costly_pd_bodies_keep_memory_and_health_bounded() -> No
 # ---- 3. a timeout is a timeout; a lane that leaves rotation cuts its requests short ----------
 
 
+@pytest.mark.serial  # a wall-clock bound: one at a time
 async def test_a_first_byte_timeout_on_a_reused_connection_is_answered_504_once() -> None:
     prefill, decode = Backend("prefill"), Backend("decode")
     async with (
@@ -230,6 +232,7 @@ async def test_a_first_byte_timeout_on_a_reused_connection_is_answered_504_once(
     assert decode.hits == 2 and prefill.hits == 2  # sent once, never again
 
 
+@pytest.mark.serial  # a wall-clock bound: one at a time
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 async def test_a_lane_leaving_rotation_cuts_its_pd_requests_short(role: str) -> None:
     prefill, decode = Backend("prefill"), Backend("decode")
@@ -254,6 +257,7 @@ async def test_a_lane_leaving_rotation_cuts_its_pd_requests_short(role: str) -> 
 # ---- 4. the prefill's slot is given back when its answer is in -------------------------------
 
 
+@pytest.mark.serial  # a wall-clock bound: one at a time
 async def test_a_prefill_lane_is_free_while_its_decode_still_streams() -> None:
     """One connection per lane: a request whose decode takes 3 s holds no prefill slot, so a
     second request pairs the same prefill lane with the idle decode lane at once."""
@@ -303,6 +307,7 @@ def _live_upstreams(ep: Endpoint) -> list[UpstreamConnection]:
     ]
 
 
+@pytest.mark.serial  # a wall-clock bound: one at a time
 async def test_after_killed_hung_and_slow_lanes_and_vanished_clients_nothing_is_held() -> None:
     """A killed prefill lane, a decode lane that hangs after two answers, a slow streaming one,
     and clients that leave mid-stream: once the load stops, every lane's count and gate are back
