@@ -14,7 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import annotated_types
+from fielddoc import limits
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -65,24 +65,6 @@ def _type(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _limits(info: FieldInfo) -> str:
-    words = []
-    for m in info.metadata:
-        for kind, attr, sign in (
-            (annotated_types.Ge, "ge", "≥"),
-            (annotated_types.Gt, "gt", ">"),
-            (annotated_types.Le, "le", "≤"),
-            (annotated_types.Lt, "lt", "<"),
-        ):
-            if isinstance(m, kind):
-                words.append(f"{sign} {getattr(m, attr):g}")
-        if isinstance(m, annotated_types.MinLen):
-            words.append(f"at least {m.min_length}")
-        if isinstance(m, annotated_types.MaxLen):
-            words.append(f"at most {m.max_length}")
-    return ", ".join(words)
-
-
 def _default(info: FieldInfo) -> str:
     value = info.default
     if info.default_factory is not None:
@@ -129,7 +111,7 @@ def parts_section() -> str:
                 continue
             rows.append(
                 f"| `{found.name}` | {_type(found.info.annotation)} | {_default(found.info)} "
-                f"| {_limits(found.info)} | {_cell(found.info.description or '')} |"
+                f"| {limits(found.info)} | {_cell(found.info.description or '')} |"
             )
             nested += [m for m in _nested(found.info.annotation) if m not in nested]
     for model in nested:
@@ -145,7 +127,7 @@ def parts_section() -> str:
         ]
         for name, info in model.model_fields.items():
             rows.append(
-                f"| `{name}` | {_type(info.annotation)} | {_default(info)} | {_limits(info)} "
+                f"| `{name}` | {_type(info.annotation)} | {_default(info)} | {limits(info)} "
                 f"| {_cell(info.description or '')} |"
             )
     return "\n".join(rows)

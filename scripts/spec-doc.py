@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import annotated_types
+from fielddoc import limits
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -54,24 +54,6 @@ def _type(annotation: Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
     return getattr(annotation, "__name__", str(annotation))
-
-
-def _limits(info: FieldInfo) -> str:
-    words = []
-    for m in info.metadata:
-        for kind, attr, sign in (
-            (annotated_types.Ge, "ge", "≥"),
-            (annotated_types.Gt, "gt", ">"),
-            (annotated_types.Le, "le", "≤"),
-            (annotated_types.Lt, "lt", "<"),
-        ):
-            if isinstance(m, kind):
-                words.append(f"{sign} {getattr(m, attr):g}")
-        if isinstance(m, annotated_types.MinLen):
-            words.append(f"at least {m.min_length}")
-        if isinstance(m, annotated_types.MaxLen):
-            words.append(f"at most {m.max_length}")
-    return ", ".join(words)
 
 
 def _default(info: FieldInfo) -> str:
@@ -126,7 +108,7 @@ def model_section(model: type[BaseModel]) -> str:
     ]
     for name, info in model.model_fields.items():
         rows.append(
-            f"| `{name}` | {_type(info.annotation)} | {_default(info)} | {_limits(info)} "
+            f"| `{name}` | {_type(info.annotation)} | {_default(info)} | {limits(info)} "
             f"| {_cell(info.description or '')} |"
         )
     return "\n".join(rows)
