@@ -95,6 +95,17 @@ class PrefectServer:
         response.raise_for_status()
         return str(response.json()["id"])
 
+    def pause_schedule(self, name: str) -> None:
+        """Pause a deployment's schedule and delete the runs it already scheduled: a scheduled
+        run a worker picks up first would hold a deployment's one concurrency slot."""
+        deployment = self.deployment_id(name)
+        response = self.api.patch(f"/deployments/{deployment}", json={"paused": True})
+        assert response.status_code in (200, 204), response.text
+        flt = {"deployment_id": {"any_": [deployment]}, "state": {"type": {"any_": ["SCHEDULED"]}}}
+        scheduled = self.api.post("/flow_runs/filter", json={"flow_runs": flt}).json()
+        for run in scheduled:
+            self.api.delete(f"/flow_runs/{run['id']}")
+
     def create_run(
         self, name: str, parameters: dict[str, Any], idempotency_key: str | None = None
     ) -> dict[str, Any]:

@@ -183,6 +183,7 @@ def test_a_sigkilled_worker_run_is_marked_crashed_by_the_shipped_automation(
     assert window.returncode == 0, window.stderr
     with running_emulator({"a": 4}, token=TOKEN) as emu:
         save_default_blocks(deploy_server, emu)
+        deploy_server.pause_schedule("reconcile/reconcile")
         emu.admin.fault("latency", ms=3000)  # a tick that takes minutes: still running when killed
         log = deploy_server.home / "worker.log"
         with log.open("wb") as out:
