@@ -31,6 +31,7 @@ from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans, job_gone, processes_with
+from .listeners import ListenerWatch, kind_of, unlisted
 
 pytestmark = pytest.mark.slurm
 
@@ -132,9 +133,10 @@ def test_2p1d_endpoint_and_1p1d_sglang_router_pair_requests_and_a_dying_prefill_
 ) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
-    run = AllocationRun(pd_spec(), runs_root=tmp_path / "runs", grace_s=5)
+    spec = pd_spec()
+    run = AllocationRun(spec, runs_root=tmp_path / "runs", grace_s=5)
     try:
-        with pytest.raises(RunFailed) as failed:
+        with ListenerWatch() as listeners, pytest.raises(RunFailed) as failed:
             run.run()
         ended = time.time()
     finally:
@@ -182,6 +184,20 @@ def test_2p1d_endpoint_and_1p1d_sglang_router_pair_requests_and_a_dying_prefill_
     message = str(failed.value)
     host = run.layout.host(2)
     assert f"lane router-prefill-00000-rank-00000 on node {host} exited" in message, message
+    check_listeners(listeners, spec, run, {"endpoint", "lane", "bootstrap", "frontend"})
+
+
+def check_listeners(
+    watch: ListenerWatch, spec: AllocationSpec, run: AllocationRun, expected: set[str]
+) -> None:
+    """Every socket the run listened on in a node's namespace is in the README's table, bound
+    where the table says; and the watch saw the listeners this run must have opened."""
+    if not watch.namespaces:
+        pytest.skip("listeners: the bundled cluster runs without a namespace per node")
+    assert run.layout is not None
+    assert not unlisted(watch, spec, run.layout), "\n".join(unlisted(watch, spec, run.layout))
+    seen = {kind_of(spec, run.layout, x) for x in watch.new}
+    assert expected <= seen, f"expected {expected}, saw {seen}"
 
 
 # A stand-in for Dynamo's frontend (`frontend.command`): it answers /health listing one
@@ -191,6 +207,7 @@ def test_2p1d_endpoint_and_1p1d_sglang_router_pair_requests_and_a_dying_prefill_
 DYNAMO_FRONTEND = r"""
 import base64, json, os, socket, ssl, sys, time, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
+host = sys.argv[sys.argv.index("--http-host") + 1]
 port = int(sys.argv[sys.argv.index("--http-port") + 1])
 etcd, nats = os.environ["ETCD_ENDPOINTS"], os.environ["NATS_SERVER"]
 tls = ssl.create_default_context(cafile=os.environ["ETCD_AUTH_CA"])
@@ -235,7 +252,7 @@ class Health(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-HTTPServer(("0.0.0.0", port), Health).serve_forever()
+HTTPServer((host, port), Health).serve_forever()
 """
 
 # The client is an outsider to the services (it has no certificate of the run): on the client
@@ -331,9 +348,11 @@ def test_dynamo_deployment_runs_real_etcd_and_nats_as_service_lanes(
 ) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
-    run = AllocationRun(dynamo_spec(), runs_root=tmp_path / "runs", grace_s=5)
+    spec = dynamo_spec()
+    run = AllocationRun(spec, runs_root=tmp_path / "runs", grace_s=5)
     try:
-        run.run()
+        with ListenerWatch() as listeners:
+            run.run()
     finally:
         assert_no_orphans(run.run_id)
     assert run.status == "succeeded" and run.cleaned, run.status
@@ -362,3 +381,5 @@ def test_dynamo_deployment_runs_real_etcd_and_nats_as_service_lanes(
     # nothing of either is left on any node (every node of the bundled cluster is this host)
     left = processes_with("etcd") + processes_with("nats-server")
     assert not [p for p in left if run.run_id in p or str(SERVICE_PORTS["etcd"]) in p], left
+    expected = {"endpoint", "lane", "frontend", "etcd", "etcd-health", "etcd-peer", "nats"}
+    check_listeners(listeners, spec, run, expected | {"nats-monitor"})

@@ -157,6 +157,8 @@ def test_dynamo_workers_frontend_and_services() -> None:
         "python3",
         "-m",
         "dynamo.frontend",
+        "--http-host",
+        "10.0.0.1",
         "--http-port",
         "8000",
         "--router-mode",

@@ -115,8 +115,9 @@ def frontend_argv(
     """The frontend's argv: its command, the workers it routes to, where it listens, its args."""
     argv = list(command)
     if name == "dynamo":
-        # Dynamo finds the workers itself (etcd); srt-slurm passes only the port.
-        argv += ["--http-port", str(port)]
+        # Dynamo finds the workers itself (etcd); srt-slurm passes only the port, and the
+        # frontend then listens on every address: it gets the node's.
+        argv += ["--http-host", bind_host, "--http-port", str(port)]
     elif name == "sglang-router":
         if workers.agg:
             argv += ["--worker-urls", *workers.agg]
