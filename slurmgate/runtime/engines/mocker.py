@@ -14,15 +14,16 @@ opens, and what sets its host and port:
   16-bit number: a port above 32767 stops the worker at start), and its TCP request-plane
   server (DYN_TCP_RPC_HOST, default the outside address; DYN_TCP_RPC_PORT, default OS-assigned).
 - worker, event plane in ZMQ's direct mode: one PUB socket per topic (three for a prefill or a
-  decode mocker) bound to 0.0.0.0 on an OS-assigned port; no variable moves the bind,
-  DYN_EVENT_PLANE_HOST only sets the address advertised in discovery. In broker mode
+  decode mocker, four for agg) bound to 0.0.0.0 on an OS-assigned port; no variable moves the
+  bind, DYN_EVENT_PLANE_HOST only sets the address advertised in discovery. In broker mode
   (DYN_ZMQ_BROKER_URL) publishers and subscribers connect to a broker's XSUB and XPUB sockets
   instead and no Dynamo process listens for the event plane: `ZmqBroker` here.
 
 Without etcd or NATS, discovery is a directory (DYN_DISCOVERY_BACKEND=file, DYN_FILE_KV);
 with etcd, ETCD_ENDPOINTS. Entries are removed on a graceful stop; a killed worker's stay until
-their lease ends. Sources: https://docs.nvidia.com/dynamo/ (request plane, event plane,
-health checks) and ai-dynamo 1.6.1 on PyPI.
+they expire (about 13 s in a directory, etcd's 30 s lease). Sources:
+https://docs.nvidia.com/dynamo/ (request plane, event plane, health checks) and ai-dynamo 1.6.1
+on PyPI.
 """
 
 from __future__ import annotations
