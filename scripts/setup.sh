@@ -116,3 +116,32 @@ if [ "${SLURMGATE_WITH_ENGINE_PARSERS:-0}" = 1 ]; then
     if [ -d .venv-engines ] && [ ! -L .venv-engines ]; then rm -rf .venv-engines; fi
     ln -sfn "$ENGINES_VENV" .venv-engines
 fi
+
+# Dynamo's frontend and mocker engine (tests/runtime/test_dynamo_mocker.py), in a venv of their
+# own, cached and linked like the engines' parsers: `.venv-dynamo` links to it, named by a hash
+# of its pins, built only when asked (SLURMGATE_WITH_DYNAMO=1, which scripts/test.sh sets).
+# The main venv's uv builds it: about 10 s from PyPI, 3 s from uv's cache, 520 MB. ai-dynamo
+# comes last, with --no-deps (scripts/dynamo.txt says why).
+DYNAMO_PIN="ai-dynamo==1.6.1"
+dynamo_key="$(cat scripts/dynamo.txt <(echo "$DYNAMO_PIN $("$PY" -V 2>&1)") | sha256sum | cut -c1-12)"
+DYNAMO_VENV="${SLURMGATE_DYNAMO_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/slurmgate/dynamo-$dynamo_key}"
+dynamo_install() {
+    rm -rf "$DYNAMO_VENV"
+    "$PY" -m venv --without-pip "$DYNAMO_VENV"
+    "$VENV/bin/uv" pip install -q --python "$DYNAMO_VENV/bin/python" -r scripts/dynamo.txt >>"$log" 2>&1
+    "$VENV/bin/uv" pip install -q --python "$DYNAMO_VENV/bin/python" --no-deps "$DYNAMO_PIN" \
+        >>"$log" 2>&1
+    touch "$DYNAMO_VENV/.slurmgate-installed"
+}
+if [ "${SLURMGATE_WITH_DYNAMO:-0}" = 1 ]; then
+    mkdir -p "$(dirname "$DYNAMO_VENV")"
+    (
+        # one builder at a time: two clones may run their setup at once
+        flock 9
+        if [ ! -f "$DYNAMO_VENV/.slurmgate-installed" ]; then
+            with_progress "[setup] installing Dynamo's frontend and mocker into $DYNAMO_VENV (uv)" \
+                dynamo_install || show_log "uv pip install (dynamo)"
+        fi
+    ) 9>"$DYNAMO_VENV.lock"
+    ln -sfn "$DYNAMO_VENV" .venv-dynamo
+fi

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
 if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
-SLURMGATE_WITH_ENGINE_PARSERS="${SLURMGATE_WITH_ENGINE_PARSERS:-1}" scripts/setup.sh
+SLURMGATE_WITH_ENGINE_PARSERS="${SLURMGATE_WITH_ENGINE_PARSERS:-1}" \
+    SLURMGATE_WITH_DYNAMO="${SLURMGATE_WITH_DYNAMO:-1}" scripts/setup.sh
 VENV="${SLURMGATE_VENV:-.venv}"
 export PATH="$PWD/$VENV/bin:$PATH"
 export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
