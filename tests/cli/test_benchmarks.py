@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "benchmarks" / "results"
 COMMAND = re.compile(r"^\s*(\.venv/bin/python\s+benchmarks/bench_\w+\.py\b[^#\n]*)", re.M)
 NEEDS_SLURM = {"bench_runtime.py"}
+# Their smoke runs keep a wall-clock pace (the soak's controllers tick in simulated time): one at a
+# time, beside the Slurm pass only, or a loaded machine leaves them too few ticks to admit.
+PACED = {"bench_soak.py"}
 RUN_TIMEOUT_S = 420  # a seventh benchmark of unknown size gets room; the others take 1-60 s
 
 
@@ -333,9 +336,14 @@ def test_make_bench_runs_every_readme_benchmark() -> None:
 @pytest.mark.parametrize(
     "command",
     [
-        pytest.param(c, id=script_of(c), marks=[pytest.mark.slurm])
-        if script_of(c) in NEEDS_SLURM
-        else pytest.param(c, id=script_of(c))
+        pytest.param(
+            c,
+            id=script_of(c),
+            marks=[
+                *([pytest.mark.slurm] if script_of(c) in NEEDS_SLURM else []),
+                *([pytest.mark.serial] if script_of(c) in PACED else []),
+            ],
+        )
         for c in COMMANDS
     ],
 )

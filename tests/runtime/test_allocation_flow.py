@@ -70,7 +70,8 @@ def test_sigterm_to_the_flow_process_mid_readiness_cleans_up(tmp_path: Path) -> 
         stderr=subprocess.STDOUT,
         env=env,
     )
-    deadline = time.monotonic() + 90
+    # the command starts its own temporary Prefect server first: a minute and more under load
+    deadline = time.monotonic() + 240
     record = None
     while time.monotonic() < deadline:
         records = load_records(runs_root)

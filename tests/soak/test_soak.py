@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from slurmgate.testbed.soak import SoakConfig, run_soak
 
 
+@pytest.mark.serial  # 30 s of wall-clock pace: one at a time, or too few ticks admit anything
 def test_a_short_soak_breaks_no_invariant(tmp_path: Path) -> None:
     config = SoakConfig(
         seed=3,
