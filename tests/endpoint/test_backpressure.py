@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 
@@ -202,35 +201,41 @@ async def test_lanes_are_scraped_concurrently_not_in_turn() -> None:
     assert fast_lane.samples_ok >= 3 * slow_lane.samples_ok
 
 
-async def test_a_slow_scrape_keeps_the_last_sample_then_counts_as_saturated() -> None:
-    """A saturated vLLM serves /metrics slowly: that must not switch backpressure off."""
-
+async def test_a_hung_scrape_is_abandoned_and_its_stale_sample_fails_open() -> None:
     async def hangs(lane: Lane) -> str:
         await asyncio.sleep(5)
         return ""
 
-    policy = QueuePolicy(max_waiting=20, stale_after=0.3)
+    policy = QueuePolicy(max_waiting=2, stale_after=0.3)
     lane = Lane(0, "http://x:1")
     lane.record_sample(9.0, time.monotonic(), 0)
     started = time.monotonic()
-    scrape = asyncio.create_task(Sampler(lane, hangs, 0.1, 0.05, give_up_after=0.5).sample_once())
-    await asyncio.sleep(0.15)
-    assert lane.scrape_overdue and lane.samples_overdue == 1
-    assert policy.estimated_depth(lane, time.monotonic()) == 9.0  # the last sample, still fresh
-    await scrape
-    assert time.monotonic() - started < 1.0  # abandoned at give_up_after
-    assert lane.depth == 9.0 and lane.samples_failed == 1
-    now = time.monotonic()
-    assert policy.estimated_depth(lane, now) == math.inf and not policy.admits(lane, now)
+    await Sampler(lane, hangs, interval=0.05, timeout=0.1).sample_once()
+    assert 0.1 <= time.monotonic() - started < 0.5  # abandoned at its timeout
+    assert lane.samples_overdue == lane.samples_failed == 1
+    assert lane.last_error == "metrics scrape timed out after 0.1 s"
+    # A slow page is a sign of a busy lane: the last sample counts while it is fresh ...
+    assert policy.estimated_depth(lane, lane.sampled_at + 0.2) == 9.0
+    assert not policy.admits(lane, lane.sampled_at + 0.2)
+    # ... and once it is stale the queue is unknown: the lane takes work (fail-open).
+    stale = lane.sampled_at + 0.31
+    assert policy.queue_unknown(lane, stale) and policy.estimated_depth(lane, stale) is None
+    assert policy.admits(lane, stale)
+    lane.active = lane.queued = 3  # requests held here for a connection are still known
+    assert policy.estimated_depth(lane, stale) == 3.0 and not policy.admits(lane, stale)
 
+
+async def test_a_slow_page_within_the_timeout_is_used_and_stamped_when_it_came() -> None:
     async def late(lane: Lane) -> str:
-        await asyncio.sleep(0.1)
+        lane.active += 1  # sent while the page was on its way: the late page counts it
+        await asyncio.sleep(0.15)
         return waiting_metrics(2)
 
-    # A late page is still the lane's real queue: it is used, and it reopens the lane.
-    await Sampler(lane, late, 0.1, 0.05, give_up_after=0.5).sample_once()
-    assert lane.depth == 2.0 and not lane.scrape_overdue
-    assert policy.admits(lane, time.monotonic())
+    lane = Lane(0, "http://x:1")
+    asked = time.monotonic()
+    await Sampler(lane, late, interval=0.05, timeout=0.5).sample_once()
+    assert lane.depth == 2.0 and lane.samples_failed == 0
+    assert lane.sampled_at >= asked + 0.15 and lane.active_at_sample == 1
 
 
 async def test_real_overload_of_a_stub_gives_429_with_retry_after(
