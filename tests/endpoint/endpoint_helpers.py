@@ -85,6 +85,8 @@ class Backend:
     hang: bool = False
     metrics: str | None = None  # None → 404 on /metrics
     metrics_status: int = 200
+    metrics_hang: bool = False  # /metrics reads the request and never answers
+    metrics_chunk: int = 0  # > 0: /metrics streams in chunks of this size, no Content-Length
     health_status: int = 200
     hits: int = 0
     seen_headers: list[dict[str, str]] = field(default_factory=list)
@@ -96,8 +98,14 @@ class Backend:
             return
         path = scope["path"]
         if path == "/metrics":
-            if self.metrics is None:
+            if self.metrics_hang:
+                # until the scraper gives up and closes the connection
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+            elif self.metrics is None:
                 await _send(send, 404, b"not found")
+            elif self.metrics_chunk:
+                await _send_chunked(send, self.metrics.encode(), self.metrics_chunk)
             else:
                 await _send(send, self.metrics_status, self.metrics.encode(), b"text/plain")
             return
@@ -134,6 +142,15 @@ async def _send(
         {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_chunked(send: Any, body: bytes, size: int) -> None:
+    headers = [(b"content-type", b"text/plain")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for start in range(0, len(body), size):
+        chunk = body[start : start + size]
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def waiting_metrics(depth: float, model: str = "m") -> str:

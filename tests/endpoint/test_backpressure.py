@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 
@@ -202,35 +201,41 @@ async def test_lanes_are_scraped_concurrently_not_in_turn() -> None:
     assert fast_lane.samples_ok >= 3 * slow_lane.samples_ok
 
 
-async def test_a_slow_scrape_keeps_the_last_sample_then_counts_as_saturated() -> None:
-    """A saturated vLLM serves /metrics slowly: that must not switch backpressure off."""
-
+async def test_a_hung_scrape_is_abandoned_and_its_stale_sample_fails_open() -> None:
     async def hangs(lane: Lane) -> str:
         await asyncio.sleep(5)
         return ""
 
-    policy = QueuePolicy(max_waiting=20, stale_after=0.3)
+    policy = QueuePolicy(max_waiting=2, stale_after=0.3)
     lane = Lane(0, "http://x:1")
     lane.record_sample(9.0, time.monotonic(), 0)
     started = time.monotonic()
-    scrape = asyncio.create_task(Sampler(lane, hangs, 0.1, 0.05, give_up_after=0.5).sample_once())
-    await asyncio.sleep(0.15)
-    assert lane.scrape_overdue and lane.samples_overdue == 1
-    assert policy.estimated_depth(lane, time.monotonic()) == 9.0  # the last sample, still fresh
-    await scrape
-    assert time.monotonic() - started < 1.0  # abandoned at give_up_after
-    assert lane.depth == 9.0 and lane.samples_failed == 1
-    now = time.monotonic()
-    assert policy.estimated_depth(lane, now) == math.inf and not policy.admits(lane, now)
+    await Sampler(lane, hangs, interval=0.05, timeout=0.1).sample_once()
+    assert 0.1 <= time.monotonic() - started < 0.5  # abandoned at its timeout
+    assert lane.samples_overdue == lane.samples_failed == 1
+    assert lane.last_error == "metrics scrape timed out after 0.1 s"
+    # A slow page is a sign of a busy lane: the last sample counts while it is fresh ...
+    assert policy.estimated_depth(lane, lane.sampled_at + 0.2) == 9.0
+    assert not policy.admits(lane, lane.sampled_at + 0.2)
+    # ... and once it is stale the queue is unknown: the lane takes work (fail-open).
+    stale = lane.sampled_at + 0.31
+    assert policy.queue_unknown(lane, stale) and policy.estimated_depth(lane, stale) is None
+    assert policy.admits(lane, stale)
+    lane.active = lane.queued = 3  # requests held here for a connection are still known
+    assert policy.estimated_depth(lane, stale) == 3.0 and not policy.admits(lane, stale)
 
+
+async def test_a_slow_page_within_the_timeout_is_used_and_stamped_when_it_came() -> None:
     async def late(lane: Lane) -> str:
-        await asyncio.sleep(0.1)
+        lane.active += 1  # sent while the page was on its way: the late page counts it
+        await asyncio.sleep(0.15)
         return waiting_metrics(2)
 
-    # A late page is still the lane's real queue: it is used, and it reopens the lane.
-    await Sampler(lane, late, 0.1, 0.05, give_up_after=0.5).sample_once()
-    assert lane.depth == 2.0 and not lane.scrape_overdue
-    assert policy.admits(lane, time.monotonic())
+    lane = Lane(0, "http://x:1")
+    asked = time.monotonic()
+    await Sampler(lane, late, interval=0.05, timeout=0.5).sample_once()
+    assert lane.depth == 2.0 and lane.samples_failed == 0
+    assert lane.sampled_at >= asked + 0.15 and lane.active_at_sample == 1
 
 
 async def test_real_overload_of_a_stub_gives_429_with_retry_after(
@@ -335,3 +340,123 @@ async def test_samples_a_real_prometheus_client_server() -> None:
         waiting.labels("m").set(1)
         await until(lambda: ep.lanes[0].depth == 1.0)
     assert ep.lanes[0].samples_failed == 0
+
+
+# Short periods so a test sees many of them in a few seconds; the same proportions as the
+# defaults: a scrape timeout plus one interval stays under the staleness bound.
+FAST: dict[str, float] = {"sample_interval": 0.05, "metrics_timeout": 0.2, "stale_after": 0.5}
+
+
+async def post_status(client: httpx.AsyncClient, url: str) -> httpx.Response:
+    return await client.post(f"{url}/v1/completions", json=BODY)
+
+
+async def until_status(
+    client: httpx.AsyncClient, url: str, status: int, timeout: float = 3.0
+) -> tuple[httpx.Response, float]:
+    """Post until the endpoint answers status; the answer and the seconds it took."""
+    started = time.monotonic()
+    while True:
+        r = await post_status(client, url)
+        waited = time.monotonic() - started
+        if r.status_code == status:
+            return r, waited
+        assert waited < timeout, f"still {r.status_code} after {waited:.2f}s, not {status}"
+        await asyncio.sleep(0.01)
+
+
+def backend_value(metrics_text: str, name: str, backend: str) -> float:
+    """One lane's value of a slurmgate_backend_* family in the endpoint's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("backend") == backend:
+                return float(sample.value)
+    raise AssertionError(f"{name} of {backend} is not in /metrics")
+
+
+@pytest.mark.serial  # times how soon the lane fails open, then how long it stays open
+async def test_a_hung_metrics_page_fails_open_for_many_sampling_periods(
+    client: httpx.AsyncClient,
+) -> None:
+    a = Backend("a", metrics=waiting_metrics(9))
+    async with (
+        running_backends(a) as urls,
+        running_endpoint(urls, max_waiting=2, retry_after=3, **FAST) as (url, ep),
+    ):
+        lane = ep.lanes[0]
+        await until(lambda: lane.depth == 9.0)
+        assert (await post_status(client, url)).status_code == 429
+        a.metrics_hang = True  # takes the scrape's request and never answers
+        # the last sample counts until it is stale_after old; then the queue is unknown
+        _, waited = await until_status(client, url, 200)
+        assert waited < FAST["stale_after"] + 0.5
+        codes: list[int] = []
+        hold_until = time.monotonic() + 40 * FAST["sample_interval"]
+        while time.monotonic() < hold_until:
+            codes.append((await post_status(client, url)).status_code)
+            await asyncio.sleep(0.02)
+        text = (await client.get(f"{url}/metrics")).text
+    assert len(codes) >= 10 and set(codes) == {200}, codes
+    # each hung scrape was abandoned at its timeout and the next one made: sampling went on
+    assert lane.samples_overdue >= 5
+    assert "timed out" in (lane.last_error or "")
+    assert lane.in_rotation  # a hung /metrics is not a failed health probe
+    assert backend_value(text, "slurmgate_backend_sample_failed_open", urls[0]) == 1.0
+    assert backend_value(text, "slurmgate_backend_open", urls[0]) == 1.0
+
+
+@pytest.mark.serial  # bounds how soon the limit comes back with the metrics
+async def test_metrics_back_over_then_under_the_limit_bring_429_then_200_back(
+    client: httpx.AsyncClient,
+) -> None:
+    a = Backend("a", metrics=waiting_metrics(9), metrics_hang=True)  # hung from the start
+    async with (
+        running_backends(a) as urls,
+        running_endpoint(urls, max_waiting=2, retry_after=3, **FAST) as (url, ep),
+    ):
+        lane = ep.lanes[0]
+        await asyncio.sleep(2 * FAST["stale_after"])  # no sample ever, for twice the bound
+        hung = [(await post_status(client, url)).status_code for _ in range(5)]
+        hung_text = (await client.get(f"{url}/metrics")).text
+        a.metrics_hang = False  # the page is back, and shows a queue over the limit
+        over, back_in = await until_status(client, url, 429)
+        over_text = (await client.get(f"{url}/metrics")).text
+        a.metrics = waiting_metrics(1)  # the queue drained under the limit
+        _, served_in = await until_status(client, url, 200)
+    assert hung == [200] * 5
+    assert backend_value(hung_text, "slurmgate_backend_sample_failed_open", urls[0]) == 1.0
+    # at most the hung scrape's timeout and one interval, plus room for a busy machine
+    assert back_in < FAST["metrics_timeout"] + FAST["sample_interval"] + 0.75
+    assert over.headers["retry-after"] == "3"
+    assert over.json()["error"]["type"] == "rate_limit_exceeded"
+    assert backend_value(over_text, "slurmgate_backend_sample_failed_open", urls[0]) == 0.0
+    assert served_in < FAST["sample_interval"] + 0.75
+    assert lane.depth == 1.0
+
+
+async def test_an_oversized_or_garbage_metrics_page_fails_open_and_sampling_goes_on(
+    client: httpx.AsyncClient,
+) -> None:
+    # over the default --max-metrics-bytes (1 MiB), with a queue over the limit at its top
+    padding = "# " + "x" * 1000 + "\n"
+    a = Backend("a", metrics=waiting_metrics(9) + padding * 1100)
+    async with (
+        running_backends(a) as urls,
+        running_endpoint(urls, max_waiting=2, **FAST) as (url, ep),
+    ):
+        lane = ep.lanes[0]
+        await until(lambda: "declares" in (lane.last_error or ""))  # its Content-Length
+        declared = (await post_status(client, url)).status_code
+        a.metrics_chunk = 64 * 1024  # the same page streamed with no length: cut at the bound
+        await until(lambda: "more than" in (lane.last_error or ""))
+        streamed = (await post_status(client, url)).status_code
+        a.metrics, a.metrics_chunk = "vllm:num_requests_waiting{{{ 9\n", 0  # unparsable
+        await until(lambda: "ValueError" in (lane.last_error or ""))
+        garbage = (await post_status(client, url)).status_code
+        a.metrics = waiting_metrics(9)  # the sampler is still running: the limit comes back
+        await until(lambda: lane.depth == 9.0)
+        over = (await post_status(client, url)).status_code
+    assert (declared, streamed, garbage, over) == (200, 200, 200, 429)
+    assert lane.samples_failed >= 3

@@ -140,3 +140,17 @@ def test_a_body_limit_over_the_buffer_budget_names_both_flags(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--max-buffered-bytes" in err and "--max-body-bytes" in err
+
+
+def test_a_scrape_timeout_past_the_staleness_bound_names_the_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--name", "d", "--listen", "127.0.0.1:1", "--backend", "http://a:1"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config([*argv, "--metrics-timeout", "0.95"])  # + the 0.1 s interval > 1 s
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert all(flag in err for flag in ("--metrics-timeout", "--sample-interval", "--stale-after"))
+    config = parse_config([*argv, "--metrics-timeout", "2", "--stale-after", "3"])
+    assert (config.metrics_timeout, config.stale_after) == (2.0, 3.0)
+    assert parse_config([*argv, "--max-metrics-bytes", "4096"]).max_metrics_bytes == 4096

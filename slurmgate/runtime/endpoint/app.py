@@ -143,8 +143,8 @@ class Endpoint:
             Sampler(
                 lane,
                 self._read_metrics,
-                cfg.sample_interval,
-                cfg.metrics_timeout,
+                interval=cfg.sample_interval,
+                timeout=cfg.metrics_timeout,
                 waiting_metric=cfg.queue_waiting_metric,
                 running_metric=cfg.queue_running_metric,
             )
@@ -170,13 +170,27 @@ class Endpoint:
         self.control = None
 
     async def _read_metrics(self, lane: Lane) -> str | None:
+        """The lane's metrics page, at most --max-metrics-bytes of it (the sampler bounds the
+        time): a page past the limit is an error, not a truncated sample."""
         assert self.control is not None
         path = lane.url + self.config.backend_metrics_path
         query = metrics_query(self.config.queue_waiting_metric, self.config.queue_running_metric)
+        limit = self.config.max_metrics_bytes
         async with self.control.get(URL(path + query, encoded=True)) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"GET {path} answered {resp.status}")
-            return await resp.text()
+            if resp.content_length is not None and resp.content_length > limit:
+                raise RuntimeError(
+                    f"GET {path} declares {resp.content_length} bytes, over "
+                    f"--max-metrics-bytes {limit}"
+                )
+            page = bytearray()
+            async for chunk in resp.content.iter_any():
+                page += chunk
+                if len(page) > limit:
+                    # aiohttp closes a connection left unread, so the rest is never read
+                    raise RuntimeError(f"GET {path} sent more than --max-metrics-bytes {limit}")
+            return page.decode("utf-8", errors="replace")
 
     async def _health_ok(self, lane: Lane) -> bool:
         assert self.control is not None

@@ -5,10 +5,16 @@ The queue is two Prometheus gauges of the lane's engine: requests waiting and re
 ``engines.EngineProfile.queue``).
 
 Each lane has one background sampler task that scrapes the lane's Prometheus ``/metrics`` every
-``interval`` seconds. Routing never waits on a scrape: it reads the cached sample. A missing
-metric, a scrape that fails fast or a sample older than ``stale_after`` counts as open (fail-open),
-and a sampler never dies of a scrape error, so the next good sample restores the limit.
-Process-control exceptions (KeyboardInterrupt, SystemExit, cancellation) are not swallowed.
+``interval`` seconds. Routing never waits on a scrape: it reads the cached sample.
+
+Sampling is bounded and fails open. A scrape may take ``timeout`` seconds (and the reader bounds
+the page's size); past that it is abandoned, counted as failed, and the next one is made. A lane
+with no sample younger than ``stale_after`` has an unknown queue, and an unknown queue never
+refuses work: a lane whose ``/metrics`` hangs, answers an error, sends a page too large or
+unparsable, or lacks the queue metric keeps taking requests. Health probes and the circuit
+breaker, not queue samples, take a dead lane out of rotation. A sampler never dies of a scrape
+error, so the first good sample restores the limit; process-control exceptions
+(KeyboardInterrupt, SystemExit, cancellation) are not swallowed.
 
 Between samples the lane's count of requests sent upstream bridges the gap, as the SGLang gateway
 does: when the last sample showed a queue (depth > 0) the backend was saturated, so every request
@@ -23,13 +29,12 @@ than guessing (guessing would shed load that an idle backend could take); the ne
 Requests the endpoint holds while they wait for one of the lane's pooled connections are a queue
 too, only on this side of the wire: they count as waiting, exactly (``Lane.queued``).
 
-A saturated vLLM serves its ``/metrics`` slowly, so a slow scrape must not switch backpressure
-off. A scrape past ``timeout`` is overdue but not abandoned: its late answer is still the lane's
-real queue, and it is awaited up to ``give_up_after``. Meanwhile the last answered sample stays in
-force while it is fresh; once it is stale and a scrape is still overdue (or gave up), the lane
-counts as saturated until a scrape answers again. A scrape that fails fast (refused, HTTP error,
-unparsable page, no queue metric) still fails open: health probes, not queue samples, take a dead
-lane out of rotation.
+A saturated vLLM serves its ``/metrics`` slowly. A page that comes within ``timeout`` is the
+lane's real queue and is used, stamped when it came if it took longer than an interval (the busy
+server built it when it got to the request). A scrape that timed out leaves the last sample in
+force until it is stale, since a slow page is a sign of a busy lane; one that failed fast drops it
+at once, since an error page says nothing about the queue. With ``timeout + interval`` under
+``stale_after`` a lane that answers in time always has a fresh sample.
 """
 
 from __future__ import annotations
@@ -130,11 +135,8 @@ class Lane:
     last_error: str | None = None
     samples_ok: int = 0
     samples_failed: int = 0
-    samples_overdue: int = 0
+    samples_overdue: int = 0  # of ``samples_failed``: scrapes abandoned at their timeout
     requests: int = 0
-    # set while a scrape is past its timeout, or after one gave up; cleared by an answer
-    scrape_overdue: bool = False
-    answered_at: float = -math.inf
     health_failures: int = 0  # consecutive failed health probes
     # attempts waiting for the lane's answer to start, and those of them the endpoint cut off
     awaiting: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -167,27 +169,19 @@ class Lane:
         self.active_at_sample = active_then
         self.last_error = None if depth is not None else "metric missing"
         self.samples_ok += 1
-        self.scrape_overdue = False
-        self.answered_at = taken_at
 
-    def record_failure(self, error: BaseException, now: float = -math.inf) -> None:
+    def record_failure(self, error: BaseException) -> None:
         # Fail open at once: a scrape that failed fast says nothing about the queue.
         self.depth = None
         self.last_error = f"{type(error).__name__}: {error}"[:200]
         self.samples_failed += 1
-        self.scrape_overdue = False
-        self.answered_at = max(self.answered_at, now)
 
-    def record_overdue(self) -> None:
-        """A scrape passed its timeout: keep the last sample (it may still be fresh)."""
-        if not self.scrape_overdue:
-            self.samples_overdue += 1
-        self.scrape_overdue = True
-
-    def record_gave_up(self) -> None:
-        self.scrape_overdue = True
-        self.last_error = "metrics scrape gave up: no answer"
+    def record_timeout(self, timeout: float) -> None:
+        """A scrape was abandoned: the last sample stays until it is stale (a busy lane's page
+        is slow), and staleness then fails the lane open."""
+        self.last_error = f"metrics scrape timed out after {timeout:g} s"
         self.samples_failed += 1
+        self.samples_overdue += 1
 
 
 # Two failed probes in a row, not one: a single slow answer of a busy lane is not an outage.
@@ -201,17 +195,20 @@ class QueuePolicy:
     max_waiting: int = 128
     stale_after: float = 1.0
 
+    def queue_unknown(self, lane: Lane, now: float) -> bool:
+        """True while the lane has no fresh sample of its queue: its limit then fails open."""
+        return lane.depth is None or now - lane.sampled_at > self.stale_after
+
     def estimated_depth(self, lane: Lane, now: float) -> float | None:
         """The lane's queue estimate now: the backend's (from a fresh sample) plus the requests
-        held here for a connection. None when neither is known (fail-open); infinite when the
-        lane's metrics stopped answering in time (saturated)."""
-        if lane.depth is None or now - lane.sampled_at > self.stale_after:
-            if lane.scrape_overdue and now - lane.answered_at > self.stale_after:
-                return math.inf
+        held here for a connection. None when neither is known (fail-open)."""
+        depth = lane.depth
+        if depth is None or self.queue_unknown(lane, now):
+            # Only the backend's side is unknown: the requests held here are counted exactly.
             return float(lane.queued) if lane.queued else None
         routed_since = lane.sent - lane.active_at_sample
-        if lane.depth > 0:
-            backend = max(0.0, lane.depth + routed_since)
+        if depth > 0:
+            backend = max(0.0, depth + routed_since)
         elif lane.capacity is not None and lane.running is not None:
             backend = max(0.0, lane.running + routed_since - lane.capacity)
         else:
@@ -225,38 +222,28 @@ class QueuePolicy:
 
 @dataclass
 class Sampler:
-    """The background sampler of one lane; ``run`` loops until cancelled.
-
-    ``timeout`` makes a scrape overdue; ``give_up_after`` (default: ten timeouts, at least one
-    second) abandons it."""
+    """The background sampler of one lane; ``run`` loops until cancelled. A scrape that takes
+    longer than ``timeout`` seconds is abandoned."""
 
     lane: Lane
     read: MetricsReader
     interval: float = 0.1
-    timeout: float = 0.2
+    timeout: float = 0.5
     clock: Clock = field(default=time.monotonic)
-    give_up_after: float | None = None
     waiting_metric: str = WAITING_METRIC
     running_metric: str = RUNNING_METRIC
 
     async def sample_once(self) -> None:
         lane = self.lane
-        taken_at = self.clock()
-        active_then = lane.sent
-        give_up = self.give_up_after or max(1.0, 10 * self.timeout)
-        overdue = asyncio.get_running_loop().call_later(self.timeout, lane.record_overdue)
+        taken_at, active_then = self.clock(), lane.sent
+        bound = asyncio.timeout(self.timeout)
         try:
-            try:
-                async with asyncio.timeout(give_up):
-                    text = await self.read(lane)
-            except TimeoutError:
-                if not lane.scrape_overdue:
-                    raise  # the reader's own timeout, before ours: a fast failure
-                lane.record_gave_up()
-                return
-            if lane.scrape_overdue:
+            async with bound:
+                text = await self.read(lane)
+            answered_at = self.clock()
+            if answered_at - taken_at > self.interval:
                 # A late page shows the queue as the backend saw it when it finally answered.
-                taken_at, active_then = self.clock(), lane.sent
+                taken_at, active_then = answered_at, lane.sent
             depth, running = (
                 queue_sample(text, self.waiting_metric, self.running_metric)
                 if text is not None
@@ -265,20 +252,18 @@ class Sampler:
         except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
             raise
         except Exception as exc:  # any scrape or parse error: fail open, keep sampling
-            lane.record_failure(exc, self.clock())
+            if bound.expired():  # whatever the reader made of our cancellation
+                lane.record_timeout(self.timeout)
+            else:  # the reader's own error, its own timeouts among them
+                lane.record_failure(exc)
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 # A client library may turn our cancellation into its own error: stop anyway.
                 raise asyncio.CancelledError from exc
         else:
             lane.record_sample(depth, taken_at, active_then, running)
-        finally:
-            overdue.cancel()
 
     async def run(self) -> None:
-        # A lane never answered yet is judged from the start of sampling, not from the dawn of
-        # time: a slow first scrape alone must not close it.
-        self.lane.answered_at = max(self.lane.answered_at, self.clock())
         while True:
             started = self.clock()
             await self.sample_once()

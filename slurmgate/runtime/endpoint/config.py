@@ -32,6 +32,7 @@ TUNING_FLAGS: dict[str, type] = {
     "sample_interval": float,
     "stale_after": float,
     "metrics_timeout": float,
+    "max_metrics_bytes": int,
     "max_attempts": int,
     "breaker_failures": int,
     "breaker_open_s": float,
@@ -98,9 +99,27 @@ class EndpointConfig(BaseModel):
     )
     max_waiting: int = Field(default=128, ge=0, description="per-lane queue limit")
     retry_after: float = Field(default=1.0, ge=0, description="Retry-After seconds; 0 omits it")
-    sample_interval: float = Field(default=0.1, gt=0)
-    stale_after: float = Field(default=1.0, gt=0)
-    metrics_timeout: float = Field(default=0.2, gt=0)
+    sample_interval: float = Field(
+        default=0.1, gt=0, description="seconds between two scrapes of a lane's queue metric"
+    )
+    stale_after: float = Field(
+        default=1.0,
+        gt=0,
+        description="seconds a lane's queue sample counts; past it, or with no sample, the "
+        "lane's queue is unknown and its limit fails open (the lane takes requests)",
+    )
+    metrics_timeout: float = Field(
+        default=0.5,
+        gt=0,
+        description="seconds a scrape of a lane's /metrics may take; past it the scrape is "
+        "abandoned and counts as failed (keep it and --sample-interval under --stale-after)",
+    )
+    max_metrics_bytes: int = Field(
+        default=1024 * 1024,
+        gt=0,
+        description="bytes of a lane's /metrics page read at most; a larger page counts as a "
+        "failed scrape (a full vLLM page is ~100 KB, and each MiB costs ~25 ms to scan)",
+    )
     max_attempts: int = Field(default=3, ge=1)
     breaker_failures: int = Field(
         default=5,
@@ -239,6 +258,18 @@ class EndpointConfig(BaseModel):
             raise ValueError(
                 "max_buffered_bytes is below max_body_bytes: raise --max-buffered-bytes or "
                 "lower --max-body-bytes, or no body of the largest allowed size could be taken"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _a_timely_scrape_is_fresh(self) -> EndpointConfig:
+        # A page that comes within the timeout, one interval after the last, must still find
+        # the last sample fresh, or a lane that answers in time loses its limit between samples.
+        if self.metrics_timeout + self.sample_interval >= self.stale_after:
+            raise ValueError(
+                "--metrics-timeout plus --sample-interval is not under --stale-after: raise "
+                "--stale-after or lower the others, or a lane whose /metrics answers in time "
+                "would still lose its queue limit between samples"
             )
         return self
 

@@ -140,7 +140,18 @@ class StatsCollector(Collector):
         )
         overdue = CounterMetricFamily(
             "slurmgate_backend_sample_overdue",
-            "Queue-depth scrapes that outlasted --metrics-timeout",
+            "Queue-depth scrapes abandoned at --metrics-timeout (also counted as failures)",
+            labels=labels,
+        )
+        failed_open = GaugeMetricFamily(
+            "slurmgate_backend_sample_failed_open",
+            "1 while the lane has no queue sample younger than --stale-after, so its queue "
+            "limit is not enforced (fail-open)",
+            labels=labels,
+        )
+        age = GaugeMetricFamily(
+            "slurmgate_backend_sample_age_seconds",
+            "Seconds since the lane's last answered queue sample (+Inf if none)",
             labels=labels,
         )
         queued = GaugeMetricFamily(
@@ -171,5 +182,8 @@ class StatsCollector(Collector):
             depth.add_metric(key, float("nan") if lane.depth is None else lane.depth)
             admitted.add_metric(key, 1.0 if ep.policy.admits(lane, now) else 0.0)
             failed.add_metric(key, lane.samples_failed)
-        yield from (active, routed, depth, admitted, failed, overdue, queued, rotation)
+            failed_open.add_metric(key, 1.0 if ep.policy.queue_unknown(lane, now) else 0.0)
+            age.add_metric(key, now - lane.sampled_at)
+        yield from (active, routed, depth, admitted, failed, overdue, failed_open, age)
+        yield from (queued, rotation)
         yield from (breaker_open, trips)
