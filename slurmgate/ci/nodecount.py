@@ -143,6 +143,52 @@ def _hardware_pair(roles: Mapping[str, Mapping[str, Any]]) -> None:
         )
 
 
+def is_recipe(data: Mapping[str, Any]) -> bool:
+    """An srt-slurm recipe (a `resources:` section, or 2.x's `schema:`), not a matrix row."""
+    return isinstance(data.get("resources"), Mapping) or data.get("schema") is not None
+
+
+def recipe_node_count(recipe: object, name: str) -> int:
+    """A recipe's Slurm nodes as InferenceX counts them: agg_nodes, else prefill_nodes plus
+    decode_nodes; `name` says which recipe in errors."""
+    if isinstance(recipe, dict) and recipe.get("schema") is not None:
+        # srt-slurm 2.0's `roles:` layout (InferenceX migrated its recipes to it)
+        try:
+            recipe = recipes.expanded(recipe, name)
+        except recipes.RecipeError as exc:
+            raise NodeCountError(str(exc)) from None
+    resources = recipe.get("resources") if isinstance(recipe, Mapping) else None
+    if not isinstance(resources, Mapping):
+        raise NodeCountError(
+            f"{name} has no resources section; add resources.agg_nodes "
+            "or resources.prefill_nodes and resources.decode_nodes"
+        )
+    fix = "write a whole number of nodes in the recipe"
+    if resources.get("agg_nodes") is not None:
+        return _positive_int(resources["agg_nodes"], f"{name} resources.agg_nodes", fix)
+    if resources.get("prefill_nodes") is None and resources.get("decode_nodes") is None:
+        raise NodeCountError(
+            f"{name} resources has neither agg_nodes nor prefill_nodes/decode_nodes; "
+            "add the node counts to the recipe"
+        )
+    given = [key for key in ("prefill_nodes", "decode_nodes") if resources.get(key) is not None]
+    if len(given) == 1:
+        # InferenceX's generator refuses such a recipe; counting the missing side as 0 would
+        # under-count the job and over-admit its pool
+        missing = "decode_nodes" if given == ["prefill_nodes"] else "prefill_nodes"
+        raise NodeCountError(
+            f"{name} resources gives {given[0]} but not {missing}; add "
+            f"resources.{missing} (0 when that role has no nodes), or resources.agg_nodes"
+        )
+    total = 0
+    for key in ("prefill_nodes", "decode_nodes"):
+        value = resources[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise NodeCountError(f"{name} resources.{key} is {value!r}; {fix}")
+        total += value
+    return _positive_int(total, f"{name} prefill_nodes + decode_nodes", fix)
+
+
 def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | None) -> int | None:
     configs = {
         setting.split("=", 1)[1]
@@ -173,42 +219,7 @@ def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | No
         recipe = read_yaml(path)
     except DocumentError as exc:
         raise NodeCountError(f"recipe {config}: {exc}") from None
-    if isinstance(recipe, dict) and recipe.get("schema") is not None:
-        # srt-slurm 2.0's `roles:` layout (InferenceX migrated its recipes to it)
-        try:
-            recipe = recipes.expanded(recipe, f"recipe {config}")
-        except recipes.RecipeError as exc:
-            raise NodeCountError(str(exc)) from None
-    resources = recipe.get("resources") if isinstance(recipe, Mapping) else None
-    if not isinstance(resources, Mapping):
-        raise NodeCountError(
-            f"recipe {config} has no resources section; add resources.agg_nodes "
-            "or resources.prefill_nodes and resources.decode_nodes"
-        )
-    fix = "write a whole number of nodes in the recipe"
-    if resources.get("agg_nodes") is not None:
-        return _positive_int(resources["agg_nodes"], f"recipe {config} resources.agg_nodes", fix)
-    if resources.get("prefill_nodes") is None and resources.get("decode_nodes") is None:
-        raise NodeCountError(
-            f"recipe {config} resources has neither agg_nodes nor prefill_nodes/decode_nodes; "
-            "add the node counts to the recipe"
-        )
-    given = [key for key in ("prefill_nodes", "decode_nodes") if resources.get(key) is not None]
-    if len(given) == 1:
-        # InferenceX's generator refuses such a recipe; counting the missing side as 0 would
-        # under-count the job and over-admit its pool
-        missing = "decode_nodes" if given == ["prefill_nodes"] else "prefill_nodes"
-        raise NodeCountError(
-            f"recipe {config} resources gives {given[0]} but not {missing}; add "
-            f"resources.{missing} (0 when that role has no nodes), or resources.agg_nodes"
-        )
-    total = 0
-    for key in ("prefill_nodes", "decode_nodes"):
-        value = resources[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise NodeCountError(f"recipe {config} resources.{key} is {value!r}; {fix}")
-        total += value
-    return _positive_int(total, f"recipe {config} prefill_nodes + decode_nodes", fix)
+    return recipe_node_count(recipe, f"recipe {config}")
 
 
 def _overrides(roles: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:

@@ -38,7 +38,13 @@ from slurmgate.admission.labels import (
     fold,
     nodes_label,
 )
-from slurmgate.ci.nodecount import NodeCountError, UnknownGpusPerNode, node_count
+from slurmgate.ci.nodecount import (
+    NodeCountError,
+    UnknownGpusPerNode,
+    is_recipe,
+    node_count,
+    recipe_node_count,
+)
 from slurmgate.ci.priority import (
     DEFAULT_POLICY,
     PriorityContext,
@@ -58,7 +64,13 @@ NODE_SLOT_FLAG = "NODE_SLOT_SCHEDULER_ENABLED"
 SELF_HOSTED = "self-hosted"
 SKIP_QUEUE_KEY = "skip-queue-pr"
 
-SpecKind = Literal["allocation", "row"]
+SpecKind = Literal["allocation", "recipe", "row"]
+# Keys of InferenceX's matrix rows; a document with none of them (and neither a spec nor a
+# recipe) is not a row: counting it as one node would over-admit whatever it describes.
+ROW_KEYS = frozenset(
+    {"runner", "multinode", "disagg", "num-nodes", "prefill", "decode", "node-count", "framework"}
+    | {"image", "exp-name", "conc", "conc-list", "precision", "isl", "osl", "model-prefix"}
+)
 Mode = Literal["legacy", "priority", "node-slots"]
 
 # The keys `LabelSet.outputs()` writes; the example workflow may reference only these.
@@ -129,8 +141,8 @@ class JobSpec:
 
     @property
     def states_node_count(self) -> bool:
-        """An allocation spec always does; a row does when it has a `node-count` field."""
-        return self.kind == "allocation" or "node-count" in self.data
+        """An allocation spec and a recipe always do; a row does when it has `node-count`."""
+        return self.kind in ("allocation", "recipe") or "node-count" in self.data
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +279,18 @@ def spec_from_data(
         except SpecError as exc:
             raise CIError(f"{source}: " + "; ".join(str(exc).splitlines())) from None
         return JobSpec("allocation", data, spec.total_nodes, None, source)
+    if is_recipe(data) and "runner" not in data:
+        try:
+            nodes = recipe_node_count(data, source)
+        except NodeCountError as exc:
+            raise CIError(str(exc)) from None
+        return JobSpec("recipe", data, nodes, None, source)
+    if not ROW_KEYS & set(map(str, data)):
+        raise CIError(
+            f"{source}: neither an allocation spec (schema_version, deployments), an srt-slurm "
+            "recipe (resources) nor a matrix row (runner, prefill/decode, num-nodes, …); "
+            "pass one of them"
+        )
     runner = data.get("runner")
     if runner is not None and (not isinstance(runner, str) or not runner.strip()):
         raise CIError(f"{source}: runner must be a runner label like cluster:h100, got {runner!r}")
@@ -355,10 +379,11 @@ def compute_labels(
     """The job's runs-on label set under the seed's table, with its guard on `nodes:`."""
     label = (runner or spec.runner or "").strip()
     if not label:
-        where = "--runner" if spec.kind == "allocation" else f"{spec.source}: runner"
+        where = "--runner" if spec.kind != "row" else f"{spec.source}: runner"
         raise CIError(
-            f"{where} is missing; an allocation spec names no runner, pass --runner cluster:NAME"
-            if spec.kind == "allocation"
+            f"{where} is missing; an allocation spec or a recipe names no runner, pass "
+            "--runner cluster:NAME"
+            if spec.kind != "row"
             else f"{where} is missing; add runner: cluster:NAME to the row or pass --runner"
         )
     skip_queue = _skip_queue(spec, context)

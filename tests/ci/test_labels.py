@@ -28,6 +28,7 @@ from slurmgate.ci.runs_on import (
     compute_labels,
     flags_from_env,
     load_spec,
+    resolve_node_count,
     spec_from_data,
 )
 from slurmgate.cli.app import app
@@ -495,3 +496,32 @@ def test_cli_reads_the_priority_weights_from_an_inferencex_policy_file(
     refused = cli.invoke(app, [*args, "--priority-policy", str(mine)])
     assert refused.exit_code == 2
     assert "unsupported version 2" in refused.stderr and "Traceback" not in refused.output
+
+
+RECIPES = Path(__file__).resolve().parents[1] / "data"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "nodes"),
+    [
+        ("inferencex-recipes-schema2/sglang/qwen3.5/gb200-fp8/8k1k/4p1d-dep4-dep16.yaml", 8),
+        ("inferencex-recipes/sglang/glm5.2/gb200-fp4/agentic/agg-gb200-tp8-c2-mtp.yaml", 2),
+    ],
+)
+def test_a_recipe_is_counted_as_a_recipe_not_as_a_one_node_row(recipe: str, nodes: int) -> None:
+    """A recipe passed where a row or a spec goes would have been a one-node row and asked for
+    nodes:1: an over-admission. It is recognised and counted as InferenceX counts it."""
+    job = load_spec(RECIPES / recipe)
+    assert (job.kind, resolve_node_count(job).value) == ("recipe", nodes)
+    ran = CliRunner().invoke(app, ["node-count", str(RECIPES / recipe), "--json"])
+    assert ran.exit_code == 0, ran.output
+    assert json.loads(ran.stdout) == {"kind": "recipe", "node-count": nodes}
+    labels = compute_labels(job, LabelFlags(True, True), RUN, runner="cluster:gb200")
+    assert f"nodes:{nodes}" in labels.runs_on
+
+
+def test_a_document_that_is_neither_spec_recipe_nor_row_is_refused_by_name() -> None:
+    with pytest.raises(CIError, match=r"doc: neither an allocation spec .* nor a matrix row"):
+        spec_from_data({"workers": 18, "gpus": 72}, "doc")
+    ran = CliRunner().invoke(app, ["node-count", "-"], input="workers: 18\n")
+    assert ran.exit_code == 2 and "neither an allocation spec" in ran.output, ran.output
