@@ -281,10 +281,10 @@ def spec_from_data(
         return JobSpec("allocation", data, spec.total_nodes, None, source)
     if is_recipe(data) and "runner" not in data:
         try:
-            nodes = recipe_node_count(data, source)
+            recipe_nodes = recipe_node_count(data, source)
         except NodeCountError as exc:
             raise CIError(str(exc)) from None
-        return JobSpec("recipe", data, nodes, None, source)
+        return JobSpec("recipe", data, recipe_nodes, None, source)
     if not ROW_KEYS & set(map(str, data)):
         raise CIError(
             f"{source}: neither an allocation spec (schema_version, deployments), an srt-slurm "
