@@ -43,8 +43,10 @@ def _slurmgate(
 
 
 def test_a_python_missing_on_the_nodes_fails_preflight_naming_the_field(
-    slurm_cluster: dict[str, str], tmp_path: Path
+    slurm_cluster: dict[str, str], prefect_harness: None, tmp_path: Path
 ) -> None:
+    from prefect.settings import PREFECT_API_URL
+
     data = example_data()
     data["python"] = "/nonexistent/venv/bin/python"
     spec_path = tmp_path / "spec.yaml"
@@ -52,7 +54,8 @@ def test_a_python_missing_on_the_nodes_fails_preflight_naming_the_field(
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
     env["SLURMGATE_RUNS_DIR"] = str(tmp_path / "runs")
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
-    env.pop("PREFECT_API_URL", None)
+    # the session's server: the newcomer's test below pays for a temporary one
+    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
     run = _slurmgate("allocation", "run", str(spec_path), env=env)
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
