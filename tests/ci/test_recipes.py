@@ -241,3 +241,24 @@ def test_refused_and_reported_keys_are_named(tmp_path: Path) -> None:
     assert {"model.container", "benchmark", "dynamo", "frontend.enable_multiple_frontends"} <= keys
     assert built.spec.deployments[0].command[4] == "/shared/dsv4"
     assert "# reported: model.container" in built.yaml("x.yaml")
+
+
+def test_srt_slurms_other_backend_keys_are_reported_never_dropped() -> None:
+    """srt-slurm's TensorRT-LLM backend keys (and any other the converter does not read) come
+    back in the report with what the run does instead; none vanishes."""
+    base = yaml.safe_load((RECIPES / SCRIPT.SUBSET[0]).read_text())
+    extra = {
+        "publish_events_and_metrics": True,
+        "sequential_node_start": 2,
+        "numa_memory_bind": True,
+        "some_future_key": "x",
+    }
+    built = spec_from_data({**base, "backend": {**base["backend"], **extra}}, model="/m")
+    reported = {r.key: r.how for r in built.reported}
+    for key in extra:
+        assert f"backend.{key}" in reported, reported
+    assert "readiness-gated batches" in reported["backend.sequential_node_start"]
+    assert "numactl" in reported["backend.numa_memory_bind"]
+    assert reported["backend.some_future_key"] == "not used"
+    # what the converter reads is not reported as unused
+    assert not {"backend.type", "backend.sglang_config"} & reported.keys()

@@ -66,6 +66,18 @@ REPORTED = {
     "setup_script": "not run: it prepares srt-slurm's container before the workers (installs "
     "or patches the engine); the nodes' own environment must already hold what it installs",
 }
+# srt-slurm's other backend keys (its BackendProtocol's), and what a run does instead.
+BACKEND_REPORTED = {
+    "publish_metrics": "not passed: the workers publish no Dynamo metrics of their own",
+    "publish_events_and_metrics": "not passed: no KV events or metrics from the workers "
+    "(KV-aware routing falls back)",
+    "sequential_node_start": "workers start together, paced by rank_launch_stagger_s and "
+    "lead_boot_standoff_s, not in readiness-gated batches",
+    "numa_memory_bind": "no numactl prefix: the nodes' default memory policy",
+    "numa_cpu_bind": "no CPU binding beyond Slurm's",
+    "served_model_name": "the spec's served model name is the recipe's model name",
+}
+_ROLE_PARTS = ("environment", "extra_args")
 # Keys whose meaning slurmgate cannot reproduce: a run without them would not be that recipe.
 REFUSED = {
     "container_mounts": "container mounts: the workers run on the nodes' own filesystem",
@@ -588,6 +600,12 @@ def _report_rest(r: Mapping[str, Any], b: _Build) -> None:
             b.report(f"backend.{key}")
     if "connector" in backend:
         b.report("backend.connector")
+    consumed = {"type", "mooncake_kv_store", "dp_launch_mode", "kv_events_config", "connector"}
+    consumed |= set(recipes.ENGINE_CONFIG_KEY.values())
+    consumed |= {f"{role}_{part}" for role in recipes.ROLE_NAMES for part in _ROLE_PARTS}
+    for key in sorted(set(map(str, backend)) - consumed):
+        if backend[key] not in (None, False, 0, "", [], {}):
+            b.report(f"backend.{key}", BACKEND_REPORTED.get(key, "not used"))
     for key in ("output", "observability", "reporting"):
         if r.get(key):
             b.report(key, "not used: slurmgate writes its own run record and logs")
