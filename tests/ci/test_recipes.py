@@ -262,3 +262,19 @@ def test_srt_slurms_other_backend_keys_are_reported_never_dropped() -> None:
     assert reported["backend.some_future_key"] == "not used"
     # what the converter reads is not reported as unused
     assert not {"backend.type", "backend.sglang_config"} & reported.keys()
+
+
+def test_configs_paths_are_reported_and_go_to_preflight() -> None:
+    """srt-slurm's recipes name paths in the configs directory it mounts at /configs (caches
+    of DeepGEMM and FlashInfer, DeepEP's config): reported, and checked on every node."""
+    from slurmgate.runtime.run.workers import _command_model_paths
+
+    base = yaml.safe_load((RECIPES / SCRIPT.SUBSET[0]).read_text())
+    env = {"SGLANG_DG_CACHE_DIR": "/configs/deepgemm-cache"}
+    backend = {**base["backend"], "prefill_environment": env, "decode_environment": env}
+    built = spec_from_data({**base, "backend": backend}, model="/m")
+    reported = {r.key: r.how for r in built.reported}
+    assert reported["/configs paths"].startswith("/configs/deepgemm-cache: srt-slurm mounts")
+    (deployment,) = built.spec.deployments
+    assert deployment.config_paths == ["/configs/deepgemm-cache"]
+    assert "/configs/deepgemm-cache" in _command_model_paths(deployment)

@@ -113,9 +113,11 @@ def start_workers(
 
 
 def _command_model_paths(dspec: DeploymentSpec) -> list[str]:
-    """The absolute model path the deployment's command loads, as its engine reads it."""
+    """The absolute model path the deployment's command loads, as its engine reads it, and
+    every path under `/configs/` its env and flags name (srt-slurm's recipes mount their
+    configs directory there; on the nodes it must exist as on srt-slurm's containers)."""
     path = engines.profile(dspec.engine).model_path(dspec.command)
-    return [path] if path else []
+    return [*([path] if path else []), *dspec.config_paths]
 
 
 def layout_lane(

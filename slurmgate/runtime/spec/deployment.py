@@ -24,6 +24,9 @@ class BackpressureSpec(StrictModel):
     retry_after_s: int = Field(default=1, ge=0, description="0 omits the Retry-After header")
 
 
+CONFIGS_DIR = "/configs/"
+
+
 class DeploymentSpec(StrictModel):
     """One model deployment: replicas of TP×PP (or DP×TP) lanes, placed on whole nodes."""
 
@@ -241,6 +244,21 @@ class DeploymentSpec(StrictModel):
                 "lower distributed_timeout_s or raise startup_timeout_s",
             )
         return self
+
+    @property
+    def config_paths(self) -> list[str]:
+        """Every `/configs/...` path in the command, env, and the roles' env and args (a whole
+        value, or after `=` in `NAME=/configs/...` or `--flag=/configs/...`): srt-slurm's
+        recipes mount their configs directory there, so on the nodes each must exist."""
+        values: list[object] = [*self.command, *self.env.values()]
+        for _, role in self.roles.items() if self.roles is not None else ():
+            values += [*role.env.values(), *role.args]
+        found = []
+        for value in values:
+            text = value.rsplit("=", 1)[-1] if isinstance(value, str) else ""
+            if text.startswith(CONFIGS_DIR):
+                found.append(text)
+        return list(dict.fromkeys(found))
 
     @property
     def request_plane(self) -> str:

@@ -331,6 +331,14 @@ def spec_from_data(
         raise RecipeRefused(
             f"{source}: the recipe's workers do not make a valid spec:\n{exc}"
         ) from None
+    configs = [path for d in spec.deployments for path in d.config_paths]
+    if configs:
+        b.report(
+            "/configs paths",
+            f"{', '.join(dict.fromkeys(configs))}: srt-slurm mounts its configs directory at "
+            "/configs in the container; here they must exist on every node, and preflight "
+            "checks each as it checks the model path",
+        )
     return RecipeSpec(spec=spec, schema=schema, reported=b.reported)
 
 
