@@ -61,6 +61,7 @@ def start_services(
             delay_s=0.0,
             env=s.env,
             files=s.files,
+            env_files=s.env_files,
         )
         for s in launches
     ]

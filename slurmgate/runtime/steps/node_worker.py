@@ -48,6 +48,9 @@ class LaneSpec:
     # Files written into the lane's directory before it starts, by plain name (an engine's
     # YAML); the argv names them under LANE_DIR.
     files: dict[str, str] = field(default_factory=dict)
+    # Variables whose value is the text of one of the lane's files, read when it starts: for
+    # a program that takes a certificate's PEM only in its environment (Dynamo's etcd client).
+    env_files: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class WorkerSpec:
                             "delay_s": lane.delay_s,
                             "env": lane.env,
                             **({"files": lane.files} if lane.files else {}),
+                            **({"env_files": lane.env_files} if lane.env_files else {}),
                         }
                         for lane in n.lanes
                     ],
@@ -144,7 +148,11 @@ class WorkerSpec:
             lanes = []
             seen_gpus: set[int] = set()
             for lane in _typed(n["lanes"], list, "lanes"):
-                _keys(lane, {"id", "argv", "gpus", "delay_s", "env"}, frozenset({"files"}))
+                _keys(
+                    lane,
+                    {"id", "argv", "gpus", "delay_s", "env"},
+                    frozenset({"files", "env_files"}),
+                )
                 gpus = [_typed(g, int, "gpus[]") for g in _typed(lane["gpus"], list, "gpus")]
                 for g in gpus:
                     if g in seen_gpus or not 0 <= g < int(data["gpus_per_node"]):
@@ -163,6 +171,7 @@ class WorkerSpec:
                         delay_s=float(lane["delay_s"]),
                         env={str(k): str(v) for k, v in _typed(lane["env"], dict, "env").items()},
                         files=_files(lane.get("files", {}), str(lane["id"])),
+                        env_files=_env_files(lane.get("env_files", {}), str(lane["id"])),
                     )
                 )
             ports = sorted({_typed(p, int, "ports[]") for p in _typed(n["ports"], list, "ports")})
@@ -195,6 +204,15 @@ def _keys(obj: Any, expected: set[str], optional: frozenset[str] = frozenset()) 
     if not isinstance(obj, dict) or not expected <= set(obj) <= expected | optional:
         got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
         raise WorkerSpecError(f"expected keys {sorted(expected)}, got {got}")
+
+
+def _env_files(value: Any, lane: str) -> dict[str, str]:
+    """A lane's variables read from its files: each names a file as `_files` allows."""
+    named = _files(value, lane)
+    for name in named.values():
+        if "/" in name or name.startswith(".") or not name:
+            raise WorkerSpecError(f"lane {lane}: env_files names {name!r}, not a plain file")
+    return named
 
 
 def _files(value: Any, lane: str) -> dict[str, str]:
@@ -349,6 +367,9 @@ class Lanes:
             argv = [a.replace(LANE_DIR, where) for a in argv]
             # A lane's env may name its files too (the paths of its certificates).
             env.update({k: v.replace(LANE_DIR, where) for k, v in lane.env.items()})
+            for key, name in lane.env_files.items():
+                with open(os.path.join(where, name)) as f:
+                    env[key] = f.read()
         proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
         )
