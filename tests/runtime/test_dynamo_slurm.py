@@ -1,0 +1,191 @@
+"""Dynamo for real on the cluster: its frontend and mocker workers, behind the run's services.
+
+A dynamo-sglang deployment with `stand_in: dynamo-mocker`: one prefill and one decode mocker on
+two nodes of their own, Dynamo's real frontend, etcd and NATS (mutual TLS across hosts; NATS is
+the event plane too) on the client node, slurmgate's endpoint in front. The client sends plain
+and streamed chat completions through the endpoint and reads each worker's own count of the
+requests it served, then SIGKILLs the decode mocker mid-stream: the stream ends with an error
+event, the run fails at once naming the lane and its node, and nothing is left on any node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmgate.runtime.run.allocation_run import AllocationRun
+from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.spec.allocation import AllocationSpec
+
+from .conftest import REPO, assert_no_orphans, job_gone, processes_with
+from .listeners import ListenerWatch
+from .test_pd_slurm import check_listeners
+
+pytestmark = pytest.mark.slurm
+
+DYNAMO_PYTHON = REPO / ".venv-dynamo" / "bin" / "python"
+SIDE = 18960  # the mocker's request plane at +0, its status server (/metrics) at +1
+DECODE_LANE = "dyn-decode-00000-rank-00000"
+
+CLIENT = r"""
+import json, os, signal, time, urllib.request
+base = json.loads(os.environ["SLURMGATE_ENDPOINTS"])["dyn"]
+addresses, system_port, lane = json.loads(%(args)r)
+
+def served():
+    # every worker's own count of the requests its generate endpoint served, by component
+    out = {}
+    for address in addresses:
+        try:
+            with urllib.request.urlopen(f"http://{address}:{system_port}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            generate = 'dynamo_endpoint="generate"' in line
+            if line.startswith("dynamo_component_requests_total{") and generate:
+                component = line.split('dynamo_component="', 1)[1].split('"', 1)[0]
+                out[f"{address} {component}"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+def chat(content, stream=False, max_tokens=4):
+    body = {"model": "dyn", "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "stream": stream}
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=30)
+
+out = {"before": served()}
+out["plain"] = []
+for i in range(3):
+    with chat(f"hello {i}") as r:
+        out["plain"].append([r.status, json.loads(r.read())["choices"][0]["message"]["content"]])
+with chat("stream me", stream=True) as r:
+    out["stream"] = [r.status, r.headers.get("Content-Type"), r.read().decode()]
+out["after"] = served()
+print("RESULT " + json.dumps(out), flush=True)
+
+# the decode mocker's process: the lane of this run whose environment names it
+me = os.environ["SLURMGATE_RUN_ID"].encode()
+def decode_pid():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"SLURMGATE_RUN_ID=" + me in env and f"SLURMGATE_RUN_LANE={lane}".encode() in env:
+            if b"dynamo.mocker" in open(f"/proc/{pid}/cmdline", "rb").read():
+                return int(pid)
+
+r = chat("a long one", stream=True, max_tokens=4000)
+first = r.readline().decode()
+while not first.startswith("data:"):
+    first = r.readline().decode()
+pid = decode_pid()
+print("KILLING", pid, time.time(), flush=True)
+os.kill(pid, signal.SIGKILL)
+t0 = time.time()
+rest = r.read().decode(errors="replace")
+print("STREAM_END " + json.dumps({"after_s": time.time() - t0, "tail": rest[-300:]}), flush=True)
+time.sleep(60)  # the run must not wait for this
+"""
+
+
+def dynamo_spec(addresses: list[str]) -> AllocationSpec:
+    args = json.dumps([addresses, SIDE + 1, DECODE_LANE])
+    return AllocationSpec.from_data(
+        {
+            "schema_version": 1,
+            "name": "dyn",
+            "gpus_per_node": 8,
+            "time_limit": "00:03:00",
+            "client": {
+                "command": ["python", "-c", CLIENT % {"args": args}],
+                "dedicated_node": True,
+            },
+            "deployments": [
+                {
+                    "name": "dyn",
+                    "engine": "dynamo-sglang",
+                    "stand_in": "dynamo-mocker",
+                    "command": [str(DYNAMO_PYTHON), "-m", "dynamo.mocker"],
+                    "roles": {
+                        "prefill": {"args": ["--speedup-ratio", "0"]},
+                        # slow enough that a long stream is still running when it is killed
+                        "decode": {"args": ["--speedup-ratio", "0.2"]},
+                    },
+                    "frontend": {
+                        "type": "dynamo",
+                        "command": [str(DYNAMO_PYTHON), "-m", "dynamo.frontend"],
+                        "port": 17740,
+                        "etcd_port": 18990,
+                        "nats_port": 18992,
+                        "nats_monitor_port": 18993,
+                        "startup_timeout_s": 60,
+                    },
+                    "base_port": 18940,
+                    "bootstrap_base_port": 18950,
+                    "side_base_port": SIDE,
+                    "endpoint_port": 17742,
+                    "startup_timeout_s": 60,
+                    "lead_boot_standoff_s": 0,
+                    "rank_launch_stagger_s": 0,
+                },
+            ],
+        },
+        source="test",
+    )
+
+
+def test_dynamo_mocker_serves_through_the_endpoint_and_a_killed_decode_fails_fast(
+    slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not DYNAMO_PYTHON.exists():
+        pytest.skip("no Dynamo venv (.venv-dynamo): scripts/setup.sh with SLURMGATE_WITH_DYNAMO=1")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    watch = ListenerWatch()
+    spec = dynamo_spec(sorted(watch.namespaces.values()))
+    run = AllocationRun(spec, runs_root=tmp_path / "runs", grace_s=5)
+    try:
+        with watch as listeners, pytest.raises(RunFailed) as failed:
+            run.run()
+        ended = time.time()
+    finally:
+        assert_no_orphans(run.run_id)
+    assert failed.value.phase == "client", str(failed.value)
+    assert run.status == "failed" and run.cleaned
+    assert job_gone(run.job_id)
+    assert run.layout is not None
+    logs = {p.name.split("-", 1)[1]: p.read_text() for p in run.run_dir.glob("[0-9][0-9]-*.log")}
+    client = logs["client.log"]
+    line = next((x for x in client.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, client[-3000:]
+    report: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    for status, text in report["plain"]:
+        assert status == 200 and text.strip(), report["plain"]
+    status, kind, body = report["stream"]
+    assert status == 200 and kind.startswith("text/event-stream"), body
+    assert body.count("data: {") >= 2 and body.rstrip().endswith("data: [DONE]"), body
+    # each worker counted the requests it served (4 each: one prefill and one decode apiece)
+    prefill, decode = (run.layout.address(n) for n in (1, 2))
+    after = report["after"]
+    assert after.get(f"{prefill} prefill", 0) >= 4, report
+    assert after.get(f"{decode} backend", 0) >= 4, report
+    assert all(report["before"].get(k, 0) < v for k, v in after.items()), report
+    # the killed decode: the stream ended with an error event, at once; the run failed fast
+    killed = float(next(x for x in client.splitlines() if x.startswith("KILLING")).split()[2])
+    end = json.loads(next(x for x in client.splitlines() if x.startswith("STREAM_END "))[11:])
+    assert end["after_s"] < 10 and '"error"' in end["tail"], end
+    assert ended - killed < 15, f"the run took {ended - killed:.1f}s to notice"
+    message = str(failed.value)
+    assert f"lane {DECODE_LANE} on node {run.layout.host(2)} exited" in message, message
+    # nothing of Dynamo, etcd or NATS is left, nor the tiny model's directory's users
+    left = processes_with("dynamo.") + processes_with("etcd") + processes_with("nats-server")
+    assert not [p for p in left if run.run_id in p], left
+    expected = {"endpoint", "side", "frontend", "frontend-response-stream", "etcd", "nats"}
+    check_listeners(listeners, spec, run, expected)
