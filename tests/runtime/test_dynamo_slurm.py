@@ -95,7 +95,7 @@ time.sleep(60)  # the run must not wait for this
 """
 
 
-def dynamo_spec(addresses: list[str]) -> AllocationSpec:
+def dynamo_spec(addresses: list[str], discovery: str) -> AllocationSpec:
     args = json.dumps([addresses, SIDE + 1, DECODE_LANE])
     return AllocationSpec.from_data(
         {
@@ -121,6 +121,7 @@ def dynamo_spec(addresses: list[str]) -> AllocationSpec:
                     "frontend": {
                         "type": "dynamo",
                         "command": [str(DYNAMO_PYTHON), "-m", "dynamo.frontend"],
+                        "discovery": discovery,
                         "port": 17740,
                         "etcd_port": 18990,
                         "nats_port": 18992,
@@ -141,15 +142,16 @@ def dynamo_spec(addresses: list[str]) -> AllocationSpec:
     )
 
 
+@pytest.mark.parametrize("discovery", ["etcd", "file"])
 def test_dynamo_mocker_serves_through_the_endpoint_and_a_killed_decode_fails_fast(
-    slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    discovery: str, slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not DYNAMO_PYTHON.exists():
         pytest.skip("no Dynamo venv (.venv-dynamo): scripts/setup.sh with SLURMGATE_WITH_DYNAMO=1")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
     watch = ListenerWatch()
-    spec = dynamo_spec(sorted(watch.namespaces.values()))
+    spec = dynamo_spec(sorted(watch.namespaces.values()), discovery)
     run = AllocationRun(spec, runs_root=tmp_path / "runs", grace_s=5)
     try:
         with watch as listeners, pytest.raises(RunFailed) as failed:
@@ -187,5 +189,15 @@ def test_dynamo_mocker_serves_through_the_endpoint_and_a_killed_decode_fails_fas
     # nothing of Dynamo, etcd or NATS is left, nor the tiny model's directory's users
     left = processes_with("dynamo.") + processes_with("etcd") + processes_with("nats-server")
     assert not [p for p in left if run.run_id in p], left
-    expected = {"endpoint", "side", "frontend", "frontend-response-stream", "etcd", "nats"}
+    expected = {"endpoint", "side", "frontend", "frontend-response-stream", "nats"}
+    if discovery == "etcd":
+        expected |= {"etcd", "etcd-peer"}
+    else:
+        # the records were in the run's directory, which cleanup removed (a killed worker's
+        # stay until they expire), and no etcd ran
+        kv = run.run_dir / "discovery-dyn"
+        report = run.context.cleanup_report
+        assert report is not None
+        assert f"removed dyn's discovery directory {kv.resolve()}" in report.actions, report
+        assert not kv.exists()
     check_listeners(listeners, spec, run, expected)

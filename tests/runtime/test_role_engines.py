@@ -400,3 +400,31 @@ def test_a_stand_in_is_refused_where_it_cannot_stand_in(dep: dict[str, Any], fie
             data.pop("engine"), ["p", "-m", "dynamo.mocker"], {"prefill": {}, "decode": {}}, **data
         )
     assert field in str(refused.value), str(refused.value)
+
+
+def test_file_discovery_drops_the_etcd_lane_and_tells_every_process() -> None:
+    roles = {"prefill": {}, "decode": {}}
+    frontend = {"type": "dynamo", "discovery": "file"}
+    spec, lay = _plan("dynamo-sglang", ["p", "-m", "dynamo.sglang"], roles, frontend=frontend)
+    (d,) = lay.plan.deployments
+    assert [s.name for s in d.services] == ["nats", "frontend"]
+    env = layout.service_env(spec.deployments[0], lay)
+    assert env["DYN_DISCOVERY_BACKEND"] == "file" and "ETCD_ENDPOINTS" not in env
+    assert env["DYN_EVENT_PLANE"] == "nats"
+
+
+@pytest.mark.parametrize(
+    ("frontend", "field"),
+    [
+        ({"type": "sglang-router", "discovery": "file"}, "frontend.discovery"),
+        ({"type": "dynamo", "discovery_dir": "/shared"}, "frontend.discovery_dir"),
+        ({"type": "dynamo", "discovery": "file", "discovery_dir": "shared"}, "discovery_dir"),
+    ],
+)
+def test_discovery_settings_are_refused_where_they_mean_nothing(
+    frontend: dict[str, Any], field: str
+) -> None:
+    engine = "sglang" if frontend["type"] == "sglang-router" else "dynamo-sglang"
+    with pytest.raises(InputError) as refused:
+        _plan(engine, ["p", "-m", "x"], {"prefill": {}, "decode": {}}, frontend=frontend)
+    assert field in str(refused.value), str(refused.value)

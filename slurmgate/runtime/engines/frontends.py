@@ -35,6 +35,7 @@ from slurmgate.runtime.engines.roles import LANE_DIR
 
 FrontendName = Literal["dynamo", "sglang-router", "vllm-router", "trtllm-serve"]
 RequestPlane = Literal["tcp", "nats", "http"]
+DiscoveryName = Literal["etcd", "file"]
 
 # Dynamo's /health components that count for each role (srt-slurm core/health.py).
 DYNAMO_COMPONENTS = {"prefill": ("prefill",), "decode": ("decode", "backend", "tensorrt_llm")}
@@ -188,7 +189,13 @@ def frontend_files(name: str, bind_host: str, port: int, workers: Workers) -> di
 
 
 def frontend_env(
-    name: str, services_host: str, ports: Mapping[str, int], plane: str, *, tls: bool = False
+    name: str,
+    services_host: str,
+    ports: Mapping[str, int],
+    plane: str,
+    *,
+    tls: bool = False,
+    discovery: str = "etcd",
 ) -> dict[str, str]:
     """What the frontend (and, for Dynamo, every worker) needs to find the services: their
     URLs only, never a secret (with `tls`, each lane's `client_auth_env` names its files).
@@ -199,8 +206,13 @@ def frontend_env(
     if name != "dynamo":
         return {}
     scheme = "https" if tls else "http"
+    found = (
+        {"DYN_DISCOVERY_BACKEND": "file"}  # DYN_FILE_KV: the run's directory, `run.discovery`
+        if discovery == "file"
+        else {"ETCD_ENDPOINTS": f"{scheme}://{services_host}:{ports['etcd']}"}
+    )
     return {
-        "ETCD_ENDPOINTS": f"{scheme}://{services_host}:{ports['etcd']}",
+        **found,
         "NATS_SERVER": f"{'tls' if tls else 'nats'}://{services_host}:{ports['nats']}",
         "DYN_REQUEST_PLANE": plane,
         "DYN_EVENT_PLANE": "nats",

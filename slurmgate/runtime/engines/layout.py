@@ -44,6 +44,10 @@ class FrontendShape(Protocol):
     def etcd_command(self) -> Sequence[str]: ...
     @property
     def nats_command(self) -> Sequence[str]: ...
+    @property
+    def discovery(self) -> str: ...
+    @property
+    def services(self) -> tuple[str, ...]: ...
 
 
 class RolesShape(Protocol):
@@ -318,7 +322,7 @@ def _services(d: DeploymentShape, client_node: int) -> tuple[ServicePlan, ...]:
     profile = frontends.FRONTENDS[f.type]
     ports = f.service_ports
     out = []
-    for name in profile.services:
+    for name in f.services:
         owned = {"etcd": ("etcd", "etcd_peer"), "nats": ("nats", "nats_monitor")}[name]
         probe_key, path = frontends.SERVICE_READINESS[name]
         out.append(
@@ -364,9 +368,7 @@ def services_local(lay: Layout, d: DeploymentPlan) -> bool:
 
 def services_tls(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> bool:
     """The deployment has etcd and NATS, and nodes besides the client host reach them."""
-    has_services = spec.frontend is not None and bool(
-        frontends.FRONTENDS[spec.frontend.type].services
-    )
+    has_services = spec.frontend is not None and bool(spec.frontend.services)
     return has_services and not services_local(lay, d)
 
 
@@ -438,6 +440,7 @@ def service_env(spec: DeploymentShape, lay: Layout) -> dict[str, str]:
         spec.frontend.service_ports,
         spec.frontend.request_plane,
         tls=services_tls(spec, lay, d),
+        discovery=spec.frontend.discovery,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from slurmgate.runtime.engines import frontends
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
-from slurmgate.runtime.run import stand_ins
+from slurmgate.runtime.run import discovery, stand_ins
 from slurmgate.runtime.run.service_certs import deployment_pems
 from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.spec.deployment import DeploymentSpec
@@ -55,6 +55,7 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
         model_paths=_command_model_paths(dspec) + ([model_dir] if model_dir else []),
         # every lane's copy of the client certificate, sent once
         shared_files=pems.client_files() if pems is not None else {},
+        shared_tokens=discovery.prepare(ctx, dspec),
     )
 
 
@@ -71,6 +72,10 @@ def client_worker_spec(ctx: RunContext) -> WorkerSpec:
         gpus_per_node=0,
         model_path=None,
         grace_s=1.0,
+        # the frontends run here: their discovery directories must be shared with it too
+        shared_tokens={
+            k: v for dspec in ctx.spec.deployments for k, v in discovery.prepare(ctx, dspec).items()
+        },
         nodes=[
             NodeSpec(
                 host=ctx.layout.client_host,

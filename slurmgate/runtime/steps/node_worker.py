@@ -78,6 +78,9 @@ class WorkerSpec:
     # Files every lane of the step gets in its directory besides its own (the run's client
     # certificate for etcd and NATS): sent once, not once per lane, to keep the spec small.
     shared_files: dict[str, str] = field(default_factory=dict)
+    # Files the controller wrote in a directory every node must share (Dynamo's file
+    # discovery), with their text: preflight reads each back, or the node does not share it.
+    shared_tokens: dict[str, str] = field(default_factory=dict)
 
     def checked_paths(self) -> list[str]:
         """Every model path preflight checks, each once, the spec's own first."""
@@ -92,6 +95,7 @@ class WorkerSpec:
             "model_path": self.model_path,
             "model_paths": self.model_paths,
             **({"shared_files": self.shared_files} if self.shared_files else {}),
+            **({"shared_tokens": self.shared_tokens} if self.shared_tokens else {}),
             "grace_s": self.grace_s,
             "nodes": [
                 {
@@ -138,7 +142,7 @@ class WorkerSpec:
         _keys(
             data,
             {"v", "run_id", "name", "gpus_per_node", "model_path", "grace_s", "nodes"},
-            optional=frozenset({"model_paths", "shared_files"}),
+            optional=frozenset({"model_paths", "shared_files", "shared_tokens"}),
         )
         if data["v"] != 1:
             raise WorkerSpecError(f"spec version {data['v']!r} is not supported")
@@ -197,6 +201,10 @@ class WorkerSpec:
                 for p in _typed(data.get("model_paths", []), list, "model_paths")
             ],
             shared_files=_files(data.get("shared_files", {}), "every lane"),
+            shared_tokens={
+                _typed(k, str, "shared_tokens"): _typed(v, str, "shared_tokens[]")
+                for k, v in _typed(data.get("shared_tokens", {}), dict, "shared_tokens").items()
+            },
         )
 
 
@@ -329,6 +337,20 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
         mode = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)
         if not os.access(path, mode):
             raise PreflightFailed(node.host, "model-path", f"{path} is not readable")
+    for path, token in spec.shared_tokens.items():
+        try:
+            with open(path) as f:
+                seen = f.read()
+        except OSError as exc:
+            seen = f"unreadable ({exc.strerror})"
+        if seen != token:
+            raise PreflightFailed(
+                node.host,
+                "shared-dir",
+                f"frontend.discovery_dir: {os.path.dirname(path)} is not shared with this node "
+                f"(the token the controller wrote there reads {seen[:40]!r} here); give a "
+                "directory on a filesystem every node mounts",
+            )
     return node
 
 
