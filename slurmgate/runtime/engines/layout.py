@@ -720,6 +720,24 @@ def lane_argv(
     return profile.roles.render(spec, role, lane, master_addr, bind_host)
 
 
+def stand_in_metrics_urls(
+    spec: DeploymentShape, lay: Layout, d: DeploymentPlan
+) -> dict[str, tuple[str, str]]:
+    """Each mocker lane's /metrics URL on its status server, with its node's host, by lane."""
+    if spec.stand_in != "dynamo-mocker":
+        return {}
+    out = {}
+    for n in d.nodes:
+        for lane in n.lanes:
+            assert lane.side_port is not None
+            port = lane.side_port + lane.side_span - 1
+            out[lane.process_id] = (
+                lay.host(n.node),
+                f"http://{lay.address(n.node)}:{port}/metrics",
+            )
+    return out
+
+
 def stand_in_env(lane: LanePlan, bind_host: str) -> dict[str, str]:
     """A mocker lane's listeners on its node's address: its request plane on its first side
     port (SGLang's NCCL port, unused by the mocker), its status server on its last, where a

@@ -253,3 +253,19 @@ def frontend_launch(
     if response_port is not None:
         env["DYN_TCP_RESPONSE_STREAM_PORT"] = str(response_port)
     return Launch(tuple(argv), env)
+
+
+SERVED_METRIC = "dynamo_component_requests_total"
+
+
+def served_requests(metrics: str) -> float | None:
+    """The requests a Dynamo worker's generate endpoint served, from its /metrics text (the
+    sum over its series); None when the text has none."""
+    total = None
+    for line in metrics.splitlines():
+        if line.startswith(SERVED_METRIC + "{") and 'dynamo_endpoint="generate"' in line:
+            try:
+                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return total
