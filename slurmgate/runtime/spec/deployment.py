@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from slurmgate.runtime.engines import mocker
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.mocker import SYSTEM_PORT_MAX
 from slurmgate.runtime.spec.errors import problem
@@ -267,6 +268,8 @@ class DeploymentSpec(StrictModel):
                 f"{self.stand_in} stands in for a Dynamo worker, not engine {self.engine}",
                 f"use engine {' or '.join(engines_ok)}, or remove stand_in",
             )
+        if mocker.command_model_dir(self.command) is None:
+            mocker.command_python(self.command)  # its InputError names the command and the fix
         # the mocker's status server port is Dynamo's DYN_SYSTEM_PORT, read as a signed
         # 16-bit number: every lane slot's must stay at or below 32767
         top = self.side_base_port + 64
