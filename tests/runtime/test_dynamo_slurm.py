@@ -12,6 +12,7 @@ the run succeeds and itself reads what each worker served. Nothing is left on an
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -210,9 +211,13 @@ def test_dynamo_mocker_serves_through_the_endpoint(
         served = run.context.lane_served
         assert served.get("dyn-prefill-00000-rank-00000", 0) >= 4, served
         assert served.get(DECODE_LANE, 0) >= 4, served
-    # nothing of Dynamo, etcd or NATS is left
+    # nothing of Dynamo, etcd or NATS is left, nor a lane's directory (etcd's and NATS's
+    # data, the certificates); every node of the bundled cluster shares this /tmp
     left = processes_with("dynamo.") + processes_with("etcd") + processes_with("nats-server")
     assert not [p for p in left if run.run_id in p], left
+    assert not list(Path(tempfile.gettempdir()).glob(f"slurmgate-{run.run_id}-*"))
+    serve = logs["serve-dyn.log"] + logs["services-dyn.log"]
+    assert "started lane dyn-decode-00000-rank-00000 pid" in serve, serve[-2000:]
     expected = {"endpoint", "side", "frontend", "frontend-response-stream", "nats"}
     if discovery == "etcd":
         expected |= {"etcd", "etcd-peer"}

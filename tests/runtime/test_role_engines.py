@@ -175,7 +175,6 @@ def test_dynamo_workers_frontend_and_services() -> None:
         **{k: "10.0.0.1" for k in ("DYN_TCP_RPC_HOST", "DYN_SYSTEM_HOST", "DYN_EVENT_PLANE_HOST")},
         "DYN_TCP_RESPONSE_STREAM_HOST": "10.0.0.1",
         "DYN_TCP_RESPONSE_STREAM_PORT": "8001",
-        "HF_HUB_OFFLINE": "1",
         **frontends.client_auth_env(),
     }
     # etcd's client takes the certificate as PEM text only: the node worker reads the lane's

@@ -403,7 +403,7 @@ def service_launches(
         if service.name == "frontend":
             workers = frontend_workers(lay, d)
             argv = frontends.frontend_argv(f.type, f.argv_head, f.args, host, f.port, workers)
-            env = {**service_env(spec, lay), **dynamo_frontend_env(f, host), **f.env}
+            env = {**service_env(spec, lay), **dynamo_frontend_env(spec, host), **f.env}
             files = frontends.frontend_files(f.type, host, f.port, workers)
             if pems is not None:
                 env |= frontends.client_auth_env()
@@ -418,13 +418,18 @@ def service_launches(
     return out
 
 
-def dynamo_frontend_env(f: FrontendShape, bind_host: str) -> dict[str, str]:
+def dynamo_frontend_env(spec: DeploymentShape, bind_host: str) -> dict[str, str]:
     """Dynamo's frontend binds its response-stream server on the client node's address, on
     the port after its HTTP port (unset, it takes the machine's outside address and any
-    port); other frontends need nothing."""
-    if f.type != "dynamo":
+    port); other frontends need nothing. Only a stand-in's stays off the model hub: its
+    model is a local directory, a real deployment's may be a hub id."""
+    f = spec.frontend
+    if f is None or f.type != "dynamo":
         return {}
-    return {**mocker.bind_env(bind_host), "DYN_TCP_RESPONSE_STREAM_PORT": str(f.port + 1)}
+    env = {**mocker.bind_env(bind_host), "DYN_TCP_RESPONSE_STREAM_PORT": str(f.port + 1)}
+    if spec.stand_in is None:
+        del env["HF_HUB_OFFLINE"]
+    return env
 
 
 def service_env(spec: DeploymentShape, lay: Layout) -> dict[str, str]:

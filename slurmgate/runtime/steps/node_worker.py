@@ -384,7 +384,7 @@ class Lanes:
         env["SLURMGATE_RUN_LANE"] = lane.id
         argv = lane.argv
         files = lane.files or self.shared_files
-        if files or any(LANE_DIR in a for a in [*argv, *lane.env.values()]):
+        if files or lane.env_files or any(LANE_DIR in a for a in [*argv, *lane.env.values()]):
             where = self.lane_dir(lane, run_id)
             argv = [a.replace(LANE_DIR, where) for a in argv]
             # A lane's env may name its files too (the paths of its certificates).
