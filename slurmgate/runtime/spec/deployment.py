@@ -167,7 +167,8 @@ class DeploymentSpec(StrictModel):
         "unchanged: dynamo-mocker (engine dynamo-sglang or dynamo-vllm) runs Dynamo's mocker, "
         "`command` then being its head (e.g. [python, -m, dynamo.mocker]); its model "
         "directory is the command's --model-path, else a tiny one the run writes in its "
-        "directory with the command's Python",
+        "directory with the command's Python; it serves the model as the deployment's name "
+        "unless the command gives --model-name",
     )
 
     @field_validator("readiness_path")
