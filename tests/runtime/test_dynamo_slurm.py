@@ -206,9 +206,9 @@ def test_dynamo_mocker_serves_through_the_endpoint(
         message = str(failure)
         assert f"lane {DECODE_LANE} on node {run.layout.host(2)} exited" in message, message
     else:
-        # the run itself read each worker's count before stopping it
+        # the run itself read each worker's count before stopping it, into its record
         assert failure is None and run.status == "succeeded", failure
-        served = run.context.lane_served
+        served = json.loads((run.run_dir / "record.json").read_text())["lane_served"]
         assert served.get("dyn-prefill-00000-rank-00000", 0) >= 4, served
         assert served.get(DECODE_LANE, 0) >= 4, served
     # nothing of Dynamo, etcd or NATS is left, nor a lane's directory (etcd's and NATS's

@@ -197,7 +197,8 @@ def collect_endpoint_metrics(ctx: RunContext, probes: ProbeOpener) -> dict[str, 
 
 
 def served_by_lanes(ctx: RunContext, texts: dict[str, tuple[str, str | None]]) -> None:
-    """Log, and keep in the context, the requests each stand-in lane says it served."""
+    """Log, and keep in the context (and so the record), the requests each stand-in lane
+    says it served."""
     for lane, (host, text) in texts.items():
         served = mocker.served_requests(text) if text is not None else None
         if served is None:

@@ -235,6 +235,7 @@ class RunContext:
             excluded_nodes=list(self.excluded_nodes),
             retry_of=self.retry_of,
             retried_as=self.retried_as,
+            lane_served=dict(self.lane_served),
             steps=[StepRecord(**step) for step in self.supervisor.records()],
         )
 
