@@ -18,9 +18,10 @@ WRITE_TIMEOUT_S = 60.0
 
 def model_dir(ctx: RunContext, dspec: DeploymentSpec) -> str | None:
     """Where the deployment's mocker lanes read their model (None: no stand-in): the
-    command's --model-path, else a tiny directory in the run's directory, written once on
-    the client host with the command's Python (the Dynamo venv's, which has `tokenizers`).
-    Preflight then checks it is readable on every node, like any model path."""
+    command's --model-path, else a tiny directory in the run's directory, written once by
+    the controller with the command's Python (the Dynamo venv's, which has `tokenizers`).
+    Preflight then checks it is readable on every node, like any model path: the run's
+    directory must then be on a filesystem the nodes share."""
     if dspec.stand_in != "dynamo-mocker":
         return None
     given = mocker.command_model_dir(dspec.command)
