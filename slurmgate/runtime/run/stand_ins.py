@@ -10,6 +10,7 @@ import slurmgate
 from slurmgate.runtime.engines import mocker
 from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.spec.deployment import DeploymentSpec
+from slurmgate.settings import handed
 
 TINY_MODEL_DIR = "mocker-model"
 TINY_MODEL_MODULE = "slurmgate.testbed.tiny_hf"
@@ -33,10 +34,8 @@ def model_dir(ctx: RunContext, dspec: DeploymentSpec) -> str | None:
     python = mocker.command_python(dspec.command)
     # the module is this package's, which the Dynamo venv need not have installed
     root = str(Path(slurmgate.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-    }
+    env = handed.inherited()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     ctx.log(f"decision: write the mocker's tiny model directory {where} with {python}")
     try:
         done = subprocess.run(
