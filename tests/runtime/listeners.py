@@ -169,6 +169,8 @@ def kind_of(spec: AllocationSpec, lay: Layout, x: Listener) -> str | None:
             return "frontend"
         if x.port == f.port + 1 and f.type == "sglang-router":
             return "frontend-metrics"
+        if x.port == f.port + 1 and f.type == "dynamo":
+            return "frontend-response-stream"
         if x.port == ports["etcd"]:
             return "etcd-health" if loopback and tls else "etcd"
         named = {"etcd_peer": "etcd-peer", "nats": "nats", "nats_monitor": "nats-monitor"}

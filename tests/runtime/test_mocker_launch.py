@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurmgate.errors import InputError
+from slurmgate.runtime.engines import mocker
 from slurmgate.runtime.engines.mocker import (
     EtcdDiscovery,
     FileDiscovery,
@@ -229,3 +230,19 @@ def test_dynamos_own_parser_reads_the_frontend_launch() -> None:
         "request_plane": "tcp",
         "event_plane": "zmq",
     }
+
+
+def test_served_requests_sums_the_generate_endpoints_series() -> None:
+    text = "\n".join(
+        [
+            "# TYPE dynamo_component_requests_total counter",
+            'dynamo_component_requests_total{dynamo_component="backend",'
+            'dynamo_endpoint="generate",worker_id="1"} 4',
+            'dynamo_component_requests_total{dynamo_component="backend",'
+            'dynamo_endpoint="clear_kv_blocks",worker_id="1"} 9',
+            'dynamo_component_requests_total{dynamo_component="backend",'
+            'dynamo_endpoint="generate",worker_id="2"} 1',
+        ]
+    )
+    assert mocker.served_requests(text) == 5
+    assert mocker.served_requests("dynamo_component_uptime_seconds 3") is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -198,6 +199,26 @@ def test_preflight_failures_name_node_and_check(kw: dict, gpus: str, check: str)
     err = proc.stderr.read() if proc.stderr else ""
     assert rc == 70
     assert f"SLURMGATE-PREFLIGHT host={HOST} check={check}:" in err
+
+
+@pytest.mark.parametrize("written", [None, "another run's token"])
+def test_preflight_fails_a_discovery_directory_the_node_does_not_share(
+    tmp_path: Path, written: str | None
+) -> None:
+    """The controller wrote a token in the shared directory; a node that reads another (or
+    none: its own mount of the path is elsewhere) does not share it, and says which field."""
+    token_file = tmp_path / "slurmgate-preflight-token"
+    if written is not None:
+        token_file.write_text(written)
+    spec = dataclasses.replace(_spec("tok", []), shared_tokens={str(token_file): "the token"})
+    proc = _worker("preflight", spec, gpus="0,1")
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.wait(timeout=20) == 70, err
+    assert f"SLURMGATE-PREFLIGHT host={HOST} check=shared-dir:" in err, err
+    assert f"frontend.discovery_dir: {tmp_path} is not shared with this node" in err, err
+    token_file.write_text("the token")
+    proc = _worker("preflight", spec, gpus="0,1")
+    assert proc.wait(timeout=20) == 0, proc.stderr.read() if proc.stderr else ""
 
 
 def test_preflight_busy_port() -> None:

@@ -203,15 +203,21 @@ def check_listeners(
 # A stand-in for Dynamo's frontend (`frontend.command`): it answers /health listing one
 # prefill and one decode instance only once the real etcd and NATS lanes answer it at the
 # addresses the runtime gives it (ETCD_ENDPOINTS, NATS_SERVER), through mutual TLS with the
-# certificate files its lane was given (ETCD_AUTH_*, NATS_TLS_*, as Dynamo's runtime reads them).
+# certificate its lane was given as Dynamo's runtime reads it: NATS_TLS_* name its files,
+# ETCD_AUTH_* hold their text.
 DYNAMO_FRONTEND = r"""
 import base64, json, os, socket, ssl, sys, time, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 host = sys.argv[sys.argv.index("--http-host") + 1]
 port = int(sys.argv[sys.argv.index("--http-port") + 1])
 etcd, nats = os.environ["ETCD_ENDPOINTS"], os.environ["NATS_SERVER"]
-tls = ssl.create_default_context(cafile=os.environ["ETCD_AUTH_CA"])
-tls.load_cert_chain(os.environ["ETCD_AUTH_CLIENT_CERT"], os.environ["ETCD_AUTH_CLIENT_KEY"])
+for var, path in (("CA", "CA_CERT"), ("CLIENT_CERT", "CLIENT_CERT"), ("CLIENT_KEY", "CLIENT_KEY")):
+    with open(os.environ[f"NATS_TLS_{path}_PATH"]) as f:
+        assert os.environ[f"ETCD_AUTH_{var}"] == f.read(), var
+tls = ssl.create_default_context(cafile=os.environ["NATS_TLS_CA_CERT_PATH"])
+tls.load_cert_chain(
+    os.environ["NATS_TLS_CLIENT_CERT_PATH"], os.environ["NATS_TLS_CLIENT_KEY_PATH"]
+)
 nats_tls = ssl.create_default_context(cafile=os.environ["NATS_TLS_CA_CERT_PATH"])
 nats_tls.load_cert_chain(
     os.environ["NATS_TLS_CLIENT_CERT_PATH"], os.environ["NATS_TLS_CLIENT_KEY_PATH"]
@@ -226,7 +232,7 @@ while True:
         )
         with urllib.request.urlopen(put, timeout=2, context=tls) as r:
             stored = r.status == 200
-        host, nport = nats.removeprefix("nats://").rsplit(":", 1)
+        host, nport = nats.removeprefix("tls://").rsplit(":", 1)
         with socket.create_connection((host, int(nport)), timeout=2) as raw:
             raw.makefile("rb").readline()
             with nats_tls.wrap_socket(raw, server_hostname=host) as s:
@@ -332,7 +338,7 @@ def dynamo_spec() -> AllocationSpec:
                     "base_port": 18900,
                     "bootstrap_base_port": 18910,
                     "side_base_port": 18920,
-                    "endpoint_port": 17721,
+                    "endpoint_port": 17722,  # 17721: the frontend's response-stream port
                     "startup_timeout_s": 30,
                     "lead_boot_standoff_s": 0,
                     "rank_launch_stagger_s": 0,
@@ -376,7 +382,7 @@ def test_dynamo_deployment_runs_real_etcd_and_nats_as_service_lanes(
     services = logs["services-dyn.log"]
     assert "started lane dyn-etcd pid" in services and "started lane dyn-nats pid" in services
     etcd = f"https://{head}:{SERVICE_PORTS['etcd']}"
-    nats = f"nats://{head}:{SERVICE_PORTS['nats']}"
+    nats = f"tls://{head}:{SERVICE_PORTS['nats']}"
     assert f"frontend saw etcd {etcd} and nats {nats}" in logs["frontend-dyn.log"]
     # nothing of either is left on any node (every node of the bundled cluster is this host)
     left = processes_with("etcd") + processes_with("nats-server")

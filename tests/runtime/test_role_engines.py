@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from slurmgate.errors import InputError
 from slurmgate.runtime.engines import frontends, layout
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.roles import LANE_DIR
@@ -164,12 +165,26 @@ def test_dynamo_workers_frontend_and_services() -> None:
         "--router-mode",
         "kv",
     ]
+    # NATS is the event plane too, over TLS (`tls://`); every listener of the frontend binds
+    # the client node's address, its response-stream server on the port after its HTTP port
     assert frontend.env == {
         "ETCD_ENDPOINTS": "https://10.0.0.1:2379",
-        "NATS_SERVER": "nats://10.0.0.1:4222",
+        "NATS_SERVER": "tls://10.0.0.1:4222",
         "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "nats",
+        **{k: "10.0.0.1" for k in ("DYN_TCP_RPC_HOST", "DYN_SYSTEM_HOST", "DYN_EVENT_PLANE_HOST")},
+        "DYN_TCP_RESPONSE_STREAM_HOST": "10.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_PORT": "8001",
         **frontends.client_auth_env(),
     }
+    # etcd's client takes the certificate as PEM text only: the node worker reads the lane's
+    # files into these variables when it starts it; the launch holds file names, never PEM
+    assert frontend.env_files == {
+        "ETCD_AUTH_CA": "service-ca.pem",
+        "ETCD_AUTH_CLIENT_CERT": "service-client.pem",
+        "ETCD_AUTH_CLIENT_KEY": "service-client.key",
+    }
+    assert "client-key" not in json.dumps([frontend.env, frontend.argv, frontend.env_files])
     assert _value(etcd.argv, "--listen-client-urls") == "https://10.0.0.1:2379"
     assert _value(nats.argv, "-c") == f"{LANE_DIR}/nats.conf"
     assert "port: 4222" in nats.files["nats.conf"] and '"127.0.0.1:8222"' in nats.files["nats.conf"]
@@ -328,3 +343,86 @@ def test_the_node_workers_are_told_each_roles_env_and_files_and_preflight_checks
     assert list(prefill.files) == ["trtllm-prefill.yaml"]
     assert f"{LANE_DIR}/trtllm-prefill.yaml" in prefill.argv
     assert 8100 in run._client_worker_spec().nodes[0].ports
+
+
+def test_a_dynamo_mocker_stand_in_runs_the_mocker_in_each_role_worker() -> None:
+    roles = {"prefill": {"args": ["--speedup-ratio", "0"]}, "decode": {}}
+    mocker_head = ["venv/bin/python", "-m", "dynamo.mocker"]
+    spec, lay = _plan(
+        "dynamo-sglang", mocker_head, roles, stand_in="dynamo-mocker", frontend={"type": "dynamo"}
+    )
+    (d,) = lay.plan.deployments
+    dspec = spec.deployments[0]
+    prefill = d.role_heads("prefill")[0]
+    argv = layout.lane_argv(dspec, prefill, "10.0.0.2", bind_host="10.0.0.2", model_dir="/m")
+    assert argv == [
+        *mocker_head,
+        *("--model-path", "/m", "--model-name", "pd", "--disaggregation-mode", "prefill"),
+        *("--speedup-ratio", "0"),
+    ]
+    # every listener on the node's address: the request plane on the lane's first side port,
+    # the status server (/health, /metrics) on its second, where dynamo.sglang's would be
+    env = layout.lane_env(dspec, prefill, "10.0.0.2")
+    assert env["DYN_TCP_RPC_PORT"] == "20000" and env["DYN_SYSTEM_PORT"] == "20001"
+    assert env["DYN_SYSTEM_HOST"] == env["DYN_TCP_RPC_HOST"] == "10.0.0.2"
+    decode = d.role_heads("decode")[0]
+    assert _value(layout.lane_argv(dspec, decode, "h", bind_host="h"), "--disaggregation-mode") == (
+        "decode"
+    )
+    # a command of its own names the model; the run writes none
+    given = [*mocker_head, "--model-path", "/models/tiny"]
+    spec, lay = _plan(
+        "dynamo-vllm", given, roles, stand_in="dynamo-mocker", frontend={"type": "dynamo"}
+    )
+    (d,) = lay.plan.deployments
+    argv = layout.lane_argv(spec.deployments[0], d.role_heads("decode")[0], "h", bind_host="h")
+    assert argv.count("--model-path") == 1 and _value(argv, "--model-path") == "/models/tiny"
+
+
+@pytest.mark.parametrize(
+    ("dep", "field"),
+    [
+        ({"engine": "sglang"}, "stand_in"),
+        ({"engine": "dynamo-trtllm"}, "stand_in"),
+        ({"engine": "dynamo-sglang", "side_base_port": 40000}, "side_base_port"),
+        ({"engine": "dynamo-sglang", "stand_in": "vllm-cpu"}, "stand_in"),
+        # no model given, and no Python to write one with
+        ({"engine": "dynamo-sglang", "command": ["mocker"]}, "command"),
+    ],
+)
+def test_a_stand_in_is_refused_where_it_cannot_stand_in(dep: dict[str, Any], field: str) -> None:
+    data = {"stand_in": "dynamo-mocker", "frontend": {"type": "dynamo"}, **dep}
+    if data["engine"] == "sglang":
+        del data["frontend"]
+    command = data.pop("command", ["p", "-m", "dynamo.mocker"])
+    with pytest.raises(InputError) as refused:
+        _plan(data.pop("engine"), command, {"prefill": {}, "decode": {}}, **data)
+    assert field in str(refused.value), str(refused.value)
+
+
+def test_file_discovery_drops_the_etcd_lane_and_tells_every_process() -> None:
+    roles = {"prefill": {}, "decode": {}}
+    frontend = {"type": "dynamo", "discovery": "file"}
+    spec, lay = _plan("dynamo-sglang", ["p", "-m", "dynamo.sglang"], roles, frontend=frontend)
+    (d,) = lay.plan.deployments
+    assert [s.name for s in d.services] == ["nats", "frontend"]
+    env = layout.service_env(spec.deployments[0], lay)
+    assert env["DYN_DISCOVERY_BACKEND"] == "file" and "ETCD_ENDPOINTS" not in env
+    assert env["DYN_EVENT_PLANE"] == "nats"
+
+
+@pytest.mark.parametrize(
+    ("frontend", "field"),
+    [
+        ({"type": "sglang-router", "discovery": "file"}, "frontend.discovery"),
+        ({"type": "dynamo", "discovery_dir": "/shared"}, "frontend.discovery_dir"),
+        ({"type": "dynamo", "discovery": "file", "discovery_dir": "shared"}, "discovery_dir"),
+    ],
+)
+def test_discovery_settings_are_refused_where_they_mean_nothing(
+    frontend: dict[str, Any], field: str
+) -> None:
+    engine = "sglang" if frontend["type"] == "sglang-router" else "dynamo-sglang"
+    with pytest.raises(InputError) as refused:
+        _plan(engine, ["p", "-m", "x"], {"prefill": {}, "decode": {}}, frontend=frontend)
+    assert field in str(refused.value), str(refused.value)

@@ -134,9 +134,11 @@ def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: P
     # the frontend and every worker: URLs in the step's env, paths of their own files
     step_env = layout.service_env(run.spec.deployments[0], run.layout)
     assert step_env["ETCD_ENDPOINTS"] == "https://10.0.0.1:2379"
-    assert step_env["NATS_SERVER"] == "nats://10.0.0.1:4222"
+    assert step_env["NATS_SERVER"] == "tls://10.0.0.1:4222"
     auth = frontends.client_auth_env()
-    assert frontend.env == {**step_env, **auth} and frontend.files == pems.client_files()
+    assert {k: frontend.env[k] for k in [*step_env, *auth]} == {**step_env, **auth}
+    assert frontend.files == pems.client_files()
+    assert frontend.env_files == frontends.client_auth_env_files()
     assert auth["NATS_TLS_CLIENT_KEY_PATH"] == f"{LANE_DIR}/service-client.key"
     (d,) = run.plan.deployments
     worker = run._worker_spec(d)
@@ -146,7 +148,10 @@ def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: P
     for lane in lanes:
         assert lane.files == {}
         assert {k: lane.env[k] for k in auth} == auth
-    assert WorkerSpec.decode(worker.encode()).shared_files == pems.client_files()
+        assert lane.env_files == frontends.client_auth_env_files()
+    decoded = WorkerSpec.decode(worker.encode())
+    assert decoded.shared_files == pems.client_files()
+    assert decoded.nodes[0].lanes[0].env_files == frontends.client_auth_env_files()
     # no key, certificate or CA text in any argv or env, nor in the record
     secrets = [pems.server_key, pems.client_key, pems.ca_cert, pems.client_cert]
     shown = json.dumps(
@@ -169,14 +174,17 @@ def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: P
 def test_the_node_worker_writes_them_0600_and_names_their_paths_in_the_lanes_env(
     tmp_path: Path,
 ) -> None:
+    """NATS's client reads the files by path; Dynamo's etcd client takes PEM text only, so
+    the node worker reads the lane's files into ETCD_AUTH_* of that one process."""
     pems = make_service_pems("r1", ["10.0.0.1"])
     lane = LaneSpec(
         id="dyn-frontend",
         argv=["sleep", "30"],
         gpus=[],
         delay_s=0.0,
-        env={"NATS_SERVER": "nats://10.0.0.1:4222", **frontends.client_auth_env()},
+        env={"NATS_SERVER": "tls://10.0.0.1:4222", **frontends.client_auth_env()},
         files={"own.yaml": "{}"},
+        env_files=frontends.client_auth_env_files(),
     )
     lanes = Lanes(grace_s=1.0, shared_files=pems.client_files())
     try:
@@ -188,9 +196,12 @@ def test_the_node_worker_writes_them_0600_and_names_their_paths_in_the_lanes_env
         assert (Path(where) / "service-client.key").read_text() == pems.client_key
         (_, proc) = lanes.procs[0]
         env = _environ(proc.pid)
-        assert env["ETCD_AUTH_CLIENT_KEY"] == f"{where}/service-client.key"
+        assert env["NATS_TLS_CLIENT_KEY_PATH"] == f"{where}/service-client.key"
         assert env["NATS_TLS_CA_CERT_PATH"] == f"{where}/service-ca.pem"
-        assert pems.client_key.splitlines()[1] not in json.dumps(env)
+        assert env["ETCD_AUTH_CLIENT_KEY"] == pems.client_key
+        assert env["ETCD_AUTH_CA"] == pems.ca_cert
+        # the spec the node worker was sent names the files only
+        assert pems.client_key.splitlines()[1] not in json.dumps(lane.env | lane.env_files)
     finally:
         lanes.stop()
     assert not Path(where).exists()

@@ -35,6 +35,7 @@ from slurmgate.runtime.engines.roles import LANE_DIR
 
 FrontendName = Literal["dynamo", "sglang-router", "vllm-router", "trtllm-serve"]
 RequestPlane = Literal["tcp", "nats", "http"]
+DiscoveryName = Literal["etcd", "file"]
 
 # Dynamo's /health components that count for each role (srt-slurm core/health.py).
 DYNAMO_COMPONENTS = {"prefill": ("prefill",), "decode": ("decode", "backend", "tensorrt_llm")}
@@ -152,8 +153,10 @@ TRTLLM_DISAGG_FILE = "disagg.yaml"
 
 
 def frontend_ports(name: str, port: int) -> tuple[int, ...]:
-    """Every port the frontend opens: its HTTP port, and sglang-router's metrics beside it."""
-    return (port, port + 1) if name == "sglang-router" else (port,)
+    """Every port the frontend opens: its HTTP port, and beside it sglang-router's metrics or
+    Dynamo's response-stream server (`DYN_TCP_RESPONSE_STREAM_PORT`), where workers stream
+    their answers back."""
+    return (port, port + 1) if name in ("sglang-router", "dynamo") else (port,)
 
 
 def trtllm_disagg_config(bind_host: str, port: int, workers: Workers) -> str:
@@ -186,17 +189,33 @@ def frontend_files(name: str, bind_host: str, port: int, workers: Workers) -> di
 
 
 def frontend_env(
-    name: str, services_host: str, ports: Mapping[str, int], plane: str, *, tls: bool = False
+    name: str,
+    services_host: str,
+    ports: Mapping[str, int],
+    plane: str,
+    *,
+    tls: bool = False,
+    discovery: str = "etcd",
 ) -> dict[str, str]:
     """What the frontend (and, for Dynamo, every worker) needs to find the services: their
-    URLs only, never a secret (with `tls`, each lane's `client_auth_env` names its files)."""
+    URLs only, never a secret (with `tls`, each lane's `client_auth_env` names its files).
+
+    Dynamo's event plane is the NATS lane: with ZMQ in direct mode every worker's publishers
+    would bind 0.0.0.0 (docs/dynamo-mocker.md). Dynamo 1.6.1 speaks TLS to NATS only when the
+    URL's scheme is `tls://` (it refuses NATS_TLS_* with `nats://`)."""
     if name != "dynamo":
         return {}
     scheme = "https" if tls else "http"
+    found = (
+        {"DYN_DISCOVERY_BACKEND": "file"}  # DYN_FILE_KV: the run's directory, `run.discovery`
+        if discovery == "file"
+        else {"ETCD_ENDPOINTS": f"{scheme}://{services_host}:{ports['etcd']}"}
+    )
     return {
-        "ETCD_ENDPOINTS": f"{scheme}://{services_host}:{ports['etcd']}",
-        "NATS_SERVER": f"nats://{services_host}:{ports['nats']}",
+        **found,
+        "NATS_SERVER": f"{'tls' if tls else 'nats'}://{services_host}:{ports['nats']}",
         "DYN_REQUEST_PLANE": plane,
+        "DYN_EVENT_PLANE": "nats",
     }
 
 
@@ -238,17 +257,27 @@ class ServicePems:
 
 
 def client_auth_env() -> dict[str, str]:
-    """Where a Dynamo lane's etcd and NATS clients find the run's client certificate: paths
-    under LANE_DIR, which the node worker fills in (Dynamo's runtime reads ETCD_AUTH_* and
-    NATS_TLS_*; the values are paths, the keys stay in the lane's 0600 files)."""
+    """Where a Dynamo lane's NATS client finds the run's client certificate: paths under
+    LANE_DIR, which the node worker fills in (the keys stay in the lane's 0600 files)."""
     ca, cert, key = (f"{LANE_DIR}/{n}" for n in (CA_FILE, CLIENT_CERT_FILE, CLIENT_KEY_FILE))
     return {
-        "ETCD_AUTH_CA": ca,
-        "ETCD_AUTH_CLIENT_CERT": cert,
-        "ETCD_AUTH_CLIENT_KEY": key,
         "NATS_TLS_CA_CERT_PATH": ca,
         "NATS_TLS_CLIENT_CERT_PATH": cert,
         "NATS_TLS_CLIENT_KEY_PATH": key,
+    }
+
+
+def client_auth_env_files() -> dict[str, str]:
+    """The variables a Dynamo lane's etcd client reads its certificate from, each to the file
+    of the lane's directory whose text the node worker puts in it when it starts the lane:
+    Dynamo 1.6.1 reads ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT and ETCD_AUTH_CLIENT_KEY as PEM
+    text, not paths (`Certificate::from_pem(env)`; given paths it never connects), and has no
+    file option. So the key is in that one process's environment (readable by its user
+    only, like the file), never in argv, the step's environment, a spec or a record."""
+    return {
+        "ETCD_AUTH_CA": CA_FILE,
+        "ETCD_AUTH_CLIENT_CERT": CLIENT_CERT_FILE,
+        "ETCD_AUTH_CLIENT_KEY": CLIENT_KEY_FILE,
     }
 
 

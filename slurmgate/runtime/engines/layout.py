@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.engines import frontends
+from slurmgate.runtime.engines import frontends, mocker
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.roles import RoleShape
 
@@ -44,6 +44,10 @@ class FrontendShape(Protocol):
     def etcd_command(self) -> Sequence[str]: ...
     @property
     def nats_command(self) -> Sequence[str]: ...
+    @property
+    def discovery(self) -> str: ...
+    @property
+    def services(self) -> tuple[str, ...]: ...
 
 
 class RolesShape(Protocol):
@@ -101,6 +105,8 @@ class DeploymentShape(Protocol):
     def frontend(self) -> FrontendShape | None: ...
     @property
     def request_plane(self) -> str: ...
+    @property
+    def stand_in(self) -> str | None: ...
     def worker_gpus(self, role: str) -> int: ...
     def lanes_for(self, node_gpus: int) -> int: ...
     def nodes_for(self, node_gpus: int) -> int: ...
@@ -316,7 +322,7 @@ def _services(d: DeploymentShape, client_node: int) -> tuple[ServicePlan, ...]:
     profile = frontends.FRONTENDS[f.type]
     ports = f.service_ports
     out = []
-    for name in profile.services:
+    for name in f.services:
         owned = {"etcd": ("etcd", "etcd_peer"), "nats": ("nats", "nats_monitor")}[name]
         probe_key, path = frontends.SERVICE_READINESS[name]
         out.append(
@@ -344,6 +350,7 @@ class ServiceLaunch:
     argv: list[str]
     env: dict[str, str]
     files: dict[str, str]
+    env_files: dict[str, str] = field(default_factory=dict)
 
 
 def services_local(lay: Layout, d: DeploymentPlan) -> bool:
@@ -361,9 +368,7 @@ def services_local(lay: Layout, d: DeploymentPlan) -> bool:
 
 def services_tls(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> bool:
     """The deployment has etcd and NATS, and nodes besides the client host reach them."""
-    has_services = spec.frontend is not None and bool(
-        frontends.FRONTENDS[spec.frontend.type].services
-    )
+    has_services = spec.frontend is not None and bool(spec.frontend.services)
     return has_services and not services_local(lay, d)
 
 
@@ -394,21 +399,37 @@ def service_launches(
     pems = pems if tls else None
     out = []
     for service in d.services:
+        env_files: dict[str, str] = {}
         if service.name == "frontend":
             workers = frontend_workers(lay, d)
             argv = frontends.frontend_argv(f.type, f.argv_head, f.args, host, f.port, workers)
-            env = {**service_env(spec, lay), **f.env}
+            env = {**service_env(spec, lay), **dynamo_frontend_env(spec, host), **f.env}
             files = frontends.frontend_files(f.type, host, f.port, workers)
             if pems is not None:
                 env |= frontends.client_auth_env()
+                env_files = frontends.client_auth_env_files()
                 files |= pems.client_files()
         else:
             command = f.etcd_command if service.name == "etcd" else f.nats_command
             bind = services_host(lay, d)
             argv = frontends.service_argv(service.name, command, bind, ports, tls=tls)
             env, files = {}, frontends.service_files(service.name, bind, ports, pems)
-        out.append(ServiceLaunch(service, argv, env, files))
+        out.append(ServiceLaunch(service, argv, env, files, env_files))
     return out
+
+
+def dynamo_frontend_env(spec: DeploymentShape, bind_host: str) -> dict[str, str]:
+    """Dynamo's frontend binds its response-stream server on the client node's address, on
+    the port after its HTTP port (unset, it takes the machine's outside address and any
+    port); other frontends need nothing. Only a stand-in's stays off the model hub: its
+    model is a local directory, a real deployment's may be a hub id."""
+    f = spec.frontend
+    if f is None or f.type != "dynamo":
+        return {}
+    env = {**mocker.bind_env(bind_host), "DYN_TCP_RESPONSE_STREAM_PORT": str(f.port + 1)}
+    if spec.stand_in is None:
+        del env["HF_HUB_OFFLINE"]
+    return env
 
 
 def service_env(spec: DeploymentShape, lay: Layout) -> dict[str, str]:
@@ -424,6 +445,7 @@ def service_env(spec: DeploymentShape, lay: Layout) -> dict[str, str]:
         spec.frontend.service_ports,
         spec.frontend.request_plane,
         tls=services_tls(spec, lay, d),
+        discovery=spec.frontend.discovery,
     )
 
 
@@ -683,17 +705,51 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
 
 
 def lane_argv(
-    spec: DeploymentShape, lane: LanePlan, master_addr: str, *, bind_host: str
+    spec: DeploymentShape,
+    lane: LanePlan,
+    master_addr: str,
+    *,
+    bind_host: str,
+    model_dir: str = "MODEL",
 ) -> list[str]:
     """The server argv: the spec's command plus the flags the layout decides, in the words of
     the deployment's engine (`engines.EngineProfile.lane_argv`, or for a role's lane its
-    `role_engines.RoleSupport.render`)."""
+    `role_engines.RoleSupport.render`); with a stand-in, the mocker's, loading `model_dir`."""
     profile = engines.profile(spec.engine)
     if lane.role is None:
         return profile.lane_argv(spec, lane, master_addr, bind_host)
     assert spec.roles is not None and profile.roles is not None
     role = dict(spec.roles.items())[lane.role]
+    if spec.stand_in == "dynamo-mocker":
+        return mocker.stand_in_argv(spec.command, lane.role, model_dir, spec.name, role.args)
     return profile.roles.render(spec, role, lane, master_addr, bind_host)
+
+
+def stand_in_metrics_urls(
+    spec: DeploymentShape, lay: Layout, d: DeploymentPlan
+) -> dict[str, tuple[str, str]]:
+    """Each mocker lane's /metrics URL on its status server, with its node's host, by lane."""
+    if spec.stand_in != "dynamo-mocker":
+        return {}
+    out = {}
+    for n in d.nodes:
+        for lane in n.lanes:
+            assert lane.side_port is not None
+            port = lane.side_port + lane.side_span - 1
+            out[lane.process_id] = (
+                lay.host(n.node),
+                f"http://{lay.address(n.node)}:{port}/metrics",
+            )
+    return out
+
+
+def stand_in_env(lane: LanePlan, bind_host: str) -> dict[str, str]:
+    """A mocker lane's listeners on its node's address: its request plane on its first side
+    port (SGLang's NCCL port, unused by the mocker), its status server on its last, where a
+    Dynamo worker's is."""
+    assert lane.side_port is not None and lane.side_span >= 2
+    system_port = lane.side_port + lane.side_span - 1
+    return {**mocker.bind_env(bind_host), **mocker.worker_ports_env(system_port, lane.side_port)}
 
 
 def lane_env(spec: DeploymentShape, lane: LanePlan, bind_host: str) -> dict[str, str]:
@@ -705,7 +761,10 @@ def lane_env(spec: DeploymentShape, lane: LanePlan, bind_host: str) -> dict[str,
         return profile.lane_env(bind_host, spec.env)
     assert spec.roles is not None and profile.roles is not None
     role = dict(spec.roles.items())[lane.role]
-    derived = profile.roles.env(spec, role, lane, bind_host)
+    if spec.stand_in == "dynamo-mocker":
+        derived = {**stand_in_env(lane, bind_host), **role.env}
+    else:
+        derived = profile.roles.env(spec, role, lane, bind_host)
     own = set(role.env)
     return {k: v for k, v in derived.items() if k in own or k not in spec.env}
 

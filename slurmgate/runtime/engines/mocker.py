@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -111,16 +111,11 @@ def _check_port(name: str, port: int | None, top: int = 65535) -> None:
 SYSTEM_PORT_MAX = 32767
 
 
-def dynamo_env(
-    bind_host: str, discovery: Discovery, *, broker: ZmqBroker | None = None
-) -> dict[str, str]:
-    """What every Dynamo process of the deployment needs: where discovery is, the TCP request
-    plane and ZMQ event plane (no NATS), and `bind_host` for every listener whose host a
-    variable sets (and as the event plane's advertised address)."""
+def bind_env(bind_host: str) -> dict[str, str]:
+    """`bind_host` for every listener of a Dynamo process whose host a variable sets (and as
+    the event plane's advertised address)."""
     _check_host(bind_host)
-    env = {
-        "DYN_REQUEST_PLANE": "tcp",
-        "DYN_EVENT_PLANE": "zmq",
+    return {
         "DYN_TCP_RPC_HOST": bind_host,
         "DYN_TCP_RESPONSE_STREAM_HOST": bind_host,
         "DYN_SYSTEM_HOST": bind_host,
@@ -128,6 +123,14 @@ def dynamo_env(
         # the model is a local directory: a hub lookup could only fail or stall
         "HF_HUB_OFFLINE": "1",
     }
+
+
+def dynamo_env(
+    bind_host: str, discovery: Discovery, *, broker: ZmqBroker | None = None
+) -> dict[str, str]:
+    """What every Dynamo process of the deployment needs: where discovery is, the TCP request
+    plane and ZMQ event plane (no NATS), and `bind_host` for every listener (`bind_env`)."""
+    env = {"DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq", **bind_env(bind_host)}
     if isinstance(discovery, FileDiscovery):
         if not discovery.root:
             raise InputError("file discovery needs a directory (DYN_FILE_KV)")
@@ -175,13 +178,55 @@ def mocker_launch(
         if value is not None:
             argv += [flag, str(value)]
     env = dynamo_env(bind_host, discovery, broker=broker)
-    env["DYN_SYSTEM_PORT"] = str(system_port)
+    env |= worker_ports_env(system_port, rpc_port)
+    return Launch(tuple(argv), env)
+
+
+def worker_ports_env(system_port: int, rpc_port: int | None) -> dict[str, str]:
+    """A mocker worker's status server port and request-plane port (OS-assigned when None)."""
+    _check_port("system_port", system_port, SYSTEM_PORT_MAX)
+    _check_port("rpc_port", rpc_port)
+    env = {"DYN_SYSTEM_PORT": str(system_port)}
     # /health follows the endpoint's status with it; without, it answers "notready" (503) for
     # good. Dynamo 1.6.1 logs that the variable is deprecated and unused, yet it is what works.
     env["DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"] = json.dumps(["generate"])
     if rpc_port is not None:
         env["DYN_TCP_RPC_PORT"] = str(rpc_port)
-    return Launch(tuple(argv), env)
+    return env
+
+
+def stand_in_argv(
+    command: Sequence[str], role: str, model_dir: str, model_name: str, args: Sequence[str]
+) -> list[str]:
+    """A deployment's role worker as a mocker: its command (the mocker's head, with any
+    --model-path or --model-name of its own), the model and role, then the role's args."""
+    if role not in MOCKER_ROLES:
+        raise InputError(f"mocker role {role!r}: one of {', '.join(MOCKER_ROLES)}")
+    argv = list(command)
+    if "--model-path" not in argv:
+        argv += ["--model-path", model_dir]
+    if "--model-name" not in argv:
+        argv += ["--model-name", model_name]
+    return [*argv, "--disaggregation-mode", role, *args]
+
+
+def command_model_dir(command: Sequence[str]) -> str | None:
+    """The model directory a mocker command names (--model-path), if it names one."""
+    argv = list(command)
+    if "--model-path" in argv[:-1]:
+        return argv[argv.index("--model-path") + 1]
+    return None
+
+
+def command_python(command: Sequence[str]) -> str:
+    """The interpreter of a `PYTHON -m dynamo.mocker` command (the Dynamo venv's)."""
+    if len(command) >= 3 and command[1] == "-m":
+        return command[0]
+    raise InputError(
+        "command: a dynamo-mocker stand-in without --model-path runs as [PYTHON, -m, "
+        "dynamo.mocker, …] so the run can write its tiny model with that Python; give "
+        "--model-path DIR, or start the command with the Dynamo venv's python -m"
+    )
 
 
 def frontend_launch(
@@ -208,3 +253,19 @@ def frontend_launch(
     if response_port is not None:
         env["DYN_TCP_RESPONSE_STREAM_PORT"] = str(response_port)
     return Launch(tuple(argv), env)
+
+
+SERVED_METRIC = "dynamo_component_requests_total"
+
+
+def served_requests(metrics: str) -> float | None:
+    """The requests a Dynamo worker's generate endpoint served, from its /metrics text (the
+    sum over its series); None when the text has none."""
+    total = None
+    for line in metrics.splitlines():
+        if line.startswith(SERVED_METRIC + "{") and 'dynamo_endpoint="generate"' in line:
+            try:
+                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return total

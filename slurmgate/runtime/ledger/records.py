@@ -96,6 +96,8 @@ class RunRecord(BaseModel):
     excluded_nodes: list[str] = Field(default_factory=list)
     retry_of: str | None = None
     retried_as: str | None = None
+    # requests each stand-in worker (Dynamo's mocker) said it served, by lane, after the client
+    lane_served: dict[str, float] = Field(default_factory=dict)
     # written by a reaper
     status_before_reap: RunStatus | None = None
     reaped_at: float | None = None
@@ -128,8 +130,9 @@ class RunRecord(BaseModel):
         for key in _REAPER_FIELDS + _NODE_FAILURE_FIELDS:
             if data.get(key) is None:
                 data.pop(key, None)
-        if not data.get("excluded_nodes"):
-            data.pop("excluded_nodes", None)
+        for key in ("excluded_nodes", "lane_served"):
+            if not data.get(key):
+                data.pop(key, None)
         return json.dumps(data, indent=1)
 
     def write(self, path: Path | None = None) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 
 from slurmgate.runtime.ledger.records import RunStatus
+from slurmgate.runtime.run import discovery
 from slurmgate.runtime.run.site_hooks import epilog
 from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.run.supervisor import DEFER, CleanupReport
@@ -42,6 +43,9 @@ class Cleanup:
             if ctx.heartbeat is not None:
                 ctx.heartbeat.stop()  # before the release: no beat on a cancelled job
             report = ctx.supervisor.cleanup()
+            # the lanes are gone: Dynamo's discovery directories (a killed worker's records
+            # stay in them) go with them
+            report.actions += discovery.remove(ctx)
             ctx.cleanup_report = report
             try:
                 if ctx.owned_allocation and not ctx.job_id:

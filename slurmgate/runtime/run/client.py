@@ -10,6 +10,8 @@ from pathlib import Path
 
 import httpx
 
+from slurmgate.runtime.engines import layout as layout_mod
+from slurmgate.runtime.engines import mocker
 from slurmgate.runtime.run.endpoints import token_env
 from slurmgate.runtime.run.probes import ProbeOpener
 from slurmgate.runtime.run.state import RunContext, RunFailed
@@ -149,35 +151,58 @@ def run_client(ctx: RunContext) -> int:
 
 
 def collect_endpoint_metrics(ctx: RunContext, probes: ProbeOpener) -> dict[str, str]:
-    """The endpoints' Prometheus text, fetched before they stop.
+    """The endpoints' Prometheus text, fetched before they stop, and the requests each
+    stand-in worker served (`served_by_lanes`).
 
     Straight from this process first, with a short timeout: after the client the numbers
     are optional, and a new probe step costs an srun, which a slow or stuck slurmctld can
-    hold up for its whole start-up budget. Only endpoints this process cannot reach are
-    read through a probe step on the client host.
+    hold up for its whole start-up budget. Only what this process cannot reach is read
+    through a probe step on the client host.
     """
     if not ctx.layout:
         return {}
     token = ctx.credentials.endpoint_token
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     urls = {d.name: ctx.layout.endpoint_url(d) + "/metrics" for d in ctx.plan.deployments}
+    lanes = {
+        lane: where
+        for d in ctx.plan.deployments
+        for lane, where in layout_mod.stand_in_metrics_urls(
+            ctx.spec.deployments[d.index], ctx.layout, d
+        ).items()
+    }
+    texts: dict[str, str] = {}
+    wanted = {**urls, **{lane: url for lane, (_, url) in lanes.items()}}
     with httpx.Client(trust_env=False) as http:
         direct = readiness.LocalProber(http)
-        for name, url in urls.items():
-            text = direct.fetch(url, headers, DIRECT_METRICS_TIMEOUT_S)
+        for name, url in wanted.items():
+            text = direct.fetch(url, headers if name in urls else {}, DIRECT_METRICS_TIMEOUT_S)
             if text is not None:
-                ctx.endpoint_metrics[name] = text
-    missing = {name: url for name, url in urls.items() if name not in ctx.endpoint_metrics}
-    if not missing:
-        return ctx.endpoint_metrics
-    try:
-        prober = probes.open_prober(60.0, hello_timeout_s=METRICS_HELLO_TIMEOUT_S)
-        for name, url in missing.items():
-            text = prober.fetch(url, headers, 2.0)
-            if text is not None:
-                ctx.endpoint_metrics[name] = text
-    except (StepFailed, ProbeStepFailed) as exc:
-        ctx.log(f"endpoint metrics not collected: {exc}")
-    finally:
-        probes.shut_prober()
+                texts[name] = text
+    missing = {name: url for name, url in wanted.items() if name not in texts}
+    if missing:
+        try:
+            prober = probes.open_prober(60.0, hello_timeout_s=METRICS_HELLO_TIMEOUT_S)
+            for name, url in missing.items():
+                text = prober.fetch(url, headers if name in urls else {}, 2.0)
+                if text is not None:
+                    texts[name] = text
+        except (StepFailed, ProbeStepFailed) as exc:
+            ctx.log(f"endpoint metrics not collected: {exc}")
+        finally:
+            probes.shut_prober()
+    ctx.endpoint_metrics.update({name: texts[name] for name in urls if name in texts})
+    served_by_lanes(ctx, {lane: (host, texts.get(lane)) for lane, (host, _) in lanes.items()})
     return ctx.endpoint_metrics
+
+
+def served_by_lanes(ctx: RunContext, texts: dict[str, tuple[str, str | None]]) -> None:
+    """Log, and keep in the context (and so the record), the requests each stand-in lane
+    says it served."""
+    for lane, (host, text) in texts.items():
+        served = mocker.served_requests(text) if text is not None else None
+        if served is None:
+            ctx.log(f"served: lane {lane} on node {host}: not read")
+            continue
+        ctx.lane_served[lane] = served
+        ctx.log(f"served: lane {lane} on node {host}: {served:g} requests ({mocker.SERVED_METRIC})")

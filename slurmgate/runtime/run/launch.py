@@ -6,6 +6,7 @@ import time
 
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.run import discovery
 from slurmgate.runtime.run.endpoints import ENDPOINT_STARTUP_S
 from slurmgate.runtime.run.probes import ProbeOpener
 from slurmgate.runtime.run.services import start_services
@@ -38,6 +39,7 @@ def launch(ctx: RunContext, probes: ProbeOpener) -> None:
             env=ctx.base_env(
                 {
                     **layout_mod.service_env(dspec, ctx.layout),
+                    **discovery.env(ctx, dspec),
                     **ctx.credentials.deployment_env[d.index],
                 }
             ),

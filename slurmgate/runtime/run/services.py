@@ -19,6 +19,7 @@ from typing import Any
 
 from slurmgate.runtime.engines import frontends
 from slurmgate.runtime.engines import layout as layout_mod
+from slurmgate.runtime.run import discovery
 from slurmgate.runtime.run.probes import ProbeOpener
 from slurmgate.runtime.run.service_certs import deployment_pems
 from slurmgate.runtime.run.state import RunContext, RunFailed
@@ -61,6 +62,7 @@ def start_services(
             delay_s=0.0,
             env=s.env,
             files=s.files,
+            env_files=s.env_files,
         )
         for s in launches
     ]
@@ -83,6 +85,7 @@ def start_services(
     ctx.log(f"decision: start {', '.join(s.plan.name for s in launches)} of {d.name} on {host}")
     env = {
         **layout_mod.service_env(dspec, ctx.layout),
+        **discovery.env(ctx, dspec),
         **ctx.credentials.deployment_env[d.index],
     }
     start_workers(

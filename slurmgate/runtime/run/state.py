@@ -118,6 +118,8 @@ class RunContext:
     launched_at: float = 0.0
     hooks: dict[str, HookOutcome] = field(default_factory=dict)
     endpoint_metrics: dict[str, str] = field(default_factory=dict)
+    # requests each stand-in worker served, by lane, read from it after the client
+    lane_served: dict[str, float] = field(default_factory=dict)
     # Node failures (runtime/run/node_failures.py): nodes this attempt's allocation must avoid,
     # the attempt it retries, the phase it failed in, which steps had failed on their own by
     # then, the node it blamed and the attempt that retried it.
@@ -233,6 +235,7 @@ class RunContext:
             excluded_nodes=list(self.excluded_nodes),
             retry_of=self.retry_of,
             retried_as=self.retried_as,
+            lane_served=dict(self.lane_served),
             steps=[StepRecord(**step) for step in self.supervisor.records()],
         )
 

@@ -7,6 +7,7 @@ from typing import Any
 from slurmgate.runtime.engines import frontends
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.run import discovery, stand_ins
 from slurmgate.runtime.run.service_certs import deployment_pems
 from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.spec.deployment import DeploymentSpec
@@ -19,21 +20,26 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
     dspec = ctx.spec.deployments[d.index]
     # Dynamo's workers reach etcd and NATS on other nodes with the run's client certificate.
     pems = deployment_pems(ctx, d)
+    model_dir = stand_ins.model_dir(ctx, dspec)
     nodes = []
     for n in d.nodes:
         lanes = []
         address = ctx.layout.address(n.node)
         for lane in n.lanes:
             master = ctx.layout.address(lane.rendezvous_node)
-            argv = layout_mod.lane_argv(dspec, lane, master, bind_host=address)
+            argv = layout_mod.lane_argv(
+                dspec, lane, master, bind_host=address, model_dir=model_dir or "MODEL"
+            )
             # The deployment's env travels in the step's environment, never in argv
             # (argv is world-readable in /proc and may hold tokens); a lane's own env is
             # what its engine needs per node (the address it advertises) and its role's.
             env = layout_mod.lane_env(dspec, lane, address)
             files = layout_mod.lane_files(dspec, lane)
+            env_files: dict[str, str] = {}
             if pems is not None:
                 env |= frontends.client_auth_env()
-            lanes.append(layout_lane(lane, argv, env, files))
+                env_files = frontends.client_auth_env_files()
+            lanes.append(layout_lane(lane, argv, env, files, env_files))
         nodes.append(
             NodeSpec(
                 host=ctx.layout.host(n.node), ports=list(n.ports), lanes=lanes, address=address
@@ -46,9 +52,10 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
         model_path=ctx.spec.model_path,
         grace_s=min(ctx.options.grace_s, 10.0),
         nodes=nodes,
-        model_paths=_command_model_paths(dspec),
+        model_paths=_command_model_paths(dspec) + ([model_dir] if model_dir else []),
         # every lane's copy of the client certificate, sent once
         shared_files=pems.client_files() if pems is not None else {},
+        shared_tokens=discovery.prepare(ctx, dspec),
     )
 
 
@@ -65,6 +72,10 @@ def client_worker_spec(ctx: RunContext) -> WorkerSpec:
         gpus_per_node=0,
         model_path=None,
         grace_s=1.0,
+        # the frontends run here: their discovery directories must be shared with it too
+        shared_tokens={
+            k: v for dspec in ctx.spec.deployments for k, v in discovery.prepare(ctx, dspec).items()
+        },
         nodes=[
             NodeSpec(
                 host=ctx.layout.client_host,
@@ -125,6 +136,7 @@ def layout_lane(
     argv: list[str],
     env: dict[str, str],
     files: dict[str, str] | None = None,
+    env_files: dict[str, str] | None = None,
 ) -> LaneSpec:
     return LaneSpec(
         id=lane.process_id,
@@ -133,4 +145,5 @@ def layout_lane(
         delay_s=lane.delay_s,
         env=dict(env),
         files=dict(files or {}),
+        env_files=dict(env_files or {}),
     )

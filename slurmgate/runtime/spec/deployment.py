@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from slurmgate.runtime.engines import mocker
 from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.engines.mocker import SYSTEM_PORT_MAX
 from slurmgate.runtime.spec.errors import problem
 from slurmgate.runtime.spec.fields import DeploymentName, StrictModel
 from slurmgate.runtime.spec.frontend import FrontendSpec, check_frontend_pairing
@@ -15,6 +19,9 @@ from slurmgate.runtime.spec.roles import (
     role_worker_gpus,
 )
 from slurmgate.runtime.spec.secret_refs import EnvValue, checked_env, credential_flag
+
+StandIn = Literal["dynamo-mocker"]
+STAND_IN_ENGINES = {"dynamo-mocker": ("dynamo-sglang", "dynamo-vllm")}
 
 
 class BackpressureSpec(StrictModel):
@@ -157,6 +164,15 @@ class DeploymentSpec(StrictModel):
         default_factory=dict,
         description="this deployment's lanes only: plain values or secret references",
     )
+    stand_in: StandIn | None = Field(
+        default=None,
+        description="run a stand-in engine in the workers' place, the deployment's wiring "
+        "unchanged: dynamo-mocker (engine dynamo-sglang or dynamo-vllm) runs Dynamo's mocker, "
+        "`command` then being its head (e.g. [python, -m, dynamo.mocker]); its model "
+        "directory is the command's --model-path, else a tiny one the run writes in its "
+        "directory with the command's Python; it serves the model as the deployment's name "
+        "unless the command gives --model-name",
+    )
 
     @field_validator("readiness_path")
     @classmethod
@@ -200,6 +216,8 @@ class DeploymentSpec(StrictModel):
     @model_validator(mode="after")
     def _topology(self) -> DeploymentSpec:
         check_frontend_pairing(self.engine, self.frontend, self.roles)
+        if self.stand_in is not None:
+            self._stand_in()
         if self.roles is not None:
             check_roles_shape(
                 self.engine, self.command, self.kv_transfer, self.roles, self.model_fields_set
@@ -244,6 +262,28 @@ class DeploymentSpec(StrictModel):
                 "lower distributed_timeout_s or raise startup_timeout_s",
             )
         return self
+
+    def _stand_in(self) -> None:
+        assert self.stand_in is not None
+        engines_ok = STAND_IN_ENGINES[self.stand_in]
+        if self.engine not in engines_ok:
+            raise problem(
+                "stand_in",
+                f"{self.stand_in} stands in for a Dynamo worker, not engine {self.engine}",
+                f"use engine {' or '.join(engines_ok)}, or remove stand_in",
+            )
+        if mocker.command_model_dir(self.command) is None:
+            mocker.command_python(self.command)  # its InputError names the command and the fix
+        # the mocker's status server port is Dynamo's DYN_SYSTEM_PORT, read as a signed
+        # 16-bit number: every lane slot's must stay at or below 32767
+        top = self.side_base_port + 64
+        if top > SYSTEM_PORT_MAX:
+            raise problem(
+                "side_base_port",
+                f"{self.side_base_port}: the mocker's status ports follow it, and Dynamo "
+                f"refuses a status port above {SYSTEM_PORT_MAX}",
+                f"set side_base_port to at most {SYSTEM_PORT_MAX - 64} (e.g. 20000)",
+            )
 
     @property
     def config_paths(self) -> list[str]:

@@ -38,6 +38,18 @@ class FrontendSpec(StrictModel):
     request_plane: frontends.RequestPlane = Field(
         default="tcp", description="Dynamo's request plane between frontend and workers"
     )
+    discovery: frontends.DiscoveryName = Field(
+        default="etcd",
+        description="Dynamo: where workers register: etcd (a service lane on the client node, "
+        "mutual TLS across hosts) or file (DYN_FILE_KV: a directory of the run's in "
+        "discovery_dir, which every node must share; preflight proves it)",
+    )
+    discovery_dir: str | None = Field(
+        default=None,
+        description="Dynamo with discovery file: an absolute directory on a filesystem every "
+        "node mounts, where the run makes (and at cleanup removes) a directory of its own; "
+        "default: the run's directory",
+    )
     etcd_port: int = port_field(2379, "Dynamo: etcd's client port on the client node (+1: peers)")
     nats_port: int = port_field(4222, "Dynamo: NATS's port on the client node")
     nats_monitor_port: int = port_field(8222, "Dynamo: NATS's monitoring port (readiness)")
@@ -52,6 +64,17 @@ class FrontendSpec(StrictModel):
     startup_timeout_s: float = Field(
         default=600.0, gt=0, description="seconds it has to list every worker once they are up"
     )
+
+    @field_validator("discovery_dir")
+    @classmethod
+    def _discovery_dir(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise problem(
+                "discovery_dir",
+                f"{v!r} is not an absolute path",
+                "give the absolute path of a directory every node mounts",
+            )
+        return v
 
     @field_validator("args")
     @classmethod
@@ -71,6 +94,13 @@ class FrontendSpec(StrictModel):
     def argv_head(self) -> list[str]:
         """Its command: the spec's, or the type's own."""
         return list(self.command or self.profile.command)
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        """The service lanes it needs: the type's, without etcd when discovery is a directory."""
+        return tuple(
+            s for s in self.profile.services if not (s == "etcd" and self.discovery == "file")
+        )
 
     @property
     def service_ports(self) -> dict[str, int]:
@@ -96,6 +126,20 @@ def check_frontend_pairing(
             )
         return
     profile = frontend.profile
+    if frontend.type != "dynamo" and (
+        "discovery" in frontend.model_fields_set or frontend.discovery_dir
+    ):
+        raise problem(
+            "frontend.discovery",
+            f"is Dynamo's; {frontend.type} finds its workers by the URLs it is given",
+            "remove discovery and discovery_dir",
+        )
+    if frontend.discovery_dir is not None and frontend.discovery != "file":
+        raise problem(
+            "frontend.discovery_dir",
+            "is the directory of discovery file",
+            "set discovery: file, or remove discovery_dir",
+        )
     if engine not in profile.engines:
         raise problem(
             "frontend.type",

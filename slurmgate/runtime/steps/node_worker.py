@@ -48,6 +48,9 @@ class LaneSpec:
     # Files written into the lane's directory before it starts, by plain name (an engine's
     # YAML); the argv names them under LANE_DIR.
     files: dict[str, str] = field(default_factory=dict)
+    # Variables whose value is the text of one of the lane's files, read when it starts: for
+    # a program that takes a certificate's PEM only in its environment (Dynamo's etcd client).
+    env_files: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class WorkerSpec:
     # Files every lane of the step gets in its directory besides its own (the run's client
     # certificate for etcd and NATS): sent once, not once per lane, to keep the spec small.
     shared_files: dict[str, str] = field(default_factory=dict)
+    # Files the controller wrote in a directory every node must share (Dynamo's file
+    # discovery), with their text: preflight reads each back, or the node does not share it.
+    shared_tokens: dict[str, str] = field(default_factory=dict)
 
     def checked_paths(self) -> list[str]:
         """Every model path preflight checks, each once, the spec's own first."""
@@ -89,6 +95,7 @@ class WorkerSpec:
             "model_path": self.model_path,
             "model_paths": self.model_paths,
             **({"shared_files": self.shared_files} if self.shared_files else {}),
+            **({"shared_tokens": self.shared_tokens} if self.shared_tokens else {}),
             "grace_s": self.grace_s,
             "nodes": [
                 {
@@ -103,6 +110,7 @@ class WorkerSpec:
                             "delay_s": lane.delay_s,
                             "env": lane.env,
                             **({"files": lane.files} if lane.files else {}),
+                            **({"env_files": lane.env_files} if lane.env_files else {}),
                         }
                         for lane in n.lanes
                     ],
@@ -134,7 +142,7 @@ class WorkerSpec:
         _keys(
             data,
             {"v", "run_id", "name", "gpus_per_node", "model_path", "grace_s", "nodes"},
-            optional=frozenset({"model_paths", "shared_files"}),
+            optional=frozenset({"model_paths", "shared_files", "shared_tokens"}),
         )
         if data["v"] != 1:
             raise WorkerSpecError(f"spec version {data['v']!r} is not supported")
@@ -144,7 +152,11 @@ class WorkerSpec:
             lanes = []
             seen_gpus: set[int] = set()
             for lane in _typed(n["lanes"], list, "lanes"):
-                _keys(lane, {"id", "argv", "gpus", "delay_s", "env"}, frozenset({"files"}))
+                _keys(
+                    lane,
+                    {"id", "argv", "gpus", "delay_s", "env"},
+                    frozenset({"files", "env_files"}),
+                )
                 gpus = [_typed(g, int, "gpus[]") for g in _typed(lane["gpus"], list, "gpus")]
                 for g in gpus:
                     if g in seen_gpus or not 0 <= g < int(data["gpus_per_node"]):
@@ -163,6 +175,7 @@ class WorkerSpec:
                         delay_s=float(lane["delay_s"]),
                         env={str(k): str(v) for k, v in _typed(lane["env"], dict, "env").items()},
                         files=_files(lane.get("files", {}), str(lane["id"])),
+                        env_files=_env_files(lane.get("env_files", {}), str(lane["id"])),
                     )
                 )
             ports = sorted({_typed(p, int, "ports[]") for p in _typed(n["ports"], list, "ports")})
@@ -188,6 +201,10 @@ class WorkerSpec:
                 for p in _typed(data.get("model_paths", []), list, "model_paths")
             ],
             shared_files=_files(data.get("shared_files", {}), "every lane"),
+            shared_tokens={
+                _typed(k, str, "shared_tokens"): _typed(v, str, "shared_tokens[]")
+                for k, v in _typed(data.get("shared_tokens", {}), dict, "shared_tokens").items()
+            },
         )
 
 
@@ -195,6 +212,15 @@ def _keys(obj: Any, expected: set[str], optional: frozenset[str] = frozenset()) 
     if not isinstance(obj, dict) or not expected <= set(obj) <= expected | optional:
         got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
         raise WorkerSpecError(f"expected keys {sorted(expected)}, got {got}")
+
+
+def _env_files(value: Any, lane: str) -> dict[str, str]:
+    """A lane's variables read from its files: each names a file as `_files` allows."""
+    named = _files(value, lane)
+    for name in named.values():
+        if "/" in name or name.startswith(".") or not name:
+            raise WorkerSpecError(f"lane {lane}: env_files names {name!r}, not a plain file")
+    return named
 
 
 def _files(value: Any, lane: str) -> dict[str, str]:
@@ -311,6 +337,20 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
         mode = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)
         if not os.access(path, mode):
             raise PreflightFailed(node.host, "model-path", f"{path} is not readable")
+    for path, token in spec.shared_tokens.items():
+        try:
+            with open(path) as f:
+                seen = f.read()
+        except OSError as exc:
+            seen = f"unreadable ({exc.strerror})"
+        if seen != token:
+            raise PreflightFailed(
+                node.host,
+                "shared-dir",
+                f"frontend.discovery_dir: {os.path.dirname(path)} is not shared with this node "
+                f"(the token the controller wrote there reads {seen[:40]!r} here); give a "
+                "directory on a filesystem every node mounts",
+            )
     return node
 
 
@@ -344,11 +384,14 @@ class Lanes:
         env["SLURMGATE_RUN_LANE"] = lane.id
         argv = lane.argv
         files = lane.files or self.shared_files
-        if files or any(LANE_DIR in a for a in [*argv, *lane.env.values()]):
+        if files or lane.env_files or any(LANE_DIR in a for a in [*argv, *lane.env.values()]):
             where = self.lane_dir(lane, run_id)
             argv = [a.replace(LANE_DIR, where) for a in argv]
             # A lane's env may name its files too (the paths of its certificates).
             env.update({k: v.replace(LANE_DIR, where) for k, v in lane.env.items()})
+            for key, name in lane.env_files.items():
+                with open(os.path.join(where, name)) as f:
+                    env[key] = f.read()
         proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
         )
