@@ -87,7 +87,7 @@ def test_vllm_nixl_roles_and_per_node_data_parallel() -> None:
         "prefill": {"data_parallel": 8, "expert_parallel": 8},  # DEP8 over two 4-GPU nodes
         "decode": {"tensor_parallel": 8},  # TP8 over two nodes: vLLM's multi-node executor
     }
-    spec, lay = _plan("vllm", ["vllm", "serve", "/m"], roles)
+    spec, lay = _plan("vllm", ["vllm", "serve", "/m"], roles, frontend={"type": "vllm-router"})
     head, follower = _argv(spec, lay, "prefill"), _argv(spec, lay, "prefill", 1)
     nixl = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
     assert _value(head, "--kv-transfer-config") == nixl

@@ -184,7 +184,12 @@ def test_bad_roles_name_the_field_and_the_fix(
 
 
 def test_vllm_roles_follow_vllms_own_rules() -> None:
-    base = {"name": "v", "engine": "vllm", "command": ["vllm", "serve", "/m"]}
+    base = {
+        "name": "v",
+        "engine": "vllm",
+        "command": ["vllm", "serve", "/m"],
+        "frontend": {"type": "vllm-router"},
+    }
 
     def check(roles: dict[str, Any], **dep: Any) -> AllocationSpec:
         return AllocationSpec.from_data(
@@ -333,3 +338,29 @@ def test_every_valid_role_layout_shares_no_gpu_or_port_and_counts_its_nodes(
             assert (head.bootstrap_port is not None) == (role_name == "prefill")
             argv = layout.lane_argv(spec.deployments[0], head, "h", bind_host="h")
             assert argv[argv.index("--disaggregation-mode") + 1] == role_name
+
+
+@pytest.mark.parametrize("engine", ["vllm"])
+def test_a_vllm_pd_pair_behind_the_endpoint_alone_is_refused_naming_its_router(engine: str) -> None:
+    """slurmgate's endpoint pairs SGLang's way; vLLM's decode needs the prefill's
+    kv_transfer_params, which only its router passes: without one, both lanes would prefill."""
+    data = {
+        "name": "a",
+        "client": {"command": ["true"]},
+        "gpus_per_node": 4,
+        "deployments": [
+            {
+                "name": "v",
+                "engine": engine,
+                "command": ["vllm", "serve", "/m"],
+                "roles": {"prefill": {}, "decode": {}},
+            }
+        ],
+    }
+    with pytest.raises(SpecError) as refused:
+        AllocationSpec.from_data(data)
+    message = str(refused.value)
+    assert message.startswith("deployments[0].frontend: engine vllm's prefill and decode need")
+    assert message.endswith("add frontend: {type: vllm-router}"), message
+    data["deployments"][0]["frontend"] = {"type": "vllm-router"}
+    assert AllocationSpec.from_data(data).deployments[0].frontend is not None

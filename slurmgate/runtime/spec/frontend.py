@@ -112,6 +112,11 @@ class FrontendSpec(StrictModel):
         }
 
 
+# Engines whose disaggregated serving passes the prefill's answer to the decode, and the router
+# that does it (vLLM's kv_transfer_params, TensorRT-LLM's disaggregated_params).
+PD_ROUTERS = {"vllm": "vllm-router", "trtllm": "trtllm-serve"}
+
+
 def check_frontend_pairing(
     engine: str, frontend: FrontendSpec | None, roles: RolesSpec | None
 ) -> None:
@@ -123,6 +128,17 @@ def check_frontend_pairing(
                 "frontend",
                 f"engine {engine}'s workers serve no client HTTP: they need the {needed} frontend",
                 f"add frontend: {{type: {needed}}}",
+            )
+        if roles is not None and roles.disaggregated and engine in PD_ROUTERS:
+            # slurmgate's endpoint pairs SGLang's way (bootstrap host, port and room in both
+            # bodies); vLLM and TensorRT-LLM hand the prefill's answer (kv_transfer_params,
+            # disaggregated_params) to the decode, which it does not: both would prefill
+            raise problem(
+                "frontend",
+                f"engine {engine}'s prefill and decode need their own router: slurmgate's "
+                "endpoint pairs requests SGLang's way, not with the prefill's KV-transfer "
+                "parameters",
+                f"add frontend: {{type: {PD_ROUTERS[engine]}}}",
             )
         return
     profile = frontend.profile
