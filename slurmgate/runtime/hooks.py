@@ -316,6 +316,18 @@ def _say(text: str) -> None:
         os.close(devnull)
 
 
+def _left_behind(settle_s: float = 0.25) -> bool:
+    """Whether the hook left a process running: looked for again for a moment, since one
+    still forking (or being handed to this subreaper) as the shell exits shows up late."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        if descendants(os.getpid()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def _stop_tree(hook: subprocess.Popen[bytes]) -> int:
     """SIGTERM the hook's group (a grace for the shell), then SIGKILL the group and every
     descendant until none is left; how many processes were found after the grace."""
@@ -406,7 +418,7 @@ def guard(name: str, run_dir: Path, payload: dict[str, Any]) -> HookOutcome:
         # Stopped or done, nothing the hook started outlives it.
         if outcome.stopped_by:
             _stop_tree(hook)
-        elif descendants(os.getpid()):
+        elif _left_behind():
             outcome.leftovers = _stop_tree(hook)
         hook.wait()
         outcome.returncode = hook.returncode
