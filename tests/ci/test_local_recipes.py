@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from slurmgate.errors import InputError
+from slurmgate.runtime.engines import layout
 from slurmgate.runtime.spec import recipes
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.from_recipe import RecipeRefused, RecipeSpec, spec_from_recipe
@@ -87,6 +88,18 @@ def test_every_shipped_recipe_maps_onto_the_bundled_cluster_or_is_refused(relati
             line.startswith(f"engine: --local: {prod.engine} → the stub server") for line in lines
         )
     assert not spec.config_paths and not spec.env.keys() - {"SLURMGATE_STUB_TOKENS_PER_SECOND"}
+    # every lane renders: the stand-in's argv, none of the engine's flags, its ports free
+    plan = layout.plan(local.spec)
+    assert layout.port_problems(local.spec) == []
+    lanes = [lane for n in plan.deployments[0].nodes for lane in n.lanes]
+    assert len(lanes) == sum(workers.values())
+    for lane in lanes:
+        argv = layout.lane_argv(spec, lane, "h0", bind_host="10.0.0.1", model_dir="/m")
+        assert argv[:3] == spec.command[:3] and "--mem-fraction-static" not in argv, argv
+        assert not any(
+            k.startswith(("SGLANG", "VLLM", "NCCL", "TRTLLM"))
+            for k in layout.lane_env(spec, lane, "10.0.0.1")
+        )
     # the production spec, and so what admission counts, is untouched
     assert built.spec == spec_from_recipe(RECIPES / relative).spec
 

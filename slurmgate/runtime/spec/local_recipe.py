@@ -202,7 +202,7 @@ def _stub(dep: dict[str, Any], engine: str, front: str | None, report: Any) -> N
         + ("" if front else "; Dynamo's mocker would need Dynamo's frontend, another kind"),
     )
     for name, role in dep["roles"].items():
-        dropped = [k for k in ("args", "engine_config") if role.get(k)]
+        dropped = [k for k in ("args", "env", "engine_config") if role.get(k)]
         for key in dropped:
             role.pop(key)
         if dropped:
