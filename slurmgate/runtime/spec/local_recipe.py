@@ -23,7 +23,7 @@ and nothing here changes what admission asks for (that reads the recipe's own no
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurmgate.errors import InputError
@@ -53,6 +53,7 @@ _MOCKER_ENGINES = {
     "dynamo-trtllm": "dynamo-sglang",
 }
 _STUB_ENGINES = ("sglang", "vllm", "custom")
+Report = Callable[[str, str], None]
 _SIZES = {"tensor_parallel": "TP", "data_parallel": "DP", "expert_parallel": "EP"}
 _SIZES |= {"pipeline_parallel": "PP"}
 
@@ -126,8 +127,8 @@ def localize(built: RecipeSpec, *, dynamo_python: str, source: str = "recipe") -
         dep["frontend"]["startup_timeout_s"] = LOCAL_STARTUP_TIMEOUT_S
     data["gpus_per_node"] = LOCAL_GPUS_PER_NODE
     data["time_limit"] = LOCAL_TIME_LIMIT
-    served = dep["name"]
-    data["client"] = {"command": ["python", "-c", CLIENT % {"names": (dep["name"], served)}]}
+    # both stand-ins serve the model under the deployment's name
+    data["client"] = {"command": ["python", "-c", CLIENT % {"names": (dep["name"], dep["name"])}]}
     report(
         "client",
         "two chat completions and a streamed one through the endpoint, not the recipe's benchmark",
@@ -160,7 +161,7 @@ def _dynamo_python(given: str) -> str:
     return path
 
 
-def _mocker(dep: dict[str, Any], python: str, engine: str, report: Any) -> None:
+def _mocker(dep: dict[str, Any], python: str, engine: str, report: Report) -> None:
     local_engine = _MOCKER_ENGINES[engine]
     dep["engine"] = local_engine
     dep["stand_in"] = "dynamo-mocker"
@@ -191,7 +192,7 @@ def _mocker(dep: dict[str, Any], python: str, engine: str, report: Any) -> None:
             )
 
 
-def _stub(dep: dict[str, Any], engine: str, front: str | None, report: Any) -> None:
+def _stub(dep: dict[str, Any], engine: str, front: str | None, report: Report) -> None:
     dep["engine"] = "custom"
     dep["command"] = [*STUB_HEAD, "--model", dep["name"]]
     behind = f"behind the {front}" if front else "behind slurmgate's endpoint (as vllm serve)"
@@ -218,7 +219,7 @@ def _gpus(role: Mapping[str, Any]) -> int:
     return int(gpus)
 
 
-def _fit(dep: dict[str, Any], report: Any) -> None:
+def _fit(dep: dict[str, Any], report: Report) -> None:
     """Shrink every worker to a node, then scale the roles' workers by one factor to fit."""
     roles: dict[str, dict[str, Any]] = dep["roles"]
     for name, role in roles.items():
