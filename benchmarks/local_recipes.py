@@ -65,7 +65,9 @@ def run_one(relative: str, python: str, runs_root: Path) -> dict[str, Any]:
             spec_from_recipe(RECIPES / relative), dynamo_python=python, source=relative
         )
     except InputError as exc:
-        row.update(outcome="refused", why=" ".join(str(exc).split()), seconds=0.0)
+        # the recipe's own path, as the table names it, not this checkout's
+        why = " ".join(str(exc).split()).replace(f"{RECIPES}/", "")
+        row.update(outcome="refused", why=why, seconds=round(time.monotonic() - started, 1))
         return row
     d = built.spec.deployments[0]
     assert d.roles is not None
@@ -77,7 +79,7 @@ def run_one(relative: str, python: str, runs_root: Path) -> dict[str, Any]:
         run.run()
         row["outcome"] = "ran"
     except RunFailed as exc:
-        row.update(outcome="failed", why=" ".join(str(exc).split())[:300])
+        row.update(outcome="failed", why=" ".join(str(exc).split())[:300].replace(f"{REPO}/", ""))
     row["seconds"] = round(time.monotonic() - started, 1)
     row["run_dir"] = str(run.run_dir)
     return row
