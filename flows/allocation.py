@@ -112,7 +112,8 @@ def _run_name() -> str:
         name = source.get("name") if isinstance(source, dict) else getattr(source, "name", None)
         if name:
             return f"allocation-{name}"
-    return f"allocation-{Path(str(parameters.get('spec_file') or 'spec')).stem}"
+    preset = parameters.get("spec_file") or parameters.get("recipe_file") or "spec"
+    return f"allocation-{Path(str(preset)).stem}"
 
 
 @flow(
@@ -126,19 +127,27 @@ def allocation(
     runs_dir: str | None = None,
     spec_file: str | None = None,
     overrides: SpecOverrides | None = None,
+    recipe_file: str | None = None,
+    local: bool = False,
 ) -> dict[str, Any]:
     """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup; once
     more on a new allocation without the node, when one node failed it (node_failures.py).
 
     Give the spec in full, or as a preset: `spec_file`, a spec file on this worker's host, with
-    a few fields replaced by `overrides` (the short form for the Prefect UI).
+    a few fields replaced by `overrides` (the short form for the Prefect UI); or `recipe_file`,
+    an srt-slurm recipe in the same folder, which `local` maps onto the bundled cluster with
+    CPU stand-ins (as `slurmgate allocation run --recipe R --local`).
     """
     from prefect.runtime import flow_run
 
-    spec = resolve_spec(spec, spec_file, overrides, configured_presets_dir())
-    if spec_file:
+    spec = resolve_spec(
+        spec, spec_file, overrides, configured_presets_dir(), recipe_file=recipe_file, local=local
+    )
+    preset = spec_file or recipe_file
+    if preset:
         log(
-            f"spec from the preset {spec_file} on this host"
+            f"spec from the {'recipe' if recipe_file else 'preset'} {preset} on this host"
+            + (" mapped onto the bundled cluster (local)" if local else "")
             + (", with overrides" if overrides and not overrides.is_empty() else "")
         )
     node_retry = NodeRetry(log=log)

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from slurmgate.cli.common import fail
+from slurmgate.cli.spec import DynamoPythonOpt, LocalOpt
 
 app = typer.Typer(
     help="Run an allocation spec through Prefect, or reap what a killed run left behind.",
@@ -24,7 +25,8 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 @app.command(
     "run",
     epilog="Example: slurmgate allocation run examples/specs/local-stub.yaml  (or --recipe "
-    "RECIPE.yaml: an srt-slurm recipe, as `slurmgate spec from-recipe` builds its spec)",
+    "RECIPE.yaml: an srt-slurm recipe, as `slurmgate spec from-recipe` builds its spec; "
+    "--recipe RECIPE.yaml --local: on the bundled cluster with CPU stand-ins)",
 )
 def allocation_run(
     spec: Annotated[
@@ -40,6 +42,8 @@ def allocation_run(
     model: Annotated[
         str | None, typer.Option(help="With --recipe: the model path the workers load.")
     ] = None,
+    local: LocalOpt = False,
+    dynamo_python: DynamoPythonOpt = None,
 ) -> None:
     """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
     from slurmgate.cli import prefect_layer
@@ -49,10 +53,12 @@ def allocation_run(
 
     if (spec is None) == (recipe is None):
         raise fail("give a spec, or --recipe RECIPE.yaml (not both)")
+    if local and recipe is None:
+        raise fail("--local maps a recipe: give --recipe RECIPE.yaml")
     if recipe is not None:
         from slurmgate.cli.spec import load_recipe_spec
 
-        built = load_recipe_spec(recipe, model)
+        built = load_recipe_spec(recipe, model, local=local, dynamo_python=dynamo_python)
         for r in built.reported:
             typer.echo(f"reported: {r.line()}", err=True)
         parsed = built.spec

@@ -22,16 +22,41 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(help="The model path the workers load on this site (default /model)."),
 ]
+LocalOpt = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="Map the recipe onto the bundled cluster (4 nodes of 8 GPUs): its roles scaled to "
+        "fit, its frontend kept, CPU stand-ins for the engines; every change is reported.",
+    ),
+]
+DynamoPythonOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="With --local: the Dynamo venv's python, for the mocker and Dynamo's frontend "
+        "(default: SLURMGATE_DYNAMO_PYTHON, else .venv-dynamo/bin/python).",
+        show_default=False,
+    ),
+]
 
 
-def load_recipe_spec(recipe: Path, model: str | None) -> RecipeSpec:
-    """The recipe's spec, or a one-line error (exit code 2) naming the key and the fix."""
-    from slurmgate.runtime.spec.from_recipe import RecipeRefused, spec_from_recipe
-    from slurmgate.runtime.spec.recipes import RecipeError
+def load_recipe_spec(
+    recipe: Path, model: str | None, *, local: bool = False, dynamo_python: str | None = None
+) -> RecipeSpec:
+    """The recipe's spec (with `local`, mapped onto the bundled cluster), or a one-line error
+    (exit code 2) naming the key and the fix."""
+    from slurmgate.errors import InputError
+    from slurmgate.runtime.spec.from_recipe import spec_from_recipe
+    from slurmgate.runtime.spec.local_recipe import localize
+    from slurmgate.settings.testbed import LocalClusterSettings
 
     try:
-        return spec_from_recipe(recipe, model=model)
-    except (RecipeError, RecipeRefused) as exc:
+        built = spec_from_recipe(recipe, model=model)
+        if not local:
+            return built
+        python = dynamo_python or LocalClusterSettings().dynamo_python
+        return localize(built, dynamo_python=python, source=str(recipe))
+    except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
 
@@ -39,11 +64,17 @@ def load_recipe_spec(recipe: Path, model: str | None) -> RecipeSpec:
 @app.command(
     "from-recipe",
     epilog="Example: slurmgate spec from-recipe RECIPE.yaml --model /shared/models/dsr1 > "
-    "spec.yaml  (the keys run differently are reported on stderr and in the YAML's header)",
+    "spec.yaml  (the keys run differently are reported on stderr and in the YAML's header); "
+    "with --local, the same shape on the bundled cluster with CPU stand-ins",
 )
-def from_recipe(recipe: RecipeArg, model: ModelOpt = None) -> None:
+def from_recipe(
+    recipe: RecipeArg,
+    model: ModelOpt = None,
+    local: LocalOpt = False,
+    dynamo_python: DynamoPythonOpt = None,
+) -> None:
     """Print the allocation spec of an srt-slurm recipe as YAML."""
-    built = load_recipe_spec(recipe, model)
+    built = load_recipe_spec(recipe, model, local=local, dynamo_python=dynamo_python)
     for r in built.reported:
         typer.echo(f"reported: {r.line()}", err=True)
     typer.echo(built.yaml(str(recipe)), nl=False)

@@ -23,6 +23,7 @@ class HomeSettings(Part):
     )
     presets_dir: Path | None = variable(
         "SLURMGATE_PRESETS_DIR",
-        "The one folder whose spec files a run started from the Prefect UI or API may name as "
-        "its preset (`spec_file`); unset: no preset is read.",
+        "The one folder whose spec files (and srt-slurm recipes) a run started from the Prefect "
+        "UI or API may name as its preset (`spec_file`, or `recipe_file`); unset: no preset is "
+        "read.",
     )

@@ -21,3 +21,9 @@ class LocalClusterSettings(Part):
         "uts: the nodes share this host's network (`slurmgate cluster up` defaults to netns).",
         "netns",
     )
+    dynamo_python: str = variable(
+        "SLURMGATE_DYNAMO_PYTHON",
+        "`--local` recipes: the Dynamo venv's python, which runs Dynamo's frontend and mocker "
+        "stand-ins (relative paths are taken from the current directory).",
+        ".venv-dynamo/bin/python",
+    )

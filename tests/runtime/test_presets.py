@@ -128,3 +128,49 @@ def test_bad_overrides_name_the_field_and_the_fix(tmp_path: Path) -> None:
         apply_overrides(spec, SpecOverrides(time_limit="soon"))
     with pytest.raises(SpecError, match="replicas"):
         apply_overrides(spec, SpecOverrides(replicas={"chat": 0}))
+
+
+RECIPE = (
+    REPO / "tests/data/inferencex-recipes/vllm/deepseek-v4/8k1k/disagg-gb300-7p2d-dep4-dep16.yaml"
+)
+
+
+def test_a_recipe_preset_runs_as_from_recipe_builds_it_and_local_maps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from slurmgate.runtime.spec.from_recipe import spec_from_recipe
+    from slurmgate.runtime.spec.local_recipe import LOCAL_NODES, localize
+
+    (tmp_path / "r.yaml").write_bytes(RECIPE.read_bytes())
+    production = resolve_spec(None, None, None, tmp_path, recipe_file="r.yaml")
+    assert production == spec_from_recipe(RECIPE).spec
+    monkeypatch.setenv("SLURMGATE_DYNAMO_PYTHON", sys.executable)
+    local = resolve_spec(None, None, None, tmp_path, recipe_file="r.yaml", local=True)
+    mapped = localize(spec_from_recipe(RECIPE), dynamo_python=sys.executable).spec
+    assert local.deployments == mapped.deployments and local.total_nodes == LOCAL_NODES
+    named = resolve_spec(None, None, SpecOverrides(name="mine"), tmp_path, recipe_file="r.yaml")
+    assert named.name == "mine"
+
+
+def test_a_bad_recipe_preset_names_recipe_file_and_never_its_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bad.yaml").write_text("schema: 2\nname: x\nroles: {sekrit-warmup: {}}\n")
+    with pytest.raises(SpecError) as err:
+        resolve_spec(None, None, None, tmp_path, recipe_file="bad.yaml")
+    field, message, fix = err.value.problems[0]
+    assert field == "recipe_file" and "sekrit" not in message + fix
+    assert "slurmgate spec from-recipe" in fix
+    (tmp_path / "r.yaml").write_bytes(RECIPE.read_bytes())
+    monkeypatch.setenv("SLURMGATE_DYNAMO_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(SpecError) as err:
+        resolve_spec(None, None, None, tmp_path, recipe_file="r.yaml", local=True)
+    assert err.value.problems[0][0] == "recipe_file" and "--local" in err.value.problems[0][2]
+    with pytest.raises(SpecError) as err:
+        resolve_spec(None, "r.yaml", None, tmp_path, local=True)
+    assert err.value.problems[0][0] == "local"
+    with pytest.raises(SpecError) as err:
+        resolve_spec(None, "r.yaml", None, tmp_path, recipe_file="r.yaml")
+    assert err.value.problems[0][0] == "spec"

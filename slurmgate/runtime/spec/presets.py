@@ -1,9 +1,11 @@
-"""Allocation presets: a spec file on the worker's host, with a few of its fields overridden.
+"""Allocation presets: a spec or recipe file on the worker's host, a few of its fields overridden.
 
 The allocation deployment's full spec is a form of a dozen kilobytes in the Prefect UI, retyped
 for every run. A preset names a spec file that lives on the host of the worker that runs the
-flow (the site's checked-in specs), and `SpecOverrides` are the handful of fields people change
-between runs; the result is validated as a whole, like a spec given in full.
+flow (the site's checked-in specs), or an srt-slurm recipe there (`recipe_file`, built as
+`slurmgate spec from-recipe` builds it; with `local`, mapped onto the bundled cluster as
+`--local` maps it), and `SpecOverrides` are the handful of fields people change between runs;
+the result is validated as a whole, like a spec given in full.
 
 A preset's name arrives through the UI or the API, from anyone who may start a run, and is
 read by the worker: so only regular files under the one presets folder the worker's operator
@@ -21,10 +23,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slurmgate.documents import DocumentError, parse_yaml
+from slurmgate.errors import InputError
 from slurmgate.paths import presets_dir
+from slurmgate.runtime.spec import recipes
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError, spec_error_from
 from slurmgate.runtime.spec.fields import AllocationName
+from slurmgate.runtime.spec.from_recipe import spec_from_data
+from slurmgate.runtime.spec.local_recipe import localize
+from slurmgate.settings.testbed import LocalClusterSettings
 
 # A spec is a few kilobytes; a path that names something far larger is not one.
 MAX_SPEC_FILE_BYTES = 1 << 20
@@ -83,12 +90,9 @@ def _preset_path(name: str, presets_dir: Path | None) -> Path:
     return target
 
 
-def load_spec_file(name: str, presets_dir: Path | None) -> AllocationSpec:
-    """The preset `name` (relative to `presets_dir`, or absolute inside it) on this host.
-
-    Only a regular file is read (a FIFO, a device or a folder is refused without blocking),
-    at most MAX_SPEC_FILE_BYTES of it; errors name `spec_file` and the fix, not the content.
-    """
+def _read_preset(name: str, presets_dir: Path | None) -> tuple[Path, bytes]:
+    """The file `name` names in the presets folder and its bytes: only a regular file is read
+    (a FIFO, a device or a folder is refused without blocking), at most MAX_SPEC_FILE_BYTES."""
     path = _preset_path(name, presets_dir)
     try:
         # O_NONBLOCK: opening a FIFO for reading must not wait for a writer
@@ -110,6 +114,13 @@ def load_spec_file(name: str, presets_dir: Path | None) -> AllocationSpec:
         os.close(fd)
     if len(raw) > MAX_SPEC_FILE_BYTES:
         raise _refused(f"{name} is over {MAX_SPEC_FILE_BYTES} bytes", "name a spec file")
+    return path, raw
+
+
+def load_spec_file(name: str, presets_dir: Path | None) -> AllocationSpec:
+    """The preset `name` (relative to `presets_dir`, or absolute inside it) on this host;
+    errors name `spec_file` and the fix, not the content."""
+    path, raw = _read_preset(name, presets_dir)
     check = f"check it with `slurmgate spec check {path}` on the worker's host"
     try:
         data = parse_yaml(raw.decode("utf-8"), name)
@@ -121,6 +132,28 @@ def load_spec_file(name: str, presets_dir: Path | None) -> AllocationSpec:
         raise _refused(
             f"{name} is not a valid allocation spec ({count} problem(s))", check
         ) from None
+
+
+def load_recipe_file(name: str, presets_dir: Path | None, *, local: bool) -> AllocationSpec:
+    """The spec of the srt-slurm recipe `name` in the presets folder, as `slurmgate spec
+    from-recipe` builds it (with `local`, as `--local` maps it onto the bundled cluster, the
+    Dynamo venv's python from SLURMGATE_DYNAMO_PYTHON); errors name `recipe_file` and the
+    command that shows every problem, not the content."""
+    path, raw = _read_preset(name, presets_dir)
+    check = "see why with `slurmgate spec from-recipe {}{}` on the worker's host".format(
+        path, " --local" if local else ""
+    )
+    try:
+        data = recipes.parse(raw.decode("utf-8", errors="replace"), name)
+        built = spec_from_data(data, source=name)
+        if local:
+            python = LocalClusterSettings().dynamo_python
+            built = localize(built, dynamo_python=python, source=name)
+    except InputError:
+        raise SpecError(
+            [("recipe_file", f"{name} is not a recipe slurmgate runs as it is", check)]
+        ) from None
+    return built.spec
 
 
 def apply_overrides(spec: AllocationSpec, overrides: SpecOverrides) -> AllocationSpec:
@@ -165,20 +198,32 @@ def resolve_spec(
     spec_file: str | None,
     overrides: SpecOverrides | None,
     presets_dir: Path | None,
+    *,
+    recipe_file: str | None = None,
+    local: bool = False,
 ) -> AllocationSpec:
-    """The run's spec from exactly one of a full `spec` or a `spec_file` (a preset in
-    `presets_dir`), then the overrides."""
-    if (spec is None) == (spec_file is None):
+    """The run's spec from exactly one of a full `spec`, a `spec_file` or a `recipe_file` (an
+    srt-slurm recipe; with `local` mapped onto the bundled cluster), both presets in
+    `presets_dir`, then the overrides."""
+    if sum(x is not None for x in (spec, spec_file, recipe_file)) != 1:
         raise SpecError(
             [
                 (
                     "spec",
-                    "give exactly one of spec (in full) or spec_file (a preset on this host)",
-                    "set one and leave the other empty",
+                    "give exactly one of spec (in full), spec_file (a preset on this host) or "
+                    "recipe_file (a recipe among the presets)",
+                    "set one and leave the others empty",
                 )
             ]
         )
-    chosen = spec if spec is not None else load_spec_file(str(spec_file), presets_dir)
+    if local and recipe_file is None:
+        raise SpecError([("local", "maps a recipe onto the bundled cluster", "set recipe_file")])
+    if spec is not None:
+        chosen = spec
+    elif spec_file is not None:
+        chosen = load_spec_file(spec_file, presets_dir)
+    else:
+        chosen = load_recipe_file(str(recipe_file), presets_dir, local=local)
     if overrides is None or overrides.is_empty():
         return chosen
     return apply_overrides(chosen, overrides)

@@ -1,0 +1,152 @@
+"""Every shipped recipe with `--local` on the bundled cluster: ran or refused (why), and how long.
+
+Run after `slurmgate cluster up` (SLURM_CONF exported), from the repository root:
+    .venv/bin/python benchmarks/local_recipes.py [--filter TEXT ...] [--smoke] [--results-dir DIR]
+Each recipe under tests/data/inferencex-recipes is mapped as `slurmgate allocation run --recipe
+R --local` maps it (`slurmgate.runtime.spec.local_recipe`) and run to the end in the runtime
+(no Prefect server: what is timed is the allocation, the stand-ins' start, the client's chat
+completions and the cleanup). A recipe refused by the mapping is a row with the reason, not a
+failure. Writes benchmarks/results/local_recipes.json and local_recipes.md.
+
+Every recipe takes about two hours on a 2-core machine; `--filter` keeps the recipes whose path
+contains any of the texts, `--smoke` one recipe per engine and frontend. It is not one of the
+`bench_*.py` comparisons (`make bench` does not run it): it has no arms, only a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from options import add_output_flags, write_results
+
+from slurmgate.errors import InputError
+from slurmgate.runtime.run.allocation_run import AllocationRun
+from slurmgate.runtime.run.state import RunFailed
+from slurmgate.runtime.spec.from_recipe import spec_from_recipe
+from slurmgate.runtime.spec.local_recipe import localize
+from slurmgate.settings.testbed import LocalClusterSettings
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "tests" / "data" / "inferencex-recipes"
+
+
+def _kind(relative: str) -> str:
+    """A recipe's framework and frontend, for `--smoke`'s one per kind."""
+    try:
+        d = spec_from_recipe(RECIPES / relative).spec.deployments[0]
+    except InputError:
+        return "refused"
+    return f"{d.engine}/{d.frontend.type if d.frontend else '-'}"
+
+
+def chosen(ns: argparse.Namespace) -> list[str]:
+    every = sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.yaml"))
+    if ns.filter:
+        every = [r for r in every if any(text in r for text in ns.filter)]
+    if ns.smoke:
+        seen: dict[str, str] = {}
+        for relative in every:
+            seen.setdefault(_kind(relative), relative)
+        every = sorted(seen.values())
+    return every
+
+
+def run_one(relative: str, python: str, runs_root: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    row: dict[str, Any] = {"recipe": relative}
+    try:
+        built = localize(
+            spec_from_recipe(RECIPES / relative), dynamo_python=python, source=relative
+        )
+    except InputError as exc:
+        # the recipe's own path, as the table names it, not this checkout's
+        why = " ".join(str(exc).split()).replace(f"{RECIPES}/", "")
+        row.update(outcome="refused", why=why, seconds=round(time.monotonic() - started, 1))
+        return row
+    d = built.spec.deployments[0]
+    assert d.roles is not None
+    row["shape"] = ", ".join(f"{n} {r.workers}×TP{r.tensor_parallel}" for n, r in d.roles.items())
+    row["stand_in"] = d.stand_in or d.command[2]
+    row["nodes"] = built.spec.total_nodes
+    run = AllocationRun(built.spec, runs_root=runs_root, grace_s=5)
+    try:
+        run.run()
+        row["outcome"] = "ran"
+    except RunFailed as exc:
+        row.update(outcome="failed", why=" ".join(str(exc).split())[:300].replace(f"{REPO}/", ""))
+    row["seconds"] = round(time.monotonic() - started, 1)
+    row["run_dir"] = str(run.run_dir)
+    return row
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    counts = {k: sum(r["outcome"] == k for r in rows) for k in ("ran", "failed", "refused")}
+    lines = [
+        "# Shipped recipes with `--local` on the bundled cluster",
+        "",
+        f"Run {result['when']} on {result['cpus']} CPUs; {len(rows)} recipe(s): "
+        f"{counts['ran']} ran, {counts['failed']} failed, {counts['refused']} refused. "
+        f"Command: `{result['command']}`",
+        "",
+        "| recipe | outcome | seconds | nodes | shape | stand-in | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            r["recipe"],
+            r["outcome"],
+            f"{r['seconds']:.1f}",
+            str(r.get("nodes", "")),
+            r.get("shape", ""),
+            r.get("stand_in", ""),
+            r.get("why", "").replace("|", "/"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="only recipes whose path contains TEXT (repeatable: any of them)",
+    )
+    parser.add_argument(
+        "--dynamo-python",
+        default=LocalClusterSettings().dynamo_python,
+        help="the Dynamo venv's python (default: SLURMGATE_DYNAMO_PYTHON, else "
+        ".venv-dynamo/bin/python)",
+    )
+    add_output_flags(parser, "one recipe per engine and frontend")
+    ns = parser.parse_args()
+    recipes = chosen(ns)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="slurmgate-local-recipes-") as runs_root:
+        for relative in recipes:
+            row = run_one(relative, ns.dynamo_python, Path(runs_root))
+            print(f"{row['outcome']:8} {row['seconds']:6.1f}s {relative}", flush=True)
+            rows.append(row)
+    for row in rows:
+        row.pop("run_dir", None)  # removed with the temporary directory
+    result: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "command": " ".join(["benchmarks/local_recipes.py", *sys.argv[1:]]),
+        "smoke": ns.smoke,
+        "rows": rows,
+    }
+    write_results(ns, "local_recipes", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()

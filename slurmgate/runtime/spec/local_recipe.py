@@ -1,0 +1,270 @@
+"""A recipe's spec mapped onto the bundled cluster: its shape kept, CPU stand-ins for engines.
+
+`localize` takes what `spec_from_recipe` built for production and returns the spec that runs
+the same shape on the bundled local cluster (`LOCAL_NODES` nodes of `LOCAL_GPUS_PER_NODE` fake
+GPUs): the same roles, the same frontend kind and the services it starts, with
+
+- each worker shrunk to one node: a stand-in shards nothing, so a worker's TP×DP×PP (and EP)
+  become one TP group of its GPUs, at most a node's;
+- the workers of every role scaled by one factor until the roles fit the nodes and
+  `LOCAL_MAX_WORKERS`, at least one per role;
+- the engine replaced by the CPU stand-in the frontend decides: behind Dynamo's frontend
+  Dynamo's mocker (`stand_in: dynamo-mocker`, run with the Dynamo venv's Python), behind the
+  sglang-router or with no frontend (plain vLLM) slurmgate's stub server, which plays SGLang's
+  prefill/decode protocol and vLLM's flags; trtllm-serve's disaggregated protocol is not one the
+  stub plays, so those recipes are refused by name;
+- a short client: plain and streamed chat completions through the endpoint.
+
+Every change is a `Reported` line, so the YAML header and stderr say what runs differently.
+The production spec is built first, so a recipe refused in production is refused here too,
+and nothing here changes what admission asks for (that reads the recipe's own node counts).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slurmgate.errors import InputError
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.errors import SpecError
+from slurmgate.runtime.spec.from_recipe import RecipeRefused, RecipeSpec, Reported
+
+LOCAL_NODES = 4
+LOCAL_GPUS_PER_NODE = 8
+# Stand-ins are CPU processes on a small machine: enough workers to keep a shape like 6P+2D
+# recognisable, few enough that a run starts in seconds.
+LOCAL_MAX_WORKERS = 8
+LOCAL_TIME_LIMIT = "00:10:00"
+LOCAL_STARTUP_TIMEOUT_S = 120.0
+STUB_HEAD = ["python", "-m", "slurmgate.testbed.stub_server"]
+MOCKER_MODULE = "dynamo.mocker"
+FRONTEND_MODULE = "dynamo.frontend"
+DYNAMO_PYTHON_FIX = (
+    "give --dynamo-python PATH or set SLURMGATE_DYNAMO_PYTHON to the Dynamo venv's python "
+    "(scripts/setup.sh with SLURMGATE_WITH_DYNAMO=1 makes .venv-dynamo)"
+)
+# Dynamo engines the mocker stands in for as they are; dynamo-trtllm's workers run it as a
+# dynamo-sglang deployment (the frontend and the wiring are the same Dynamo ones).
+_MOCKER_ENGINES = {
+    "dynamo-sglang": "dynamo-sglang",
+    "dynamo-vllm": "dynamo-vllm",
+    "dynamo-trtllm": "dynamo-sglang",
+}
+_STUB_ENGINES = ("sglang", "vllm", "custom")
+Report = Callable[[str, str], None]
+_SIZES = {"tensor_parallel": "TP", "data_parallel": "DP", "expert_parallel": "EP"}
+_SIZES |= {"pipeline_parallel": "PP"}
+
+CLIENT = r"""
+import json, os, urllib.request
+name, model = %(names)r
+url = json.loads(os.environ["SLURMGATE_ENDPOINTS"])[name] + "/v1/chat/completions"
+
+def chat(content, stream=False):
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
+            "max_tokens": 6, "stream": stream}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200, r.status
+        return r.read().decode()
+
+for i in range(2):
+    answer = json.loads(chat(f"hello {i}"))["choices"][0]["message"]["content"]
+    print(f"chat {i}: {answer!r}", flush=True)
+stream = chat("hello", stream=True)
+assert stream.rstrip().endswith("data: [DONE]"), stream
+print(f"client ok: 2 chats and a stream of {stream.count('data: {')} chunks", flush=True)
+"""
+
+
+def localize(built: RecipeSpec, *, dynamo_python: str, source: str = "recipe") -> RecipeSpec:
+    """The spec of `built` on the bundled cluster (see the module docstring)."""
+    spec = built.spec
+    if len(spec.deployments) != 1 or spec.deployments[0].roles is None:
+        raise RecipeRefused(f"{source}: --local maps a recipe's one deployment of roles")
+    # production's /configs line is said again below only if the local spec still has any
+    reported = [r for r in built.reported if r.key != "/configs paths"]
+
+    def report(key: str, how: str) -> None:
+        reported.append(Reported(key, f"--local: {how}"))
+
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    dep = data["deployments"][0]
+    engine = dep.get("engine", "custom")
+    front = (dep.get("frontend") or {}).get("type")
+    if front == "trtllm-serve":
+        raise RecipeRefused(
+            f"{source}: frontend.type: trtllm_serve: --local cannot stand in for it — the stub "
+            "plays SGLang's prefill/decode protocol (bootstrap rooms), not trtllm-serve "
+            "disaggregated's (the prefill's disaggregated_params handed to the generation "
+            "server); run it on a site with TensorRT-LLM, without --local"
+        )
+    if engine in _MOCKER_ENGINES and front == "dynamo":
+        python = _dynamo_python(dynamo_python)
+        _mocker(dep, python, engine, report)
+    elif engine in _STUB_ENGINES:
+        _stub(dep, engine, front, report)
+    else:
+        raise RecipeRefused(
+            f"{source}: engine {engine} behind frontend {front}: --local has no stand-in for "
+            "it — run it without --local"
+        )
+    _fit(dep, report)
+    if dep.pop("kv_transfer", None) is not None:
+        report("deployment.kv_transfer", "dropped: the stand-ins move no KV cache")
+    env = dep.pop("env", None) or {}
+    if env:
+        report("environment", f"{', '.join(sorted(env))}: the engine's, dropped for the stand-ins")
+    if engine in _STUB_ENGINES:
+        dep["env"] = {"SLURMGATE_STUB_TOKENS_PER_SECOND": "2000"}
+    dep["startup_timeout_s"] = LOCAL_STARTUP_TIMEOUT_S
+    dep["lead_boot_standoff_s"] = 0
+    dep["rank_launch_stagger_s"] = 0
+    if dep.get("frontend"):
+        dep["frontend"]["startup_timeout_s"] = LOCAL_STARTUP_TIMEOUT_S
+    data["gpus_per_node"] = LOCAL_GPUS_PER_NODE
+    data["time_limit"] = LOCAL_TIME_LIMIT
+    # both stand-ins serve the model under the deployment's name
+    data["client"] = {"command": ["python", "-c", CLIENT % {"names": (dep["name"], dep["name"])}]}
+    report(
+        "client",
+        "two chat completions and a streamed one through the endpoint, not the recipe's benchmark",
+    )
+    try:
+        local = AllocationSpec.from_data(data, source=source)
+    except SpecError as exc:
+        raise RecipeRefused(f"{source}: --local: the mapped spec is not valid:\n{exc}") from None
+    configs = [path for d in local.deployments for path in d.config_paths]
+    if configs:
+        report("/configs paths", f"{', '.join(configs)}: must exist on every node")
+    if local.total_nodes > LOCAL_NODES:
+        raise RecipeRefused(
+            f"{source}: --local: {local.total_nodes} nodes after scaling, more than the "
+            f"bundled cluster's {LOCAL_NODES}"
+        )
+    return RecipeSpec(spec=local, schema=built.schema, reported=reported)
+
+
+def _dynamo_python(given: str) -> str:
+    if not given:
+        raise InputError(f"--dynamo-python: empty — {DYNAMO_PYTHON_FIX}")
+    # absolute but not resolved: a venv's python is a symlink whose target is not the venv's
+    path = os.path.abspath(given)
+    if not os.access(path, os.X_OK):
+        raise InputError(
+            f"--dynamo-python: {path} is not an executable — the recipe's Dynamo workers run "
+            f"Dynamo's mocker with it; {DYNAMO_PYTHON_FIX}"
+        )
+    return path
+
+
+def _mocker(dep: dict[str, Any], python: str, engine: str, report: Report) -> None:
+    local_engine = _MOCKER_ENGINES[engine]
+    dep["engine"] = local_engine
+    dep["stand_in"] = "dynamo-mocker"
+    dep["command"] = [python, "-m", MOCKER_MODULE]
+    front = dep["frontend"]
+    front["command"] = [python, "-m", FRONTEND_MODULE]
+    dropped = [k for k in ("args", "env") if front.pop(k, None)]
+    if dropped:
+        report(
+            f"frontend.{'/'.join(dropped)}",
+            "written for the recipe's Dynamo version (some flags are not the installed "
+            "frontend's), dropped: Dynamo's frontend runs with its defaults",
+        )
+    how = f"Dynamo's mocker ({python} -m {MOCKER_MODULE}) in each worker's place"
+    if local_engine != engine:
+        how += f", as a {local_engine} deployment (the mocker stands in for any Dynamo worker)"
+    report("engine", f"{engine} → {how}; the frontend is Dynamo's own ({FRONTEND_MODULE})")
+    for name, role in dep["roles"].items():
+        dropped = [k for k in ("args", "env", "engine_config") if role.get(k)]
+        for key in dropped:
+            role.pop(key)
+        role["args"] = ["--speedup-ratio", "0"]
+        if dropped:
+            report(
+                f"{name}.{'/'.join(dropped)}",
+                "the engine's own, dropped: the mocker's are "
+                "--speedup-ratio 0 (no simulated delay)",
+            )
+
+
+def _stub(dep: dict[str, Any], engine: str, front: str | None, report: Report) -> None:
+    dep["engine"] = "custom"
+    dep["command"] = [*STUB_HEAD, "--model", dep["name"]]
+    behind = f"behind the {front}" if front else "behind slurmgate's endpoint (as vllm serve)"
+    report(
+        "engine",
+        f"{engine} → the stub server (python -m slurmgate.testbed.stub_server) {behind}: it "
+        "speaks vLLM's flags and SGLang's prefill/decode protocol"
+        + ("" if front else "; Dynamo's mocker would need Dynamo's frontend, another kind"),
+    )
+    for name, role in dep["roles"].items():
+        dropped = [k for k in ("args", "env", "engine_config") if role.get(k)]
+        for key in dropped:
+            role.pop(key)
+        if dropped:
+            report(f"{name}.{'/'.join(dropped)}", "the engine's own, dropped for the stub")
+
+
+def _gpus(role: Mapping[str, Any]) -> int:
+    gpus = role.get("gpus_per_worker")
+    if gpus is None:
+        gpus = role.get("tensor_parallel", 1) * role.get("pipeline_parallel", 1)
+        if not role.get("dp_attention"):
+            gpus *= role.get("data_parallel", 1)
+    return int(gpus)
+
+
+def _fit(dep: dict[str, Any], report: Report) -> None:
+    """Shrink every worker to a node, then scale the roles' workers by one factor to fit."""
+    roles: dict[str, dict[str, Any]] = dep["roles"]
+    for name, role in roles.items():
+        gpus = _gpus(role)
+        local = min(gpus, LOCAL_GPUS_PER_NODE)
+        sizes = "×".join(f"{word}{role[k]}" for k, word in _SIZES.items() if role.get(k, 1) > 1)
+        for key in (*_SIZES, "gpus_per_worker", "nodes_per_worker", "dp_attention"):
+            role.pop(key, None)
+        role["tensor_parallel"] = local
+        if role.get("workers_per_node") and local * role["workers_per_node"] > LOCAL_GPUS_PER_NODE:
+            role.pop("workers_per_node")
+        report(
+            f"{name}.sizes",
+            f"a worker of {sizes or 'TP1'} ({gpus} GPUs) → TP{local} ({local} GPUs) on one node: "
+            "a stand-in shards nothing, so its GPUs only place it",
+        )
+    counts = {name: int(role.get("workers", 1)) for name, role in roles.items()}
+    scaled = _scaled(counts, {n: _per_node(r) for n, r in roles.items()})
+    for name, role in roles.items():
+        role["workers"] = scaled[name]
+    if scaled != counts:
+        shape = ", ".join(f"{n} {counts[n]} → {scaled[n]}" for n in roles)
+        report(
+            "workers",
+            f"{shape}: scaled by one factor to {LOCAL_NODES} nodes and at most "
+            f"{LOCAL_MAX_WORKERS} workers, at least one per role",
+        )
+
+
+def _per_node(role: Mapping[str, Any]) -> int:
+    return int(role.get("workers_per_node") or LOCAL_GPUS_PER_NODE // role["tensor_parallel"])
+
+
+def _scaled(counts: Mapping[str, int], per_node: Mapping[str, int]) -> dict[str, int]:
+    """The largest proportional scaling of `counts` whose roles fit the nodes and the cap."""
+
+    def fits(c: Mapping[str, int]) -> bool:
+        nodes = sum(-(-c[n] // per_node[n]) for n in c)
+        return nodes <= LOCAL_NODES and sum(c.values()) <= LOCAL_MAX_WORKERS
+
+    if fits(counts):
+        return dict(counts)
+    top = max(counts.values())
+    for target in range(top - 1, 0, -1):
+        scaled = {n: max(1, round(c * target / top)) for n, c in counts.items()}
+        if fits(scaled):
+            return scaled
+    return {n: 1 for n in counts}

@@ -1,0 +1,185 @@
+"""`--local`: every shipped recipe on the bundled cluster, its shape kept, stand-ins named."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurmgate.errors import InputError
+from slurmgate.runtime.engines import layout
+from slurmgate.runtime.spec import recipes
+from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.from_recipe import RecipeRefused, RecipeSpec, spec_from_recipe
+from slurmgate.runtime.spec.local_recipe import (
+    LOCAL_GPUS_PER_NODE,
+    LOCAL_MAX_WORKERS,
+    LOCAL_NODES,
+    localize,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "tests" / "data" / "inferencex-recipes"
+SHIPPED = sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.yaml"))
+# any executable stands for the Dynamo venv's python: the mapping only names it
+PYTHON = sys.executable
+
+
+@functools.cache
+def _production(relative: str) -> RecipeSpec | RecipeRefused:
+    try:
+        return spec_from_recipe(RECIPES / relative)
+    except RecipeRefused as exc:
+        return exc
+
+
+def _local(relative: str) -> tuple[RecipeSpec, RecipeSpec] | None:
+    built = _production(relative)
+    if isinstance(built, RecipeRefused):
+        return None
+    return built, localize(built, dynamo_python=PYTHON, source=relative)
+
+
+@pytest.mark.parametrize("relative", SHIPPED)
+def test_every_shipped_recipe_maps_onto_the_bundled_cluster_or_is_refused(relative: str) -> None:
+    pair = _local(relative)
+    if pair is None:  # refused in production: --local builds on production, so it says the same
+        with pytest.raises(RecipeRefused):
+            spec_from_recipe(RECIPES / relative)
+        return
+    built, local = pair
+    prod, spec = built.spec.deployments[0], local.spec.deployments[0]
+    assert local.spec.total_nodes <= LOCAL_NODES
+    assert local.spec.gpus_per_node == LOCAL_GPUS_PER_NODE
+    assert prod.roles is not None and spec.roles is not None
+    # the same roles, at least one worker each, in proportion, each worker on one node
+    prod_workers = {name: role.workers for name, role in prod.roles.items()}
+    workers = {name: role.workers for name, role in spec.roles.items()}
+    assert set(workers) == set(prod_workers) and min(workers.values()) >= 1
+    assert sum(workers.values()) <= LOCAL_MAX_WORKERS
+    if set(workers) == {"prefill", "decode"} and prod_workers["prefill"] != prod_workers["decode"]:
+        more = max(prod_workers, key=lambda n: prod_workers[n])
+        assert workers[more] >= min(workers.values()), (prod_workers, workers)
+    for name, _ in spec.roles.items():
+        assert spec.worker_gpus(name) == min(prod.worker_gpus(name), LOCAL_GPUS_PER_NODE)
+    # the frontend kind stays; it decides the stand-in
+    kind = prod.frontend.type if prod.frontend else None
+    assert (spec.frontend.type if spec.frontend else None) == kind
+    lines = [r.line() for r in local.reported]
+    if kind == "dynamo":
+        assert spec.stand_in == "dynamo-mocker"
+        assert spec.command == [PYTHON, "-m", "dynamo.mocker"]
+        assert spec.frontend is not None and spec.frontend.argv_head[1:] == [
+            "-m",
+            "dynamo.frontend",
+        ]
+        assert any(
+            line.startswith(f"engine: --local: {prod.engine} → Dynamo's mocker") for line in lines
+        )
+    else:
+        assert spec.engine == "custom" and spec.stand_in is None
+        assert spec.command[:3] == ["python", "-m", "slurmgate.testbed.stub_server"]
+        assert any(
+            line.startswith(f"engine: --local: {prod.engine} → the stub server") for line in lines
+        )
+    assert not spec.config_paths and not spec.env.keys() - {"SLURMGATE_STUB_TOKENS_PER_SECOND"}
+    # every lane renders: the stand-in's argv, none of the engine's flags, its ports free
+    plan = layout.plan(local.spec)
+    assert layout.port_problems(local.spec) == []
+    lanes = [lane for n in plan.deployments[0].nodes for lane in n.lanes]
+    assert len(lanes) == sum(workers.values())
+    for lane in lanes:
+        argv = layout.lane_argv(spec, lane, "h0", bind_host="10.0.0.1", model_dir="/m")
+        assert argv[:3] == spec.command[:3] and "--mem-fraction-static" not in argv, argv
+        assert not any(
+            k.startswith(("SGLANG", "VLLM", "NCCL", "TRTLLM"))
+            for k in layout.lane_env(spec, lane, "10.0.0.1")
+        )
+    # the production spec, and so what admission counts, is untouched
+    assert built.spec == spec_from_recipe(RECIPES / relative).spec
+
+
+def test_workers_scale_by_one_factor_and_sizes_shrink_to_a_node() -> None:
+    pair = _local("vllm/deepseek-v4/8k1k/disagg-gb300-7p2d-dep4-dep16.yaml")
+    assert pair is not None
+    local = pair[1]
+    roles = dict(local.spec.deployments[0].roles.items())  # type: ignore[union-attr]
+    assert (roles["prefill"].workers, roles["decode"].workers) == (5, 1)
+    lines = [r.line() for r in local.reported]
+    assert "workers: --local: prefill 7 → 5, decode 2 → 1: scaled by one factor" in "\n".join(lines)
+    assert any(
+        line.startswith("decode.sizes: --local: a worker of DP16×EP16 (16 GPUs) → TP8 (8 GPUs)")
+        for line in lines
+    ), lines
+
+
+def test_a_recipe_that_fits_keeps_its_workers() -> None:
+    pair = _local("sglang/deepseek-v4/8k1k/disagg-b300-2p1d-dep4-dep8.yaml")
+    assert pair is not None
+    roles = dict(pair[1].spec.deployments[0].roles.items())  # type: ignore[union-attr]
+    assert (roles["prefill"].workers, roles["decode"].workers) == (2, 1)
+    assert not any(r.key == "workers" for r in pair[1].reported)
+
+
+def test_trtllm_serve_is_refused_by_name(tmp_path: Path) -> None:
+    data = recipes.load(
+        RECIPES / "trtllm/qwen3.5/gb300-fp4/disagg/8k1k/stp/ctx3dep2_gen1dep4_mtp0_c1536.yaml"
+    )
+    data.setdefault("frontend", {})["type"] = "trtllm_serve"
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(data))
+    built = spec_from_recipe(path)
+    with pytest.raises(RecipeRefused, match=r"trtllm_serve: --local cannot stand in"):
+        localize(built, dynamo_python=PYTHON)
+
+
+def test_a_missing_dynamo_python_names_the_option_and_the_fix(tmp_path: Path) -> None:
+    built = _production("sglang/qwen3.5/gb200-fp8/8k1k/1p1d-tp4-tp4.yaml")
+    assert isinstance(built, RecipeSpec)
+    with pytest.raises(InputError, match=r"--dynamo-python: .* SLURMGATE_DYNAMO_PYTHON"):
+        localize(built, dynamo_python=str(tmp_path / "nothing"))
+    # a stub recipe needs no Dynamo
+    stub = _production("sglang/qwen3.5/gb200-fp4/agentic/agg-gb200-tp4-mtp.yaml")
+    assert isinstance(stub, RecipeSpec)
+    assert (
+        localize(stub, dynamo_python=str(tmp_path / "nothing")).spec.deployments[0].engine
+        == "custom"
+    )
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_the_cli_flag_prints_the_local_spec_and_node_count_stays_productions(
+    tmp_path: Path,
+) -> None:
+    recipe = RECIPES / "vllm/deepseek-v4/8k1k/disagg-gb300-7p2d-dep4-dep16.yaml"
+    done = _cli(
+        "spec", "from-recipe", str(recipe), "--local", env={"SLURMGATE_DYNAMO_PYTHON": PYTHON}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "reported: engine: --local: dynamo-vllm → Dynamo's mocker" in done.stderr
+    assert "# reported: workers: --local: prefill 7 → 5" in done.stdout
+    spec = AllocationSpec.from_data(yaml.safe_load(done.stdout))
+    assert spec.total_nodes == LOCAL_NODES and spec.deployments[0].command[0] == PYTHON
+    assert recipes.role_nodes(recipes.load(recipe)) == {"prefill": 7, "decode": 8}
+    missing = _cli(
+        "spec", "from-recipe", str(recipe), "--local", "--dynamo-python", "no/such/python"
+    )
+    assert missing.returncode == 2 and "--dynamo-python" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    alone = _cli("allocation", "run", str(tmp_path / "spec.yaml"), "--local")
+    assert alone.returncode == 2 and "--local maps a recipe" in alone.stderr
