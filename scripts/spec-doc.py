@@ -21,6 +21,7 @@ from pydantic_core import PydanticUndefined
 from slurmgate.runtime.engines import frontends, layout
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.frontend import PD_ROUTERS
 
 HEADER = """\
 # The allocation spec
@@ -229,6 +230,8 @@ def _role_example(profile: engines.EngineProfile) -> AllocationSpec:
     prefill: dict[str, Any] = {"workers": 2, "tensor_parallel": 2}
     multi = profile.roles is not None and profile.roles.multi_node
     decode: dict[str, Any] = {"tensor_parallel": 8 if multi else 4}
+    # the frontend the engine needs, or the router its prefill/decode pairs need
+    router = profile.frontend or PD_ROUTERS.get(profile.name)
     return AllocationSpec.from_data(
         {
             "name": "doc",
@@ -240,7 +243,7 @@ def _role_example(profile: engines.EngineProfile) -> AllocationSpec:
                     "engine": profile.name,
                     "command": ["COMMAND"],
                     "roles": {"prefill": prefill, "decode": decode},
-                    **({"frontend": {"type": profile.frontend}} if profile.frontend else {}),
+                    **({"frontend": {"type": router}} if router else {}),
                 }
             ],
         }
