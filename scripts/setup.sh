@@ -102,19 +102,24 @@ engines_install() {
         "$SGLANG_PIN" >>"$log" 2>&1
     touch "$ENGINES_VENV/.slurmgate-installed"
 }
-if [ "${SLURMGATE_WITH_ENGINE_PARSERS:-0}" = 1 ]; then
-    mkdir -p "$(dirname "$ENGINES_VENV")"
+# A venv cached under the user's cache by a hash of its pins, built once (one builder at a time:
+# two clones may run their setup at once) and linked into the checkout.
+cached_venv() {  # DIR LINK INSTALL_FUNCTION WHAT
+    local dir="$1" link="$2" install="$3" what="$4"
+    mkdir -p "$(dirname "$dir")"
     (
-        # one builder at a time: two clones may run their setup at once
         flock 9
-        if [ ! -f "$ENGINES_VENV/.slurmgate-installed" ]; then
-            with_progress "[setup] installing the engines' argument parsers into $ENGINES_VENV (pip)" \
-                engines_install || show_log "pip install (engine parsers)"
+        if [ ! -f "$dir/.slurmgate-installed" ]; then
+            with_progress "[setup] installing $what into $dir" "$install" ||
+                show_log "install ($what)"
         fi
-    ) 9>"$ENGINES_VENV.lock"
+    ) 9>"$dir.lock"
     # a clone made before the cache kept the venv itself here
-    if [ -d .venv-engines ] && [ ! -L .venv-engines ]; then rm -rf .venv-engines; fi
-    ln -sfn "$ENGINES_VENV" .venv-engines
+    if [ -d "$link" ] && [ ! -L "$link" ]; then rm -rf "$link"; fi
+    ln -sfn "$dir" "$link"
+}
+if [ "${SLURMGATE_WITH_ENGINE_PARSERS:-0}" = 1 ]; then
+    cached_venv "$ENGINES_VENV" .venv-engines engines_install "the engines' argument parsers (pip)"
 fi
 
 # Dynamo's frontend and mocker engine (tests/runtime/test_dynamo_mocker.py), in a venv of their
@@ -134,14 +139,5 @@ dynamo_install() {
     touch "$DYNAMO_VENV/.slurmgate-installed"
 }
 if [ "${SLURMGATE_WITH_DYNAMO:-0}" = 1 ]; then
-    mkdir -p "$(dirname "$DYNAMO_VENV")"
-    (
-        # one builder at a time: two clones may run their setup at once
-        flock 9
-        if [ ! -f "$DYNAMO_VENV/.slurmgate-installed" ]; then
-            with_progress "[setup] installing Dynamo's frontend and mocker into $DYNAMO_VENV (uv)" \
-                dynamo_install || show_log "uv pip install (dynamo)"
-        fi
-    ) 9>"$DYNAMO_VENV.lock"
-    ln -sfn "$DYNAMO_VENV" .venv-dynamo
+    cached_venv "$DYNAMO_VENV" .venv-dynamo dynamo_install "Dynamo's frontend and mocker (uv)"
 fi
