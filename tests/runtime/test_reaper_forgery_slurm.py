@@ -32,7 +32,10 @@ def _user(name: str) -> None:
 
 def _submit(user: str, name: str, comment: str) -> str:
     """A one-node job of `user` that sleeps, with `name` and `comment`; its job id."""
+    # output to /dev/null and a world-writable cwd: a job that cannot open its log fails at
+    # launch, and a failed job would pass for one the reaper cancelled
     argv = ["sbatch", "--parsable", "-N1", "-t", "00:03:00", "-J", name, "--comment", comment]
+    argv += ["--output=/dev/null", "--error=/dev/null", "--chdir=/tmp"]
     out = subprocess.run(
         ["runuser", "-u", user, "--", *argv, "--wrap", "sleep 170"],
         capture_output=True,
