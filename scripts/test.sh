@@ -71,15 +71,16 @@ slurm_tmp="$(mktemp -d -t slurmgate-slurm-pass.XXXXXX)"  # its own basetemp besi
     echo "$r" >"$slurm_log.rc"
 ) &
 slurm_pid=$!
-echo "== pytest: timing tests, one at a time (beside the Slurm pass)"
+echo "== pytest: timing tests, one at a time (beside the Slurm pass; from ${SECONDS} s)"
 pass_ -m "serial and not slurm" "$@"
 echo "== pytest: the rest on two workers (beside the Slurm pass)"
 # Niced: the Slurm pass is the critical path and waits on processes starting; these fill the
 # CPU it leaves idle.
 nice -n 5 true 2>/dev/null && niced=(nice -n 5) || niced=()
 pass_ -m "not slurm and not serial" -n 2 --dist loadscope "$@"
+echo "== the passes beside the Slurm pass ended at ${SECONDS} s"
 wait "$slurm_pid" || true
-echo "== pytest: the Slurm tests, one at a time (ran beside the passes above)"
+echo "== pytest: the Slurm tests, one at a time (ran beside the passes above; ended at ${SECONDS} s)"
 cat "$slurm_log"
 r="$(cat "$slurm_log.rc" 2>/dev/null || echo 1)"
 if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi
