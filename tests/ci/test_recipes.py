@@ -278,3 +278,55 @@ def test_configs_paths_are_reported_and_go_to_preflight() -> None:
     (deployment,) = built.spec.deployments
     assert deployment.config_paths == ["/configs/deepgemm-cache"]
     assert "/configs/deepgemm-cache" in _command_model_paths(deployment)
+
+
+HICACHE = "sglang/qwen3.5/gb200-fp4/agentic/agg-gb200-tp2ep2-mtp-hicache.yaml"
+
+
+def _schema2_with_frontend(kind: str, workers: int = 1) -> dict[str, Any]:
+    v2 = recipes.load(SCHEMA2 / HICACHE)  # one aggregated SGLang worker behind sglang-router
+    v2["frontend"]["type"] = kind
+    v2["roles"]["agg"]["workers"] = workers
+    v2["roles"]["agg"]["nodes"] = 1  # 2 GPUs each: two fit one 4-GPU node
+    return v2
+
+
+def test_srt_slurm_2_frontend_names_mean_what_2_means() -> None:
+    # 2.x: `sglang-router` is the router (1.x's `sglang`); both forms give one spec
+    v1 = spec_from_recipe(RECIPES / HICACHE)
+    router = spec_from_data(_schema2_with_frontend("sglang-router"), source=HICACHE)
+    assert router.spec == v1.spec
+    (deployment,) = router.spec.deployments
+    assert deployment.frontend is not None and deployment.frontend.type == "sglang-router"
+    # 2.x: `sglang` is one router-free aggregated worker, the engine's own server
+    direct = spec_from_data(_schema2_with_frontend("sglang"), source=HICACHE).spec
+    (deployment,) = direct.deployments
+    assert deployment.engine == "sglang" and deployment.frontend is None
+    assert deployment.command[:3] == ["python3", "-m", "sglang.launch_server"]
+    # which serves one worker only, as 2.x's does
+    with pytest.raises(RecipeRefused, match=r"frontend.type: sglang \(schema 2\) with several"):
+        spec_from_data(_schema2_with_frontend("sglang", workers=2), source=HICACHE)
+    # migrating a 1.x recipe names its router as 2.x does, and reads back as 1.x's
+    migrated = recipes.to_schema2(recipes.load(RECIPES / HICACHE))
+    assert migrated["frontend"]["type"] == "sglang-router"
+    assert recipes.expanded(migrated)["frontend"]["type"] == "sglang"
+
+
+def test_a_schema2_vllm_router_frontend_fronts_vllm_workers() -> None:
+    v2 = {
+        "schema": 2,
+        "name": "vllm-router-agg",
+        "engine": "vllm",
+        "model": {"path": "m"},
+        "resources": {"gpu_type": "b200", "gpus_per_node": 8},
+        "roles": {
+            "agg": {"nodes": 2, "workers": 2, "gpus": 8, "args": {"tensor-parallel-size": 8}}
+        },
+        "frontend": {"type": "vllm-router"},
+    }
+    (deployment,) = spec_from_data(v2, source="vllm-router.yaml").spec.deployments
+    assert deployment.engine == "vllm"
+    assert deployment.frontend is not None and deployment.frontend.type == "vllm-router"
+    # schema 1 has no vllm-router: srt-slurm 1.x would not run it
+    v1 = recipes.expanded(v2)
+    assert v1["frontend"]["type"] == "vllm-router"

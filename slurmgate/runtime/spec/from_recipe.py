@@ -85,6 +85,8 @@ REFUSED = {
     "backend.mooncake_kv_store": "a Mooncake master service slurmgate does not start",
     "resources.decode_nodes: 0": "decode workers colocated on the prefill nodes",
     "frontend.type: vllm with several workers": "direct vllm serve runs one worker",
+    "frontend.type: sglang (schema 2) with several workers": "srt-slurm 2.x's router-free "
+    "sglang frontend runs one aggregated worker (sglang-router spreads over several)",
     "backend.type: mocker": "Dynamo's mocker engine is not modelled",
     "environment templating": "{node} / {node_id} placeholders in environment values",
 }
@@ -273,7 +275,9 @@ def spec_from_data(
         ("dynamo", "vllm"): "dynamo-vllm",
         ("dynamo", "trtllm"): "dynamo-trtllm",
         ("sglang", "sglang"): "sglang",
+        (recipes.SGLANG_SERVER, "sglang"): "sglang",
         ("vllm", "vllm"): "vllm",
+        ("vllm-router", "vllm"): "vllm",
         ("trtllm_serve", "trtllm"): "trtllm",
     }.get((front, kind))
     if engine is None:
@@ -513,11 +517,18 @@ def _frontend(
     r: Mapping[str, Any],
     b: _Build,
 ) -> None:
-    kinds = {"dynamo": "dynamo", "sglang": "sglang-router", "trtllm_serve": "trtllm-serve"}
+    # schema-1 names (`expanded` renames schema 2's): srt-slurm 1.x's `sglang` is the router
+    kinds = {
+        "dynamo": "dynamo",
+        "sglang": "sglang-router",
+        "vllm-router": "vllm-router",
+        "trtllm_serve": "trtllm-serve",
+    }
     roles = deployment["roles"]
-    if front == "vllm":
+    if front in ("vllm", recipes.SGLANG_SERVER):  # the engine's own server, no router
         if set(roles) != {"agg"} or roles["agg"]["workers"] != 1:
-            raise b.refuse("frontend.type: vllm with several workers")
+            shown = "sglang (schema 2)" if front == recipes.SGLANG_SERVER else front
+            raise b.refuse(f"frontend.type: {shown} with several workers")
     else:
         spec: dict[str, Any] = {"type": kinds[front]}
         args = frontend.get("args") or {}

@@ -35,6 +35,12 @@ ENGINE_CONFIG_KEY = {
     "mocker": "mocker_config",
 }
 ROLE_KEYS = ("nodes", "workers", "gpus", "env", "args", "extra_args", "critical", "kv_events")
+# srt-slurm 2.0 renamed the SGLang router `sglang-router` and gave `sglang` to one router-free
+# aggregated worker (the engine's own server, as `vllm`), which schema 1 has no name for: the
+# schema-1 layout `expanded` returns calls that one this.
+SGLANG_SERVER = "sglang-server"
+FRONTEND_TO_SCHEMA1 = {"sglang-router": "sglang", "sglang": SGLANG_SERVER}
+FRONTEND_TO_SCHEMA2 = {"sglang": "sglang-router", SGLANG_SERVER: "sglang"}
 COLOCATE = "colocate"  # roles.decode.nodes: share the prefill nodes (schema 1: decode_nodes 0)
 # placement.node per block, as schema-1 fields (srt-slurm core/placement.py)
 _PLACEMENT = {
@@ -130,7 +136,14 @@ def expanded(data: Mapping[str, Any], source: str = "recipe") -> dict[str, Any]:
     _expand_engine(out)
     _expand_roles(out)
     _expand_placement(out)
+    _rename_frontend(out, FRONTEND_TO_SCHEMA1)
     return out
+
+
+def _rename_frontend(out: dict[str, Any], names: Mapping[str, str]) -> None:
+    frontend = out.get("frontend")
+    if isinstance(frontend, dict) and isinstance(frontend.get("type"), str):
+        frontend["type"] = names.get(frontend["type"], frontend["type"])
 
 
 def _expand_engine(out: dict[str, Any]) -> None:
@@ -296,6 +309,7 @@ def to_schema2(data: Mapping[str, Any], source: str = "recipe") -> dict[str, Any
     if isinstance(infra, dict) and "etcd_nats_dedicated_node" in infra:
         dedicated_infra = infra.pop("etcd_nats_dedicated_node")
         infra["placement"] = {"node": "dedicated" if dedicated_infra else "head"}
+    _rename_frontend(out, FRONTEND_TO_SCHEMA2)
     return out
 
 
