@@ -59,9 +59,14 @@ CONNECTIONS = 64
 SSE_CHUNKS = 8
 JSON_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 16}'
 SSE_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 8, "stream": true}'
-ARMS = ("direct", "peer", "sglang-router", "vllm-router", "slurmgate")
+ARMS = ("direct", "nginx", "peer", "sglang-router", "vllm-router", "slurmgate")
 ROUTERS = ("sglang-router", "vllm-router")
-PEERS = ("peer", *ROUTERS)  # every outside reference the endpoint is compared with
+PEERS = ("nginx", "peer", *ROUTERS)  # every outside reference the endpoint is compared with
+# The targets: CPU per request within this of nginx's (the C floor), and p99 within this of the
+# best outside proxy's, in the same run.
+TARGET_CPU_OVER_NGINX = 1.5
+TARGET_P99_OVER_BEST = 1.5
+DEFAULT_RATE = 2000.0  # req/s offered in the fixed-rate cells: below every arm's saturation
 _AVAILABLE = sorted(os.sched_getaffinity(0))  # read before this process pins itself
 
 
@@ -71,12 +76,17 @@ class Cell:
     label: str
     body: str
     delay_s: float
+    fixed_rate: bool = False  # offered at ``--rate`` req/s instead of as fast as answered
 
 
 CELLS = (
     Cell("json_0ms", "small JSON, backend 0 ms", JSON_BODY, 0.0),
     Cell("sse_0ms", f"SSE, {SSE_CHUNKS} chunks, backend 0 ms", SSE_BODY, 0.0),
     Cell("json_20ms", "small JSON, backend 20 ms", JSON_BODY, 0.02),
+    Cell("json_0ms_rate", "small JSON, backend 0 ms, fixed rate", JSON_BODY, 0.0, True),
+    Cell(
+        "sse_0ms_rate", f"SSE, {SSE_CHUNKS} chunks, backend 0 ms, fixed rate", SSE_BODY, 0.0, True
+    ),
 )
 
 
@@ -311,9 +321,72 @@ def router_argv(arm: str, port: int, backends: list[str]) -> list[str] | None:
             *prometheus]  # fmt: skip
 
 
+# ---- nginx ---------------------------------------------------------------------------------
+
+# One worker, least_conn, keep-alive to the clients and to the backends, nothing buffered:
+# the C floor for a proxy doing what the endpoint does on its data path.
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid %(dir)s/nginx.pid;
+error_log %(dir)s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %(dir)s/body;
+  proxy_temp_path %(dir)s/proxy;
+  fastcgi_temp_path %(dir)s/fastcgi;
+  uwsgi_temp_path %(dir)s/uwsgi;
+  scgi_temp_path %(dir)s/scgi;
+  keepalive_requests 1000000;
+  upstream lanes {
+    least_conn;
+    %(servers)s
+    keepalive %(connections)d;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:%(port)d backlog=4096;
+    location / {
+      proxy_pass http://lanes;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }
+  }
+}
+"""
+
+
+def nginx_binary() -> str | None:
+    """nginx's path (Debian puts it in /usr/sbin, which a user's PATH may lack), or None."""
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if Path(p).exists()), None
+    )
+
+
+def nginx_argv(port: int, backends: list[str], workdir: Path) -> list[str] | None:
+    """nginx (Debian's ``nginx-light``) in the foreground over the backends, with its config and
+    temporary files in a directory of its own; None when nginx is not installed."""
+    binary = nginx_binary()
+    if binary is None:
+        return None
+    directory = workdir / f"nginx-{port}"
+    directory.mkdir(parents=True, exist_ok=True)
+    servers = "\n    ".join(f"server {url.removeprefix('http://')};" for url in backends)
+    conf = directory / "nginx.conf"
+    conf.write_text(
+        NGINX_CONF
+        % {"dir": directory, "servers": servers, "port": port, "connections": CONNECTIONS}
+    )
+    return [binary, "-p", str(directory), "-c", str(conf), "-e", str(directory / "error.log")]
+
+
 # ---- wrk -----------------------------------------------------------------------------------
 
 LUA = """
+%s
 wrk.method = "POST"
 wrk.body = %s
 wrk.headers["Content-Type"] = "application/json"
@@ -357,9 +430,14 @@ def cpu_model_name() -> str:
     )
 
 
-def lua_script(body: str, directory: Path) -> Path:
-    path = directory / f"post-{abs(hash(body))}.lua"
-    path.write_text(LUA % json.dumps(body))
+def lua_script(body: str, directory: Path, rate: float | None = None) -> Path:
+    """wrk's script: POST ``body``; with ``rate``, each connection waits before each request so
+    that all of them together offer about ``rate`` requests a second (wrk's ``delay`` hook)."""
+    pacing = ""
+    if rate:
+        pacing = f"function delay() return {max(1, round(CONNECTIONS / rate * 1000))} end"
+    path = directory / f"post-{abs(hash((body, rate)))}.lua"
+    path.write_text(LUA % (pacing, json.dumps(body)))
     return path
 
 
@@ -442,6 +520,7 @@ def run_cell(
     wrk: str,
     workdir: Path,
     slurmgate_src: Path | None = None,
+    rate: float = DEFAULT_RATE,
 ) -> dict[str, Any]:
     proxy_core, load_core = cores()
     backend_ports = [free_port(), free_port()]
@@ -471,6 +550,12 @@ def run_cell(
             argv += ["--backend", url]
         procs["peer"] = spawn(argv, proxy_core, env={"PATH": os.environ.get("PATH", "")})
         urls["peer"] = [f"http://127.0.0.1:{port}"]
+    if "nginx" in arms:
+        port = free_port()
+        conf = nginx_argv(port, backends, workdir)
+        assert conf is not None
+        procs["nginx"] = spawn(conf, proxy_core, env={"PATH": os.environ.get("PATH", "")})
+        urls["nginx"] = [f"http://127.0.0.1:{port}"]
     for arm in ROUTERS:
         if arm in arms:
             port = free_port()
@@ -478,7 +563,7 @@ def run_cell(
             assert router is not None
             procs[arm] = spawn(router, proxy_core, env={"PATH": os.environ.get("PATH", "")})
             urls[arm] = [f"http://127.0.0.1:{port}"]
-    script = lua_script(cell.body, workdir)
+    script = lua_script(cell.body, workdir, rate if cell.fixed_rate else None)
     own = [p.pid for p in procs.values()]
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     discarded = 0
@@ -515,6 +600,7 @@ def run_cell(
         "round_s": seconds,
         "discarded_rounds": discarded,
         "pinned": {"proxy_core": proxy_core, "load_and_backends_core": load_core},
+        "offered_rate_req_s": rate if cell.fixed_rate else None,
     }
     for arm, rs in results.items():
         requests = sum(r["requests"] for r in rs)
@@ -532,6 +618,9 @@ def run_cell(
         }
         if arm != "direct":
             summary["cpu_us_per_request"] = cpu / max(1, requests) * 1e6
+            summary["cpu_us_per_request_rounds"] = [
+                r["proxy_cpu_s"] / max(1, r["requests"]) * 1e6 for r in rs
+            ]
             summary["core_busy"] = cpu / wall
             summary["throughput_over_direct"] = summary["req_s"] / (
                 sum(r["requests"] for r in results["direct"])
@@ -551,7 +640,44 @@ def run_cell(
         out["slurmgate_over_best_peer_cpu"] = (
             out["slurmgate"]["cpu_us_per_request"] / out[best]["cpu_us_per_request"]
         )
+        out["targets"] = targets(out, peers)
     return out
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """The median of per-round ratios and their range."""
+    return {"median": _median(values), "min": min(values), "max": max(values)}
+
+
+def targets(out: dict[str, Any], peers: list[str]) -> dict[str, Any]:
+    """slurmgate against the targets, as ratios per round (round i of each arm ran back to back)
+    with their spread: CPU per request over nginx's, p99 over the best outside proxy's."""
+    sg = out["slurmgate"]
+    found: dict[str, Any] = {}
+    if "nginx" in out:
+        ratios = [
+            a / b
+            for a, b in zip(
+                sg["cpu_us_per_request_rounds"],
+                out["nginx"]["cpu_us_per_request_rounds"],
+                strict=True,
+            )
+        ]
+        found["cpu_over_nginx"] = spread(ratios) | {
+            "target": TARGET_CPU_OVER_NGINX,
+            "met": _median(ratios) <= TARGET_CPU_OVER_NGINX,
+        }
+    best = min(peers, key=lambda arm: out[arm]["p99_ms"])
+    ratios = [
+        a["p99_ms"] / max(b["p99_ms"], 1e-3)
+        for a, b in zip(sg["rounds"], out[best]["rounds"], strict=True)
+    ]
+    found["p99_over_best_peer"] = spread(ratios) | {
+        "peer": best,
+        "target": TARGET_P99_OVER_BEST,
+        "met": _median(ratios) <= TARGET_P99_OVER_BEST,
+    }
+    return found
 
 
 def _median(values: list[float]) -> float:
@@ -664,6 +790,7 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {c['cell']} | {arm} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} "
                     f"| {a['noisy_rounds']} |"
                 )
+    lines += target_lines(cells)
     discarded = sum(c["discarded_rounds"] for c in cells)
     lines += [
         "",
@@ -674,6 +801,41 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     lines += DESIGN
     return "\n".join(lines)
+
+
+def target_lines(cells: list[dict[str, Any]]) -> list[str]:
+    """The targets' table: each ratio's median over the rounds, with its range."""
+    rows = [c for c in cells if "targets" in c]
+    if not rows:
+        return []
+
+    def cell_text(found: dict[str, Any] | None) -> str:
+        if found is None:
+            return "-"
+        verdict = "met" if found["met"] else "**missed**"
+        return f"{found['median']:.2f}× ({found['min']:.2f}–{found['max']:.2f}) {verdict}"
+
+    lines = [
+        "",
+        f"Targets (slurmgate's CPU per request within {TARGET_CPU_OVER_NGINX:g}× nginx's; its "
+        f"p99 within {TARGET_P99_OVER_BEST:g}× the best outside proxy's). Each ratio is taken "
+        "round by round (the arms of a round ran back to back) and shown as the median with "
+        "the rounds' range:",
+        "",
+        "| cell | offered | CPU / nginx | p99 / best peer (peer) |",
+        "|---|---|---|---|",
+    ]
+    for c in rows:
+        found = c["targets"]
+        p99 = found["p99_over_best_peer"]
+        offered = (
+            f"{c['offered_rate_req_s']:g} req/s" if c.get("offered_rate_req_s") else "saturation"
+        )
+        lines.append(
+            f"| {c['cell']} | {offered} | {cell_text(found.get('cpu_over_nginx'))} "
+            f"| {cell_text(p99)} ({p99['peer']}) |"
+        )
+    return lines
 
 
 def _version(distribution: str) -> str | None:
@@ -694,6 +856,12 @@ def main() -> None:
         help="run the slurmgate arm from another checkout's sources (to measure a baseline)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per cell")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=DEFAULT_RATE,
+        help="requests a second offered in the fixed-rate cells",
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per arm and round")
     parser.add_argument("--retries", type=int, default=2, help="re-runs of a noisy round")
     parser.add_argument(
@@ -718,7 +886,12 @@ def main() -> None:
     started = time.monotonic()
     cpu_model = cpu_model_name()
     routers = [arm for arm in ROUTERS if router_argv(arm, 0, []) is not None]
-    arms = ["direct", "slurmgate", *(["peer"] if peer else []), *routers]
+    nginx = ["nginx"] if nginx_binary() is not None else []
+    if not nginx:
+        print(
+            "bench_endpoint: nginx is not measured (apt-get install nginx-light)", file=sys.stderr
+        )
+    arms = ["direct", "slurmgate", *nginx, *(["peer"] if peer else []), *routers]
     argv = sys.argv[1:]
     if ns.slurmgate_src:  # the machine's path says nothing to a reader: name what it was
         argv = [a if a != str(ns.slurmgate_src) else "BASELINE-CHECKOUT" for a in argv]
@@ -739,6 +912,8 @@ def main() -> None:
             "vllm-router": _version("vllm-router"),
         },
         "routers_measured": routers,
+        "nginx_measured": bool(nginx),
+        "offered_rate_req_s": ns.rate,
         "peer_note": peer_note,
         "connections": CONNECTIONS,
         "max_foreign_cores": ns.max_foreign,
@@ -758,6 +933,7 @@ def main() -> None:
                 wrk,
                 Path(tmp),
                 ns.slurmgate_src,
+                ns.rate,
             )
     results["bench_seconds"] = time.monotonic() - started
     results["smoke"] = ns.smoke
