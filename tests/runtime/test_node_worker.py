@@ -343,6 +343,36 @@ def test_a_lanes_files_are_written_in_its_private_dir_and_removed_at_stop(tmp_pa
     assert_no_orphans(token)
 
 
+def test_a_lanes_temporary_files_go_to_its_own_tmpdir_and_are_removed_at_stop(
+    tmp_path: Path,
+) -> None:
+    token = f"nw-{os.getpid()}-tmpdir"
+    # The lane leaves a file where Python's tempfile puts it (as vLLM leaves its rendezvous
+    # file), says where, and exits 3; a second lane whose spec sets TMPDIR keeps that one.
+    leave = (
+        "import os,sys,tempfile\n"
+        "fd, path = tempfile.mkstemp(prefix='left-')\n"
+        "mode = oct(os.stat(os.path.dirname(path)).st_mode & 0o777)\n"
+        "open(sys.argv[1],'w').write(path + '\\n' + mode)\n"
+        "sys.exit(3)\n"
+    )
+    own = tmp_path / "own-tmp"
+    own.mkdir()
+    lanes = [
+        LaneSpec(id="lane-0", argv=[sys.executable, "-c", leave, str(tmp_path / "a")], gpus=[0],
+                 delay_s=0.0, env={}),
+        LaneSpec(id="lane-1", argv=[sys.executable, "-c", "import time; time.sleep(30)"],
+                 gpus=[1], delay_s=0.0, env={"TMPDIR": str(own)}),
+    ]  # fmt: skip
+    proc = _worker("serve", _spec(token, lanes))
+    assert proc.wait(timeout=20) == 3
+    left, mode = (tmp_path / "a").read_text().splitlines()
+    assert mode == "0o700" and Path(left).parent.name.startswith("sg-tmp-")
+    assert not Path(left).exists() and not Path(left).parent.exists()  # gone with the lanes
+    assert own.is_dir()  # a TMPDIR the spec names is the spec's, and stays
+    assert_no_orphans(token)
+
+
 @pytest.mark.parametrize("name", ["../escape.yaml", "sub/dir.yaml", ".hidden", ""])
 def test_a_lane_file_outside_its_dir_is_refused(tmp_path: Path, name: str) -> None:
     lane = LaneSpec(id="lane-0", argv=["true"], gpus=[0], delay_s=0.0, env={}, files={name: "x"})

@@ -376,6 +376,14 @@ class Lanes:
                 f.write(text)
         return path
 
+    def scratch_dir(self) -> str:
+        """A fresh private TMPDIR for a lane, removed when the lanes stop: what an engine leaves
+        in its temporary directory (vLLM's rendezvous file, Dynamo's logging configs) goes
+        with the run. Its name is short: engines put Unix sockets in it (108 bytes at most)."""
+        path = tempfile.mkdtemp(prefix="sg-tmp-")
+        self.dirs.append(path)
+        return path
+
     def spawn(self, lane: LaneSpec, visible: list[str], run_id: str) -> None:
         env = handed.inherited()
         env.update(lane.env)
@@ -392,6 +400,8 @@ class Lanes:
             for key, name in lane.env_files.items():
                 with open(os.path.join(where, name)) as f:
                     env[key] = f.read()
+        if "TMPDIR" not in lane.env:
+            env["TMPDIR"] = self.scratch_dir()
         proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
         )
