@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -20,7 +21,8 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 def _own_dir(name: str, prefix: str) -> None:
     if _WORKER or name not in os.environ:
-        os.environ[name] = tempfile.mkdtemp(prefix=prefix)
+        os.environ[name] = path = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, path, ignore_errors=True)  # the session's, not the user's
 
 
 # Prefect reads its settings at import time: isolate it before any test module imports it.
