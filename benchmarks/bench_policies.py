@@ -52,8 +52,8 @@ from slurmgate.simulator.traces import JOB_MIX, TRACES, Trace, read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 
-SMOKE_JOBS = 400  # jobs per scenario in a smoke run
-SMOKE_DRIVER_JOBS = 200  # jobs of the driver-ratio prefix in a smoke run
+SMOKE_JOBS = 150  # jobs per scenario in a smoke run
+SMOKE_DRIVER_JOBS = 100  # jobs of the driver-ratio prefix in a smoke run
 KTH = TRACES / "KTH-SP2-1996-2.1-cln.swf.gz"
 LANL = TRACES / "LANL-CM5-1994-4.1-cln.swf.gz"
 

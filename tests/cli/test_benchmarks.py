@@ -124,7 +124,10 @@ def check_endpoint(out: Path) -> None:
     # the routers come with the dev extra: the test venv has them
     assert data["routers_measured"] == ["sglang-router", "vllm-router"]
     proxies += data["routers_measured"]
-    for key in ("json_0ms", "sse_0ms", "json_20ms"):
+    # nginx, the C floor, comes from Debian (scripts/setup.sh installs nginx-light)
+    assert data["nginx_measured"], "nginx is not installed: run scripts/setup.sh as root"
+    proxies.append("nginx")
+    for key in ("json_0ms", "sse_0ms", "json_20ms", "json_0ms_rate", "sse_0ms_rate"):
         cell = data["cells"][key]
         for arm in ("direct", *proxies):
             run = cell[arm]
@@ -137,11 +140,27 @@ def check_endpoint(out: Path) -> None:
             assert positive(cell["slurmgate_over_peer_cpu"])
         assert cell["best_peer"] in proxies and positive(cell["slurmgate_over_best_peer_cpu"])
     assert positive(data["cells"]["sse_0ms"]["slurmgate"]["cpu_us_per_chunk"])
+    for key, cell in data["cells"].items():
+        targets = cell["targets"]
+        assert positive(targets["cpu_over_nginx"]["median"]), key
+        assert targets["p99_over_best_peer"]["peer"] in proxies, key
+        assert cell["offered_rate_req_s"] == (data["offered_rate_req_s"] if "rate" in key else None)
     assert data["smoke"] is True
-    assert (
-        "| cell | slurmgate CPU/request | peer CPU/request | ratio |"
-        in (out / "endpoint.md").read_text()
-    )
+    text = (out / "endpoint.md").read_text()
+    assert "| cell | slurmgate CPU/request | peer CPU/request | ratio |" in text
+    assert "| cell | offered | CPU / nginx | p99 / best peer (peer) |" in text
+
+
+def check_dynamo(out: Path) -> None:
+    data = json.loads((out / "dynamo.json").read_text())
+    summary = data["summary"]
+    for arm in ("direct", "endpoint"):
+        assert summary[arm]["ok"] > 0 and summary[arm]["errors"] == 0, summary[arm]
+        assert positive(summary[arm]["frontend_cpu_us_per_request"]["median"])
+        assert positive(summary[arm]["ttft_p90_ms"]["median"])
+    assert positive(summary["endpoint"]["endpoint_cpu_us_per_request"]["median"])
+    assert positive(summary["endpoint_over_frontend_cpu"]["median"])
+    assert "added_ttft_p50_ms" in summary and data["smoke"] is True
 
 
 def check_pd(out: Path) -> None:
@@ -273,6 +292,7 @@ KNOWN: dict[str, tuple[Callable[[Path], None], str]] = {
     "bench_policies.py": (check_policies, "slower than the fast driver"),
     "bench_endpoint.py": (check_endpoint, "| ratio |"),
     "bench_pd.py": (check_pd, "| ratio |"),
+    "bench_dynamo.py": (check_dynamo, "Added by the endpoint"),
     "bench_runtime.py": (check_runtime, "÷ bare srun"),
     "bench_events.py": (check_events, "Median ratio polling / events"),
     "bench_prefect_db.py": (check_prefect_db, "SQLite / PostgreSQL"),
