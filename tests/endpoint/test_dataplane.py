@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import re
+import socket
+import time
+from typing import Any, cast
 
 import httpx
+import pytest
 from endpoint_helpers import Backend, running_backends, running_endpoint, serve_asgi, until
 
 BODY = b'{"model": "m", "prompt": "hi"}'
@@ -162,3 +166,66 @@ async def test_an_upgrade_request_is_answered_over_http11_then_closed() -> None:
         writer.close()
     assert data.startswith(b"HTTP/1.1 200 OK") and b'"backend": "a"' in data
     assert a.hits == 1 and "upgrade" not in a.seen_headers[0]
+
+
+class NagleBackend(asyncio.Protocol):
+    """A streaming backend as Dynamo 1.6.1's frontend behaves: Nagle's algorithm on (no
+    TCP_NODELAY), the answer's head and its first chunk written as two small writes."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if b"\r\n\r\n" not in self.buffer:
+            return
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        declared = re.search(rb"(?i)content-length: *(\d+)", head)
+        length = int(declared.group(1)) if declared else 0
+        if len(rest) < length:
+            return
+        self.buffer = rest[length:]
+        if head.startswith(b"GET "):  # the endpoint's health and queue probes
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            return
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        loop = asyncio.get_running_loop()
+        event = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+        chunk = b"%x\r\n%s\r\n" % (len(event), event)
+        # the first token a moment after the head: Nagle holds it until the head is ACKed
+        loop.call_later(0.002, self.transport.write, chunk + b"0\r\n\r\n")
+
+
+@pytest.mark.serial  # times the first chunk of streamed answers on a pooled connection
+async def test_a_pooled_connection_acknowledges_a_nagling_backend_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(NagleBackend, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with (
+            running_endpoint([f"http://127.0.0.1:{port}"]) as (url, _),
+            httpx.AsyncClient(timeout=10) as c,
+        ):
+            waits = []
+            for _ in range(7):  # one fresh upstream connection, then the pooled one
+                started = time.perf_counter()
+                async with c.stream(
+                    "POST", f"{url}/v1/chat/completions", json={"stream": True}
+                ) as r:
+                    first = None
+                    async for chunk in r.aiter_raw():
+                        if first is None and b"data:" in chunk:
+                            first = time.perf_counter() - started
+                    assert first is not None
+                    waits.append(first)
+            # Linux's delayed ACK would hold each pooled answer's first chunk for 40 ms
+            assert sorted(waits)[len(waits) // 2] < 0.025, waits
+    finally:
+        server.close()
+        await server.wait_closed()

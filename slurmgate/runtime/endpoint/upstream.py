@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Callable
 from typing import cast
@@ -22,6 +23,7 @@ from slurmgate.errors import ExternalError
 # Larger request bodies go upstream in slices of this size, each after the last was taken: handed
 # over whole, the transport would copy what the socket did not take at once, holding it twice.
 BODY_SLICE = 1024 * 1024
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
 
 class UpstreamError(ExternalError):
@@ -38,6 +40,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.loop = pool.loop
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
+        self.sock: socket.socket | None = None
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
@@ -67,6 +70,20 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.sock = transport.get_extra_info("socket")
+
+    def quick_ack(self) -> None:
+        """Acknowledge the next segments at once rather than after Linux's delayed-ACK timer.
+
+        Why: a server that writes an answer's head and its first chunk as two small writes
+        without TCP_NODELAY (Dynamo 1.6.1's frontend is one) holds the chunk back until the head
+        is acknowledged (Nagle's algorithm). On a fresh connection Linux acknowledges at once;
+        on a pooled keep-alive one it waits up to 40 ms, which became every streamed answer's
+        time to first token (``benchmarks/bench_dynamo.py``). The flag does not stay set: it
+        is set when each answer's first bytes come, which acknowledges them at once."""
+        if QUICKACK is not None and self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -80,6 +97,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
+        if not self.received:
+            self.quick_ack()  # the answer's first bytes: acknowledged now, not in 40 ms
         self.received = True
         try:
             self.parser.feed_data(data)
