@@ -6,7 +6,9 @@ frontend (ai-dynamo 1.6.1) over a prefill and a decode mocker worker (Dynamo's s
 ``--speedup-ratio`` 10) with file discovery and the event plane through a ZMQ broker, as the
 runtime launches them. Two arms over the same frontend and workers, in alternating rounds:
 
-- ``direct``: slurmgate's chat load generator streams chat completions at the frontend;
+- ``direct``: slurmgate's chat load generator streams chat completions at the frontend, at a
+  fixed rate (``--rate``, evenly spaced, open loop: a closed loop would let the endpoint's own
+  CPU lower the offered load and with it the frontend's TTFT on a small machine);
 - ``endpoint``: the same load through ``python -m slurmgate.runtime.endpoint`` in front of the
   frontend, with the deployment's backpressure (the frontend's own
   ``dynamo_frontend_queued_requests`` gauge, sampled every 100 ms).
@@ -166,12 +168,13 @@ def dynamo_stack(root: Path) -> Iterator[tuple[Stack, dict[str, int]]]:
         s.stop()
 
 
-def load_round(url: str, seconds: float, concurrency: int, workdir: Path) -> dict[str, Any]:
-    """One run of slurmgate's chat load generator against `url`; its JSON report."""
+def load_round(url: str, seconds: float, rate: float, workdir: Path) -> dict[str, Any]:
+    """One run of slurmgate's chat load generator against `url` at `rate` requests a second,
+    evenly spaced (open loop: both arms get the same offered load); its JSON report."""
     report = workdir / f"load-{time.monotonic_ns()}.json"
     argv = [
         sys.executable, "-m", "slurmgate.cli", "loadgen", url, "--chat", "--model", MODEL,
-        "--concurrency", str(concurrency), "--duration", f"{seconds:g}",
+        "--rate", f"{rate:g}", "--arrivals", "constant", "--duration", f"{seconds:g}",
         "--prompt-tokens", "32", "--output-tokens", "16", "--json", "--report", str(report),
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120)
@@ -181,8 +184,17 @@ def load_round(url: str, seconds: float, concurrency: int, workdir: Path) -> dic
     return data
 
 
+def idle_cpu(s: Stack, seconds: float) -> dict[str, float]:
+    """CPU seconds per second each process spends with no request at all (the endpoint's
+    queue sampler and health probes, the workers' and frontend's own timers)."""
+    pids = {name: proc.pid for name, proc in s.procs.items()}
+    before = {n: tree_cpu_seconds(p) for n, p in pids.items()}
+    time.sleep(seconds)
+    return {n: (tree_cpu_seconds(p) - before[n]) / seconds for n, p in pids.items()}
+
+
 def measure(
-    s: Stack, ports: dict[str, int], rounds: int, seconds: float, concurrency: int, workdir: Path
+    s: Stack, ports: dict[str, int], rounds: int, seconds: float, rate: float, workdir: Path
 ) -> dict[str, list[dict[str, Any]]]:
     urls = {
         "direct": f"http://{HOST}:{ports['http']}",
@@ -190,12 +202,12 @@ def measure(
     }
     pids = {name: proc.pid for name, proc in s.procs.items()}
     for arm in ARMS:  # warm both paths (the frontend's tokenizer, the pools)
-        load_round(urls[arm], min(2.0, seconds), concurrency, workdir)
+        load_round(urls[arm], min(2.0, seconds), rate, workdir)
     out: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     for _ in range(rounds):
         for arm in ARMS:
             before = {n: tree_cpu_seconds(p) for n, p in pids.items()}
-            report = load_round(urls[arm], seconds, concurrency, workdir)
+            report = load_round(urls[arm], seconds, rate, workdir)
             cpu = {n: tree_cpu_seconds(p) - before[n] for n, p in pids.items()}
             ok = max(1, int(report["ok"]))
             out[arm].append(
@@ -268,9 +280,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"Run {results['when']} on {results['machine']['cpus']} CPUs, Python "
         f"{results['machine']['python']}, ai-dynamo 1.6.1 (frontend, a prefill and a decode "
         f"mocker at speedup 10, file discovery, ZMQ broker), all on loopback. Load: slurmgate's "
-        f"chat load generator, {results['concurrency']} streams at once, 32 prompt and 16 "
-        f"output tokens; {results['rounds']} alternating rounds of {results['round_s']:g} s per "
-        "arm. Each value is the median over the rounds, with their range.",
+        f"chat load generator, streamed chats offered at {results['rate']:g} req/s evenly "
+        f"spaced (open loop, the same for both arms), 32 prompt and 16 output tokens; "
+        f"{results['rounds']} alternating rounds of {results['round_s']:g} s per arm. Each "
+        "value is the median over the rounds, with their range.",
         "",
         f"Command: `{results['command']}`",
         "",
@@ -293,6 +306,14 @@ def markdown(results: dict[str, Any]) -> str:
         f"Failed requests: direct {s['direct']['errors']}, endpoint {s['endpoint']['errors']} "
         f"(of {s['direct']['ok']} and {s['endpoint']['ok']} served).",
         "",
+        "With no request at all, CPU per second: "
+        + ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in results["idle_cpu"].items())
+        + f" (over {results['idle_s']:g} s). The endpoint's share is its queue sampler (the "
+        "frontend's /metrics every 100 ms) and its health probes; at "
+        f"{results['rate']:g} req/s it is "
+        f"{results['idle_cpu']['endpoint'] / results['rate'] * 1e6:.0f} µs per request of the "
+        "endpoint's CPU above.",
+        "",
     ]
     return "\n".join(lines)
 
@@ -301,7 +322,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per arm")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds per arm and round")
-    parser.add_argument("--concurrency", type=int, default=8, help="streams in flight at once")
+    parser.add_argument("--rate", type=float, default=40.0, help="requests a second offered")
     add_output_flags(parser, "one round of 2 s per arm")
     ns = parser.parse_args()
     if not DYNAMO_PYTHON.exists():
@@ -316,14 +337,18 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="slurmgate-bench-dynamo-") as tmp,
         dynamo_stack(Path(tmp)) as (stack, ports),
     ):
-        rounds = measure(stack, ports, ns.rounds, ns.seconds, ns.concurrency, Path(tmp))
+        idle_s = 2.0 if ns.smoke else 10.0
+        idle = idle_cpu(stack, idle_s)
+        rounds = measure(stack, ports, ns.rounds, ns.seconds, ns.rate, Path(tmp))
     results: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": ".venv/bin/python benchmarks/bench_dynamo.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "rounds": ns.rounds,
         "round_s": ns.seconds,
-        "concurrency": ns.concurrency,
+        "rate": ns.rate,
+        "idle_s": idle_s,
+        "idle_cpu": idle,
         "per_round": rounds,
         "summary": summarize(rounds),
         "smoke": ns.smoke,
