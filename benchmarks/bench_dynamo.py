@@ -27,8 +27,6 @@ import contextlib
 import json
 import os
 import platform
-import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_endpoint import tree_cpu_seconds
+from bench_endpoint import spread, tree_cpu_seconds
 from options import add_output_flags, write_results
 
 from slurmgate.runtime.engines.mocker import (
@@ -50,7 +48,7 @@ from slurmgate.runtime.engines.mocker import (
     frontend_launch,
     mocker_launch,
 )
-from slurmgate.testbed.localproc import free_port, stop_group
+from slurmgate.testbed.localproc import free_port, free_port_below, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 DYNAMO_PYTHON = REPO / ".venv-dynamo" / "bin" / "python"
@@ -58,20 +56,6 @@ HOST = "127.0.0.1"
 MODEL = "tiny"
 ARMS = ("direct", "endpoint")
 QUEUE = ("dynamo_frontend_queued_requests", "dynamo_frontend_inflight_requests")
-
-
-def system_port() -> int:
-    """A free port for a worker's system server, at most SYSTEM_PORT_MAX (Dynamo reads it as
-    an i16)."""
-    for _ in range(500):
-        port = random.randint(20000, SYSTEM_PORT_MAX)
-        with socket.socket() as sock:
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port between 20000 and {SYSTEM_PORT_MAX}")
 
 
 class Stack:
@@ -137,7 +121,8 @@ def dynamo_stack(root: Path) -> Iterator[tuple[Stack, dict[str, int]]]:
             s.launch(
                 role,
                 mocker_launch(
-                    role, str(model), MODEL, system_port(), HOST, discovery,
+                    role, str(model), MODEL, free_port_below(SYSTEM_PORT_MAX, HOST), HOST,
+                    discovery,
                     python=python, rpc_port=free_port(), broker=broker, options=options,
                 ),
             )  # fmt: skip
@@ -224,16 +209,6 @@ def measure(
                 }
             )
     return out
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": _median(values), "min": min(values), "max": max(values)}
 
 
 def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -17,11 +17,9 @@ import base64
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -45,7 +43,7 @@ from slurmgate.runtime.engines.mocker import (
     frontend_launch,
     mocker_launch,
 )
-from slurmgate.testbed.localproc import free_port, stop_group
+from slurmgate.testbed.localproc import free_port, free_port_below, stop_group
 from slurmgate.testbed.tiny_hf import SPECIAL_TOKENS, words
 
 from .conftest import assert_no_orphans
@@ -64,18 +62,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def system_port() -> int:
-    """A free loopback port for a worker's system server: at most SYSTEM_PORT_MAX (Dynamo reads
-    DYN_SYSTEM_PORT as an i16), so below the ephemeral range, where no OS-assigned port of
-    another process takes it in the meantime."""
-    for _ in range(500):
-        port = random.randint(20000, SYSTEM_PORT_MAX)
-        with socket.socket() as sock:
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port between 20000 and {SYSTEM_PORT_MAX}")
+    """A free loopback port for a worker's system server (Dynamo reads it as an i16)."""
+    return free_port_below(SYSTEM_PORT_MAX, HOST)
 
 
 @pytest.fixture(scope="module")
