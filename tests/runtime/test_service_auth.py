@@ -189,7 +189,9 @@ def test_the_node_worker_writes_them_0600_and_names_their_paths_in_the_lanes_env
     lanes = Lanes(grace_s=1.0, shared_files=pems.client_files())
     try:
         lanes.spawn(lane, [], "r1")
-        (where,) = lanes.dirs
+        # the lane's private directory, then its TMPDIR
+        where, scratch = lanes.dirs
+        assert Path(scratch).name.startswith("sg-tmp-")
         assert stat.S_IMODE(os.stat(where).st_mode) == 0o700
         for name in [*pems.client_files(), "own.yaml"]:
             assert stat.S_IMODE(os.stat(Path(where) / name).st_mode) == 0o600
