@@ -49,6 +49,7 @@ from typing import Any
 
 from options import SMOKE_NOTE, add_output_flags, results_dir
 
+from slurmgate.testbed.localproc import stop_group
 from slurmgate.testbed.prefect_server import (
     FlowRunSummary,
     deployment_ready,
@@ -189,7 +190,10 @@ def run_arm(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) ->
             else:
                 cmd += ["--interval", str(args.poll_interval)]
             with open(log_dir / f"{name}.log", "wb") as log:
-                proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+                # a session of its own: its flow runs' `prefect.engine` children stop with it
+                proc = subprocess.Popen(
+                    cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
+                )
             runs = lambda: deployment_runs(api_url, f"reconcile/{name}")  # noqa: E731
             try:
                 deadline = time.monotonic() + 90
@@ -217,12 +221,7 @@ def run_arm(mode: str, api_url: str, args: argparse.Namespace, log_dir: Path) ->
                     1 for r in runs() if r.state_type == "CANCELLED"
                 )
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop_group(proc, timeout=20)
     finally:
         if relay is not None:
             relay.stop()

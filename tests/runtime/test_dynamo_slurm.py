@@ -69,6 +69,10 @@ for i in range(3):
 with chat("stream me", stream=True) as r:
     out["stream"] = [r.status, r.headers.get("Content-Type"), r.read().decode()]
 out["after"] = served()
+with urllib.request.urlopen(base + "/metrics", timeout=10) as r:  # the endpoint's own
+    out["sampling"] = [x for x in r.read().decode().splitlines()
+                       if x.startswith(("slurmgate_backend_sample_failed_open{",
+                                        "slurmgate_backend_queue_depth{"))]
 print("RESULT " + json.dumps(out), flush=True)
 if not kill:
     raise SystemExit(0)
@@ -193,6 +197,11 @@ def test_dynamo_mocker_serves_through_the_endpoint(
     assert after.get(f"{prefill} prefill", 0) >= 4, report
     assert after.get(f"{decode} backend", 0) >= 4, report
     assert all(report["before"].get(k, 0) < v for k, v in after.items()), report
+    # the endpoint's backpressure reads the frontend's own queue gauge: sampled, not failed open
+    sampling = dict(line.rsplit(" ", 1) for line in report["sampling"])
+    assert [v for k, v in sampling.items() if "failed_open" in k] == ["0.0"], sampling
+    depth = [float(v) for k, v in sampling.items() if "queue_depth" in k]
+    assert depth and depth[0] >= 0, sampling  # a number: NaN when no sample ever came
     if kill:
         # the killed decode: the stream ended with an error event at once, and the run failed
         # fast, naming the lane and its node

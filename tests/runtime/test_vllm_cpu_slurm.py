@@ -72,9 +72,17 @@ def long_one():
 first = [threading.Thread(target=long_one) for _ in range(6)]  # 2 running, 4 waiting
 for t in first:
     t.start()
-time.sleep(1.5)  # the sampler (every 100 ms) now sees vLLM's waiting queue
-with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-    report["during"] = r.read().decode()
+# until the endpoint's sampler has seen vLLM's waiting queue (its engine takes the burst in
+# its own time on a busy machine), at most two minutes
+deadline = time.time() + 120
+while True:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        report["during"] = r.read().decode()
+    depth = [float(x.rsplit(" ", 1)[1]) for x in report["during"].splitlines()
+             if x.startswith("slurmgate_backend_queue_depth{")]
+    if (depth and depth[0] >= 2) or time.time() > deadline:
+        break
+    time.sleep(0.2)
 second = [threading.Thread(target=long_one) for _ in range(4)]
 for t in second:
     t.start()
