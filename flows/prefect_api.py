@@ -15,6 +15,7 @@ import sys
 import time
 
 from slurmgate.errors import ExternalError
+from slurmgate.prefect_db import DATABASE_NAME, seed_prefect_database
 from slurmgate.progress import progress
 from slurmgate.settings.prefect import PrefectSettings
 
@@ -151,6 +152,11 @@ def use_prefect_api() -> None:
         prefect_logger.addFilter(_TemporaryServerNotices())
     with progress("prefect: starting a temporary Prefect server"):
         from prefect.server.api.server import SubprocessASGIServer
+
+        url = settings.server.database.connection_url
+        database = url.get_secret_value() if url else ""
+        if database == f"sqlite+aiosqlite:///{settings.home / DATABASE_NAME}":  # Prefect's default
+            seed_prefect_database(settings.home)
 
         try:
             SubprocessASGIServer().start()

@@ -26,6 +26,11 @@ class PrefectSettings(Part):
         "PREFECT_HOME",
         "Prefect's home; the demo's temporary server keeps its database there.",
     )
+    database_template: Path | None = variable(
+        "SLURMGATE_PREFECT_DB_TEMPLATE",
+        "A migrated Prefect SQLite database copied into an empty PREFECT_HOME before a temporary "
+        "server starts there, sparing its ~10 s of migrations (the test command sets it).",
+    )
     ephemeral_startup_timeout_s: float = variable(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
         "Seconds Prefect waits for a temporary server to start (Prefect's own setting).",

@@ -8,8 +8,11 @@ at the end read any server's API.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from slurmgate.errors import ExternalError
+from slurmgate.prefect_db import migrated, seed_prefect_database
 from slurmgate.settings.handed import inherited
 from slurmgate.settings.prefect import PrefectSettings
 from slurmgate.testbed.localproc import free_port, stop_group
@@ -86,6 +90,8 @@ def running_prefect_server(
     """
     home.mkdir(parents=True, exist_ok=True)
     log = log or home / "server.log"
+    if database_url is None:
+        seed_prefect_database(prefect_home or home / "server")
     basic = tuple(auth.split(":", 1)) if auth else None
     started = time.perf_counter()
     # free_port() closes its socket before the server binds it: another process can take the
@@ -123,6 +129,34 @@ def running_prefect_server(
 
 
 SERVER_ARGV = (sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1")
+UPGRADE_ARGV = (sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y")
+
+
+def migrated_database(cache_dir: Path, *, timeout_s: float = 300.0) -> Path:
+    """A SQLite database Prefect's migrations brought to head, built once per Prefect version in
+    `cache_dir` (`prefect server database upgrade` in a throw-away home): the template
+    SLURMGATE_PREFECT_DB_TEMPLATE names. Two builders at once each finish their own copy and
+    the last rename wins; both are the same database."""
+    target = cache_dir / f"prefect-{importlib.metadata.version('prefect')}.db"
+    if migrated(target):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".prefect-db-") as scratch:
+        env = {k: v for k, v in inherited().items() if not k.startswith("PREFECT_")}
+        env.update(PREFECT_HOME=scratch, DO_NOT_TRACK="1")
+        done = subprocess.run(
+            UPGRADE_ARGV, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        built = Path(scratch) / "prefect.db"
+        if done.returncode != 0 or not migrated(built):
+            raise PrefectServerError(
+                f"prefect server database upgrade exited with {done.returncode}:\n"
+                + (done.stdout + done.stderr)[-2000:]
+            )
+        os.replace(built, target)
+    return target
+
+
 PORT_ATTEMPTS = 3
 
 

@@ -102,7 +102,14 @@ def test_the_core_has_one_folder_per_part() -> None:
     folders = {p.name for p in (REPO / CORE).iterdir() if (p / "__init__.py").is_file()}
     assert folders == set(PARTS)
     loose = sorted(p.name for p in (REPO / CORE).glob("*.py") if p.name != "__init__.py")
-    assert loose == ["documents.py", "errors.py", "paths.py", "progress.py", "serving.py"], loose
+    assert loose == [
+        "documents.py",
+        "errors.py",
+        "paths.py",
+        "prefect_db.py",
+        "progress.py",
+        "serving.py",
+    ], loose
 
 
 def import_graph(*packages: str) -> dict[str, set[str]]:
