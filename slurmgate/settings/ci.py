@@ -32,3 +32,21 @@ class CISettings(Part):
         "`slurmgate labels`' priority weights, from a policy file in InferenceX's "
         "ci-priority.yaml format (its --priority-policy option reads it; unset: the seed's).",
     )
+    skip_queue_pr: str = variable(
+        "SLURMGATE_SKIP_QUEUE_PR",
+        "`slurmgate labels --skip-queue-pr`: the PR whose skip_queue label lets this job skip "
+        "the queue (ci-skip-queue-pr-<PR>); empty: none.",
+        "",
+    )
+    github_run_id: int | None = variable(
+        "GITHUB_RUN_ID", "The workflow run's id, which GitHub Actions sets (`--run-id`)."
+    )
+    github_run_attempt: int | None = variable(
+        "GITHUB_RUN_ATTEMPT",
+        "The workflow run's attempt, which GitHub Actions sets (`--run-attempt`).",
+    )
+    github_event_name: str | None = variable(
+        "GITHUB_EVENT_NAME",
+        "The event that started the workflow, which GitHub Actions sets (`--event`; a "
+        "push scores +2).",
+    )

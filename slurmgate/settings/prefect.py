@@ -18,6 +18,11 @@ class PrefectSettings(Part):
         60.0,
         ge=0,
     )
+    api_url: str | None = variable(
+        "PREFECT_API_URL",
+        "Prefect's API (`slurmgate webhook --prefect-api-url` reads it); unset, a flow "
+        "command starts a temporary server.",
+    )
     api_auth_string: SecretStr | None = variable(
         "PREFECT_API_AUTH_STRING",
         "Prefect's API auth string, which `slurmgate webhook` sends with its events.",

@@ -122,6 +122,22 @@ def test_writes_for_children_are_not_reads(source: str) -> None:
     assert environment_reads(source) == []
 
 
+def test_every_variable_a_command_option_reads_is_in_the_tree() -> None:
+    # Typer reads an option's `envvar` itself, where the reads above cannot see it
+    declared = {found.name for found in variables()}
+    options = {
+        f"{path.relative_to(REPO)}:{node.lineno} {node.value.value}"
+        for path in _modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.keyword)
+        and node.arg == "envvar"
+        and isinstance(node.value, ast.Constant)
+    }
+    assert options, "no option reads a variable: the scan is broken"
+    outside = sorted(o for o in options if o.split(" ")[1] not in declared)
+    assert outside == [], "declare each option's envvar in the settings tree (slurmgate/settings/)"
+
+
 def test_every_variable_is_named_once_with_a_description() -> None:
     names = [found.name for found in variables()]
     for found in variables():
