@@ -204,16 +204,22 @@ def check_listeners(
 # prefill and one decode instance only once the real etcd and NATS lanes answer it at the
 # addresses the runtime gives it (ETCD_ENDPOINTS, NATS_SERVER), through mutual TLS with the
 # certificate its lane was given as Dynamo's runtime reads it: NATS_TLS_* name its files,
-# ETCD_AUTH_* hold their text.
+# ETCD_AUTH_* hold their text in its process (C's getenv, as Rust reads it), set there by the
+# lane launcher, never in the environment it was exec'd with.
 DYNAMO_FRONTEND = r"""
-import base64, json, os, socket, ssl, sys, time, urllib.request
+import base64, ctypes, json, os, socket, ssl, sys, time, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 host = sys.argv[sys.argv.index("--http-host") + 1]
 port = int(sys.argv[sys.argv.index("--http-port") + 1])
 etcd, nats = os.environ["ETCD_ENDPOINTS"], os.environ["NATS_SERVER"]
+getenv = ctypes.CDLL(None).getenv
+getenv.restype = ctypes.c_char_p
+with open("/proc/self/environ", "rb") as f:
+    execd = f.read()
 for var, path in (("CA", "CA_CERT"), ("CLIENT_CERT", "CLIENT_CERT"), ("CLIENT_KEY", "CLIENT_KEY")):
     with open(os.environ[f"NATS_TLS_{path}_PATH"]) as f:
-        assert os.environ[f"ETCD_AUTH_{var}"] == f.read(), var
+        assert getenv(f"ETCD_AUTH_{var}".encode()).decode() == f.read(), var
+    assert f"ETCD_AUTH_{var}=".encode() not in execd, var
 tls = ssl.create_default_context(cafile=os.environ["NATS_TLS_CA_CERT_PATH"])
 tls.load_cert_chain(
     os.environ["NATS_TLS_CLIENT_CERT_PATH"], os.environ["NATS_TLS_CLIENT_KEY_PATH"]

@@ -3,9 +3,9 @@
 A deployment whose every lane runs on the client host gets etcd and NATS on 127.0.0.1 and no
 certificates. One with workers on other nodes gets them on the client node's address, asking
 every client for a certificate of the run's own CA: the CA, the servers' and the lanes' keys
-travel as files of the lanes' private directories (0600), never in argv, an environment or
-the run's record. The real nats-server and etcd (scripts/setup.sh installs both) refuse a
-client without the certificate and serve one with it. No Slurm.
+travel as files of the lanes' private directories (0600), never in argv, the environment a
+process is started with or the run's record. The real nats-server and etcd (scripts/setup.sh
+installs both) refuse a client without the certificate and serve one with it. No Slurm.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import socket
 import ssl
 import stat
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,7 +33,8 @@ from slurmgate.runtime.engines.roles import LANE_DIR
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.service_certs import deployment_pems, make_service_pems
 from slurmgate.runtime.spec.allocation import AllocationSpec
-from slurmgate.runtime.steps.node_worker import Lanes, LaneSpec, WorkerSpec
+from slurmgate.runtime.steps import lane_launcher
+from slurmgate.runtime.steps.node_worker import Lanes, LaneSpec, WorkerSpec, WorkerSpecError
 
 DYNAMO = ["python3", "-m", "dynamo.sglang", "--model-path", "/model"]
 SECRET_FILES = (frontends.SERVER_KEY_FILE, frontends.CLIENT_KEY_FILE)
@@ -171,20 +173,37 @@ def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: P
     assert other.context.service_pems["dyn"].ca_cert != pems.ca_cert
 
 
-def test_the_node_worker_writes_them_0600_and_names_their_paths_in_the_lanes_env(
+# A lane that writes what its process's getenv (C's, which Dynamo's Rust runtime reads) finds
+# in ETCD_AUTH_*, then waits to be stopped.
+GETENV_LANE = """
+import ctypes, json, os, sys, time
+getenv = ctypes.CDLL(None).getenv
+getenv.restype = ctypes.c_char_p
+found = {v: (getenv(v.encode()) or b"").decode() for v in sys.argv[2:]}
+with open(sys.argv[1] + ".tmp", "w") as f:
+    json.dump(found, f)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(30)
+"""
+
+
+def test_the_node_worker_writes_them_0600_and_sets_etcds_inside_the_lane_only(
     tmp_path: Path,
 ) -> None:
-    """NATS's client reads the files by path; Dynamo's etcd client takes PEM text only, so
-    the node worker reads the lane's files into ETCD_AUTH_* of that one process."""
+    """NATS's client reads the files by path; Dynamo's etcd client takes PEM text only, so the
+    lane starts through the launcher, which sets ETCD_AUTH_* inside its process: exec's
+    environment (/proc/PID/environ) and argv never hold the text."""
     pems = make_service_pems("r1", ["10.0.0.1"])
+    seen = tmp_path / "seen.json"
+    auth_files = frontends.client_auth_env_files()
     lane = LaneSpec(
         id="dyn-frontend",
-        argv=["sleep", "30"],
+        argv=[sys.executable, "-c", GETENV_LANE, str(seen), *auth_files],
         gpus=[],
         delay_s=0.0,
         env={"NATS_SERVER": "tls://10.0.0.1:4222", **frontends.client_auth_env()},
         files={"own.yaml": "{}"},
-        env_files=frontends.client_auth_env_files(),
+        env_files=auth_files,
     )
     lanes = Lanes(grace_s=1.0, shared_files=pems.client_files())
     try:
@@ -193,20 +212,55 @@ def test_the_node_worker_writes_them_0600_and_names_their_paths_in_the_lanes_env
         where, scratch = lanes.dirs
         assert Path(scratch).name.startswith("sg-tmp-")
         assert stat.S_IMODE(os.stat(where).st_mode) == 0o700
-        for name in [*pems.client_files(), "own.yaml"]:
+        for name in [*pems.client_files(), "own.yaml", lane_launcher.FILE_NAME]:
             assert stat.S_IMODE(os.stat(Path(where) / name).st_mode) == 0o600
         assert (Path(where) / "service-client.key").read_text() == pems.client_key
         (_, proc) = lanes.procs[0]
         env = _environ(proc.pid)
         assert env["NATS_TLS_CLIENT_KEY_PATH"] == f"{where}/service-client.key"
         assert env["NATS_TLS_CA_CERT_PATH"] == f"{where}/service-ca.pem"
-        assert env["ETCD_AUTH_CLIENT_KEY"] == pems.client_key
-        assert env["ETCD_AUTH_CA"] == pems.ca_cert
+        # the lane's process finds the text, as Dynamo's runtime reads it
+        found = _wait_json(seen, proc)
+        assert found == {
+            "ETCD_AUTH_CA": pems.ca_cert,
+            "ETCD_AUTH_CLIENT_CERT": pems.client_cert,
+            "ETCD_AUTH_CLIENT_KEY": pems.client_key,
+        }
+        # but neither the environment it was exec'd with nor its argv holds any of it
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
+        assert not any(k.startswith("ETCD_AUTH") for k in env)
+        for text in (Path(f"/proc/{proc.pid}/environ").read_bytes().decode(), cmdline):
+            assert "BEGIN" not in text
+            for pem in (pems.client_key, pems.client_cert, pems.ca_cert):
+                assert pem.splitlines()[1] not in text
+        assert f"ETCD_AUTH_CLIENT_KEY={where}/service-client.key" in cmdline.split("\0")
         # the spec the node worker was sent names the files only
         assert pems.client_key.splitlines()[1] not in json.dumps(lane.env | lane.env_files)
     finally:
         lanes.stop()
     assert not Path(where).exists()
+
+
+def test_a_lane_that_is_not_a_python_program_cannot_take_them() -> None:
+    """Only a Python program can set the variables inside its own process."""
+    with pytest.raises(WorkerSpecError, match="start the command with the Python interpreter"):
+        LaneSpec(
+            id="dyn-frontend",
+            argv=["dynamo-run", "in=http"],
+            gpus=[],
+            delay_s=0.0,
+            env={},
+            env_files=frontends.client_auth_env_files(),
+        )
+
+
+def _wait_json(path: Path, proc: subprocess.Popen[bytes]) -> Any:
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert proc.poll() is None, f"the lane exited {proc.returncode}"
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
 
 
 def _environ(pid: int) -> dict[str, str]:

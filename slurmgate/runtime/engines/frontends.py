@@ -269,11 +269,13 @@ def client_auth_env() -> dict[str, str]:
 
 def client_auth_env_files() -> dict[str, str]:
     """The variables a Dynamo lane's etcd client reads its certificate from, each to the file
-    of the lane's directory whose text the node worker puts in it when it starts the lane:
-    Dynamo 1.6.1 reads ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT and ETCD_AUTH_CLIENT_KEY as PEM
-    text, not paths (`Certificate::from_pem(env)`; given paths it never connects), and has no
-    file option. So the key is in that one process's environment (readable by its user
-    only, like the file), never in argv, the step's environment, a spec or a record."""
+    of the lane's directory that holds its text: Dynamo 1.6.1 reads ETCD_AUTH_CA,
+    ETCD_AUTH_CLIENT_CERT and ETCD_AUTH_CLIENT_KEY as PEM text, not paths
+    (`Certificate::from_pem(env)`; given paths it never connects), and has no file option.
+    The node worker starts the lane through `lane_launcher`, which reads the files and sets the
+    variables inside the lane's own process before it runs Dynamo's module: the key is in that
+    process's memory, never in exec's environment (/proc/PID/environ), argv, the step's
+    environment, a spec or a record."""
     return {
         "ETCD_AUTH_CA": CA_FILE,
         "ETCD_AUTH_CLIENT_CERT": CLIENT_CERT_FILE,

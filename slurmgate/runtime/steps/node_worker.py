@@ -20,7 +20,7 @@ from typing import Any
 
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.engines.roles import LANE_DIR
-from slurmgate.runtime.steps import protocol
+from slurmgate.runtime.steps import lane_launcher, protocol
 from slurmgate.settings import handed
 from slurmgate.slurm.jobenv import slurm_variable
 
@@ -48,9 +48,20 @@ class LaneSpec:
     # Files written into the lane's directory before it starts, by plain name (an engine's
     # YAML); the argv names them under LANE_DIR.
     files: dict[str, str] = field(default_factory=dict)
-    # Variables whose value is the text of one of the lane's files, read when it starts: for
-    # a program that takes a certificate's PEM only in its environment (Dynamo's etcd client).
+    # Variables whose value is the text of one of the lane's files: for a program that takes a
+    # certificate's PEM only in its environment (Dynamo's etcd client). The lane, a Python
+    # program, starts through `lane_launcher`, which sets them inside its process: the text is
+    # never in exec's environment or argv.
     env_files: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.env_files and lane_launcher.split_python(self.argv) is None:
+            raise WorkerSpecError(
+                f"lane {self.id}: its certificate's variables ({', '.join(self.env_files)}) "
+                "are set inside a Python program only, started as PYTHON [OPTIONS] -m MODULE, "
+                f"-c CODE or SCRIPT; {(self.argv or [''])[0]!r} does not start one: start the "
+                "command with the Python interpreter (python3 -m dynamo.frontend)"
+            )
 
 
 @dataclass(frozen=True)
@@ -384,6 +395,22 @@ class Lanes:
         self.dirs.append(path)
         return path
 
+    def launched(self, argv: list[str], where: str, env_files: dict[str, str]) -> list[str]:
+        """`argv` started through `lane_launcher`, copied into the lane's directory `where`,
+        which sets each variable to the text of its file there inside the lane's process."""
+        paths = [(var, os.path.join(where, name)) for var, name in env_files.items()]
+        for _, path in paths:
+            os.stat(path)  # a missing file fails the lane's start, not its program
+        launcher = os.path.join(where, lane_launcher.FILE_NAME)
+        with open(lane_launcher.__file__, "rb") as src:
+            source = src.read()
+        fd = os.open(launcher, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(source)
+        wrapped = lane_launcher.launcher_argv(argv, launcher, paths)
+        assert wrapped is not None  # LaneSpec refuses any other command
+        return wrapped
+
     def spawn(self, lane: LaneSpec, visible: list[str], run_id: str) -> None:
         env = handed.inherited()
         env.update(lane.env)
@@ -397,9 +424,8 @@ class Lanes:
             argv = [a.replace(LANE_DIR, where) for a in argv]
             # A lane's env may name its files too (the paths of its certificates).
             env.update({k: v.replace(LANE_DIR, where) for k, v in lane.env.items()})
-            for key, name in lane.env_files.items():
-                with open(os.path.join(where, name)) as f:
-                    env[key] = f.read()
+            if lane.env_files:
+                argv = self.launched(argv, where, lane.env_files)
         if "TMPDIR" not in lane.env:
             env["TMPDIR"] = self.scratch_dir()
         proc = subprocess.Popen(
