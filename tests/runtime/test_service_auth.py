@@ -4,8 +4,9 @@ A deployment whose every lane runs on the client host gets etcd and NATS on 127.
 certificates. One with workers on other nodes gets them on the client node's address, asking
 every client for a certificate of the run's own CA: the CA, the servers' and the lanes' keys
 travel as files of the lanes' private directories (0600), never in argv, the environment a
-process is started with or the run's record. The real nats-server and etcd (scripts/setup.sh
-installs both) refuse a client without the certificate and serve one with it. No Slurm.
+process is started with, the run's record or its artifacts. The real nats-server and etcd
+(scripts/setup.sh installs both) refuse a client without the certificate and serve one with
+it. No Slurm.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pytest
 
 from slurmgate.runtime.engines import frontends, layout
 from slurmgate.runtime.engines.roles import LANE_DIR
+from slurmgate.runtime.ledger.records import RECORD_NAME
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.service_certs import deployment_pems, make_service_pems
 from slurmgate.runtime.spec.allocation import AllocationSpec
@@ -116,7 +118,25 @@ def test_nodes_that_share_loopback_share_the_services_on_it(tmp_path: Path) -> N
     assert frontend.files == {} and not run.context.service_pems
 
 
-def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: Path) -> None:
+def _artifacts(run: AllocationRun, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """What the allocation flow publishes of the run as Prefect artifacts, by key, as text."""
+    from slurmgate.tasks import allocation as artifacts
+
+    published: dict[str, str] = {}
+
+    def keep(**kw: Any) -> None:
+        published[kw["key"]] = json.dumps(kw)
+
+    monkeypatch.setattr(artifacts, "create_table_artifact", keep)
+    monkeypatch.setattr(artifacts, "create_markdown_artifact", keep)
+    artifacts.publish_layout(run)
+    artifacts.publish_record(run)
+    return published
+
+
+def test_across_hosts_every_lane_gets_its_certificates_as_files_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = _run(TWO_HOSTS, tmp_path)
     assert run.layout and run.plan.total_nodes == 2
     etcd, nats, frontend = _launches(run)
@@ -167,6 +187,17 @@ def test_across_hosts_every_lane_gets_its_certificates_as_files_only(tmp_path: P
     for secret in secrets:
         body = secret.splitlines()[1]  # a line of the base64 body
         assert body not in shown and body not in record
+    # nor in what the run writes (its directory: the record) or publishes (its artifacts)
+    run.save()
+    written = {p.name: p.read_text() for p in run.run_dir.rglob("*") if p.is_file()}
+    assert RECORD_NAME in written
+    published = _artifacts(run, monkeypatch)
+    assert run.run_id in published["allocation-record"]
+    assert "dyn" in published["allocation-layout"]
+    for secret in secrets:
+        body = secret.splitlines()[1]
+        for text in [*written.values(), *published.values()]:
+            assert body not in text and "BEGIN" not in text
     # a new run makes a new CA
     other = _run(TWO_HOSTS, tmp_path / "other")
     _launches(other)
