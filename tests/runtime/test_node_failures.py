@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmgate.runtime.ledger import heartbeat
-from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment, parse_job_comment
+from slurmgate.runtime.ledger.comment import (
+    JOB_COMMENT_PREFIX,
+    ProcessIdentity,
+    job_comment,
+    parse_job_comment,
+)
 from slurmgate.runtime.ledger.reaper import foreign_stale_allocations
 from slurmgate.runtime.ledger.records import NodeFailure, RunRecord
 from slurmgate.runtime.run.node_failures import (
@@ -243,6 +248,45 @@ def test_job_comment_round_trips_and_refuses_others() -> None:
     for bad in ("-5", "soon", "9" * 40):
         assert parse_job_comment(f"{comment} beat={bad}") == ("sg-a-1", me, None)
     assert "--comment=" + comment in slurm.salloc_argv(nodes=1, job_name="j", comment=comment)
+
+
+# A newline, the other C0 controls (the whitespace ones split() would swallow too), DEL, C1's
+# NEL (a line break to str.splitlines), Unicode's line and paragraph separators, a bidirectional
+# override and a no-break space: none is in a comment slurmgate writes.
+UNPRINTABLE = ["\n", "\r", "\t", "\x0b", "\x0c", "\x1c", "\x1f", "\x00", "\x1b", "\x7f"]
+UNPRINTABLE += ["\x85", "\x9b", "\u2028", "\u2029", "\u202e", "\xa0"]
+
+
+@pytest.mark.parametrize("bad", UNPRINTABLE, ids=[f"U+{ord(c):04X}" for c in UNPRINTABLE])
+def test_a_slurmgate_comment_holding_an_unprintable_character_is_refused(bad: str) -> None:
+    dead = ProcessIdentity(pid=4_000_000, started=1, host="login1")
+    comment = job_comment("sg-a-1", dead, 1_796_000_000)
+    # the comment as the forgery test's forger wrote it, but starting with slurmgate's prefix:
+    # its own run, then a newline and a whole forged line of a formatted listing
+    forged_line = "\x1f".join(("4242", "sg-victim", "victim", "RUNNING", comment))
+    cases = [
+        comment + bad,  # at the end
+        comment.replace(" controller=", f"{bad}controller="),  # in place of a separator
+        comment.replace(" controller=", f" {bad}controller="),  # beside one
+        comment.replace("=sg-a-1", f"=sg-a-1{bad}"),  # inside the run id
+        f"{comment}{bad}{forged_line}",  # then another line
+    ]
+    for text in cases:
+        assert text.startswith(JOB_COMMENT_PREFIX) and len(text) <= 400
+        assert parse_job_comment(text) is None, repr(text)
+    # the same comment with a space there is slurmgate's own
+    assert parse_job_comment(comment + " ") == ("sg-a-1", dead, 1_796_000_000)
+
+
+def test_a_dead_runs_job_whose_comment_holds_a_line_break_is_left_alone() -> None:
+    dead = ProcessIdentity(pid=1, started=1, host="h1")
+    jobs = [
+        _job("16", "sg-nl", job_comment("sg-nl", dead) + "\n"),
+        _job("17", "sg-ls", job_comment("sg-ls", dead) + "\u2028"),
+        _job("18", "sg-ok", job_comment("sg-ok", dead)),
+    ]
+    found = foreign_stale_allocations(jobs, set(), host="h1", now=1e9, gone=lambda c: True)
+    assert [a.job_id for a in found] == ["18"]
 
 
 def test_foreign_stale_allocations_take_only_dead_controllers_of_this_host() -> None:

@@ -50,8 +50,11 @@ def parse_job_comment(comment: str) -> JobComment | None:
     """The run, controller and heartbeat of a `job_comment`, or None for any other comment."""
     if not comment.startswith(JOB_COMMENT_PREFIX) or len(comment) > 400:
         return None
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in comment):
-        return None  # written by a job's user: a newline or a control character is a forgery
+    if not comment.isprintable():
+        # Written by the job's user, and slurmgate's own comments are plain printable ASCII: a
+        # newline or any other control character (C0, DEL, C1 such as NEL), a line or paragraph
+        # separator, or a format character (a bidirectional override) is a forgery.
+        return None
     run_id, *words = comment[len(JOB_COMMENT_PREFIX) :].split()
     fields = dict(w.partition("=")[::2] for w in words)
     host, _, rest = fields.get("controller", "").partition("/")
