@@ -118,7 +118,7 @@ def allocation_reap(
     """Cancel the Slurm jobs and steps of runs whose controller was killed."""
     from slurmgate.runtime.ledger.reaper import reap_stale_runs
     from slurmgate.runtime.ledger.records import load_records
-    from slurmgate.slurm.commands import NO_CONFIGURATION
+    from slurmgate.slurm.commands import NO_CONFIGURATION, UNREADABLE_ANSWER
 
     tally = reap_stale_runs(
         load_records(runs_dir),
@@ -134,6 +134,13 @@ def allocation_reap(
     if tally.slurm_error is not None and NO_CONFIGURATION in tally.slurm_error:
         raise fail(
             f"reap stopped: {NO_CONFIGURATION}; the run records are kept for the next reap",
+            code=1,
+        )
+    if tally.slurm_error is not None and UNREADABLE_ANSWER in tally.slurm_error:
+        raise fail(
+            f"reap stopped: {tally.slurm_error}; the run records are kept. slurmgate reads "
+            "squeue's JSON as Slurm 22.05 and the data parser plugins of later releases print "
+            "it: report this with `squeue --version`",
             code=1,
         )
     if tally.slurm_error is not None:

@@ -377,13 +377,18 @@ def resume_node(node: str, *, timeout: float = 15.0) -> None:
 
 @dataclass(frozen=True)
 class QueuedJob:
-    """A job of any user, as `squeue` lists it: what a reaper of other users' runs needs."""
+    """A job of any user, as `squeue` lists it: what a reaper of other users' runs needs.
+
+    `state` is the one word Slurm 22.05 prints for it (a flag such as COMPLETING or CONFIGURING
+    stands for the whole state); `user_id` is the uid Slurm runs the job as.
+    """
 
     job_id: str
     name: str
     user: str
     state: str
     comment: str
+    user_id: int
 
 
 # A job's name and comment are written by its user, and `squeue` prints them verbatim: a comment
@@ -391,40 +396,138 @@ class QueuedJob:
 # string escaped) cannot be forged; it is read under a size bound.
 MAX_SQUEUE_JSON_BYTES = 64 << 20
 ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"})
+# A job's base state (Slurm's JOB_STATE_BASE), and the flags that stand for the whole state, in
+# the order Slurm's job_state_string picks the one word it prints.
+JOB_BASE_STATES = frozenset(
+    {"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"}
+    | {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
+JOB_STATE_FLAGS_SHOWN = (
+    "COMPLETING",
+    "STAGE_OUT",
+    "CONFIGURING",
+    "RESIZING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "SPECIAL_EXIT",
+    "STOPPED",
+    "REVOKED",
+    "RESV_DEL_HOLD",
+    "SIGNALING",
+)
+# What every refusal of an answer's shape says, so a caller can tell it from Slurm not answering.
+UNREADABLE_ANSWER = "in a shape slurmgate does not read"
+
+
+class SlurmAnswerUnreadable(SlurmError):
+    """A Slurm command answered, but not in a shape slurmgate knows; the message names the field.
+
+    Raised rather than skipping what cannot be read: a reaper that read nothing would cancel
+    nothing and say nothing."""
 
 
 def jobs_of_all_users(*, timeout: float = 10.0) -> list[QueuedJob]:
-    """Every user's pending and running jobs (`squeue --all --json`), with their comments."""
+    """Every user's pending and running jobs (`squeue --all --json`), with their comments.
+
+    Reads Slurm 22.05's JSON (a state as one word, numbers as numbers) and that of the data
+    parser plugins of later releases (a state as a list of words from 23.11 on, a number as
+    `{"set", "infinite", "number"}`). Raises SlurmAnswerUnreadable on any other shape, and
+    SlurmError when Slurm lists errors.
+    """
     argv = ["squeue", "--all", "--json"]
     out = run(argv, timeout=timeout)
     if len(out.stdout) > MAX_SQUEUE_JSON_BYTES:
         raise SlurmError(argv, f"answered more than {MAX_SQUEUE_JSON_BYTES >> 20} MiB", "")
     try:
-        listed = json.loads(out.stdout).get("jobs")
-    except (ValueError, AttributeError):
-        raise SlurmError(argv, "answered something other than its JSON", out.stdout[:200]) from None
+        document = json.loads(out.stdout)
+    except ValueError:
+        raise SlurmAnswerUnreadable(
+            argv, f"answered something other than JSON, {UNREADABLE_ANSWER}", out.stdout[:200]
+        ) from None
+    listed = document.get("jobs") if isinstance(document, dict) else None
     if not isinstance(listed, list):
-        raise SlurmError(argv, "answered JSON without a jobs list", "")
+        raise SlurmAnswerUnreadable(argv, f"answered JSON without a jobs list, {UNREADABLE_ANSWER}")
+    errors = document.get("errors") or []
+    if errors:
+        listed_errors = errors if isinstance(errors, list) else [errors]
+        said = "; ".join(_slurm_error_text(e) for e in listed_errors)
+        raise SlurmError(argv, f"answered with errors: {said}"[:800])
     jobs = []
-    for job in listed:
-        if not isinstance(job, dict):
-            continue
-        job_id, name, user, state = (
-            job.get(k) for k in ("job_id", "name", "user_name", "job_state")
-        )
-        comment = job.get("comment") or ""
-        if not (isinstance(job_id, int) and not isinstance(job_id, bool) and job_id > 0):
-            continue
-        if not (
-            isinstance(name, str)
-            and isinstance(user, str)
-            and isinstance(state, str)
-            and isinstance(comment, str)
-        ):
-            continue
-        if state in ACTIVE_JOB_STATES:
-            jobs.append(QueuedJob(str(job_id), name, user, state, comment))
+    for index, job in enumerate(listed):
+        queued = _queued_job(argv, index, job)
+        if queued.state in ACTIVE_JOB_STATES:
+            jobs.append(queued)
     return jobs
+
+
+def _slurm_error_text(error: Any) -> str:
+    """One error of a listing's `errors`: what, why, and where Slurm says it arose."""
+    if not isinstance(error, dict):
+        return json.dumps(error)[:200]
+    text = str(error.get("error") or error.get("error_number") or "an error")
+    if error.get("description"):
+        text += f": {error['description']}"
+    return f"{text} ({error['source']})" if error.get("source") else text
+
+
+def _queued_job(argv: Sequence[str], index: int, job: Any) -> QueuedJob:
+    """One job of the listing, every field checked; SlurmAnswerUnreadable names the first that
+    is of no known shape."""
+
+    def unreadable(field: str, value: Any) -> SlurmAnswerUnreadable:
+        shown = json.dumps(value)[:120]
+        return SlurmAnswerUnreadable(
+            argv, f"listed job #{index} with {field} {shown}, {UNREADABLE_ANSWER}"
+        )
+
+    if not isinstance(job, dict):
+        raise unreadable("an entry", job)
+    job_id = _number(job.get("job_id"))
+    if job_id is None or job_id <= 0:
+        raise unreadable("job_id", job.get("job_id"))
+    user_id = _number(job.get("user_id"))
+    if user_id is None or user_id < 0:
+        raise unreadable("user_id", job.get("user_id"))
+    state = _job_state(job.get("job_state"))
+    if state is None:
+        raise unreadable("job_state", job.get("job_state"))
+    texts = {}
+    for field in ("name", "user_name", "comment"):
+        value = job.get(field)
+        if value is not None and not isinstance(value, str):
+            raise unreadable(field, value)
+        texts[field] = value or ""
+    # Slurm 22.05 prints a null user_name for a uid its host cannot name
+    user = texts["user_name"] or str(user_id)
+    return QueuedJob(str(job_id), texts["name"], user, state, texts["comment"], user_id)
+
+
+def _number(value: Any) -> int | None:
+    """A whole number as Slurm 22.05 prints it, or as the data parser's `{"set": true,
+    "infinite": false, "number": N}`; None for anything else (unset and infinite too)."""
+    if isinstance(value, dict) and set(value) <= {"set", "infinite", "number"}:
+        if value.get("set") is not True or value.get("infinite") is not False:
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def _job_state(value: Any) -> str | None:
+    """The one word Slurm 22.05 prints for a job's state, from that word or from the data
+    parser's list (its base state and flags); None for any other shape."""
+    if isinstance(value, str):
+        known = value in JOB_BASE_STATES or value in JOB_STATE_FLAGS_SHOWN
+        return value if known else None
+    if not isinstance(value, list) or not all(isinstance(word, str) for word in value):
+        return None
+    bases = [word for word in value if word in JOB_BASE_STATES]
+    if len(bases) != 1:
+        return None
+    shown = [flag for flag in JOB_STATE_FLAGS_SHOWN if flag in value]
+    return shown[0] if shown else bases[0]
 
 
 def sinfo_states(*, timeout: float = 10.0) -> dict[str, str]:

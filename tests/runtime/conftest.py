@@ -19,6 +19,8 @@ import yaml
 
 from slurmgate.slurm import commands as slurm
 
+from .squeue_json import FakeSlurm
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "specs" / "local-stub.yaml"
 
@@ -65,6 +67,15 @@ def assert_no_orphans(token: str, within: float = 5.0) -> None:
 @pytest.fixture
 def runs_root(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """`squeue` and `scancel` stand-ins first on PATH (squeue_json.FakeSlurm)."""
+    fake = FakeSlurm(tmp_path / "fake-slurm")
+    for name, value in fake.env().items():
+        monkeypatch.setenv(name, value)
+    return fake
 
 
 def job_gone(job_id: str | None, within: float = 20.0) -> bool:

@@ -230,7 +230,7 @@ def test_record_keeps_its_layout_without_a_node_failure(tmp_path: Path) -> None:
 
 
 def _job(job_id: str, name: str, comment: str, user: str = "runner") -> slurm.QueuedJob:
-    return slurm.QueuedJob(job_id=job_id, name=name, user=user, state="RUNNING", comment=comment)
+    return slurm.QueuedJob(job_id, name, user, "RUNNING", comment, user_id=1001)
 
 
 def test_job_comment_round_trips_and_refuses_others() -> None:
