@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shlex
 import subprocess
@@ -351,9 +352,16 @@ def scancel(
     raise SlurmError(argv, f"exited {out.returncode}", out.stderr)
 
 
-def scancel_by_name(job_name: str, *, timeout: float = 15.0) -> None:
-    """Cancel this user's jobs named `job_name` (e.g. a salloc that timed out while pending)."""
-    run(["scancel", f"--name={job_name}"], timeout=timeout, check=False)
+def scancel_by_name(job_name: str, *, user: int | None = None, timeout: float = 15.0) -> None:
+    """Cancel the jobs named `job_name` of `user` (a uid; default this process's), e.g. a
+    salloc that timed out while pending. Without `--user`, scancel run by root or a Slurm
+    operator cancels every user's jobs of that name."""
+    uid = os.geteuid() if user is None else user
+    try:
+        who = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        who = str(uid)  # scancel takes a uid too, when the user database knows it
+    run(["scancel", f"--name={job_name}", f"--user={who}"], timeout=timeout, check=False)
 
 
 def drain_node(node: str, reason: str, *, timeout: float = 15.0) -> None:

@@ -348,7 +348,7 @@ async def test_a_crashed_run_whose_allocation_is_over_is_marked_reaped(
     monkeypatch.setenv("SLURMGATE_RUNS_DIR", str(tmp_path / "elsewhere"))  # the parameter wins
     summary = await tick(emu, runs_dir=str(runs_root))
     assert summary["reaped"] == 1 and summary["reap_deferred"] == 0
-    assert [line.split()[0] for line in slurm_calls.lines()] == ["scontrol"]  # no scancel
+    assert [line.split()[0] for line in slurm_calls.lines()] == ["squeue"]  # no scancel
     stored = json.loads(crashed.read_text())
     assert stored["status"] == "reaped" and stored["reap_actions"] == []
     assert reap_lines(caplog) == [

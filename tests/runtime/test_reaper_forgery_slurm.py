@@ -4,6 +4,7 @@ must not steer root's all-users reaper to another user's job."""
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 from slurmgate.runtime.ledger.comment import ProcessIdentity, job_comment
 from slurmgate.runtime.ledger.reaper import reap_stale_runs
-from slurmgate.runtime.ledger.records import load_records
+from slurmgate.runtime.ledger.records import RECORD_NAME, RunRecord, load_records
 from slurmgate.slurm import commands as slurm
 
 from .conftest import job_gone
@@ -69,6 +70,7 @@ def test_a_comment_that_forges_a_squeue_line_cancels_no_one_elses_job(runs_root:
         # the listing shows two jobs, each with its own name, user and whole comment
         assert listed[victim].user == VICTIM and listed[victim].comment == "my own note"
         assert listed[forger].user == FORGER and listed[forger].comment == f"x\n{forged}"
+        assert listed[victim].user_id == pwd.getpwnam(VICTIM).pw_uid
         lines: list[str] = []
         tally = reap_stale_runs(load_records(runs_root), info=lines.append, all_users=True)
         assert tally.reaped == 0, lines
@@ -79,3 +81,34 @@ def test_a_comment_that_forges_a_squeue_line_cancels_no_one_elses_job(runs_root:
         for job in (victim, forger):
             slurm.scancel(job)
     assert job_gone(victim) and job_gone(forger)
+
+
+def test_a_record_naming_another_users_job_cancels_nothing(runs_root: Path) -> None:
+    """Root's reaper, a stale record of root's that names a victim's job by id (an id Slurm
+    reused) and another by name: the victim's jobs survive."""
+    if os.geteuid() != 0:
+        pytest.skip("submits a job as another Unix user: needs root")
+    _user(VICTIM)
+    name = f"sg-victim-named-{os.getpid()}"
+    victim = _submit(VICTIM, f"sg-victim-owned-{os.getpid()}", "my own note")
+    named = _submit(VICTIM, name, "my own note")
+    for run_id, job_id in ((f"sg-root-by-id-{os.getpid()}", victim), (name, None)):
+        path = runs_root / run_id / RECORD_NAME
+        path.parent.mkdir(parents=True)
+        record = RunRecord(run_id=run_id, job_id=job_id, owned_allocation=True)
+        # its controller on this host is long dead
+        record.controller_pid, record.controller_started = 4_000_000, 1
+        record.controller_host = socket.gethostname()
+        record.write(path)
+    try:
+        lines: list[str] = []
+        tally = reap_stale_runs(load_records(runs_root), info=lines.append)
+        assert tally.reaped == 2, lines
+        assert any(f"left job {victim} alone: Slurm runs it as user {VICTIM}" in x for x in lines)
+        for job in (victim, named):
+            info = slurm.show_job(job)
+            assert info is not None and info.active, (job, lines)
+    finally:
+        for job in (victim, named):
+            slurm.scancel(job)
+    assert job_gone(victim) and job_gone(named)

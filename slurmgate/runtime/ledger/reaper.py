@@ -35,25 +35,73 @@ def stale_records(records: Iterable[RunRecord]) -> list[RunRecord]:
     ]
 
 
+def _ignore(message: str) -> None:
+    return None
+
+
 def reap_due(rec: RunRecord, now: float) -> bool:
     """False while a stale run waits out the backoff of its last failed reap (defer_reap)."""
     return (rec.reap_retry_at or 0.0) <= now
 
 
-def reap_run(rec: RunRecord, *, timeout: float = 10.0) -> list[str]:
+class JobListing:
+    """Every user's pending and running jobs by id, read from Slurm at most once a pass
+    (`squeue --all --json`) and only when first asked: the record reap and the all-users reap
+    of one pass share it."""
+
+    def __init__(self, *, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self._jobs: dict[str, slurm.QueuedJob] | None = None
+
+    def _read(self) -> dict[str, slurm.QueuedJob]:
+        """Raises SlurmError when Slurm cannot answer, or answers what cannot be read."""
+        if self._jobs is None:
+            listed = slurm.jobs_of_all_users(timeout=self.timeout)
+            self._jobs = {job.job_id: job for job in listed}
+        return self._jobs
+
+    def jobs(self) -> list[slurm.QueuedJob]:
+        return list(self._read().values())
+
+    def job(self, job_id: str) -> slurm.QueuedJob | None:
+        """The job while it is pending or running, else None (over, or never known)."""
+        return self._read().get(job_id)
+
+
+def reap_run(
+    rec: RunRecord,
+    *,
+    timeout: float = 10.0,
+    listing: JobListing | None = None,
+    note: Callable[[str], Any] = _ignore,
+) -> list[str]:
     """Cancel what one dead controller's run left: its owned job, else its steps; srun groups.
+
+    The job a record names is cancelled, or its steps listed, only while Slurm runs it as the
+    user who owns the record file: a record's job id may since name another user's job (Slurm
+    reuses ids past MaxJobId), and a reaper that is root or a Slurm operator could cancel it.
+    Such a job is left alone, with one `note` saying why. A run whose salloc was granted no job
+    id is cancelled by name, among the record owner's jobs only.
 
     Raises SlurmError when Slurm cannot answer: the run stays unreaped for a later pass.
     """
     run_id, job = rec.run_id, rec.job_id
+    owner = rec.owner_uid
     actions: list[str] = []
-    info = slurm.show_job(job, timeout=timeout) if job else None
-    if job and (info is None or not info.active):
+    if listing is None:
+        listing = JobListing(timeout=timeout)
+    queued = listing.job(job) if job else None
+    if job and queued is None:
         pass  # the allocation is already over: Slurm has ended its steps
+    elif queued is not None and queued.user_id != owner:
+        note(
+            f"left job {job} alone: Slurm runs it as user {queued.user} (uid {queued.user_id}), "
+            f"not as the record's owner (uid {owner})"
+        )
     elif not job:
         if rec.owned_allocation:
             # killed while salloc waited: the request may still be pending, or granted since
-            slurm.scancel_by_name(run_id, timeout=timeout)
+            slurm.scancel_by_name(run_id, user=owner, timeout=timeout)
             actions.append(f"scancel --name={run_id} (salloc had granted no job id)")
     elif rec.owned_allocation:
         if slurm.scancel(job, timeout=timeout):
@@ -145,10 +193,6 @@ class ReapTally:
     slurm_error: str | None = None
 
 
-def _ignore(message: str) -> None:
-    return None
-
-
 def reap_stale_runs(
     records: Iterable[RunRecord],
     *,
@@ -172,10 +216,12 @@ def reap_stale_runs(
     now = time.time()
     due = [rec for rec in stale if not wait_out_backoff or reap_due(rec, now)]
     tally = ReapTally()
+    listing = JobListing(timeout=timeout)
     for index, rec in enumerate(due):
         run_id, job_id = rec.run_id, rec.job_id or "-"
+        notes: list[str] = []
         try:
-            actions = reap_run(rec, timeout=timeout)
+            actions = reap_run(rec, timeout=timeout, listing=listing, note=notes.append)
         except slurm.SlurmError as exc:
             # Slurm is down or absent: one line for the pass, and every due run waits
             left = due[index:]
@@ -191,10 +237,10 @@ def reap_stale_runs(
             wait = _defer_quietly(rec, reason)
             warn(f"reap failed run={run_id} job={job_id} (retry in {wait:.0f} s): {reason}")
             continue
-        for action in actions or ["nothing left (allocation over, no live srun group)"]:
+        for action in actions + notes or ["nothing left (allocation over, no live srun group)"]:
             info(f"reap run={run_id} job={job_id} {action}")
         try:
-            mark_reaped(rec, actions)
+            mark_reaped(rec, actions + notes)
         except Exception as exc:
             warn(f"reap run={run_id} job={job_id} done, but its record could not be marked: "
                  f"{one_line(exc)}")  # fmt: skip
@@ -208,6 +254,7 @@ def reap_stale_runs(
             info=info,
             warn=warn,
             stale_after_s=stale_after_s,
+            listing=listing,
         )
         tally.reaped += others.reaped
         tally.deferred += others.deferred
@@ -290,6 +337,7 @@ def reap_foreign_allocations(
     info: Callable[[str], Any] = _ignore,
     warn: Callable[[str], Any] = _ignore,
     stale_after_s: float | None = None,
+    listing: JobListing | None = None,
 ) -> ReapTally:
     """Cancel the allocations of any user's runs whose controller died, found through `squeue`
     (a run of the runner service's user, whose record this user cannot read): on this host by
@@ -310,7 +358,7 @@ def reap_foreign_allocations(
             stale_after_s = heartbeat.DEFAULT_STALE_AFTER_S
             warn(f"{exc}; other hosts' runs are reaped after {stale_after_s:.0f} s")
     try:
-        jobs = slurm.jobs_of_all_users(timeout=timeout)
+        jobs = (listing or JobListing(timeout=timeout)).jobs()
     except slurm.SlurmError as exc:
         tally.slurm_error = one_line(exc)
         warn(f"reap of other users' runs deferred: {tally.slurm_error}")

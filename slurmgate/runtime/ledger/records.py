@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from slurmgate.paths import check_trusted, runs_roots
 from slurmgate.runtime.hooks import HookOutcome
@@ -108,6 +108,14 @@ class RunRecord(BaseModel):
     reap_error: str | None = None
 
     path: Path | None = Field(default=None, exclude=True)
+    # the uid that owned the file at `path` when it was read: never a key of the file
+    _owner_uid: int | None = PrivateAttr(default=None)
+
+    @property
+    def owner_uid(self) -> int:
+        """The uid owning the record file it was read from; this process's own for a record
+        never read from a file (it is about to write it)."""
+        return os.geteuid() if self._owner_uid is None else self._owner_uid
 
     def controller_alive(self) -> bool:
         """The run's controller process still exists (same pid and start time), so it owns
@@ -161,12 +169,14 @@ class RunRecord(BaseModel):
         UntrustedRecord) when unusable."""
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as fh:
-            check_trusted(path, os.fstat(fh.fileno()))
+            st = os.fstat(fh.fileno())
+            check_trusted(path, st)
             data = fh.read(MAX_RECORD_BYTES + 1)
         if len(data) > MAX_RECORD_BYTES:
             raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES} bytes")
         record = cls.model_validate(json.loads(data))
         record.path = path
+        record._owner_uid = st.st_uid
         return record
 
 
