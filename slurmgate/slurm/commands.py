@@ -399,9 +399,18 @@ class QueuedJob:
     user_id: int
 
 
-# A job's name and comment are written by its user, and `squeue` prints them verbatim: a comment
-# holding a newline forges whole lines of a formatted listing. Its JSON (one document, every
-# string escaped) cannot be forged; it is read under a size bound.
+# Why one JSON listing, and no second read of each job's comment by its id. A job's name and
+# comment are written by its user, and every text format of Slurm prints them verbatim: a
+# comment holding a newline forges whole lines of `squeue -o`'s listing, and in `scontrol show
+# job`'s KEY=VALUE words it can forge the job's other fields, so a per-job read is no proof
+# either. `squeue --json` is one document in which each comment is a single string escaped by
+# Slurm's serializer: whatever it holds, it stays the `comment` of the job it sits in, beside
+# that job's id, uid and state, which Slurm writes and no user can. Reading the comment again by
+# id would cost a command per job and add no trust the listing lacks. What a comment says is
+# still its author's word: parse_job_comment refuses one holding a newline or any other
+# unprintable character, the reaper takes a comment only for the job that carries it (the job's
+# name must be the comment's run), and a record's job only while its uid is the record's owner.
+# The listing is read under a size bound.
 MAX_SQUEUE_JSON_BYTES = 64 << 20
 ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"})
 # A job's base state (Slurm's JOB_STATE_BASE), and the flags that stand for the whole state, in

@@ -309,7 +309,8 @@ def foreign_stale_allocations(
     is older than `stale_after_s`. A comment without a beat from another host is left alone
     (nothing says whether its controller lives). A job counts only when its name is the run id
     its comment gives (as `salloc` names it), so a comment can steer the reaper to nothing but
-    the job that carries it."""
+    the job that carries it. That job's user wrote the comment (or a Slurm administrator did):
+    there is no record here whose owner to check it against, and none is needed."""
     found = []
     for job in jobs:
         parsed = parse_job_comment(job.comment)
