@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.engines import frontends, layout
+from slurmgate.runtime.engines import frontends, layout, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.roles import LANE_DIR
 from slurmgate.runtime.spec.allocation import AllocationSpec
@@ -379,6 +379,47 @@ def test_a_dynamo_mocker_stand_in_runs_the_mocker_in_each_role_worker() -> None:
     assert argv.count("--model-path") == 1 and _value(argv, "--model-path") == "/models/tiny"
 
 
+def test_a_vllm_cpu_stand_in_loads_the_model_the_run_writes_with_its_python(
+    tmp_path: Any,
+) -> None:
+    """vLLM on CPU in an agg worker's place: the lane's argv is vLLM's with `--model` after
+    its head, and the controller writes the tiny Llama with weights with the command's
+    python (tiny_hf --weights), once, in the run's directory, which preflight then checks."""
+    from slurmgate.runtime.run.allocation_run import AllocationRun
+
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    # a stand-in for the vLLM venv's python: it records its argv and writes a config
+    python.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\nmkdir -p "$4" && echo {{}} > "$4/config.json"\n'
+    )
+    python.chmod(0o755)
+    command = vllm_cpu.command(str(python), "tiny")
+    roles = {"agg": {"tensor_parallel": 1}}
+    spec, lay = _plan("vllm", command, roles, stand_in="vllm-cpu", env=dict(vllm_cpu.ENV))
+    (d,) = lay.plan.deployments
+    lane = d.nodes[0].lanes[0]
+    argv = layout.lane_argv(spec.deployments[0], lane, "h", bind_host="10.0.0.1", model_dir="/m")
+    assert argv[:5] == [str(python), "-m", vllm_cpu.MODULE, "--model", "/m"]
+    assert argv[5:] == [
+        *("--served-model-name", "tiny", *vllm_cpu.FLAGS, "--host", "10.0.0.1"),
+        *("--port", "18000", "--tensor-parallel-size", "1", "--pipeline-parallel-size", "1"),
+    ]
+    run = AllocationRun(spec, runs_root=tmp_path / "runs")
+    run.layout = lay
+    for _ in range(2):
+        worker = run._worker_spec(d)
+    model = str((run.run_dir / "vllm-model").resolve())
+    assert calls.read_text().splitlines() == [f"-m slurmgate.testbed.tiny_hf --weights {model}"]
+    assert _value(worker.nodes[0].lanes[0].argv, "--model") == model
+    assert model in worker.model_paths
+    # a command of its own names the model; the run writes none
+    spec, lay = _plan("vllm", [*command, "--model", "/models/tiny"], roles, stand_in="vllm-cpu")
+    (d,) = lay.plan.deployments
+    argv = layout.lane_argv(spec.deployments[0], d.nodes[0].lanes[0], "h", bind_host="h")
+    assert argv.count("--model") == 1 and _value(argv, "--model") == "/models/tiny"
+
+
 @pytest.mark.parametrize(
     ("dep", "field"),
     [
@@ -388,15 +429,17 @@ def test_a_dynamo_mocker_stand_in_runs_the_mocker_in_each_role_worker() -> None:
         ({"engine": "dynamo-sglang", "stand_in": "vllm-cpu"}, "stand_in"),
         # no model given, and no Python to write one with
         ({"engine": "dynamo-sglang", "command": ["mocker"]}, "command"),
+        ({"engine": "vllm", "stand_in": "vllm-cpu", "command": ["vllm-cpu"]}, "command"),
     ],
 )
 def test_a_stand_in_is_refused_where_it_cannot_stand_in(dep: dict[str, Any], field: str) -> None:
     data = {"stand_in": "dynamo-mocker", "frontend": {"type": "dynamo"}, **dep}
-    if data["engine"] == "sglang":
+    if data["engine"] in ("sglang", "vllm"):
         del data["frontend"]
     command = data.pop("command", ["p", "-m", "dynamo.mocker"])
+    roles = {"agg": {}} if data["engine"] == "vllm" else {"prefill": {}, "decode": {}}
     with pytest.raises(InputError) as refused:
-        _plan(data.pop("engine"), command, {"prefill": {}, "decode": {}}, **data)
+        _plan(data.pop("engine"), command, roles, **data)
     assert field in str(refused.value), str(refused.value)
 
 

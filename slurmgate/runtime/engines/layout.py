@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.engines import frontends, mocker
+from slurmgate.runtime.engines import frontends, mocker, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.roles import RoleShape
 
@@ -714,15 +714,20 @@ def lane_argv(
 ) -> list[str]:
     """The server argv: the spec's command plus the flags the layout decides, in the words of
     the deployment's engine (`engines.EngineProfile.lane_argv`, or for a role's lane its
-    `role_engines.RoleSupport.render`); with a stand-in, the mocker's, loading `model_dir`."""
+    `role_engines.RoleSupport.render`); with a stand-in, loading `model_dir`: the mocker's
+    argv, or vLLM's with the model after its head (vllm-cpu)."""
     profile = engines.profile(spec.engine)
     if lane.role is None:
-        return profile.lane_argv(spec, lane, master_addr, bind_host)
-    assert spec.roles is not None and profile.roles is not None
-    role = dict(spec.roles.items())[lane.role]
-    if spec.stand_in == "dynamo-mocker":
-        return mocker.stand_in_argv(spec.command, lane.role, model_dir, spec.name, role.args)
-    return profile.roles.render(spec, role, lane, master_addr, bind_host)
+        argv = profile.lane_argv(spec, lane, master_addr, bind_host)
+    else:
+        assert spec.roles is not None and profile.roles is not None
+        role = dict(spec.roles.items())[lane.role]
+        if spec.stand_in == "dynamo-mocker":
+            return mocker.stand_in_argv(spec.command, lane.role, model_dir, spec.name, role.args)
+        argv = profile.roles.render(spec, role, lane, master_addr, bind_host)
+    if spec.stand_in == "vllm-cpu":
+        return vllm_cpu.stand_in_argv(argv, spec.command, model_dir)
+    return argv
 
 
 def stand_in_metrics_urls(

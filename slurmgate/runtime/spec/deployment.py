@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from slurmgate.runtime.engines import mocker
+from slurmgate.runtime.engines import mocker, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.mocker import SYSTEM_PORT_MAX
 from slurmgate.runtime.spec.errors import problem
@@ -20,8 +20,9 @@ from slurmgate.runtime.spec.roles import (
 )
 from slurmgate.runtime.spec.secret_refs import EnvValue, checked_env, credential_flag
 
-StandIn = Literal["dynamo-mocker"]
-STAND_IN_ENGINES = {"dynamo-mocker": ("dynamo-sglang", "dynamo-vllm")}
+StandIn = Literal["dynamo-mocker", "vllm-cpu"]
+STAND_IN_ENGINES = {"dynamo-mocker": ("dynamo-sglang", "dynamo-vllm"), "vllm-cpu": ("vllm",)}
+STAND_IN_FOR = {"dynamo-mocker": "a Dynamo worker", "vllm-cpu": "vLLM's server"}
 
 
 class BackpressureSpec(StrictModel):
@@ -171,7 +172,10 @@ class DeploymentSpec(StrictModel):
         "`command` then being its head (e.g. [python, -m, dynamo.mocker]); its model "
         "directory is the command's --model-path, else a tiny one the run writes in its "
         "directory with the command's Python; it serves the model as the deployment's name "
-        "unless the command gives --model-name",
+        "unless the command gives --model-name. vllm-cpu (engine vllm) runs vLLM's server on "
+        "CPU, `command` being [python, -m, vllm.entrypoints.openai.api_server, …]; its model "
+        "is the command's --model, else a tiny Llama with random weights the run writes in "
+        "its directory with the command's Python (the vLLM venv's)",
     )
 
     @field_validator("readiness_path")
@@ -269,9 +273,14 @@ class DeploymentSpec(StrictModel):
         if self.engine not in engines_ok:
             raise problem(
                 "stand_in",
-                f"{self.stand_in} stands in for a Dynamo worker, not engine {self.engine}",
+                f"{self.stand_in} stands in for {STAND_IN_FOR[self.stand_in]}, not engine "
+                f"{self.engine}",
                 f"use engine {' or '.join(engines_ok)}, or remove stand_in",
             )
+        if self.stand_in == "vllm-cpu":
+            if vllm_cpu.command_model_dir(self.command) is None:
+                vllm_cpu.command_python(self.command)  # its InputError names command and fix
+            return
         if mocker.command_model_dir(self.command) is None:
             mocker.command_python(self.command)  # its InputError names the command and the fix
         # the mocker's status server port is Dynamo's DYN_SYSTEM_PORT, read as a signed
