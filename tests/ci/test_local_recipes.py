@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.engines import layout
+from slurmgate.runtime.engines import layout, vllm_cpu
 from slurmgate.runtime.spec import recipes
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.from_recipe import RecipeRefused, RecipeSpec, spec_from_recipe
@@ -67,19 +69,22 @@ def test_every_shipped_recipe_maps_onto_the_bundled_cluster_or_is_refused(relati
         assert workers[more] >= min(workers.values()), (prod_workers, workers)
     for name, _ in spec.roles.items():
         assert spec.worker_gpus(name) == min(prod.worker_gpus(name), LOCAL_GPUS_PER_NODE)
-    # the frontend kind stays; it decides the stand-in
+    # the frontend kind stays, and decides the stand-in; plain vLLM (vllm serve, no router)
+    # gets Dynamo's, whose mocker serves no HTTP itself
     kind = prod.frontend.type if prod.frontend else None
-    assert (spec.frontend.type if spec.frontend else None) == kind
+    plain_vllm = prod.engine == "vllm" and kind is None
+    assert (spec.frontend.type if spec.frontend else None) == ("dynamo" if plain_vllm else kind)
     lines = [r.line() for r in local.reported]
-    if kind == "dynamo":
+    if kind == "dynamo" or plain_vllm:
         assert spec.stand_in == "dynamo-mocker"
         assert spec.command == [PYTHON, "-m", "dynamo.mocker"]
         assert spec.frontend is not None and spec.frontend.argv_head[1:] == [
             "-m",
             "dynamo.frontend",
         ]
+        engine = "vllm serve" if plain_vllm else prod.engine
         assert any(
-            line.startswith(f"engine: --local: {prod.engine} → Dynamo's mocker") for line in lines
+            line.startswith(f"engine: --local: {engine} → Dynamo's mocker") for line in lines
         )
     else:
         assert spec.engine == "custom" and spec.stand_in is None
@@ -150,6 +155,133 @@ def test_a_missing_dynamo_python_names_the_option_and_the_fix(tmp_path: Path) ->
         localize(stub, dynamo_python=str(tmp_path / "nothing")).spec.deployments[0].engine
         == "custom"
     )
+
+
+PLAIN_VLLM = "vllm/kimi-k3/agentic/agg-b200-tp8pp2-agentic.yaml"
+DYNAMO_VLLM_AGG = "vllm/deepseek-v4/8k1k/agg-gb200-low-latency-mtp2.yaml"
+
+
+def _rendered(spec: AllocationSpec, served: str | None = None) -> dict[str, Any]:
+    """What a spec's lanes and service lanes run (argv and env), as the runtime renders them
+    on loopback nodes, its deployment named `name` (and its command's `served` name too)."""
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    (dep,) = data["deployments"]
+    dep["name"] = "name"
+    dep["command"] = ["name" if a == served else a for a in dep["command"]]
+    renamed = AllocationSpec.from_data(data)
+    (dspec,) = renamed.deployments
+    plan = layout.plan(renamed)
+    hosts = [f"n{i}" for i in range(plan.total_nodes)]
+    lay = layout.bind(plan, hosts, dict.fromkeys(hosts, "127.0.0.1"))
+    (d,) = lay.plan.deployments
+    lanes = [
+        (
+            lane.process_id,
+            layout.lane_argv(dspec, lane, "127.0.0.1", bind_host="127.0.0.1", model_dir="/m"),
+            layout.lane_env(dspec, lane, "127.0.0.1"),
+        )
+        for n in d.nodes
+        for lane in n.lanes
+    ]
+    services = [
+        (dataclasses.astuple(s.plan), s.argv, s.env, s.files)
+        for s in layout.service_launches(dspec, lay, d)
+    ]
+    return {
+        "lanes": lanes,
+        "services": services,
+        "service_env": layout.service_env(dspec, lay),
+        "expected": layout.expected_workers(dspec, d),
+        "env": dspec.env,
+    }
+
+
+def test_plain_vllm_runs_dynamos_mocker_behind_dynamos_frontend_by_default() -> None:
+    """Plain `vllm serve` with no router maps onto what a Dynamo vLLM recipe's --local spec
+    runs: the mocker serves no HTTP, so Dynamo's frontend (with etcd and NATS) comes too."""
+    pair = _local(PLAIN_VLLM)
+    assert pair is not None
+    built, local = pair
+    assert built.spec.deployments[0].engine == "vllm" and built.spec.deployments[0].frontend is None
+    spec = local.spec.deployments[0]
+    assert (spec.engine, spec.stand_in) == ("dynamo-vllm", "dynamo-mocker")
+    assert spec.frontend is not None and spec.frontend.type == "dynamo"
+    assert spec.frontend.services == ("etcd", "nats")
+    lines = "\n".join(r.line() for r in local.reported)
+    assert "engine: --local: vllm serve → Dynamo's mocker" in lines
+    assert "the mocker serves no HTTP itself (--vllm-cpu runs one real vLLM-CPU worker" in lines
+    assert "frontend: --local: none (vllm serve answers clients itself) → dynamo" in lines
+    # the same deployment, lanes and services as a shipped dynamo-vllm agg recipe's --local spec
+    dynamo = _local(DYNAMO_VLLM_AGG)
+    assert dynamo is not None
+    ours, theirs = (
+        {**s.spec.deployments[0].model_dump(exclude={"name"})} for s in (local, dynamo[1])
+    )
+    assert ours == theirs
+    assert _rendered(local.spec) == _rendered(dynamo[1].spec)
+    (lane,) = _rendered(local.spec)["lanes"]
+    assert lane[1] == [
+        *(PYTHON, "-m", "dynamo.mocker", "--model-path", "/m", "--model-name", "name"),
+        *("--disaggregation-mode", "agg", "--speedup-ratio", "0"),
+    ]
+
+
+def test_vllm_cpu_runs_one_real_worker_as_the_slow_vllm_test_runs_it() -> None:
+    """With a vLLM-CPU python, a plain vLLM recipe runs one vLLM worker on CPU, whose argv and
+    env are those tests/runtime/test_vllm_cpu_slurm.py runs on the cluster (its port and
+    served name aside): that slow test covers this mapping."""
+    from tests.runtime.test_vllm_cpu_slurm import MODEL, vllm_spec
+
+    built = _production(PLAIN_VLLM)
+    assert isinstance(built, RecipeSpec)
+    # it needs no Dynamo
+    local = localize(built, dynamo_python="", vllm_python=PYTHON, source=PLAIN_VLLM)
+    spec = local.spec.deployments[0]
+    assert (spec.engine, spec.stand_in, spec.frontend) == ("vllm", "vllm-cpu", None)
+    assert spec.roles is not None
+    assert [(n, r.workers, r.tensor_parallel) for n, r in spec.roles.items()] == [("agg", 1, 1)]
+    assert local.spec.total_nodes == 1
+    assert spec.startup_timeout_s == vllm_cpu.STARTUP_TIMEOUT_S
+    lines = "\n".join(r.line() for r in local.reported)
+    assert f"engine: --local: vllm serve → vLLM on CPU ({PYTHON} -m {vllm_cpu.MODULE}" in lines
+    assert "agg.sizes: --local: a worker of TP8×PP2 (16 GPUs) → TP1 (1 GPU)" in lines
+    assert "agg.args/env: --local: the engine's own, dropped" in lines
+    slow = vllm_spec(PYTHON)
+    ours = _rendered(local.spec, served=spec.name)
+    theirs = _rendered(slow, served=MODEL)
+    ((_, argv, env),) = ours["lanes"]
+    ((_, slow_argv, slow_env),) = theirs["lanes"]
+    at = argv.index("--port") + 1
+    assert [*argv[:at], "PORT", *argv[at + 1 :]] == [*slow_argv[:at], "PORT", *slow_argv[at + 1 :]]
+    assert argv[:5] == [PYTHON, "-m", vllm_cpu.MODULE, "--model", "/m"]
+    assert "--enforce-eager" in argv and "--tensor-parallel-size" in argv
+    assert env == slow_env and ours["env"] == theirs["env"] == vllm_cpu.ENV
+    assert not ours["services"] and not theirs["services"]
+
+
+@pytest.mark.parametrize(
+    "relative",
+    [
+        "sglang/qwen3.5/gb200-fp8/8k1k/1p1d-tp4-tp4.yaml",  # dynamo-sglang
+        "sglang/qwen3.5/gb200-fp4/agentic/agg-gb200-tp4-mtp.yaml",  # sglang-router
+        DYNAMO_VLLM_AGG,  # vLLM behind Dynamo's frontend
+        "trtllm/qwen3.5/gb300-fp4/disagg/8k1k/stp/ctx3dep2_gen1dep4_mtp0_c1536.yaml",
+    ],
+)
+def test_vllm_cpu_is_refused_by_name_for_a_recipe_that_is_not_plain_vllm(relative: str) -> None:
+    built = _production(relative)
+    assert isinstance(built, RecipeSpec)
+    with pytest.raises(InputError, match=r"^--vllm-cpu: .* not plain vLLM .* without --vllm-cpu"):
+        localize(built, dynamo_python=PYTHON, vllm_python=PYTHON, source=relative)
+
+
+@pytest.mark.parametrize("given", ["", "nothing", "."])
+def test_a_missing_vllm_python_names_the_flag_and_the_fix(tmp_path: Path, given: str) -> None:
+    built = _production(PLAIN_VLLM)
+    assert isinstance(built, RecipeSpec)
+    path = str(tmp_path / given) if given else ""
+    with pytest.raises(InputError, match=r"^--vllm-python: .*SLURMGATE_VLLM_PYTHON.*\.venv-vllm"):
+        localize(built, dynamo_python=PYTHON, vllm_python=path)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

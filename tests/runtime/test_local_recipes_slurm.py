@@ -1,10 +1,11 @@
 """Shipped recipes with `--local` on the cluster: each framework's shape served by its stand-ins.
 
 One recipe per framework and frontend: SGLang, vLLM and TensorRT-LLM behind Dynamo's frontend
-(Dynamo's mocker in the workers' place), SGLang behind the real sglang-router and plain
-`vllm serve` (the stub server in both). Each is mapped as `slurmgate allocation run --recipe R
---local` maps it, run to the end, and its client's plain and streamed chat completions must
-come back through the endpoint; nothing of the run is left on any node.
+(Dynamo's mocker in the workers' place), SGLang behind the real sglang-router (the stub server),
+and plain `vllm serve` (Dynamo's mocker behind a Dynamo frontend of its own: the mocker serves
+no HTTP itself). Each is mapped as `slurmgate allocation run --recipe R --local` maps it, run to
+the end, and its client's plain and streamed chat completions must come back through the
+endpoint; nothing of the run is left on any node.
 """
 
 from __future__ import annotations
