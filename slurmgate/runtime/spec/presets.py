@@ -4,8 +4,11 @@ The allocation deployment's full spec is a form of a dozen kilobytes in the Pref
 for every run. A preset names a spec file that lives on the host of the worker that runs the
 flow (the site's checked-in specs), or an srt-slurm recipe there (`recipe_file`, built as
 `slurmgate spec from-recipe` builds it; with `local`, mapped onto the bundled cluster as
-`--local` maps it), and `SpecOverrides` are the handful of fields people change between runs;
-the result is validated as a whole, like a spec given in full.
+`--local` maps it, and with `vllm_cpu` a plain vLLM one onto one vLLM-CPU worker as
+`--vllm-cpu` does), and `SpecOverrides` are the handful of fields people change between runs;
+the result is validated as a whole, like a spec given in full. The stand-ins' interpreters are
+the worker's operator's (SLURMGATE_DYNAMO_PYTHON, SLURMGATE_VLLM_PYTHON), never a path a run's
+parameters name.
 
 A preset's name arrives through the UI or the API, from anyone who may start a run, and is
 read by the worker: so only regular files under the one presets folder the worker's operator
@@ -30,7 +33,7 @@ from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError, spec_error_from
 from slurmgate.runtime.spec.fields import AllocationName
 from slurmgate.runtime.spec.from_recipe import spec_from_data
-from slurmgate.runtime.spec.local_recipe import localize
+from slurmgate.runtime.spec.local_recipe import checked_vllm_python, is_plain_vllm, localize
 from slurmgate.settings.testbed import LocalClusterSettings
 
 # A spec is a few kilobytes; a path that names something far larger is not one.
@@ -134,21 +137,57 @@ def load_spec_file(name: str, presets_dir: Path | None) -> AllocationSpec:
         ) from None
 
 
-def load_recipe_file(name: str, presets_dir: Path | None, *, local: bool) -> AllocationSpec:
+def load_recipe_file(
+    name: str, presets_dir: Path | None, *, local: bool, vllm_cpu: bool = False
+) -> AllocationSpec:
     """The spec of the srt-slurm recipe `name` in the presets folder, as `slurmgate spec
     from-recipe` builds it (with `local`, as `--local` maps it onto the bundled cluster, the
-    Dynamo venv's python from SLURMGATE_DYNAMO_PYTHON); errors name `recipe_file` and the
-    command that shows every problem, not the content."""
+    Dynamo venv's python from SLURMGATE_DYNAMO_PYTHON; with `vllm_cpu` too, a plain vLLM
+    recipe on one vLLM-CPU worker, as `--vllm-cpu`, the python from SLURMGATE_VLLM_PYTHON);
+    errors name `recipe_file` (or `vllm_cpu`) and the command that shows every problem, not
+    the content."""
     path, raw = _read_preset(name, presets_dir)
-    check = "see why with `slurmgate spec from-recipe {}{}` on the worker's host".format(
-        path, " --local" if local else ""
-    )
+    flags = (" --local" if local else "") + (" --vllm-cpu" if vllm_cpu else "")
+    check = f"see why with `slurmgate spec from-recipe {path}{flags}` on the worker's host"
+    vllm_python = None
+    if vllm_cpu:
+        try:
+            vllm_python = checked_vllm_python(LocalClusterSettings().vllm_python)
+        except InputError:
+            raise SpecError(
+                [
+                    (
+                        "vllm_cpu",
+                        "this worker's host has no vLLM-CPU python",
+                        "set SLURMGATE_VLLM_PYTHON on the worker's host to the vLLM-CPU venv's "
+                        "python (scripts/setup.sh with SLURMGATE_WITH_VLLM=1 makes .venv-vllm), "
+                        "or clear vllm_cpu",
+                    )
+                ]
+            ) from None
     try:
         data = recipes.parse(raw.decode("utf-8", errors="replace"), name)
         built = spec_from_data(data, source=name)
+        if vllm_cpu and not is_plain_vllm(built.spec):
+            raise SpecError(
+                [
+                    (
+                        "vllm_cpu",
+                        f"{name} is not a plain vLLM recipe (vllm serve with no router), the "
+                        "only kind a vLLM-CPU worker stands in for",
+                        "clear vllm_cpu: its stand-in is then the one its frontend decides",
+                    )
+                ]
+            )
         if local:
-            python = LocalClusterSettings().dynamo_python
-            built = localize(built, dynamo_python=python, source=name)
+            built = localize(
+                built,
+                dynamo_python=LocalClusterSettings().dynamo_python,
+                vllm_python=vllm_python,
+                source=name,
+            )
+    except SpecError:
+        raise
     except InputError:
         raise SpecError(
             [("recipe_file", f"{name} is not a recipe slurmgate runs as it is", check)]
@@ -201,10 +240,12 @@ def resolve_spec(
     *,
     recipe_file: str | None = None,
     local: bool = False,
+    vllm_cpu: bool = False,
 ) -> AllocationSpec:
     """The run's spec from exactly one of a full `spec`, a `spec_file` or a `recipe_file` (an
-    srt-slurm recipe; with `local` mapped onto the bundled cluster), both presets in
-    `presets_dir`, then the overrides."""
+    srt-slurm recipe; with `local` mapped onto the bundled cluster, with `vllm_cpu` too a
+    plain vLLM one on one vLLM-CPU worker), both presets in `presets_dir`, then the
+    overrides."""
     if sum(x is not None for x in (spec, spec_file, recipe_file)) != 1:
         raise SpecError(
             [
@@ -218,12 +259,22 @@ def resolve_spec(
         )
     if local and recipe_file is None:
         raise SpecError([("local", "maps a recipe onto the bundled cluster", "set recipe_file")])
+    if vllm_cpu and not local:
+        raise SpecError(
+            [
+                (
+                    "vllm_cpu",
+                    "runs a plain vLLM recipe on the bundled cluster",
+                    "set local (and recipe_file), or clear vllm_cpu",
+                )
+            ]
+        )
     if spec is not None:
         chosen = spec
     elif spec_file is not None:
         chosen = load_spec_file(spec_file, presets_dir)
     else:
-        chosen = load_recipe_file(str(recipe_file), presets_dir, local=local)
+        chosen = load_recipe_file(str(recipe_file), presets_dir, local=local, vllm_cpu=vllm_cpu)
     if overrides is None or overrides.is_empty():
         return chosen
     return apply_overrides(chosen, overrides)
