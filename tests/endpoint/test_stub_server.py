@@ -102,11 +102,13 @@ async def test_sse_streams_one_chunk_per_token_at_the_set_speed(
 async def test_startup_delay_and_env_knobs(
     client: httpx.AsyncClient, stub: Callable[..., Proc]
 ) -> None:
+    launched = time.monotonic()  # before the stub's own clock starts
     lane = stub(env={"SLURMGATE_STUB_STARTUP_DELAY": "0.8"})
     await wait_status(client, f"{lane.url}/health", 503)
     assert (await client.get(f"{lane.url}/v1/models")).status_code == 503
-    waited = await wait_status(client, f"{lane.url}/health", 200)
-    assert 0.2 < waited < 2.0
+    await wait_status(client, f"{lane.url}/health", 200)
+    # measured from the launch: on a loaded machine the first 503 may come late in the delay
+    assert time.monotonic() - launched >= 0.8
 
 
 async def test_hang_never_becomes_ready(

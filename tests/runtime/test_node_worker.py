@@ -162,21 +162,25 @@ def test_sigterm_during_a_long_stagger_returns_within_2s(tmp_path: Path) -> None
     assert_no_orphans(token)
 
 
+@pytest.mark.serial  # a wall-clock window: the grace, then the kill
 def test_lane_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     token = f"nw-{os.getpid()}-stubborn"
+    started = tmp_path / "lane-0.txt"
     stubborn = LaneSpec(
         id="lane-0",
         argv=[
             sys.executable,
             "-c",
-            "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)",
+            "import pathlib,signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "pathlib.Path(sys.argv[1]).write_text('start'); time.sleep(300)",
+            str(started),
         ],
         gpus=[0],
         delay_s=0,
         env={},
     )
     proc = _worker("serve", _spec(token, [stubborn]))
-    time.sleep(0.8)
+    _wait_for(started, "start")  # the worker runs its lane: its own signal handlers are set
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=10) == 128 + signal.SIGINT
