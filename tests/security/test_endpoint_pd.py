@@ -72,13 +72,16 @@ async def lanes(*apps: Backend) -> AsyncIterator[list[str]]:
 
 
 def fields_of(body: bytes) -> tuple[Any, Any]:
-    sent = json.loads(body)
+    """The bootstrap fields of a body a lane got: plain UTF-8 JSON, one object."""
+    assert body.startswith(b"{"), body[:40]
+    sent = json.loads(body.decode("utf-8"))
     return sent.get("bootstrap_host"), sent.get("bootstrap_room")
 
 
 # ---- 1. every request is paired or refused ---------------------------------------------------
 
 SPOOFED = json.dumps(SPOOF).encode()
+PLAIN = json.dumps({"prompt": "x"})  # no bootstrap field of the client's own
 
 
 @pytest.mark.parametrize(
@@ -87,6 +90,9 @@ SPOOFED = json.dumps(SPOOF).encode()
         ("POST", b"\xef\xbb\xbf" + SPOOFED, 200),  # a UTF-8 byte order mark
         ("POST", b"\r\n \t" + SPOOFED + b"\n", 200),  # whitespace around the object
         ("POST", json.dumps(SPOOF).encode("utf-16"), 200),  # JSON the engine reads as UTF-16
+        # without a byte order mark, the first byte is still `{`: UTF-16 or 32 all the same
+        ("POST", PLAIN.encode("utf-16-le"), 200),
+        ("POST", PLAIN.encode("utf-32-le"), 200),
         ("PUT", SPOOFED, 200),  # SGLang serves PUT /generate
         ("POST", b"[" + SPOOFED + b"]", 400),  # not an object
         ("POST", b'"' + EVIL.encode() + b'"', 400),
@@ -95,7 +101,20 @@ SPOOFED = json.dumps(SPOOF).encode()
         ("PATCH", SPOOFED, 405),
         ("DELETE", SPOOFED, 405),
     ],
-    ids=["bom", "space", "utf16", "put", "array", "string", "nul", "get", "patch", "delete"],
+    ids=[
+        "bom",
+        "space",
+        "utf16",
+        "utf16le",
+        "utf32le",
+        "put",
+        "array",
+        "string",
+        "nul",
+        "get",
+        "patch",
+        "delete",
+    ],
 )
 async def test_a_pd_request_is_paired_or_refused_never_proxied_with_a_clients_fields(
     method: str, body: bytes, status: int

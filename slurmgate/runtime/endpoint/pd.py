@@ -13,8 +13,10 @@ bootstrap fields the endpoint did not set.
 
 - ``POST`` and ``PUT`` (SGLang serves ``PUT /generate`` too) with a body are paired: the body
   must be one JSON object (a UTF-8 byte order mark and whitespace around it are allowed, as the
-  engine's parser allows them), else 400 naming why. A body the engine would read otherwise
-  than as it came (a byte order mark, UTF-16) is re-serialised, never appended to.
+  engine's parser allows them), else 400 naming why. Only plain UTF-8 JSON (no byte order
+  mark) that starts with ``{`` is passed on as it came, with the fields appended; any other
+  body the engine's parser reads (a byte order mark, UTF-16 or UTF-32 with or without one,
+  whose first byte may be ``{`` too) is re-serialised, never appended to.
 - A body without content (any method but those below) and ``GET``/``HEAD`` without a body go to
   a decode lane as they came: with no body there is no bootstrap field to carry.
 - ``GET``/``HEAD`` with a body are refused (400); every other method with a body is 405.
@@ -78,7 +80,8 @@ def pairable(raw: bytes) -> Pairable | str:
     if items is not None and items > MAX_BATCH:
         return f"a batch of {items} items is over {MAX_BATCH}"
     body = raw.strip(b" \t\r\n")
-    if not body.startswith(b"{") or any(name in value for name in BOOTSTRAP_FIELDS):
+    plain = json.detect_encoding(raw) == "utf-8" and body.startswith(b"{")  # as json.loads saw
+    if not plain or any(name in value for name in BOOTSTRAP_FIELDS):
         # parsed keys: escapes decoded; a body that is not plain UTF-8 JSON is rebuilt too
         own = {k: v for k, v in value.items() if k not in BOOTSTRAP_FIELDS}
         body = json.dumps(own, separators=(",", ":")).encode()
