@@ -256,9 +256,12 @@ async def test_a_first_byte_timeout_on_a_reused_connection_is_answered_504_once(
 async def test_a_lane_leaving_rotation_cuts_its_pd_requests_short(role: str) -> None:
     prefill, decode = Backend("prefill"), Backend("decode")
     wedged = prefill if role == "prefill" else decode
+    # The first-byte timeout is 2 s; two failed probes 0.2 s apart take the lane out in about
+    # 0.4 s. A cut at the timeout would answer 504 after 2 s: the 503 naming the rotation, well
+    # before it, is the cut.
     async with (
         lanes(prefill, decode) as (p_url, d_url),
-        pd_endpoint([p_url], [d_url], first_byte_timeout=30.0) as (url, ep),
+        pd_endpoint([p_url], [d_url], first_byte_timeout=2.0) as (url, ep),
         httpx.AsyncClient(timeout=10) as client,
     ):
         wedged.hang = True
@@ -270,7 +273,7 @@ async def test_a_lane_leaving_rotation_cuts_its_pd_requests_short(role: str) -> 
         waited = time.monotonic() - started
         assert all(lane.active == 0 for lane in ep.lanes)
     assert got.status_code == 503 and "left rotation" in got.text, got.text
-    assert waited < 2.5, f"answered after {waited:.1f} s"
+    assert waited < 1.5, f"answered after {waited:.1f} s"
 
 
 # ---- 4. the prefill's slot is given back when its answer is in -------------------------------
@@ -278,15 +281,13 @@ async def test_a_lane_leaving_rotation_cuts_its_pd_requests_short(role: str) -> 
 
 @pytest.mark.serial  # a wall-clock bound: one at a time
 async def test_a_prefill_lane_is_free_while_its_decode_still_streams() -> None:
-    """One connection per lane: a request whose decode takes 3 s holds no prefill slot, so a
-    second request pairs the same prefill lane with the idle decode lane at once."""
-    prefill, slow, idle = Backend("prefill"), Backend("slow", delay=3.0), Backend("idle")
+    """One connection per lane: a request whose decode takes 1.5 s (under the 2 s first-byte
+    timeout) holds no prefill slot, so a second request pairs the same prefill lane with the
+    idle decode lane at once, not after the first one's 1.5 s."""
+    prefill, slow, idle = Backend("prefill"), Backend("slow", delay=1.5), Backend("idle")
     async with (
         lanes(prefill, slow, idle) as (p_url, slow_url, idle_url),
-        pd_endpoint([p_url], [slow_url, idle_url], pool_size=3, first_byte_timeout=5.0) as (
-            url,
-            ep,
-        ),
+        pd_endpoint([p_url], [slow_url, idle_url], pool_size=3) as (url, ep),
         httpx.AsyncClient(timeout=10) as client,
     ):
         first = asyncio.create_task(client.post(f"{url}/generate", json={"text": "a"}))
