@@ -1,24 +1,29 @@
 """A hostile client and failing lanes against a prefill/decode endpoint: pairing, bounds, release.
 
 The endpoint runs in this event loop (its lanes' counts, gates and pools are read directly) in
-front of scripted ASGI lanes, or, to measure its memory, as its own process. First-byte timeouts
-are 1-2 s, so a wait that should not happen shows as a wall-clock overrun.
+front of scripted ASGI lanes, or, to measure its memory, as its own process: the fault run's
+(``pd_probe.py``) reports what it holds over a side door. First-byte timeouts are 1-2 s, so a
+wait that should not happen shows as a wall-clock overrun.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
+import http.client
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -34,7 +39,6 @@ from endpoint_helpers import (
 
 from slurmgate.runtime.endpoint.app import Endpoint, EndpointServer
 from slurmgate.runtime.endpoint.config import EndpointConfig
-from slurmgate.runtime.endpoint.upstream import UpstreamConnection
 from slurmgate.testbed.localproc import free_port
 
 MIB = 1024 * 1024
@@ -155,12 +159,12 @@ def _watch_health(url: str, latencies: list[float], stop: asyncio.Event) -> asyn
     return asyncio.create_task(run())
 
 
-async def _post_raw(url: str, body: bytes, declared: int | None = None) -> int:
+async def _post_raw(url: str, body: bytes, path: str = "/generate") -> int:
     """POST body on a raw socket (it may be refused before it is all sent); the status."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    length = len(body) if declared is None else declared
-    writer.write(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+    length = len(body)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
 
     async def send() -> None:
         with contextlib.suppress(OSError):
@@ -178,7 +182,7 @@ async def _post_raw(url: str, body: bytes, declared: int | None = None) -> int:
 def _list_body(item: bytes, size: int) -> bytes:
     """``{"prompt":[item,item,...]}`` of about ``size`` bytes."""
     count = (size - 16) // (len(item) + 1)
-    return b'{"prompt":[' + b",".join([item] * count) + b"]}"
+    return b'{"prompt":[' + (item + b",") * (count - 1) + item + b"]}"
 
 
 @pytest.mark.serial  # a wall-clock bound: one at a time
@@ -302,7 +306,24 @@ async def test_a_prefill_lane_is_free_while_its_decode_still_streams() -> None:
     assert waited < 1.0, f"the second request waited {waited:.1f} s"
 
 
-# ---- 5. nothing is left behind ---------------------------------------------------------------
+# ---- 5. faults under load: the bounds hold, and nothing is left behind ----------------------
+
+FIRST_BYTE = 1.5  # the fault run's first-byte timeout
+SLOW_START = 0.5  # the slow decode lane starts each answer this late: well within FIRST_BYTE
+# Each lane's stub knobs. A prefill takes a while, so requests are in flight on the killed lane
+# when it dies right after its second answer (--crash-after: at a known request). The hung lane
+# takes every request and never starts an answer while its /health says 200, so the first-byte
+# timeout, not its leaving rotation, ends them.
+FAULT_LANES = {
+    "prefill-ok": ["--first-token-delay", "0.15"],
+    "prefill-killed": ["--first-token-delay", "0.4", "--crash-after", "2"],
+    "decode-fast": ["--tokens-per-second", "200"],
+    "decode-slow": ["--first-token-delay", str(SLOW_START)],
+    "decode-hung": ["--first-token-delay", "600"],
+}
+PACED, PACE = 40, 0.06  # completions: at least 40, one every 60 ms, every other one streamed
+PROBE = Path(__file__).with_name("pd_probe.py")
+T = TypeVar("T")
 
 
 def _stub(*args: str) -> Proc:
@@ -317,91 +338,317 @@ def _stub(*args: str) -> Proc:
     return Proc(popen, f"http://127.0.0.1:{port}", port)
 
 
-def _live_upstreams(ep: Endpoint) -> list[UpstreamConnection]:
-    idle = {id(conn) for pool in ep.links.pools for conn in pool.idle}
-    gc.collect()
-    return [
-        obj
-        for obj in gc.get_objects()
-        if isinstance(obj, UpstreamConnection) and not obj.closed and id(obj) not in idle
-    ]
+async def _probe(port: int, full: bool = False) -> dict[str, Any]:
+    """What the endpoint process holds now (``pd_probe.py``)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=MIB)
+    writer.write(b"full\n" if full else b"now\n")
+    try:
+        return dict(json.loads(await asyncio.wait_for(reader.readline(), 10)))
+    finally:
+        writer.close()
+
+
+def _settled(state: dict[str, Any], sent: int) -> bool:
+    """Every request sent has ended, and every lane's counts and gate are back."""
+    return (
+        all(counts == [0, 0, 0, 0] for counts in state["lanes"])
+        and set(state["gates"]) == {state["per_lane"]}
+        and state["requests_open"] == 0
+        and state["ended"] == sent
+    )
+
+
+async def _running(url: str) -> float:
+    """A stub lane's requests being generated (its vllm:num_requests_running gauge)."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        page = (await client.get(f"{url}/metrics")).text
+    line = next(line for line in page.splitlines() if line.startswith("vllm:num_requests_running"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+class _HealthWatch(threading.Thread):
+    """GET /health every 50 ms on a new connection, from a thread of its own: the latency is
+    the endpoint's, not that of the test's busy event loop. It answers 200, or 503 while a lane
+    is down (the killed one is)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            started = time.monotonic()
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            try:
+                conn.request("GET", "/health")
+                answer = conn.getresponse()
+                answer.read()
+                if answer.status not in (200, 503):
+                    self.failures.append(f"/health answered {answer.status}")
+            except OSError as exc:
+                self.failures.append(repr(exc))
+            finally:
+                conn.close()
+            self.latencies.append(time.monotonic() - started)
+            self.halt.wait(0.05)
+
+
+@dataclass
+class _Load:
+    """The clients' side: requests sent, and when the load stopped: the moment the last
+    client sent a request, read the last byte it read, or let a request go."""
+
+    url: str
+    sent: int = 0
+    big: int = 0
+    stopped: float = 0.0
+
+    def send(self) -> None:
+        self.sent += 1
+        self.act()
+
+    def act(self) -> None:
+        self.stopped = max(self.stopped, time.monotonic())
+
+
+async def _paced(client: httpx.AsyncClient, load: _Load, i: int) -> tuple[int, float, bytes]:
+    """One completion read whole: its status, the seconds until its head, its body."""
+    body = {"prompt": f"p{i}", "max_tokens": 30, "stream": i % 2 == 0}
+    load.send()
+    started = time.monotonic()
+    async with client.stream("POST", f"{load.url}/v1/completions", json=body) as answer:
+        waited = time.monotonic() - started
+        data = await answer.aread()
+    return answer.status_code, waited, data
+
+
+async def _pace(
+    client: httpx.AsyncClient, load: _Load, busy: Callable[[], bool]
+) -> list[asyncio.Task[tuple[int, float, bytes]]]:
+    """Completions sent one every PACE seconds, at least PACED of them, and on while ``busy``
+    says another client still acts (15 s at most): the last of them stops the load."""
+    tasks: list[asyncio.Task[tuple[int, float, bytes]]] = []
+    began = time.monotonic()
+    while len(tasks) < PACED or (busy() and time.monotonic() - began < 15):
+        tasks.append(asyncio.create_task(_paced(client, load, len(tasks))))
+        await asyncio.sleep(PACE)
+    return tasks
+
+
+async def _stream(
+    load: _Load, max_tokens: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A streamed completion answered 200, on a connection that takes little ahead of its
+    reader (a 4 KiB socket buffer, 2 KiB in the stream reader), so reading it slowly holds the
+    endpoint's writes back. Sent again while the hung or the killed lane answers it 504 or 502."""
+    host, port = load.url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "s", "max_tokens": max_tokens, "stream": True}).encode()
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    for _ in range(8):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+        writer.write(request)
+        await writer.drain()
+        load.send()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        if head.startswith(b"HTTP/1.1 200 "):
+            return reader, writer
+        writer.close()  # that answer was whole: nothing is let go
+    raise AssertionError("no streamed answer in 8 attempts")
+
+
+async def _read_slowly(load: _Load, max_tokens: int, seconds: float) -> tuple[bytes, int]:
+    """Read a stream 64 bytes at a time, 10 ms apart, to its end or for ``seconds``, then
+    leave; what was read, and in how many reads."""
+    reader, writer = await _stream(load, max_tokens)
+    got, reads = bytearray(), 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not got.endswith(b"\r\n0\r\n\r\n"):
+        chunk = await asyncio.wait_for(reader.read(64), 5)
+        if not chunk:
+            break
+        got += chunk
+        reads += 1
+        await asyncio.sleep(0.01)
+    writer.close()
+    load.act()
+    return bytes(got), reads
+
+
+async def _vanish(load: _Load) -> bytes:
+    """Take a stream's first bytes, then leave with hundreds of its tokens still to come."""
+    reader, writer = await _stream(load, 400)
+    got = await asyncio.wait_for(reader.read(64), 5)
+    writer.close()
+    load.act()
+    return got
+
+
+async def _post_big(load: _Load, body: bytes) -> int:
+    load.big += 1
+    load.send()
+    return await _post_raw(load.url, body, "/v1/completions")
+
+
+async def _at(delay: float, work: Awaitable[T]) -> T:
+    await asyncio.sleep(delay)
+    return await work
+
+
+def _fault_bodies() -> list[tuple[float, bytes]]:
+    """The big bodies, each sent three times at once, and when: 40 MiB (refused at its head),
+    8 MiB of short strings (parsed whole, then refused as a batch too large), and an 8 MiB
+    prompt (parsed, paired and sent to both lanes)."""
+    huge = _list_body(b"{}", 40 * MIB)
+    costly = _list_body(b'"abcdefgh"', 8 * MIB - 64)
+    prompt = b'{"prompt":"' + b"x" * (8 * MIB - 64) + b'","max_tokens":4}'
+    return [(0.6, huge), (1.0, costly), (1.4, prompt)]
 
 
 @pytest.mark.serial  # a wall-clock bound: one at a time
 async def test_after_killed_hung_and_slow_lanes_and_vanished_clients_nothing_is_held() -> None:
-    """A killed prefill lane, a decode lane that hangs after two answers, a slow streaming one,
-    and clients that leave mid-stream: once the load stops, every lane's count and gate are back
-    within 2 s, and no task and no upstream connection outlives its request."""
-    boots = [free_port(), free_port()]
-    procs = [
-        _stub("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot))
-        for boot in boots
-    ]
-    procs += [
-        _stub("--disaggregation-mode", "decode", "--tokens-per-second", "20"),
-        _stub("--disaggregation-mode", "decode", "--wedge-after", "2", "--bootstrap-timeout", "2"),
-    ]
+    """Paced completions meet a prefill lane killed at a known request, a decode lane that
+    hangs while its /health says 200, a slow one, two clients that read a stream 64 bytes at a
+    time (one to its end, one leaves), six that leave mid-stream, and the big bodies:
+
+    - each fault shows: the killed lane's requests are answered 502, the hung lane's 504 at
+      the first-byte timeout, the slow lane's 200 late;
+    - the endpoint process's peak RSS grows at most 256 MiB, and a /health polled from another
+      thread always answers within 1 s;
+    - every lane's counts and gate are back within 2 s of the load's stop (the last request
+      sent, read or let go), and then no task and no upstream connection is left."""
+    lanes_up: list[tuple[str, Proc, int | None]] = []
+    for name, knobs in FAULT_LANES.items():
+        role = name.split("-")[0]
+        boot = free_port() if role == "prefill" else None
+        pairing = [] if boot is None else ["--disaggregation-bootstrap-port", str(boot)]
+        proc = _stub(
+            *("--disaggregation-mode", role, *pairing, "--served-model-name", name),
+            *("--max-concurrency", "256", "--bootstrap-timeout", "5", *knobs),
+        )
+        lanes_up.append((name, proc, boot))
+    procs = {name: proc for name, proc, _ in lanes_up}
+    port, probe_port = free_port(), free_port()
+    flags = ["--name", "pd", "--listen", f"127.0.0.1:{port}", "--health-interval", "0.2"]
+    flags += ["--first-byte-timeout", str(FIRST_BYTE)]
+    for _, proc, boot in lanes_up:
+        flags += ["--decode", proc.url] if boot is None else ["--prefill", proc.url, str(boot)]
+    endpoint: subprocess.Popen[bytes] | None = None
+    watch = _HealthWatch(port)
     try:
+        endpoint = subprocess.Popen(
+            [sys.executable, str(PROBE), str(probe_port), *flags],
+            env=python_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(timeout=20) as client:
-            for proc in procs:
-                await wait_status(client, f"{proc.url}/health", 200, timeout=20)
-            config = EndpointConfig(
-                name="pd",
-                prefill=[
-                    {"url": p.url, "bootstrap_port": b} for p, b in zip(procs, boots, strict=False)
-                ],
-                decode=[procs[2].url, procs[3].url],
-                **FAST,
+            # the endpoint's /health answers 200 once it probed every lane up
+            await wait_status(client, f"{url}/health", 200, timeout=30)
+        await _probe(probe_port)  # the first report: what runs before any request
+        bodies = _fault_bodies()  # built before the run: building them stalls this event loop
+        rss_before = peak_rss_mib(endpoint.pid)
+        watch.start()
+        load = _Load(url)
+        began = time.monotonic()
+        async with httpx.AsyncClient(timeout=20) as client:
+            readers = [
+                asyncio.create_task(_at(0.3, _read_slowly(load, 40, 10.0))),  # to its end
+                asyncio.create_task(_at(0.4, _read_slowly(load, 1000, 1.0))),  # then leaves
+            ]
+            vanishers = [asyncio.create_task(_at(0.3 + 0.2 * k, _vanish(load))) for k in range(6)]
+            big = [
+                asyncio.create_task(_at(start, _post_big(load, body)))
+                for start, body in bodies
+                for _ in range(3)
+            ]
+            others = readers + vanishers
+            paced = await _pace(
+                client, load, lambda: load.big < len(big) or not all(t.done() for t in others)
             )
-            server = EndpointServer(config)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-            sock.bind(("127.0.0.1", 0))
-            await server.start(sock)
-            ep, url = server.endpoint, f"http://127.0.0.1:{server.port}"
-            before = set(asyncio.all_tasks())
-            try:
-                await _load(client, url, kill=lambda: os.killpg(procs[1].popen.pid, signal.SIGKILL))
-                per_lane = max(1, config.pool_size // len(ep.lanes))
-
-                def settled() -> bool:
-                    held = [
-                        (lane.active, lane.queued, len(lane.awaiting), len(lane.cut_off))
-                        for lane in ep.lanes
-                    ]
-                    gates = [gate._value for gate in ep.links.gates]
-                    return set(held) == {(0, 0, 0, 0)} and set(gates) == {per_lane}
-
-                started = time.monotonic()
-                await until(settled, timeout=2.0)
-                print(f"settled in {time.monotonic() - started:.2f} s; {dict(ep.stats.statuses)}")
-                await until(lambda: set(asyncio.all_tasks()) <= before | {asyncio.current_task()})
-                assert _live_upstreams(ep) == []
-            finally:
-                await server.stop()
-                sock.close()
+            # the load has stopped: from its last act on, the endpoint has 2 s to settle
+            state = await _probe(probe_port)
+            while not _settled(state, load.sent) and time.monotonic() < load.stopped + 8:
+                await asyncio.sleep(0.02)
+                state = await _probe(probe_port)
+            settle = time.monotonic() - load.stopped
+            results = await asyncio.wait_for(asyncio.gather(*paced), 10)
+            big_statuses = await asyncio.wait_for(asyncio.gather(*big), 10)
+        watch.halt.set()
+        watch.join(5)
+        # every client has closed its connections: nothing may be left on the endpoint's side
+        deadline = time.monotonic() + 3
+        after = await _probe(probe_port, full=True)
+        while after["new_tasks"] or after["live_upstreams"] or after["connections"]:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+            after = await _probe(probe_port, full=True)
+        grown = peak_rss_mib(endpoint.pid) - rss_before
+        took = time.monotonic() - began
+        hung_running = await _running(procs["decode-hung"].url)
+        killed = procs["prefill-killed"].popen.poll()
+        assert endpoint.poll() is None, "the endpoint died"
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
+        watch.halt.set()
+        if endpoint is not None:
+            endpoint.kill()
+            endpoint.wait(5)
+        for proc in procs.values():
+            if proc.popen.poll() is None:  # not reaped yet: the group is still ours
                 os.killpg(proc.popen.pid, signal.SIGKILL)
-            proc.wait(5)
+                proc.wait(5)
 
-
-async def _load(client: httpx.AsyncClient, url: str, kill: Callable[[], None]) -> None:
-    """24 requests at once, half of them streams; a third of the clients leave after 0.5 s,
-    and a prefill lane is killed at 0.3 s."""
-
-    async def one(i: int) -> None:
-        body: dict[str, Any] = {"prompt": f"p{i}", "max_tokens": 30, "stream": i % 2 == 0}
-        with contextlib.suppress(httpx.HTTPError):
-            async with client.stream("POST", f"{url}/v1/completions", json=body) as answer:
-                async for _ in answer.aiter_bytes():
-                    pass
-
-    tasks = [asyncio.create_task(one(i)) for i in range(24)]
-    await asyncio.sleep(0.3)
-    kill()
-    await asyncio.sleep(0.2)
-    for task in tasks[::3]:
-        task.cancel()
-    await asyncio.wait(tasks, timeout=20)
-    assert all(task.done() for task in tasks)
+    statuses = Counter(status for status, _, _ in results)
+    slowest = max(watch.latencies)
+    print(
+        f"\nfault run: paced {dict(sorted(statuses.items()))}, big bodies {big_statuses}; "
+        f"the endpoint answered {after['statuses']}\n"
+        f"bounds: peak RSS grew {grown:.0f} MiB; slowest /health {slowest:.3f} s of "
+        f"{len(watch.latencies)}; settled {settle:.2f} s after the load stopped; "
+        f"longest event-loop stall {after['longest_stall']:.3f} s; whole run {took:.1f} s"
+    )
+    # each fault was hit
+    dropped = [body for status, _, body in results if status in (502, 503)]
+    assert killed == 1, f"the killed prefill lane is still up ({killed})"
+    assert any(b"prefill backend" in body for body in dropped), statuses
+    timed_out = [(waited, body) for status, waited, body in results if status == 504]
+    assert timed_out and all(b"decode backend did not answer" in body for _, body in timed_out)
+    assert min(waited for waited, _ in timed_out) >= FIRST_BYTE, timed_out
+    assert len(timed_out) <= hung_running  # each 504 is a request the hung lane still holds
+    late = [waited for status, waited, body in results if status == 200 and b"decode-slow" in body]
+    assert late and min(late) >= SLOW_START, late
+    assert any(status == 200 and b"decode-fast" in body for status, _, body in results)
+    assert set(statuses) <= {200, 502, 503, 504}, statuses
+    # the slow readers and the clients that left
+    (whole, whole_reads), (part, part_reads) = (task.result() for task in readers)
+    assert whole.endswith(b"\r\n0\r\n\r\n") and b"data: [DONE]" in whole and whole_reads > 50
+    assert part_reads > 20 and not part.endswith(b"\r\n0\r\n\r\n")
+    assert all(task.result() for task in vanishers)
+    left = len(vanishers) + 1  # and the slow reader that left: each one mid-stream
+    assert after["statuses"].get("499", 0) >= left, after["statuses"]
+    assert big_statuses[:6] == [413] * 3 + [400] * 3, big_statuses
+    assert set(big_statuses[6:]) <= {200, 502, 503, 504}, big_statuses
+    # nothing is left, and each request was answered once
+    assert after["ended"] == load.sent, (after, load.sent)
+    assert after["new_tasks"] == [] and after["live_upstreams"] == 0, after
+    assert after["connections"] == 0, after
+    assert not watch.failures, watch.failures[:3]
+    # the bounds, each one named when it is missed
+    bounds = {
+        f"peak RSS grew {grown:.0f} MiB (at most 256)": grown <= 256,
+        f"the slowest /health took {slowest:.2f} s (under 1)": slowest < 1,
+        f"settled {settle:.2f} s after the load stopped (at most 2): {state}": settle <= 2,
+        f"the run took {took:.0f} s (at most 60)": took <= 60,
+    }
+    assert all(bounds.values()), [bound for bound, held in bounds.items() if not held]
