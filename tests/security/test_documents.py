@@ -1,8 +1,9 @@
 """Hostile YAML: a few hundred bytes of chained aliases, recursive anchors and deep nesting are
-refused in one line by every command that reads a spec, a recipe or a matrix row."""
+refused in one line, within 2 s, by every command that reads a spec, a recipe or a matrix row."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,15 +16,19 @@ from slurmgate.documents import MAX_ALIASES, DocumentError, parse_yaml
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
 )
+REFUSED_WITHIN = 2.0  # seconds; walking every path through its shared nodes took over 10 s
 
 
 def test_the_bomb_is_small() -> None:
     assert len(BOMB.encode()) < 512 and BOMB.count("\n") == 9
 
 
+@pytest.mark.serial  # a wall-clock bound: one at a time
 def test_chained_aliases_are_refused_before_anything_walks_them() -> None:
+    started = time.monotonic()
     with pytest.raises(DocumentError, match=r"expands to more than .* nodes once its aliases"):
         parse_yaml(BOMB, "bomb.yaml")
+    assert time.monotonic() - started < REFUSED_WITHIN
 
 
 def test_a_recursive_anchor_is_refused() -> None:
@@ -61,10 +66,13 @@ def test_deep_nesting_is_refused() -> None:
     ],
     ids=["from-recipe", "node-count", "labels", "allocation-run"],
 )
+@pytest.mark.serial  # a wall-clock bound: one at a time
 def test_every_command_refuses_the_bomb_in_one_line(tmp_path: Path, argv: list[str]) -> None:
     path = tmp_path / "recipe.yaml"
     path.write_text(BOMB)
+    started = time.monotonic()
     result = CliRunner().invoke(app, [a.format(path=path) for a in argv])
+    assert time.monotonic() - started < REFUSED_WITHIN
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "aliases" in lines[0], result.output
