@@ -2,4 +2,5 @@
 
 from slurmgate.runtime.endpoint.app import main
 
-main()
+if __name__ == "__main__":  # import-safe: only running it serves
+    main()
