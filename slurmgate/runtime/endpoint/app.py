@@ -133,6 +133,8 @@ class Endpoint:
 
     async def start(self) -> None:
         cfg = self.config
+        if self.paired is not None:
+            self.paired.start()
         self.links.open_pools(self.lanes, cfg.keepalive_timeout)
         self.control = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=2 * len(self.lanes) + 8),

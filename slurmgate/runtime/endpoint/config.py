@@ -38,6 +38,7 @@ TUNING_FLAGS: dict[str, type] = {
     "breaker_open_s": float,
     "max_body_bytes": int,
     "max_pd_body_bytes": int,
+    "pd_parse_timeout": float,
     "max_buffered_bytes": int,
     "body_timeout": float,
     "max_connections": int,
@@ -141,6 +142,14 @@ class EndpointConfig(BaseModel):
         "parsed as JSON to be paired: a prompt is a few MB at most, and a parse costs many "
         "times its body; over it a request is answered 413 (the lower of this and "
         "--max-body-bytes holds)",
+    )
+    pd_parse_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="seconds the parse of one prefill/decode body may take in the endpoint's "
+        "parser process (bodies over 16 KiB; 8 MiB of token ids takes about 0.5 s); past it "
+        "the request is answered 413 and the process replaced (raise it with "
+        "--max-pd-body-bytes)",
     )
     max_buffered_bytes: int = Field(
         default=256 * 1024 * 1024,

@@ -4,9 +4,11 @@ Only a connection that could not be made moves a leg on to another lane of its r
 was sent yet); every other failure happens after the pairing was fixed, and is answered once:
 a first-byte timeout 504, a lane that left rotation 503 (cut short as soon as it left), any
 other failure 502. Every request is paired or refused by the rule in ``pd.py``: a body is
-parsed once (``pd.pairable``, in a worker thread, one parse at a time, so the event loop keeps
-answering and the parses' memory stays one body's), before any lane is taken, and gets its
-bootstrap fields once both lanes are known (``pd.paired``); both legs get the same bytes.
+parsed once (``pd.pairable``), before any lane is taken, and gets its bootstrap fields once both
+lanes are known (``pd.paired``); both legs get the same bytes. A body of up to 16 KiB is parsed
+on the event loop (under 1 ms); a larger one in the endpoint's parser process
+(``pdparser.py``), one at a time and within ``--pd-parse-timeout``, so the event loop keeps
+answering while it parses and the parses' memory stays one body's, outside the endpoint.
 The prefill leg gives its slot, its count and its connection back as soon as its answer is
 read whole: the decode's stream does not hold a prefill lane.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -45,6 +46,7 @@ from slurmgate.runtime.endpoint.forward import (
 )
 from slurmgate.runtime.endpoint.heads import request_head, response_headers
 from slurmgate.runtime.endpoint.metrics import EndpointStats
+from slurmgate.runtime.endpoint.pdparser import INLINE_BYTES, ChildParser, Parsed, ParseFailed
 from slurmgate.runtime.endpoint.routing import LeastActiveRouter
 
 Prefilled = Buffered | Failure | BrokeOff  # what the prefill leg ends in
@@ -100,10 +102,9 @@ class PairedPath:
         self.links = links
         self.not_forwarded = not_forwarded
         self.unpaired = unpaired  # what has no body goes to a decode lane as it came
-        # One body parsed at a time, off the event loop, always on the same thread: a parse
-        # on another thread each time would leave its memory in another malloc arena.
+        # A large body is parsed in a child process, one at a time (``pdparser.py``).
         self.parsing = asyncio.Semaphore(1)
-        self.parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pd-parse")
+        self.parser = ChildParser(config.pd_parse_timeout)
         # a prefill lane's bootstrap_host: its URL's host, as sglang-router injects it
         lanes = prefill_router.lanes
         self.bootstrap_hosts = {lane.index: urlsplit(lane.url).hostname or "" for lane in lanes}
@@ -198,21 +199,33 @@ class PairedPath:
             )
             body = json_error(405, "method_not_allowed", message)
             return answer(conn, req, 405, body, [(b"allow", ALLOWED)])
-        await self.parsing.acquire()
-        loop = asyncio.get_running_loop()
-        parsing = loop.run_in_executor(self.parser, pd.pairable, bytes(req.body))
-        parsing.add_done_callback(self._parsed)
-        ready = await asyncio.shield(parsing)  # a client that leaves does not stop a parse
+        ready: Parsed
+        if len(req.body) <= INLINE_BYTES:
+            ready = pd.pairable(bytes(req.body))  # cheaper than handing it to the parser
+        else:
+            await self.parsing.acquire()
+            parsing = self.parser.parse(bytes(req.body))
+            parsing.add_done_callback(self._parsed)
+            ready = await asyncio.shield(parsing)  # a client that leaves does not stop a parse
+        if isinstance(ready, ParseFailed):
+            self.stats.pd_parse_failures += 1
+            kind = "request_too_large" if ready.status == 413 else "service_unavailable"
+            message = f"cannot pair the request: {ready.reason}"
+            return answer(conn, req, ready.status, json_error(ready.status, kind, message))
         if isinstance(ready, str):
             message = f"cannot pair the request: {ready}"
             return answer(conn, req, 400, json_error(400, "invalid_request_error", message))
         return ready
 
-    def close(self) -> None:
-        """Stop the parser's thread (a parse under way ends first, unwaited)."""
-        self.parser.shutdown(wait=False, cancel_futures=True)
+    def start(self) -> None:
+        """Start the parser process, so the first large body need not wait for it."""
+        self.parser.start()
 
-    def _parsed(self, parsing: asyncio.Future[pd.Pairable | str]) -> None:
+    def close(self) -> None:
+        """Stop the parser process and its thread (a parse under way fails at once)."""
+        self.parser.close()
+
+    def _parsed(self, parsing: asyncio.Future[Parsed]) -> None:
         """A parse ended (its request may be gone): the next one may start."""
         self.parsing.release()
         if not parsing.cancelled():

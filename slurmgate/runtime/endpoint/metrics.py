@@ -32,6 +32,7 @@ class EndpointStats:
     rejected_connections: int = 0  # connections answered 503 past --max-connections
     client_disconnects: int = 0
     broken_streams: int = 0
+    pd_parse_failures: int = 0  # PD bodies whose parser process overran or died
 
 
 class Observed(Protocol):
@@ -113,6 +114,12 @@ class StatsCollector(Collector):
             "slurmgate_endpoint_broken_streams",
             "Responses cut because the backend broke mid-stream",
             stats.broken_streams,
+        )
+        yield counter(
+            "slurmgate_endpoint_pd_parse_failures",
+            "PD bodies answered 413 or 503 because their parse overran --pd-parse-timeout or "
+            "the parser process died (each time a new process takes the next body)",
+            stats.pd_parse_failures,
         )
         retries = CounterMetricFamily(
             "slurmgate_endpoint_retries", "Retries by reason", labels=["endpoint", "reason"]
