@@ -324,3 +324,38 @@ def proc_status_mib(pid: int, field: str) -> float:
 
 def peak_rss_mib(pid: int) -> float:
     return proc_status_mib(pid, "VmHWM")
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state, ppid, ...), if any."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs: it exists and is not a zombie waiting to be reaped."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (a scan of /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def parser_of(endpoint: int) -> int:
+    """The pid of a PD endpoint's body-parser process (its one child, ``pdparser.py``)."""
+    deadline = time.monotonic() + 10
+    while not (kids := children_of(endpoint)):
+        assert time.monotonic() < deadline, "the endpoint has no parser process"
+        time.sleep(0.02)
+    assert len(kids) == 1, kids
+    return kids[0]

@@ -30,6 +30,8 @@ import pytest
 from endpoint_helpers import (
     Backend,
     Proc,
+    alive,
+    parser_of,
     peak_rss_mib,
     python_env,
     serve_asgi,
@@ -37,8 +39,10 @@ from endpoint_helpers import (
     wait_status,
 )
 
+from slurmgate.runtime.endpoint import pd
 from slurmgate.runtime.endpoint.app import Endpoint, EndpointServer
 from slurmgate.runtime.endpoint.config import EndpointConfig
+from slurmgate.runtime.endpoint.pdparser import INLINE_BYTES, ChildParser
 from slurmgate.testbed.localproc import free_port
 
 MIB = 1024 * 1024
@@ -185,6 +189,15 @@ def _list_body(item: bytes, size: int) -> bytes:
     return b'{"prompt":[' + (item + b",") * (count - 1) + item + b"]}"
 
 
+def _token_ids(rows: int) -> bytes:
+    """``{"input_ids":[[123,...],...],"max_tokens":4}``: ``rows`` sequences of token ids, just
+    under the comma cap and the 8 MiB limit: with 4,097 rows, about 2 million numbers in
+    7.6 MiB, the costliest parse per byte the caps let through."""
+    per_row = pd.MAX_VALUES // rows - 1
+    row = b"[" + b"123," * (per_row - 1) + b"123]"
+    return b'{"input_ids":[' + b",".join([row] * rows) + b'],"max_tokens":4}'
+
+
 @pytest.mark.serial  # a wall-clock bound: one at a time
 async def test_large_and_costly_pd_bodies_keep_memory_and_health_bounded() -> None:
     """Three 40 MiB bodies of ``{}`` items (refused at their head), three of 8 MiB under the
@@ -234,7 +247,107 @@ async def test_large_and_costly_pd_bodies_keep_memory_and_health_bounded() -> No
     assert decode.hits == prefill.hits == 0
 
 
-# ---- 3. a timeout is a timeout; a lane that leaves rotation cuts its requests short ----------
+# ---- 3. a large body is parsed in a process of its own: replaced, bounded, never left --------
+
+
+def _parser(ep: Endpoint) -> ChildParser:
+    assert ep.paired is not None
+    return ep.paired.parser
+
+
+async def test_a_parser_killed_mid_parse_fails_its_request_and_a_new_one_takes_the_next() -> None:
+    prefill, decode = Backend("prefill"), Backend("decode")
+    costly = _token_ids(pd.MAX_BATCH + 1)  # about 0.5 s to parse
+    async with (
+        lanes(prefill, decode) as (p_url, d_url),
+        pd_endpoint([p_url], [d_url]) as (url, ep),
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        parser = _parser(ep)
+        first = parser.start()
+        posting = asyncio.create_task(client.post(f"{url}/generate", content=costly))
+        await until(lambda: parser.current is not None, timeout=10)
+        os.kill(first.pid, signal.SIGKILL)
+        killed = await posting
+        assert killed.status_code == 503, killed.text
+        assert "body parser stopped during the parse" in killed.json()["error"]["message"]
+        assert first.returncode == -signal.SIGKILL  # reaped, not left a zombie
+        # a new parser took its place at once, and pairs the next large body
+        assert parser.started == 2 and parser.start().pid != first.pid
+        big = {"prompt": "x" * (INLINE_BYTES + 1), "max_tokens": 4}
+        assert (await client.post(f"{url}/generate", json=big)).status_code == 200
+        assert ep.stats.pd_parse_failures == 1
+    assert [fields_of(body)[0] for body in decode.seen_bodies] == ["127.0.0.1"]
+    assert parser.process is not None and parser.process.returncode is not None  # stopped
+
+
+async def test_a_parse_over_its_time_limit_is_answered_413_and_the_parser_replaced() -> None:
+    prefill, decode = Backend("prefill"), Backend("decode")
+    costly = _token_ids(pd.MAX_BATCH + 1)  # about 0.5 s to parse, more under load
+    async with (
+        lanes(prefill, decode) as (p_url, d_url),
+        pd_endpoint([p_url], [d_url], pd_parse_timeout=0.1) as (url, ep),
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        parser = _parser(ep)
+        first = parser.start()
+        over = await client.post(f"{url}/generate", content=costly)
+        assert over.status_code == 413, over.text
+        assert "over 0.1 s to parse (--pd-parse-timeout)" in over.json()["error"]["message"]
+        assert first.returncode == -signal.SIGKILL
+        assert parser.started == 2
+        parser.time_limit = 30  # a limit the new parser meets even while it still starts
+        big = {"prompt": "x" * (INLINE_BYTES + 1), "max_tokens": 4}
+        assert (await client.post(f"{url}/generate", json=big)).status_code == 200
+    assert decode.hits == prefill.hits == 1
+
+
+def _cpu_ticks(pid: int) -> int:
+    """The CPU time a process has used, in clock ticks (user and system)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.parametrize("moment", ["idle", "mid-parse"])
+async def test_no_parser_is_left_when_the_endpoint_is_killed(moment: str) -> None:
+    """SIGKILL gives the endpoint no chance to stop its parser: the parser ends on its own,
+    idle (its stdin closes) or mid-parse (its parent-death signal)."""
+    prefill, decode = Backend("prefill"), Backend("decode")
+    async with lanes(prefill, decode) as (p_url, d_url):
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "slurmgate.runtime.endpoint", "--name", "pd"),
+                *("--listen", f"127.0.0.1:{port}", "--prefill", p_url, "8998"),
+                *("--decode", d_url),
+            ],
+            env=python_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        posting: asyncio.Task[int] | None = None
+        try:
+            async with httpx.AsyncClient() as client:
+                await wait_status(client, f"{url}/health", 200, timeout=20)
+            parser = parser_of(proc.pid)
+            if moment == "mid-parse":
+                idle = _cpu_ticks(parser)
+                posting = asyncio.create_task(_post_raw(url, _token_ids(pd.MAX_BATCH + 1)))
+                await until(lambda: _cpu_ticks(parser) > idle + 10, timeout=10)  # 0.1 s in
+            proc.kill()
+            proc.wait(5)
+            await until(lambda: not alive(parser), timeout=2)
+        finally:
+            proc.kill()
+            proc.wait(5)
+            if posting is not None:
+                posting.cancel()
+                await asyncio.gather(posting, return_exceptions=True)
+
+
+# ---- 4. a timeout is a timeout; a lane that leaves rotation cuts its requests short ----------
 
 
 @pytest.mark.serial  # a wall-clock bound: one at a time
@@ -280,7 +393,7 @@ async def test_a_lane_leaving_rotation_cuts_its_pd_requests_short(role: str) -> 
     assert waited < 1.5, f"answered after {waited:.1f} s"
 
 
-# ---- 4. the prefill's slot is given back when its answer is in -------------------------------
+# ---- 5. the prefill's slot is given back when its answer is in -------------------------------
 
 
 @pytest.mark.serial  # a wall-clock bound: one at a time
@@ -306,7 +419,7 @@ async def test_a_prefill_lane_is_free_while_its_decode_still_streams() -> None:
     assert waited < 1.0, f"the second request waited {waited:.1f} s"
 
 
-# ---- 5. faults under load: the bounds hold, and nothing is left behind ----------------------
+# ---- 6. faults under load: the bounds hold, and nothing is left behind ----------------------
 
 FIRST_BYTE = 1.5  # the fault run's first-byte timeout
 SLOW_START = 0.5  # the slow decode lane starts each answer this late: well within FIRST_BYTE
