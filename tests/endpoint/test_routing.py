@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -239,6 +240,50 @@ async def test_health_requires_every_backend(client: httpx.AsyncClient) -> None:
             r = await client.get(f"{url}/health")
             assert r.status_code == 200
             assert r.json() == {"backends_ready": 1, "backends": 1}
+
+
+class SlowHealth:
+    """A lane whose /health takes 0.5 s to answer (a busy engine's), counting the probes."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.probes = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/health":
+            self.probes += 1
+            await asyncio.sleep(0.5)
+        length = [(b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": self.status, "headers": length})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_health_answers_what_the_probes_found_and_a_flood_of_it_reaches_no_lane(
+    client: httpx.AsyncClient,
+) -> None:
+    """GET /health (no token needed) answers from the probes that keep rotation: a flood of it
+    sends nothing to the lanes, so it cannot crowd those probes out, and a lane that turns
+    unhealthy shows within a probe's interval and time."""
+    lane = SlowHealth()
+    async with (
+        serve_asgi(lane) as lane_url,
+        running_endpoint([lane_url], health_interval=0.2) as (url, ep),
+    ):
+        assert (await client.get(f"{url}/health")).status_code == 200  # the first probe's
+        before, started = lane.probes, time.monotonic()
+        flood = await asyncio.gather(*(client.get(f"{url}/health") for _ in range(100)))
+        took = time.monotonic() - started
+        assert [r.status_code for r in flood] == [200] * 100
+        # only the periodic probes reached the lane, one at a time, 0.5 s each
+        assert lane.probes - before <= took / 0.5 + 2, (lane.probes - before, took)
+        assert ep.lanes[0].health_failures == 0
+        lane.status = 503
+        await until(lambda: ep.lanes[0].health_ok is False, timeout=3)
+        got = await client.get(f"{url}/health")
+    assert got.status_code == 503
+    assert got.json() == {"backends_ready": 0, "backends": 1}
 
 
 async def test_hop_by_hop_headers_are_stripped_both_ways(client: httpx.AsyncClient) -> None:

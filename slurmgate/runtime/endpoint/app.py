@@ -117,6 +117,7 @@ class Endpoint:
         # pool, which is exactly when backpressure matters, they must not queue behind it.
         self.control: aiohttp.ClientSession | None = None
         self._sampler_tasks: list[asyncio.Task[None]] = []
+        self._probed = asyncio.Event()  # every lane's health was probed once: /health answers
         self._retry_after = config.retry_after_header
         self._buffered = 0  # bytes of request bodies held now, over all requests
         # every body of a PD deployment is parsed to be paired: it has a limit of its own
@@ -205,8 +206,16 @@ class Endpoint:
             return False
 
     async def backend_health(self) -> list[bool]:
-        """Whether each backend's health path answers 200 now (probed concurrently)."""
-        return list(await asyncio.gather(*(self._health_ok(lane) for lane in self.lanes)))
+        """Whether each lane's health path answered 200 at its last probe (the probes that keep
+        rotation, every --health-interval); before every lane's first probe has answered, it
+        waits for them, at most --health-timeout. It sends nothing to a lane: GET /health needs
+        no token, and probes of its own per request would let a flood of them crowd the probes
+        that keep rotation out of the control pool (lanes then left rotation), and would make
+        /health as slow as the slowest lane's answer."""
+        if not self._probed.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._probed.wait(), self.config.health_timeout)
+        return [lane.health_ok is True for lane in self.lanes]
 
     async def _probe_health_forever(self, lane: Lane) -> None:
         """Keep the lane's rotation state: out after failed probes, back at the first pass."""
@@ -220,7 +229,10 @@ class Endpoint:
             except Exception:  # whatever broke the probe, the prober must live on
                 ok = False
             was_in_rotation = lane.in_rotation
+            lane.health_ok = ok
             lane.health_failures = 0 if ok else lane.health_failures + 1
+            if not self._probed.is_set() and all(x.health_ok is not None for x in self.lanes):
+                self._probed.set()
             if was_in_rotation and not lane.in_rotation:
                 self._cut_off_waiting(lane)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))

@@ -138,6 +138,7 @@ class Lane:
     samples_overdue: int = 0  # of ``samples_failed``: scrapes abandoned at their timeout
     requests: int = 0
     health_failures: int = 0  # consecutive failed health probes
+    health_ok: bool | None = None  # the last health probe's verdict (None: none answered yet)
     # attempts waiting for the lane's answer to start, and those of them the endpoint cut off
     awaiting: set[asyncio.Task[Any]] = field(default_factory=set)
     cut_off: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -25,7 +25,8 @@ CONTROL_PATHS_B = frozenset({b"/health", b"/metrics"})
 
 
 class Controlled(Observed, Protocol):
-    """What the control routes ask of the endpoint: its state, and its lanes' health now."""
+    """What the control routes ask of the endpoint: its state, and its lanes' health as its
+    probes last found it."""
 
     async def backend_health(self) -> list[bool]: ...
 
