@@ -136,7 +136,8 @@ async def test_crash_after_n_requests_exits_1(
 async def test_exit_after_with_code(
     client: httpx.AsyncClient, stub: Callable[..., Proc], code: int
 ) -> None:
-    lane = stub("--exit-after", "0.6", "--exit-code", str(code))
+    # long enough that a loaded machine still sees it serve before it exits
+    lane = stub("--exit-after", "3", "--exit-code", str(code))
     await wait_status(client, f"{lane.url}/health", 200)
     assert await asyncio.to_thread(lane.wait, 30) == code
 
