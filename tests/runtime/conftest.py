@@ -12,14 +12,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
 from slurmgate.slurm import commands as slurm
 
-from .squeue_json import FakeSlurm
+if TYPE_CHECKING:  # tests/prefect_server loads this file as a module of no package
+    from .squeue_json import FakeSlurm
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "specs" / "local-stub.yaml"
@@ -72,6 +73,8 @@ def runs_root(tmp_path: Path) -> Path:
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     """`squeue` and `scancel` stand-ins first on PATH (squeue_json.FakeSlurm)."""
+    from .squeue_json import FakeSlurm
+
     fake = FakeSlurm(tmp_path / "fake-slurm")
     for name, value in fake.env().items():
         monkeypatch.setenv(name, value)
