@@ -71,8 +71,6 @@ def allocation_run(
             vllm_cpu=vllm_cpu,
             vllm_python=vllm_python,
         )
-        for r in built.reported:
-            typer.echo(f"reported: {r.line()}", err=True)
         parsed = built.spec
     else:
         assert spec is not None

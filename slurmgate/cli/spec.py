@@ -67,8 +67,8 @@ def load_recipe_spec(
     vllm_python: str | None = None,
 ) -> RecipeSpec:
     """The recipe's spec (with `local`, mapped onto the bundled cluster; with `vllm_cpu`, a
-    plain vLLM recipe on one vLLM-CPU worker), or a one-line error (exit code 2) naming the
-    key or the flag and the fix."""
+    plain vLLM recipe on one vLLM-CPU worker), its reported keys said on stderr; or a one-line
+    error (exit code 2) naming the key or the flag and the fix."""
     from slurmgate.errors import InputError
     from slurmgate.runtime.spec.from_recipe import spec_from_recipe
     from slurmgate.runtime.spec.local_recipe import localize
@@ -80,18 +80,20 @@ def load_recipe_spec(
         if vllm_cpu and not local:
             raise InputError("--vllm-cpu: a stand-in on the bundled cluster: add --local")
         built = spec_from_recipe(recipe, model=model)
-        if not local:
-            return built
-        settings = LocalClusterSettings()
-        return localize(
-            built,
-            dynamo_python=dynamo_python or settings.dynamo_python,
-            vllm_python=(vllm_python or settings.vllm_python) if vllm_cpu else None,
-            source=str(recipe),
-        )
+        if local:
+            settings = LocalClusterSettings()
+            built = localize(
+                built,
+                dynamo_python=dynamo_python or settings.dynamo_python,
+                vllm_python=(vllm_python or settings.vllm_python) if vllm_cpu else None,
+                source=str(recipe),
+            )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    for r in built.reported:
+        typer.echo(f"reported: {r.line()}", err=True)
+    return built
 
 
 @app.command(
@@ -118,8 +120,6 @@ def from_recipe(
         vllm_cpu=vllm_cpu,
         vllm_python=vllm_python,
     )
-    for r in built.reported:
-        typer.echo(f"reported: {r.line()}", err=True)
     typer.echo(built.yaml(str(recipe)), nl=False)
     if not built.spec.deployments:
         raise fail("the recipe has no deployment")

@@ -256,17 +256,13 @@ def _mocker(dep: dict[str, Any], python: str, engine: str, report: Report) -> No
         if local_engine != engine:
             how += f", as a {local_engine} deployment (the mocker stands in for any Dynamo worker)"
         report("engine", f"{engine} → {how}; the frontend is Dynamo's own ({FRONTEND_MODULE})")
-    for name, role in dep["roles"].items():
-        dropped = [k for k in ("args", "env", "engine_config") if role.get(k)]
-        for key in dropped:
-            role.pop(key)
+    _drop_engine_keys(
+        dep,
+        report,
+        "the engine's own, dropped: the mocker's are --speedup-ratio 0 (no simulated delay)",
+    )
+    for role in dep["roles"].values():
         role["args"] = ["--speedup-ratio", "0"]
-        if dropped:
-            report(
-                f"{name}.{'/'.join(dropped)}",
-                "the engine's own, dropped: the mocker's are "
-                "--speedup-ratio 0 (no simulated delay)",
-            )
 
 
 def _vllm_cpu(dep: dict[str, Any], python: str, report: Report) -> None:
@@ -279,15 +275,9 @@ def _vllm_cpu(dep: dict[str, Any], python: str, report: Report) -> None:
         f"{vllm_cpu.MEMORY_GB} GB, on a tiny Llama with random weights the run writes, served "
         "as the deployment's name: the recipe's model is not loaded",
     )
-    for name, role in dep["roles"].items():
-        dropped = [k for k in ("args", "env", "engine_config") if role.get(k)]
-        for key in dropped:
-            role.pop(key)
-        if dropped:
-            report(
-                f"{name}.{'/'.join(dropped)}",
-                "the engine's own, dropped: vLLM on CPU runs with the flags above",
-            )
+    _drop_engine_keys(
+        dep, report, "the engine's own, dropped: vLLM on CPU runs with the flags above"
+    )
 
 
 def _stub(dep: dict[str, Any], engine: str, front: str | None, report: Report) -> None:
@@ -299,12 +289,18 @@ def _stub(dep: dict[str, Any], engine: str, front: str | None, report: Report) -
         f"{engine} → the stub server (python -m slurmgate.testbed.stub_server) {behind}: it "
         "speaks vLLM's flags and SGLang's prefill/decode protocol",
     )
+    _drop_engine_keys(dep, report, "the engine's own, dropped for the stub")
+
+
+def _drop_engine_keys(dep: dict[str, Any], report: Report, why: str) -> None:
+    """Drop each role's engine arguments, env and config (a stand-in takes none), each role's
+    drop reported with `why`."""
     for name, role in dep["roles"].items():
         dropped = [k for k in ("args", "env", "engine_config") if role.get(k)]
         for key in dropped:
             role.pop(key)
         if dropped:
-            report(f"{name}.{'/'.join(dropped)}", "the engine's own, dropped for the stub")
+            report(f"{name}.{'/'.join(dropped)}", why)
 
 
 def _gpus(role: Mapping[str, Any]) -> int:
