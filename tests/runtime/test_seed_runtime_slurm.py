@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slurm
 # firewall answers nobody outside the compute nodes, and logs who probed it. It takes the
 # layout's flags (--host/--port and the parallel sizes) as `vllm serve` would.
 CLIENT_HOST_ONLY_LANE = r"""
-import http.server, json, os, subprocess, sys
+import http.server, json, os, subprocess, sys, threading
+log_lock = threading.Lock()  # print() writes text and newline apart: threads interleave them
 args = sys.argv[1:]
 host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
 def scontrol(*a):
@@ -40,7 +41,8 @@ class Lane(http.server.BaseHTTPRequestHandler):
         peer = self.client_address[0]
         status = 200 if peer == allowed else 403
         body = json.dumps({"object": "list", "data": [{"id": "stub"}]}).encode()
-        print(f"GET {self.path} from {peer}: {status}", file=sys.stderr, flush=True)
+        with log_lock:
+            print(f"GET {self.path} from {peer}: {status}", file=sys.stderr, flush=True)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
