@@ -37,8 +37,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # capacity read's REST path in the bundled cluster's tests
     # etcd-server and nats-server: the real etcd and NATS a Dynamo deployment's service lanes run
     # nginx-light: the C floor the endpoint benchmark compares the endpoint with
+    # openmpi-bin and libpmix-dev: MPI steps under Slurm's pmix plugin, which loads the
+    # unversioned libpmix.so that only the -dev package installs
     for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd etcd-server nats-server \
-        nginx-light; do
+        nginx-light openmpi-bin libpmix-dev; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,
