@@ -17,7 +17,13 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-RecipeArg = Annotated[Path, typer.Argument(help="An srt-slurm recipe (schema 1 or 2, YAML).")]
+RecipeArg = Annotated[
+    Path,
+    typer.Argument(
+        help="An srt-slurm recipe (schema 1 or 2, YAML); FILE.yaml:selector names one variant "
+        "of a file with a base: section (base, override_NAME, zip_override_NAME[i])."
+    ),
+]
 ModelOpt = Annotated[
     str | None,
     typer.Option(help="The model path the workers load on this site (default /model)."),

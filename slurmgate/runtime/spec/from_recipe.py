@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.spec import recipes
+from slurmgate.runtime.spec import recipes, variants
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError
 
@@ -228,10 +228,10 @@ class _Build:
 def spec_from_recipe(
     path: str | Path, *, model: str | None = None, name: str | None = None
 ) -> RecipeSpec:
-    """Read a recipe file and build its spec (see the module docstring)."""
-    source = str(path)
-    data = recipes.load(path)
-    return spec_from_data(data, source=source, model=model, name=name)
+    """Read a recipe file and build its spec (see the module docstring); `path` may name one
+    variant of a file with a `base:` section, `FILE.yaml:selector` (`variants`)."""
+    data = variants.load(path)
+    return spec_from_data(data, source=str(path), model=model, name=name)
 
 
 def spec_from_data(
@@ -241,7 +241,10 @@ def spec_from_data(
     model: str | None = None,
     name: str | None = None,
 ) -> RecipeSpec:
-    """Build the spec of an already parsed recipe (either schema)."""
+    """Build the spec of an already parsed recipe (either schema); a file of variants is
+    refused, listing the selectors that name one."""
+    if variants.has_variants(data):
+        variants.select(data, None, source)
     schema = recipes.schema(data, source)
     r = recipes.expanded(data, source)
     b = _Build(source)
