@@ -15,7 +15,7 @@ from typing import Any
 
 from slurmgate.documents import DocumentError, read_yaml
 from slurmgate.errors import InputError
-from slurmgate.runtime.spec import recipes
+from slurmgate.runtime.spec import recipes, variants
 
 ROLES = ("prefill", "decode")
 _OVERRIDE_KEYS = {"prefill": "PREFILL_NODES", "decode": "DECODE_NODES"}
@@ -150,7 +150,13 @@ def is_recipe(data: Mapping[str, Any]) -> bool:
 
 def recipe_node_count(recipe: object, name: str) -> int:
     """A recipe's Slurm nodes as InferenceX counts them: agg_nodes, else prefill_nodes plus
-    decode_nodes; `name` says which recipe in errors."""
+    decode_nodes; `name` says which recipe in errors. A file of variants (`base:`) holds
+    several jobs: it is refused, listing the selectors that name one."""
+    if isinstance(recipe, dict) and variants.has_variants(recipe):
+        try:
+            variants.select(recipe, None, name)
+        except recipes.RecipeError as exc:
+            raise NodeCountError(str(exc)) from None
     if isinstance(recipe, dict) and recipe.get("schema") is not None:
         # srt-slurm 2.0's `roles:` layout (InferenceX migrated its recipes to it)
         try:
@@ -206,8 +212,11 @@ def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | No
     if recipe_root is None:
         return None
     config = configs.pop()
-    relative = Path(config.removeprefix("recipes/"))
+    relative, selector = config.removeprefix("recipes/"), None
     root = recipe_root.resolve()
+    if ":" in relative and not (root / relative).is_file():
+        # one variant of a file with a base: section, `FILE.yaml:selector` as srtctl reads it
+        relative, selector = relative.rsplit(":", 1)
     path = (root / relative).resolve()
     if not path.is_relative_to(root):
         raise NodeCountError(
@@ -217,8 +226,14 @@ def _recipe_nodes(roles: Mapping[str, Mapping[str, Any]], recipe_root: Path | No
         return None  # the recipe lives only in the runtime image: fall through to the roles
     try:
         recipe = read_yaml(path)
+        if selector is not None:
+            if not isinstance(recipe, dict):
+                raise NodeCountError(f"recipe {config}: not a mapping of recipe keys")
+            recipe = variants.select(recipe, selector, f"recipe recipes/{relative}")
     except DocumentError as exc:
         raise NodeCountError(f"recipe {config}: {exc}") from None
+    except recipes.RecipeError as exc:
+        raise NodeCountError(str(exc)) from None
     return recipe_node_count(recipe, f"recipe {config}")
 
 

@@ -1,9 +1,12 @@
 """The CI side of admission: a job's runs-on label set from its spec or matrix row.
 
-A job is described by one of two documents, told apart by shape:
+A job is described by one of three documents, told apart by shape:
 
 - an **allocation spec** (`slurmgate.runtime.spec`): a mapping with a `deployments` key; its
   node count is the allocation's `total_nodes`, and it names no runner, so the caller passes one;
+- an **srt-slurm recipe** (a `resources:` section, srt-slurm 2.x's `schema:`, or one variant of
+  a file with a `base:` section, named `FILE.yaml:selector`): its node count is the recipe's,
+  as InferenceX counts it, and it names no runner either;
 - a **matrix row** (the seed's generated config): any other mapping; its node count is its
   `node-count` field when the field is present (an empty value means "unknown": the guard
   applies), else it is derived by `slurmgate.ci.nodecount` (a single-node row counts 1).
@@ -57,6 +60,8 @@ from slurmgate.ci.priority import (
 )
 from slurmgate.documents import DocumentError, parse_yaml, read_yaml
 from slurmgate.errors import InputError
+from slurmgate.runtime.spec import variants
+from slurmgate.runtime.spec.recipes import RecipeError
 from slurmgate.settings.admission import flag_value
 
 PRIORITY_FLAG = "PRIORITY_SCHEDULER_ENABLED"
@@ -279,7 +284,7 @@ def spec_from_data(
         except SpecError as exc:
             raise CIError(f"{source}: " + "; ".join(str(exc).splitlines())) from None
         return JobSpec("allocation", data, spec.total_nodes, None, source)
-    if is_recipe(data) and "runner" not in data:
+    if (is_recipe(data) or variants.has_variants(data)) and "runner" not in data:
         try:
             recipe_nodes = recipe_node_count(data, source)
         except NodeCountError as exc:
@@ -317,15 +322,22 @@ def load_spec(
     hardware: Mapping[str, int] | None = None,
     recipe_root: Path | None = None,
 ) -> JobSpec:
-    """Read a YAML or JSON document (JSON is YAML) from `path`, or from `text` when given."""
+    """Read a YAML or JSON document (JSON is YAML) from `path`, or from `text` when given;
+    `FILE.yaml:selector` names one variant of an srt-slurm recipe with a `base:` section."""
     source = str(path)
     try:
-        data = (
-            read_yaml(path, kind="YAML or JSON")
-            if text is None
-            else parse_yaml(text, source, kind="YAML or JSON")
-        )
+        if text is not None:
+            data = parse_yaml(text, source, kind="YAML or JSON")
+        else:
+            file, selector = variants.split(path)
+            data = read_yaml(file, kind="YAML or JSON")
+            if selector is not None:
+                if not isinstance(data, dict):
+                    raise CIError(f"{source}: a selector names a recipe variant; {file} is none")
+                data = variants.select(data, selector, str(file))
     except DocumentError as exc:
+        raise CIError(str(exc)) from None
+    except RecipeError as exc:
         raise CIError(str(exc)) from None
     return spec_from_data(data, source, hardware, recipe_root)
 

@@ -40,7 +40,8 @@ LABELS_EPILOG = (
 )
 NODE_COUNT_EPILOG = (
     "Example: slurmgate node-count examples/specs/local-stub.yaml  "
-    "(an allocation spec: a mapping with `deployments`; anything else is one matrix row)"
+    "(an allocation spec: a mapping with `deployments`; an srt-slurm recipe: `resources`, or "
+    "FILE.yaml:selector for one variant of a file with `base`; else one matrix row)"
 )
 
 app = typer.Typer()
@@ -60,7 +61,8 @@ def _read(spec: str, hardware: Path | None, recipes: Path | None) -> JobSpec:
 SpecArg = Annotated[
     str,
     typer.Argument(
-        help="An allocation spec or one matrix row, as YAML or JSON; - reads standard input.",
+        help="An allocation spec, an srt-slurm recipe (FILE.yaml:selector for one variant) or "
+        "one matrix row, as YAML or JSON; - reads standard input.",
         show_default=False,
     ),
 ]
@@ -191,7 +193,7 @@ def node_count(
         bool, typer.Option("--json", help="Print {kind, node-count} as JSON instead.")
     ] = False,
 ) -> None:
-    """Print the Slurm node count of an allocation spec or a matrix row (empty when unknown)."""
+    """Print the Slurm node count of an allocation spec, a recipe or a row (empty when unknown)."""
     job = _read(spec, hardware, recipes)
     try:
         nodes = resolve_node_count(job).value

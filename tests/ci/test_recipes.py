@@ -12,10 +12,8 @@ import pytest
 import yaml
 
 from slurmgate.ci.nodecount import node_count
-from slurmgate.runtime.engines import layout
 from slurmgate.runtime.spec import recipes
 from slurmgate.runtime.spec.from_recipe import (
-    REFUSED,
     RecipeRefused,
     RecipeSpec,
     spec_from_data,
@@ -70,17 +68,8 @@ def test_every_recipe_the_mix_references_is_shipped_and_nothing_else() -> None:
     assert shipped == wanted
 
 
-@pytest.mark.parametrize("r", ROWS, ids=[r["row_id"] for r in ROWS])
-def test_a_recipes_spec_needs_the_nodes_admission_counts_for_its_row(r: dict[str, str]) -> None:
-    admitted = node_count(_row(r, r["recipe"]), FAMILY_GPUS, RECIPES)
-    assert admitted == int(r["total_nodes"])
-    built = _built(r["recipe"].removeprefix("recipes/"))
-    if isinstance(built, RecipeRefused):
-        # a refusal names what it cannot honour: a key of REFUSED, or a worker shape
-        assert any(key.split(":")[0] in str(built) for key in REFUSED) or "spans" in str(built)
-        return
-    assert built.spec.total_nodes == admitted
-    assert layout.plan(built.spec).total_nodes == admitted
+# Every mix row's node count from its recipe, against its spec's: test_srt_slurm_recipes.py
+# checks all 648 rows, these recipes' and srt-slurm's.
 
 
 def test_how_many_mix_recipes_become_specs() -> None:
