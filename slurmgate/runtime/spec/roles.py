@@ -14,7 +14,9 @@ from slurmgate.runtime.spec.fields import ENV_NAME, StrictModel
 from slurmgate.runtime.spec.secret_refs import SECRET_NAME, checked_env, credential_flag
 
 MAX_ROLE_WORKERS = 512
-MAX_ROLE_ARGS = 512
+# InferenceX's AMD scripts list every CUDA-graph batch size of a DP decode (1 … 512) as its own
+# argument: 559 arguments on the longest row, so a role takes up to 1024.
+MAX_ROLE_ARGS = 1024
 MAX_ROLE_ARG_CHARS = 16384
 MAX_ENGINE_CONFIG_CHARS = 256 * 1024
 ROLE_NAMES = role_engines.ROLE_NAMES
