@@ -121,3 +121,102 @@ def test_sglangs_own_parser_reads_every_role_process_as_the_layout_means_it() ->
             assert (args["tp_size"], args["nnodes"], args["node_rank"]) == (8, 2, lane.rank)
             assert args["dist_init_addr"] == "10.0.0.2:19000"
     assert [lane.port for _, lane in lanes] == [18000, 18001, 18000, None]
+
+
+# The AMD rows' argv is pinned to InferenceX's scripts, whose images run SGLang 0.5.9 to 0.5.17;
+# SGLang 0.5.23's parser no longer has these two of their flags (--cuda-graph-bs became
+# --cuda-graph-bs-{decode,prefill}; --prefill-round-robin-balance is gone). Every other flag
+# must parse, and ServerArgs must build from them.
+DROPPED_SINCE_IMAGES = {"--cuda-graph-bs", "--prefill-round-robin-balance"}
+
+PARSE_KNOWN = """
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+out = []
+for argv in json.load(sys.stdin):
+    parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        ns, unknown = parser.parse_known_args(argv)
+        a = ServerArgs.from_cli_args(ns)
+    except (SystemExit, Exception) as exc:
+        out.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
+        continue
+    got = {k: getattr(a, k) for k in (
+        "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_ib_device",
+        "tp_size", "dp_size", "ep_size", "enable_dp_attention", "speculative_num_steps",
+        "speculative_num_draft_tokens", "moe_a2a_backend", "enable_hierarchical_cache",
+        "hicache_ratio", "page_size", "chunked_prefill_size", "max_running_requests",
+        "trust_remote_code", "served_model_name")}
+    out.append({"unknown": [u for u in unknown if u.startswith("-")], **got})
+print(json.dumps(out))
+"""
+
+
+def test_sglangs_own_parser_reads_the_amd_rows_argv() -> None:
+    from slurmgate.runtime.spec.from_row import IB_DEVICES, amd_configs, spec_from_row
+
+    if not ENGINES_PYTHON.exists():
+        pytest.skip("the engines' parsers are not installed (scripts/setup.sh, see above)")
+    # one row per SGLang config key: every model, MTP, DP attention + EP, agentic HiCache
+    rows = [f"{key}#{0 if 'agentic' not in key else 9}" for key in amd_configs()]
+    rows = [r for r in rows if "atom" not in r] + ["dsr1-fp4-mi355x-sglang-disagg#5"]
+    lanes, argvs = [], []
+    for row_id in rows:
+        spec = spec_from_row(row_id).spec
+        d, p = spec.deployments[0], layout.plan(spec)
+        names = [f"n{i}" for i in range(p.total_nodes)]
+        lay = layout.bind(p, names, {n: f"10.0.0.{i + 1}" for i, n in enumerate(names)})
+        for node in p.deployments[0].nodes:
+            for lane in node.lanes:
+                addr = lay.address(lane.rendezvous_node)
+                argv = layout.lane_argv(d, lane, addr, bind_host=lay.address(node.node))
+                assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+                lanes.append((row_id, d, lane))
+                argvs.append(argv[3:])
+    done = subprocess.run(
+        [str(ENGINES_PYTHON), "-c", PARSE_KNOWN],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    parsed = json.loads(done.stdout.splitlines()[-1])
+    assert len(parsed) == len(lanes) == 25
+    for (row_id, d, lane), args in zip(lanes, parsed, strict=True):
+        assert "error" not in args, (row_id, args)
+        role = dict(d.roles.items())[lane.role]  # type: ignore[union-attr]
+        carried = {a for a in role.args if a in DROPPED_SINCE_IMAGES}
+        assert set(args["unknown"]) == carried, (row_id, args["unknown"])
+        assert args["disaggregation_mode"] == lane.role
+        assert args["disaggregation_transfer_backend"] == "mori"
+        assert args["disaggregation_ib_device"] == IB_DEVICES
+        assert args["trust_remote_code"] is True
+        assert args["tp_size"] == role.tensor_parallel
+        assert (args["dp_size"], args["enable_dp_attention"]) == (
+            role.data_parallel,
+            role.dp_attention,
+        )
+        assert args["ep_size"] == role.expert_parallel
+        assert args["moe_a2a_backend"] == ("mori" if role.expert_parallel > 1 else "none")
+        if "mtp" in row_id:
+            steps = int(role.args[role.args.index("--speculative-num-steps") + 1])
+            assert args["speculative_num_steps"] == steps
+            assert args["speculative_num_draft_tokens"] == steps + 1
+        else:
+            assert args["speculative_num_steps"] is None
+        agentic = "agentic" in row_id
+        assert args["enable_hierarchical_cache"] is (agentic and lane.role == "prefill")
+        if agentic:
+            assert args["page_size"] == 256
+        if agentic and lane.role == "prefill":
+            assert args["hicache_ratio"] == 3
+    by_row = {
+        row_id: args
+        for (row_id, _, lane), args in zip(lanes, parsed, strict=True)
+        if lane.role == "prefill"
+    }
+    # 2×DEP8 prefill of DeepSeek-R1 MXFP4: chunked prefill 8192 × 8, running requests = max conc
+    assert by_row["dsr1-fp4-mi355x-sglang-disagg#5"]["chunked_prefill_size"] == 65536
+    assert by_row["dsr1-fp4-mi355x-sglang-disagg#5"]["max_running_requests"] == 4096
