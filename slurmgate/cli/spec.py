@@ -1,4 +1,4 @@
-"""`slurmgate spec check` and `from-recipe`: validate a spec file, or build one from a recipe."""
+"""`slurmgate spec check`, `from-recipe` and `from-row`: validate a spec, or build one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from slurmgate.runtime.spec.from_recipe import RecipeSpec
 
 app = typer.Typer(
-    help="Allocation specs: check one, or build one from an srt-slurm recipe.",
+    help="Allocation specs: check one, or build one from an srt-slurm recipe or a job-mix row.",
     no_args_is_help=True,
 )
 
@@ -129,6 +129,44 @@ def from_recipe(
     typer.echo(built.yaml(str(recipe)), nl=False)
     if not built.spec.deployments:
         raise fail("the recipe has no deployment")
+
+
+@app.command(
+    "from-row",
+    epilog="Example: slurmgate spec from-row dsr1-fp8-mi355x-sglang-disagg#0 --model "
+    "/shared/models/DeepSeek-R1-0528 > spec.yaml  (an AMD row of "
+    "slurmgate/data/inferencex-job-mix.csv, as InferenceX's scripts launch it; what runs "
+    "differently is reported on stderr and in the YAML's header)",
+)
+def from_row(
+    row_id: Annotated[
+        str,
+        typer.Argument(
+            help="A row_id of the job mix from configs/amd-master.yaml, e.g. "
+            "dsv4-fp4-mi355x-sglang-disagg#1."
+        ),
+    ],
+    model: ModelOpt = None,
+    ib_devices: Annotated[
+        str,
+        typer.Option(
+            help="The nodes' RDMA devices, comma-separated: --disaggregation-ib-device and "
+            "NCCL_IB_HCA (default: the MI355X runners' rdma0 … rdma7)."
+        ),
+    ] = "rdma0,rdma1,rdma2,rdma3,rdma4,rdma5,rdma6,rdma7",
+) -> None:
+    """Print the allocation spec of an InferenceX AMD multi-node row as YAML."""
+    from slurmgate.errors import InputError
+    from slurmgate.runtime.spec.from_row import spec_from_row
+
+    try:
+        built = spec_from_row(row_id, model=model, ib_devices=ib_devices)
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    for r in built.reported:
+        typer.echo(f"reported: {r.line()}", err=True)
+    typer.echo(built.yaml(), nl=False)
 
 
 @app.command(

@@ -41,7 +41,11 @@ def readme_commands() -> set[str]:
 def test_every_readme_command_exists_with_an_example(command: str) -> None:
     out = run(command, "--help")
     assert out.returncode == 0, out.stderr
-    groups = {"cluster": ("up", "down"), "allocation": ("run", "reap"), "spec": ("from-recipe",)}
+    groups = {
+        "cluster": ("up", "down"),
+        "allocation": ("run", "reap"),
+        "spec": ("from-recipe", "from-row"),
+    }
     if command in groups:  # groups: their commands carry the examples
         assert "Commands" in out.stdout
         for sub in groups[command]:
@@ -162,3 +166,16 @@ def test_spec_from_recipe_prints_a_spec_and_names_what_runs_differently(tmp_path
     assert "Traceback" not in refused.stderr
     both = run("allocation", "run", str(spec_file), "--recipe", str(recipe))
     assert both.returncode == 2 and "give a spec, or --recipe" in both.stderr
+
+
+def test_spec_from_row_prints_a_spec_with_admissions_node_count(tmp_path: Path) -> None:
+    done = run("spec", "from-row", "dsr1-fp8-mi355x-sglang-disagg#0", "--model", "/models/r1")
+    assert done.returncode == 0, done.stderr
+    assert "reported: setup_deps.sh:" in done.stderr
+    assert done.stdout.startswith("# From the InferenceX job-mix row dsr1-fp8-mi355x-sglang")
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(done.stdout)
+    assert run("node-count", str(spec_file)).stdout.strip() == "3"  # the mix's total_nodes
+    refused = run("spec", "from-row", "dsv4-fp4-mi355x-atom-disagg#1")
+    assert refused.returncode == 2 and "atom-disagg: cannot be represented" in refused.stderr
+    assert "Traceback" not in refused.stderr
