@@ -281,9 +281,12 @@ def srun_argv(
     kill_on_bad_exit: bool = True,
     overlap: bool = True,
     cpus_per_task: int | None = None,
+    tasks_per_node: int = 1,
+    mpi: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """One coordinated step: one task per listed node. `gres=None` inherits the job's GPUs.
+    """One coordinated step: one task per listed node (or `tasks_per_node`, an MPI world's
+    ranks under Slurm's `mpi` plugin). `gres=None` inherits the job's GPUs.
 
     `--kill-on-bad-exit=1` is the Slurm-level fail-fast (as in the seed): when one node's task
     exits non-zero, Slurm ends the step's other tasks, whatever they are doing.
@@ -299,11 +302,13 @@ def srun_argv(
         f"--jobid={job_id}",
         f"--job-name={step_name}",
         f"--nodes={len(nodelist)}",
-        f"--ntasks={len(nodelist)}",
-        "--ntasks-per-node=1",
+        f"--ntasks={len(nodelist) * tasks_per_node}",
+        f"--ntasks-per-node={tasks_per_node}",
         f"--nodelist={','.join(nodelist)}",
         "--unbuffered",
     ]
+    if mpi is not None:
+        argv.append(f"--mpi={mpi}")
     if kill_on_bad_exit:
         argv.append("--kill-on-bad-exit=1")
     if overlap:

@@ -114,7 +114,6 @@ def _refusal(exc: InputError) -> str:
     text = str(exc)
     for words, reason in (
         ("mooncake_kv_store", "mooncake"),
-        ("spans", "multi-node trtllm"),
         ("extra_mount", "container mounts"),
         ("fix the recipe's node count", "idle reserved nodes"),
         ("holds several recipes", "variant file without a selector"),
@@ -192,12 +191,10 @@ def test_every_mix_row_with_a_shipped_recipe_converts_with_admissions_node_count
         outcomes[key] = outcomes.get(key, 0) + 1
     assert under == UNDER_COUNTED
     assert outcomes == {
-        "inferencex: spec": 301,
+        "inferencex: spec": 315,
         "inferencex: refused, mooncake": 52,
-        "inferencex: refused, multi-node trtllm": 14,
-        "srt-slurm: spec": 118,
+        "srt-slurm: spec": 182,
         "srt-slurm: spec (selector)": 3,
-        "srt-slurm: refused, multi-node trtllm": 64,
         "srt-slurm: refused, container mounts": 17,
         "srt-slurm: refused, idle reserved nodes": 2,
         "srt-slurm: refused, variant file without a selector": 1,

@@ -160,6 +160,10 @@ def kind_of(spec: AllocationSpec, lay: Layout, x: Listener) -> str | None:
                 kind = _lane_port(lane, x.port)
                 if kind is not None:
                     return kind
+        worlds = [w for w in d.mpi_worlds() if node in w.nodes]
+        if worlds and x.port >= 1024 and ("python" in x.process or "slurmstepd" in x.process):
+            # a rank's Open MPI transport, or Slurm's pmix plugin: ephemeral ports
+            return "mpi"
         f = d_spec.frontend
         if f is None or node != lay.plan.client_node:
             continue
@@ -195,7 +199,8 @@ def unlisted(watch: ListenerWatch, spec: AllocationSpec, lay: Layout) -> list[st
         binds = table[kind]
         loopback = x.address in ("127.0.0.1", "::1")
         ok = (
-            (loopback and "loopback" in binds)
+            (x.address in ("0.0.0.0", "::", "*") and "every address" in binds)
+            or (loopback and "loopback" in binds)
             or (x.address == x.node_address and "node address" in binds)
             or (x.address == x.node_address == client_address and "client host address" in binds)
         )

@@ -4,130 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from slurmgate.errors import InputError
 from slurmgate.runtime.engines import frontends, mocker, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
-from slurmgate.runtime.engines.roles import RoleShape
-
-
-class RoleSizes(RoleShape, Protocol):
-    """What the layout reads of one role (`spec.RoleSpec` is one)."""
-
-    @property
-    def nodes_per_worker(self) -> int | None: ...
-    @property
-    def workers_per_node(self) -> int | None: ...
-
-
-class FrontendShape(Protocol):
-    """A deployment's frontend (`spec.FrontendSpec` is one)."""
-
-    @property
-    def type(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    @property
-    def args(self) -> Sequence[str]: ...
-    @property
-    def env(self) -> Mapping[str, str]: ...
-    @property
-    def request_plane(self) -> str: ...
-    @property
-    def argv_head(self) -> list[str]: ...
-    @property
-    def service_ports(self) -> dict[str, int]: ...
-    @property
-    def etcd_command(self) -> Sequence[str]: ...
-    @property
-    def nats_command(self) -> Sequence[str]: ...
-    @property
-    def discovery(self) -> str: ...
-    @property
-    def services(self) -> tuple[str, ...]: ...
-
-
-class RolesShape(Protocol):
-    """A deployment's roles (`spec.RolesSpec` is one)."""
-
-    def items(self) -> Sequence[tuple[str, RoleSizes]]: ...
-
-
-class DeploymentShape(Protocol):
-    """What the layout reads of one deployment (`spec.DeploymentSpec` is one)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def engine(self) -> str: ...
-    @property
-    def command(self) -> Sequence[str]: ...
-    @property
-    def tensor_parallel(self) -> int: ...
-    @property
-    def pipeline_parallel(self) -> int: ...
-    @property
-    def data_parallel(self) -> int: ...
-    @property
-    def gpus_per_lane(self) -> int: ...
-    @property
-    def replicas(self) -> int: ...
-    @property
-    def nodes_per_replica(self) -> int: ...
-    @property
-    def base_port(self) -> int: ...
-    @property
-    def rendezvous_base_port(self) -> int: ...
-    @property
-    def endpoint_port(self) -> int: ...
-    @property
-    def lead_boot_standoff_s(self) -> float: ...
-    @property
-    def rank_launch_stagger_s(self) -> float: ...
-    @property
-    def distributed_timeout_s(self) -> float: ...
-    @property
-    def enable_expert_parallel(self) -> bool: ...
-    @property
-    def roles(self) -> RolesShape | None: ...
-    @property
-    def kv_transfer(self) -> str | None: ...
-    @property
-    def bootstrap_base_port(self) -> int: ...
-    @property
-    def side_base_port(self) -> int: ...
-    @property
-    def env(self) -> Mapping[str, object]: ...
-    @property
-    def frontend(self) -> FrontendShape | None: ...
-    @property
-    def request_plane(self) -> str: ...
-    @property
-    def stand_in(self) -> str | None: ...
-    def worker_gpus(self, role: str) -> int: ...
-    def lanes_for(self, node_gpus: int) -> int: ...
-    def nodes_for(self, node_gpus: int) -> int: ...
-    def used_gpus_per_node(self, node_gpus: int) -> int: ...
-
-
-class ClientShape(Protocol):
-    @property
-    def dedicated_node(self) -> bool: ...
-
-
-class AllocationShape(Protocol):
-    """What the layout reads of an allocation (`spec.AllocationSpec` is one); the layout maths
-    depends on these fields only, so the spec can check its ports with it."""
-
-    @property
-    def gpus_per_node(self) -> int: ...
-    @property
-    def client(self) -> ClientShape: ...
-    @property
-    def deployments(self) -> Sequence[DeploymentShape]: ...
+from slurmgate.runtime.engines.shapes import (
+    AllocationShape,
+    DeploymentShape,
+    RoleSizes,
+)
 
 
 @dataclass(frozen=True)
@@ -157,6 +43,9 @@ class LanePlan:
     side_port: int | None = None
     side_span: int = 0
     worker_nodes: int = 1  # nodes of this lane's worker (replica)
+    # One of an MPI world's nodes: the run starts the worker as one `srun --mpi=pmix` step
+    # with a task per GPU (`mpi_step`), not as node-worker lanes; rank 0 on the head node.
+    mpi: bool = False
 
     @property
     def process_id(self) -> str:
@@ -203,6 +92,23 @@ class ServicePlan:
 
 
 @dataclass(frozen=True)
+class MpiWorld:
+    """A worker that is one MPI world: rank 0 on its head lane's node, a rank per GPU."""
+
+    head: LanePlan
+    nodes: tuple[int, ...]  # allocation node indices, the head's first
+    ranks_per_node: int
+
+    @property
+    def name(self) -> str:
+        return f"mpi-{self.head.role or 'replica'}-{self.head.replica:05d}"
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes) * self.ranks_per_node
+
+
+@dataclass(frozen=True)
 class DeploymentPlan:
     """A deployment's nodes (in srun task order) and its lane heads."""
 
@@ -221,6 +127,20 @@ class DeploymentPlan:
     @property
     def heads(self) -> tuple[LanePlan, ...]:
         return tuple(lane for n in self.nodes for lane in n.lanes if lane.rank == 0)
+
+    def mpi_worlds(self) -> tuple[MpiWorld, ...]:
+        """Each worker that is one MPI world: its head lane, nodes, and ranks on each node."""
+        worlds: dict[tuple[str | None, int], list[tuple[int, LanePlan]]] = {}
+        for n in self.nodes:
+            for lane in n.lanes:
+                if lane.mpi:
+                    worlds.setdefault((lane.role, lane.replica), []).append((n.node, lane))
+        out = []
+        for members in worlds.values():
+            members.sort(key=lambda m: m[1].rank)
+            head = members[0][1]
+            out.append(MpiWorld(head, tuple(node for node, _ in members), len(head.gpus)))
+        return tuple(out)
 
     def role_heads(self, role: str) -> tuple[LanePlan, ...]:
         """The head lane of every worker of `role`, in worker order."""
@@ -583,6 +503,7 @@ def _role_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[NodePla
                 head, slot = first + worker * placed.nodes_per_worker, 0
             g = placed.gpus_per_node
             multi = placed.nodes_per_worker > 1
+            mpi = multi and support.mpi  # MPI finds its peers itself: no rendezvous port
             for rank in range(placed.nodes_per_worker):
                 by_node.setdefault(head + rank, []).append(
                     LanePlan(
@@ -595,7 +516,7 @@ def _role_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[NodePla
                         rendezvous_node=head,
                         rendezvous_port=(
                             d.rendezvous_base_port + slot * support.rendezvous_span
-                            if multi
+                            if multi and not mpi
                             else None
                         ),
                         delay_s=launch_delay(
@@ -607,6 +528,7 @@ def _role_nodes(d: DeploymentShape, node_gpus: int, start: int) -> tuple[NodePla
                         side_port=d.side_base_port + slot * side_span,
                         side_span=side_span,
                         worker_nodes=placed.nodes_per_worker,
+                        mpi=mpi,
                     )
                 )
         first += placed.nodes
@@ -725,6 +647,9 @@ def lane_argv(
         if spec.stand_in == "dynamo-mocker":
             return mocker.stand_in_argv(spec.command, lane.role, model_dir, spec.name, role.args)
         argv = profile.roles.render(spec, role, lane, master_addr, bind_host)
+        if lane.mpi:
+            # every rank runs the launcher and the same argv: rank 0 serves, the rest follow it
+            argv = [*spec.mpi_launch, *argv]
     if spec.stand_in == "vllm-cpu":
         return vllm_cpu.stand_in_argv(argv, spec.command, model_dir)
     return argv

@@ -455,7 +455,8 @@ TRTLLM = EngineProfile(
     "with the sizes the launcher owns (`tensor_parallel_size`, `pipeline_parallel_size`, "
     "`moe_expert_parallel_size`, `enable_attention_dp`) and, for prefill and decode, "
     "`cache_transceiver_config.backend` from `kv_transfer` (DEFAULT when unset). A worker "
-    "over several nodes needs an MPI launch and is refused.",
+    "over several nodes is one MPI world: one `srun --mpi=pmix` step, a rank per GPU, each "
+    "running `mpi_launch` (`trtllm-llmapi-launch`) and the same argv; rank 0 serves.",
 )
 
 

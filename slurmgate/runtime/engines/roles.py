@@ -152,6 +152,9 @@ class RoleSupport:
     # or "tp-times-dp" (vLLM: EP is TP × DP when on).
     expert_parallel: str = "within-tp"
     multi_node: bool = True
+    # A worker over several nodes is one MPI world (a task per GPU under `srun --mpi=pmix`),
+    # not a process per node that meets the others at a rendezvous address.
+    mpi: bool = False
     # The role's settings go in a config file (`RoleSpec.engine_config`), not only flags.
     engine_config: bool = False
     # Files the lane reads, by name under LANE_DIR (a TensorRT-LLM engine YAML).
@@ -533,8 +536,10 @@ def dynamo_sglang_env(
 # `trtllm-serve MODEL` (tensorrt_llm/commands/serve.py: --tp_size/--pp_size/--ep_size, --config
 # is the LLM-API YAML that overrides them, --host/--port) and its disaggregated service
 # (https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html: context and generation
-# servers need `cache_transceiver_config` in their YAML). A worker on several nodes needs an
-# MPI launch (one srun with a task per GPU, --mpi pmix), which lanes do not do: refused.
+# servers need `cache_transceiver_config` in their YAML). A worker on several nodes is an MPI
+# world: one `srun --mpi=pmix` step with a task per GPU, every rank running the deployment's
+# `mpi_launch` (`trtllm-llmapi-launch`) before the server argv, as srt-slurm launches it
+# (src/srtctl/backends/trtllm.py at c88ef731: `get_srun_config`, `build_worker_command`).
 
 
 def trtllm_config(spec: RoleDeployment, role: RoleShape, lane: RoleLane) -> dict[str, Any]:
@@ -607,7 +612,7 @@ TRTLLM_ROLES = RoleSupport(
     env=trtllm_env,
     launcher_flags=flags.TRTLLM,
     transfer_backends=TRTLLM_TRANSFER_BACKENDS,
-    multi_node=False,
+    mpi=True,
     engine_config=True,
     files=trtllm_files,
     launcher_keys=flags.TRTLLM_CONFIG_KEYS,
@@ -641,7 +646,7 @@ DYNAMO_TRTLLM_ROLES = RoleSupport(
     env=dynamo_trtllm_env,
     launcher_flags=flags.DYNAMO_TRTLLM,
     transfer_backends=TRTLLM_TRANSFER_BACKENDS,
-    multi_node=False,
+    mpi=True,
     engine_config=True,
     files=trtllm_files,
     launcher_keys=flags.TRTLLM_CONFIG_KEYS,

@@ -12,7 +12,12 @@ from slurmgate.runtime.run.probes import ProbeOpener
 from slurmgate.runtime.run.services import start_services
 from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.run.supervisor import StepFailed
-from slurmgate.runtime.run.workers import start_workers, worker_spec
+from slurmgate.runtime.run.workers import (
+    mpi_world_argv,
+    mpi_world_spec,
+    start_workers,
+    worker_spec,
+)
 from slurmgate.runtime.steps import readiness
 from slurmgate.runtime.steps.probe_step import ProbeStepFailed
 
@@ -45,8 +50,40 @@ def launch(ctx: RunContext, probes: ProbeOpener) -> None:
             ),
             required=True,
         )
+        for world in d.mpi_worlds():
+            start_mpi_world(ctx, d, world)
     ctx.supervisor.resolve_step_ids(timeout=3.0)
     ctx.save()
+
+
+def start_mpi_world(
+    ctx: RunContext, d: layout_mod.DeploymentPlan, world: layout_mod.MpiWorld
+) -> None:
+    """One worker over several nodes as one MPI world: its own step, required like the
+    deployment's, its rank 0 probed as the worker's head."""
+    assert ctx.layout
+    dspec = ctx.spec.deployments[d.index]
+    name = f"serve-{d.name}-{world.name}"
+    nodelist = [ctx.layout.host(n) for n in world.nodes]
+    ctx.log(
+        f"decision: launch {d.name}'s {world.head.role or 'replica'} worker "
+        f"{world.head.replica} as one MPI world of {world.size} ranks "
+        f"(srun --mpi=pmix, {world.ranks_per_node} per node) on {','.join(nodelist)}"
+    )
+    ctx.supervisor.start(
+        name,
+        mpi_world_argv(ctx, name, nodelist, world.ranks_per_node),
+        step_name=ctx.step_name(name),
+        stdin_data=mpi_world_spec(ctx, d, world).encode().encode(),
+        env=ctx.base_env(
+            {
+                **layout_mod.service_env(dspec, ctx.layout),
+                **discovery.env(ctx, dspec),
+                **ctx.credentials.deployment_env[d.index],
+            }
+        ),
+        required=True,
+    )
 
 
 def wait_ready(ctx: RunContext, probes: ProbeOpener) -> float:

@@ -26,6 +26,8 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
         lanes = []
         address = ctx.layout.address(n.node)
         for lane in n.lanes:
+            if lane.mpi:
+                continue  # its MPI world's own step starts it (`mpi_world_spec`)
             master = ctx.layout.address(lane.rendezvous_node)
             argv = layout_mod.lane_argv(
                 dspec, lane, master, bind_host=address, model_dir=model_dir or "MODEL"
@@ -56,6 +58,56 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
         # every lane's copy of the client certificate, sent once
         shared_files=pems.client_files() if pems is not None else {},
         shared_tokens=discovery.prepare(ctx, dspec),
+    )
+
+
+def mpi_world_spec(
+    ctx: RunContext, d: layout_mod.DeploymentPlan, world: layout_mod.MpiWorld
+) -> WorkerSpec:
+    """What each rank of one MPI world is told: every node's one lane, the same argv on all
+    (rendered for the head, whose rank 0 serves), the worker's GPUs on that node."""
+    assert ctx.layout
+    dspec = ctx.spec.deployments[d.index]
+    head = world.head
+    address = ctx.layout.address(head.rendezvous_node)
+    argv = layout_mod.lane_argv(dspec, head, address, bind_host=address)
+    env = layout_mod.lane_env(dspec, head, address)
+    files = layout_mod.lane_files(dspec, head)
+    nodes = [
+        NodeSpec(
+            host=ctx.layout.host(node),
+            ports=[],  # the serve step's preflight checked the head's ports
+            lanes=[layout_lane(head, argv, env, files)],
+            address=ctx.layout.address(node),
+        )
+        for node in world.nodes
+    ]
+    return WorkerSpec(
+        run_id=ctx.run_id,
+        name=f"{d.name}-{world.name}",
+        gpus_per_node=ctx.spec.gpus_per_node,
+        model_path=ctx.spec.model_path,
+        grace_s=min(ctx.options.grace_s, 10.0),
+        nodes=nodes,
+    )
+
+
+def mpi_world_argv(
+    ctx: RunContext, name: str, nodelist: list[str], ranks_per_node: int
+) -> list[str]:
+    """The srun of one MPI world, as srt-slurm launches a TensorRT-LLM worker: Slurm's pmix
+    plugin, a task per GPU, no CPU binding, fail-fast; each task a node worker in `rank` mode.
+    `--overcommit` too: an allocation that holds fewer CPUs than GPUs on a node (one CPU per
+    node, as the bundled cluster grants) still takes a rank per GPU."""
+    argv = [ctx.python, "-m", "slurmgate.runtime.steps.node_worker", "rank", "--spec", "-"]
+    return slurm.srun_argv(
+        argv,
+        job_id=ctx.job_id or "",
+        nodelist=nodelist,
+        step_name=ctx.step_name(name),
+        tasks_per_node=ranks_per_node,
+        mpi="pmix",
+        extra=["--input=all", "--oversubscribe", "--overcommit", "--cpu-bind=none"],
     )
 
 

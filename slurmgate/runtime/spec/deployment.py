@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from slurmgate.runtime.engines import mocker, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
@@ -54,6 +54,15 @@ class DeploymentSpec(StrictModel):
         "command that sets one of them is refused), and an absolute model path in it is "
         "checked on every node; a credential flag with a value (--api-key K) is refused: "
         "give the credential in env",
+    )
+    mpi_launch: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
+        default_factory=lambda: ["trtllm-llmapi-launch"],
+        min_length=1,
+        max_length=16,
+        description="what every rank of a worker over several nodes runs before the server's "
+        "argv, on an engine whose such workers are one MPI world (trtllm, dynamo-trtllm: one "
+        "`srun --mpi=pmix` step, a task per GPU): TensorRT-LLM's launcher, whose rank 0 runs "
+        "the server and whose other ranks serve it",
     )
     tensor_parallel: int = Field(
         default=1, ge=1, description="GPUs of one replica on each of its nodes"

@@ -1,9 +1,10 @@
-"""One srun task per node: preflight the node, or start and supervise its model-server lanes."""
+"""One srun task per node (or per MPI rank): preflight the node, or start and supervise lanes."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -464,11 +465,37 @@ class Lanes:
 
 
 def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> int:
-    """Start lanes after their delays and exit as soon as one exits or a stop arrives."""
-    node = preflight(spec)
+    """Start the node's lanes after their delays; exit as soon as one exits or a stop arrives."""
+    return supervise(spec, preflight(spec).lanes, stop, stop_signal)
+
+
+def rank_lane(spec: WorkerSpec) -> LaneSpec:
+    """This task's lane in an MPI world (`rank` mode, several tasks per node): its node's one
+    lane, named by the task's rank so that an exit names the rank that died."""
+    here = node_name()
+    rank = slurm_variable("SLURM_PROCID") or ""
+    if not (rank.isascii() and rank.isdigit()):
+        raise PreflightFailed(here, "identity", "SLURM_PROCID is not set: run under srun")
+    node = next((n for n in spec.nodes if n.host == here), None)
+    if node is None:
+        raise PreflightFailed(
+            here, "identity", f"rank {rank} runs on {here}, a node the MPI world's plan lacks"
+        )
+    if len(node.lanes) != 1:
+        raise PreflightFailed(
+            here, "lanes", f"an MPI rank runs 1 lane, the plan has {len(node.lanes)}"
+        )
+    lane = node.lanes[0]
+    return dataclasses.replace(lane, id=f"{lane.id}-mpi-rank-{int(rank):05d}")
+
+
+def supervise(
+    spec: WorkerSpec, node_lanes: list[LaneSpec], stop: threading.Event, stop_signal: list[int]
+) -> int:
+    """Start `node_lanes` after their delays; exit as soon as one exits or a stop arrives."""
     visible = visible_gpus()
     lanes = Lanes(spec.grace_s, spec.shared_files)
-    order = sorted(node.lanes, key=lambda lane: lane.delay_s)
+    order = sorted(node_lanes, key=lambda lane: lane.delay_s)
     t0 = time.monotonic()
     pending = list(order)
     try:
@@ -537,9 +564,10 @@ def _read_spec_text(arg: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 3 or args[0] not in {"preflight", "serve"} or args[1] != "--spec":
+    if len(args) < 3 or args[0] not in {"preflight", "serve", "rank"} or args[1] != "--spec":
         print(
-            "usage: python -m slurmgate.runtime.steps.node_worker {preflight|serve} --spec {-|B64}",
+            "usage: python -m slurmgate.runtime.steps.node_worker {preflight|serve|rank} "
+            "--spec {-|B64}",
             file=sys.stderr,
         )
         return 64
@@ -567,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             if cpus.isascii() and cpus.isdigit():
                 _tell(protocol.PreflightPassed(node_name(), int(cpus), len(visible_gpus())))
             return 0
+        if args[0] == "rank":
+            return supervise(spec, [rank_lane(spec)], stop, stop_signal)
         return serve(spec, stop, stop_signal)
     except PreflightFailed as exc:
         _line(f"SLURMGATE-PREFLIGHT host={exc.host} check={exc.check}: {exc.message}")
