@@ -39,8 +39,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # nginx-light: the C floor the endpoint benchmark compares the endpoint with
     # openmpi-bin and libpmix-dev: MPI steps under Slurm's pmix plugin, which loads the
     # unversioned libpmix.so that only the -dev package installs
+    # libibverbs1: Mooncake's master and store client link it, RDMA or not (.venv-mooncake)
     for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd etcd-server nats-server \
-        nginx-light openmpi-bin libpmix-dev; do
+        nginx-light openmpi-bin libpmix-dev libibverbs1; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,
@@ -169,6 +170,24 @@ dynamo_install() {
 }
 if [ "${SLURMGATE_WITH_DYNAMO:-0}" = 1 ]; then
     cached_venv "$DYNAMO_VENV" .venv-dynamo dynamo_install "Dynamo's frontend and mocker (uv)"
+fi
+
+# Mooncake's master, HTTP metadata server and store client (tests/runtime/test_mooncake.py and
+# the Slurm test of a deployment's Mooncake lanes), in a venv of their own, cached and linked
+# like Dynamo's (`.venv-mooncake`), built only when asked (SLURMGATE_WITH_MOONCAKE=1, which
+# scripts/test.sh sets): the non-CUDA wheel and its few dependencies, about 3 s with uv, 155 MB.
+MOONCAKE_PIN="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+mooncake_key="$(echo "$MOONCAKE_PIN $("$PY" -V 2>&1)" | sha256sum | cut -c1-12)"
+MOONCAKE_VENV="${SLURMGATE_MOONCAKE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/slurmgate/mooncake-$mooncake_key}"
+mooncake_install() {
+    rm -rf "$MOONCAKE_VENV" || return 1
+    "$PY" -m venv --without-pip "$MOONCAKE_VENV" || return 1
+    "$VENV/bin/uv" pip install -q --python "$MOONCAKE_VENV/bin/python" "$MOONCAKE_PIN" \
+        >>"$log" 2>&1 || return 1
+    touch "$MOONCAKE_VENV/.slurmgate-installed"
+}
+if [ "${SLURMGATE_WITH_MOONCAKE:-0}" = 1 ]; then
+    cached_venv "$MOONCAKE_VENV" .venv-mooncake mooncake_install "Mooncake's master and store (uv)"
 fi
 
 # vLLM on CPU for the real vLLM lane (tests/runtime/test_vllm_cpu_slurm.py), cached and linked
