@@ -16,7 +16,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.engines import layout, vllm_cpu
+from slurmgate.runtime.engines import layout, service_lanes, vllm_cpu
 from slurmgate.runtime.spec import recipes
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.deployment import DeploymentSpec
@@ -188,12 +188,12 @@ def _rendered(spec: AllocationSpec, served: str | None = None) -> dict[str, Any]
     ]
     services = [
         (dataclasses.astuple(s.plan), s.argv, s.env, s.files)
-        for s in layout.service_launches(dspec, lay, d)
+        for s in service_lanes.service_launches(dspec, lay, d)
     ]
     return {
         "lanes": lanes,
         "services": services,
-        "service_env": layout.service_env(dspec, lay),
+        "service_env": service_lanes.service_env(dspec, lay),
         "expected": layout.expected_workers(dspec, d),
         "env": dspec.env,
     }

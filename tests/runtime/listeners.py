@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from slurmgate.runtime.engines import layout as layouts
+from slurmgate.runtime.engines import service_lanes
 from slurmgate.runtime.engines.layout import LanePlan, Layout
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
@@ -160,6 +160,16 @@ def kind_of(spec: AllocationSpec, lay: Layout, x: Listener) -> str | None:
                 kind = _lane_port(lane, x.port)
                 if kind is not None:
                     return kind
+        m = d_spec.mooncake
+        if m is not None and node == lay.plan.client_node:
+            named = {
+                "mooncake_master": "mooncake-master",
+                "mooncake_metrics": "mooncake-metrics",
+                "mooncake_metadata": "mooncake-metadata",
+            }
+            for key, kind in named.items():
+                if x.port == m.ports[key]:
+                    return kind
         worlds = [w for w in d.mpi_worlds() if node in w.nodes]
         if worlds and x.port >= 1024 and ("python" in x.process or "slurmstepd" in x.process):
             # a rank's Open MPI transport, or Slurm's pmix plugin: ephemeral ports
@@ -168,7 +178,7 @@ def kind_of(spec: AllocationSpec, lay: Layout, x: Listener) -> str | None:
         if f is None or node != lay.plan.client_node:
             continue
         ports = f.service_ports
-        tls = layouts.services_tls(d_spec, lay, d)
+        tls = service_lanes.services_tls(d_spec, lay, d)
         if x.port == f.port:
             return "frontend"
         if x.port == f.port + 1 and f.type == "sglang-router":

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.engines import frontends, layout, vllm_cpu
+from slurmgate.runtime.engines import frontends, layout, service_lanes, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.roles import LANE_DIR
 from slurmgate.runtime.spec.allocation import AllocationSpec
@@ -132,7 +132,7 @@ def test_trtllm_worker_reads_its_llm_api_yaml() -> None:
     config = json.loads(files["trtllm-prefill.yaml"])
     assert config["cache_transceiver_config"] == {"backend": "UCX"}
     assert config["enable_attention_dp"] is True and config["kv_cache_config"] == {"dtype": "fp8"}
-    (frontend,) = layout.service_launches(spec.deployments[0], lay, d)
+    (frontend,) = service_lanes.service_launches(spec.deployments[0], lay, d)
     assert frontend.argv == ["trtllm-serve", "disaggregated", "-c", f"{LANE_DIR}/disagg.yaml"]
     disagg = json.loads(frontend.files["disagg.yaml"])
     assert disagg["context_servers"] == {"num_instances": 1, "urls": ["10.0.0.1:18000"]}
@@ -153,7 +153,7 @@ def test_dynamo_workers_frontend_and_services() -> None:
     (d,) = lay.plan.deployments
     # the workers run on other nodes: etcd and NATS want the run's certificates
     pems = frontends.ServicePems("ca", "server", "server-key", "client", "client-key")
-    etcd, nats, frontend = layout.service_launches(spec.deployments[0], lay, d, pems)
+    etcd, nats, frontend = service_lanes.service_launches(spec.deployments[0], lay, d, pems)
     assert frontend.argv == [
         "python3",
         "-m",
@@ -190,7 +190,7 @@ def test_dynamo_workers_frontend_and_services() -> None:
     assert "port: 4222" in nats.files["nats.conf"] and '"127.0.0.1:8222"' in nats.files["nats.conf"]
     assert [s.name for s in d.services] == ["etcd", "nats", "frontend"]
     # the workers find etcd through the step's env, the same on every node
-    assert layout.service_env(spec.deployments[0], lay)["ETCD_ENDPOINTS"].endswith(":2379")
+    assert service_lanes.service_env(spec.deployments[0], lay)["ETCD_ENDPOINTS"].endswith(":2379")
     env = layout.lane_env(spec.deployments[0], d.role_heads("prefill")[1], "10.0.0.1")
     assert env["DYN_SYSTEM_PORT"] == "20003"  # slot 1: NCCL 20002, status 20003
     assert layout.expected_workers(spec.deployments[0], d) == {"prefill": 2, "decode": 1}
@@ -219,7 +219,7 @@ def test_pd_routers_are_told_each_prefill_with_its_bootstrap_port() -> None:
         frontend={"type": "sglang-router"},
     )
     (d,) = lay.plan.deployments
-    (router,) = layout.service_launches(spec.deployments[0], lay, d)
+    (router,) = service_lanes.service_launches(spec.deployments[0], lay, d)
     assert router.argv == [
         "python3",
         "-m",
@@ -244,7 +244,7 @@ def test_pd_routers_are_told_each_prefill_with_its_bootstrap_port() -> None:
     ]
     # its metrics port is claimed on the client node like any other
     assert router.plan.ports == (8000, 8001)
-    workers = layout.frontend_workers(lay, d)
+    workers = service_lanes.frontend_workers(lay, d)
     vllm = frontends.frontend_argv("vllm-router", ["vllm-router"], [], "h", 8000, workers)
     assert vllm[1:6] == [
         "--vllm-pd-disaggregation",
@@ -449,7 +449,7 @@ def test_file_discovery_drops_the_etcd_lane_and_tells_every_process() -> None:
     spec, lay = _plan("dynamo-sglang", ["p", "-m", "dynamo.sglang"], roles, frontend=frontend)
     (d,) = lay.plan.deployments
     assert [s.name for s in d.services] == ["nats", "frontend"]
-    env = layout.service_env(spec.deployments[0], lay)
+    env = service_lanes.service_env(spec.deployments[0], lay)
     assert env["DYN_DISCOVERY_BACKEND"] == "file" and "ETCD_ENDPOINTS" not in env
     assert env["DYN_EVENT_PLANE"] == "nats"
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from slurmgate.runtime.engines import frontends, layout
+from slurmgate.runtime.engines import frontends, layout, service_lanes
 from slurmgate.runtime.engines.roles import LANE_DIR
 from slurmgate.runtime.ledger.records import RECORD_NAME
 from slurmgate.runtime.run.allocation_run import AllocationRun
@@ -68,12 +68,12 @@ def _run(roles: dict[str, Any], tmp_path: Path) -> AllocationRun:
     return run
 
 
-def _launches(run: AllocationRun) -> list[layout.ServiceLaunch]:
+def _launches(run: AllocationRun) -> list[service_lanes.ServiceLaunch]:
     """The service lanes as `services.start_services` renders them."""
     assert run.layout
     (d,) = run.plan.deployments
     pems = deployment_pems(run.context, d)
-    return layout.service_launches(run.spec.deployments[0], run.layout, d, pems)
+    return service_lanes.service_launches(run.spec.deployments[0], run.layout, d, pems)
 
 
 def _value(argv: list[str], flag: str) -> str:
@@ -100,7 +100,7 @@ def test_on_one_host_etcd_and_nats_listen_on_loopback_without_certificates(
     assert frontend.env["ETCD_ENDPOINTS"] == "http://127.0.0.1:2379"
     assert frontend.env["NATS_SERVER"] == "nats://127.0.0.1:4222"
     assert frontend.files == {} and "ETCD_AUTH_CA" not in frontend.env
-    assert layout.service_env(run.spec.deployments[0], run.layout)["ETCD_ENDPOINTS"] == (
+    assert service_lanes.service_env(run.spec.deployments[0], run.layout)["ETCD_ENDPOINTS"] == (
         "http://127.0.0.1:2379"
     )
     (d,) = run.plan.deployments
@@ -154,7 +154,7 @@ def test_across_hosts_every_lane_gets_its_certificates_as_files_only(
     assert _value(nats.argv, "--tlscacert") == f"{LANE_DIR}/service-ca.pem"
     assert "--tlsverify" in nats.argv
     # the frontend and every worker: URLs in the step's env, paths of their own files
-    step_env = layout.service_env(run.spec.deployments[0], run.layout)
+    step_env = service_lanes.service_env(run.spec.deployments[0], run.layout)
     assert step_env["ETCD_ENDPOINTS"] == "https://10.0.0.1:2379"
     assert step_env["NATS_SERVER"] == "tls://10.0.0.1:4222"
     auth = frontends.client_auth_env()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from dataclasses import dataclass, field
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.engines import frontends, mocker, vllm_cpu
+from slurmgate.runtime.engines import frontends, mocker, mooncake, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.shapes import (
     AllocationShape,
@@ -82,13 +81,13 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class ServicePlan:
-    """A lane on the client node that is not a model server: a frontend, etcd or NATS."""
+    """A lane on the client node that is not a model server: a frontend, etcd, NATS, Mooncake."""
 
-    name: str  # "frontend", "etcd", "nats"
+    name: str  # "frontend", "etcd", "nats", "mooncake-master", "mooncake-metadata"
     node: int
     ports: tuple[int, ...]  # every port it opens there
     probe_port: int  # the port its readiness is asked on
-    readiness_path: str
+    readiness_path: str  # "": not probed (it is up when its step is)
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ class DeploymentPlan:
     nodes: tuple[NodePlan, ...]
     endpoint_port: int
     gpus_per_node: int
-    # Services first (etcd, NATS), then the frontend: the order they start in.
+    # Services first (etcd, NATS, Mooncake's), then the frontend: the order they start in.
     services: tuple[ServicePlan, ...] = ()
 
     @property
@@ -236,137 +235,28 @@ def bind(plan: AllocationPlan, hosts: list[str], addresses: dict[str, str] | Non
 
 
 def _services(d: DeploymentShape, client_node: int) -> tuple[ServicePlan, ...]:
-    if d.frontend is None:
-        return ()
-    f = d.frontend
-    profile = frontends.FRONTENDS[f.type]
-    ports = f.service_ports
+    """The service lanes of a deployment in start order: etcd and NATS (Dynamo's), Mooncake's
+    master and metadata server, then the frontend."""
     out = []
-    for name in f.services:
+    f = d.frontend
+    for name in f.services if f is not None else ():
         owned = {"etcd": ("etcd", "etcd_peer"), "nats": ("nats", "nats_monitor")}[name]
         probe_key, path = frontends.SERVICE_READINESS[name]
+        ports = f.service_ports if f is not None else {}
         out.append(
             ServicePlan(name, client_node, tuple(ports[k] for k in owned), ports[probe_key], path)
         )
-    opened = frontends.frontend_ports(f.type, f.port)
-    out.append(ServicePlan("frontend", client_node, opened, f.port, profile.readiness_path))
+    if d.mooncake is not None:
+        ports = d.mooncake.ports
+        for name in mooncake.SERVICES:
+            probe_key, path = mooncake.READINESS.get(name, (mooncake.OWNED[name][0], ""))
+            opened = tuple(ports[k] for k in mooncake.OWNED[name])
+            out.append(ServicePlan(name, client_node, opened, ports[probe_key], path))
+    if f is not None:
+        profile = frontends.FRONTENDS[f.type]
+        opened = frontends.frontend_ports(f.type, f.port)
+        out.append(ServicePlan("frontend", client_node, opened, f.port, profile.readiness_path))
     return tuple(out)
-
-
-def frontend_workers(lay: Layout, d: DeploymentPlan) -> frontends.Workers:
-    """The workers a frontend routes to, by role, with the prefill bootstrap ports."""
-    return frontends.Workers(
-        prefill=tuple(lay.prefill_bootstraps(d)),
-        decode=tuple(lay.role_head_urls(d, "decode")),
-        agg=tuple(lay.role_head_urls(d, "agg")),
-    )
-
-
-@dataclass(frozen=True)
-class ServiceLaunch:
-    """What the runtime starts for one service lane: argv, env and the files it reads."""
-
-    plan: ServicePlan
-    argv: list[str]
-    env: dict[str, str]
-    files: dict[str, str]
-    env_files: dict[str, str] = field(default_factory=dict)
-
-
-def services_local(lay: Layout, d: DeploymentPlan) -> bool:
-    """Every lane of the deployment runs on the client host (or every node is this machine:
-    the client node's address is loopback): its etcd and NATS need answer no other host, so
-    they listen on loopback; else on the node's address, with mutual TLS."""
-    if all(node == lay.plan.client_node for node in d.node_indices):
-        return True
-    address = lay.address(lay.plan.client_node)
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
-def services_tls(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> bool:
-    """The deployment has etcd and NATS, and nodes besides the client host reach them."""
-    has_services = spec.frontend is not None and bool(spec.frontend.services)
-    return has_services and not services_local(lay, d)
-
-
-def services_host(lay: Layout, d: DeploymentPlan) -> str:
-    """The address etcd and NATS listen on, and their clients reach them at."""
-    return frontends.LOOPBACK if services_local(lay, d) else lay.address(lay.plan.client_node)
-
-
-def service_launches(
-    spec: DeploymentShape,
-    lay: Layout,
-    d: DeploymentPlan,
-    pems: frontends.ServicePems | None = None,
-) -> list[ServiceLaunch]:
-    """Every service lane of a deployment with a frontend, in start order (etcd, NATS, then
-    the frontend): the frontend on the client node's address, etcd and NATS on
-    `services_host`, with the run's certificates (`pems`) when `services_tls`."""
-    f = spec.frontend
-    if f is None:
-        return []
-    host = lay.address(lay.plan.client_node)
-    ports = f.service_ports
-    tls = services_tls(spec, lay, d)
-    if tls and pems is None:
-        raise ValueError(
-            f"{d.name}: etcd and NATS serve other nodes: they need the run's certificates"
-        )
-    pems = pems if tls else None
-    out = []
-    for service in d.services:
-        env_files: dict[str, str] = {}
-        if service.name == "frontend":
-            workers = frontend_workers(lay, d)
-            argv = frontends.frontend_argv(f.type, f.argv_head, f.args, host, f.port, workers)
-            env = {**service_env(spec, lay), **dynamo_frontend_env(spec, host), **f.env}
-            files = frontends.frontend_files(f.type, host, f.port, workers)
-            if pems is not None:
-                env |= frontends.client_auth_env()
-                env_files = frontends.client_auth_env_files()
-                files |= pems.client_files()
-        else:
-            command = f.etcd_command if service.name == "etcd" else f.nats_command
-            bind = services_host(lay, d)
-            argv = frontends.service_argv(service.name, command, bind, ports, tls=tls)
-            env, files = {}, frontends.service_files(service.name, bind, ports, pems)
-        out.append(ServiceLaunch(service, argv, env, files, env_files))
-    return out
-
-
-def dynamo_frontend_env(spec: DeploymentShape, bind_host: str) -> dict[str, str]:
-    """Dynamo's frontend binds its response-stream server on the client node's address, on
-    the port after its HTTP port (unset, it takes the machine's outside address and any
-    port); other frontends need nothing. Only a stand-in's stays off the model hub: its
-    model is a local directory, a real deployment's may be a hub id."""
-    f = spec.frontend
-    if f is None or f.type != "dynamo":
-        return {}
-    env = {**mocker.bind_env(bind_host), "DYN_TCP_RESPONSE_STREAM_PORT": str(f.port + 1)}
-    if spec.stand_in is None:
-        del env["HF_HUB_OFFLINE"]
-    return env
-
-
-def service_env(spec: DeploymentShape, lay: Layout) -> dict[str, str]:
-    """What the frontend and every worker of the deployment need to find etcd and NATS
-    (Dynamo): their URLs, the same for all, so it belongs in the deployment's step environment
-    (the certificates' paths are each lane's: `frontends.client_auth_env`)."""
-    if spec.frontend is None:
-        return {}
-    d = next(p for p in lay.plan.deployments if p.name == spec.name)
-    return frontends.frontend_env(
-        spec.frontend.type,
-        services_host(lay, d),
-        spec.frontend.service_ports,
-        spec.frontend.request_plane,
-        tls=services_tls(spec, lay, d),
-        discovery=spec.frontend.discovery,
-    )
 
 
 def expected_workers(spec: DeploymentShape, d: DeploymentPlan) -> dict[str, int]:
@@ -603,7 +493,8 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
     for d in p.deployments:
         for service in d.services:
             for port in service.ports:
-                claim(service.node, port, f"deployments[{d.index}].frontend.{service.name}")
+                where = "mooncake" if service.name in mooncake.SERVICES else "frontend"
+                claim(service.node, port, f"deployments[{d.index}].{where}.{service.name}")
         for n in d.nodes:
             for lane in n.lanes:
                 if lane.port is not None:
@@ -624,6 +515,26 @@ def port_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
     for d in p.deployments:
         claim(p.client_node, d.endpoint_port, f"deployments[{d.index}].endpoint_port")
     return problems
+
+
+def mooncake_problems(spec: AllocationShape) -> list[tuple[str, str, str]]:
+    """A deployment with Mooncake whose workers run beyond the client node, without the spec
+    accepting Mooncake's unauthenticated listeners on its address (`mooncake.across_hosts`)."""
+    p = plan(spec)
+    return [
+        (
+            f"deployments[{d.index}].mooncake.across_hosts",
+            f"{d.name}'s workers run on nodes besides the client node: Mooncake's master and "
+            "metadata server would listen on its address, where neither authenticates its "
+            "clients (Mooncake has no option for it)",
+            "set mooncake.across_hosts: true if the site accepts that (the nodes' network is "
+            "trusted), or fit the deployment on the client node alone",
+        )
+        for d, dspec in zip(p.deployments, spec.deployments, strict=True)
+        if dspec.mooncake is not None
+        and not dspec.mooncake.across_hosts
+        and any(node != p.client_node for node in d.node_indices)
+    ]
 
 
 def lane_argv(

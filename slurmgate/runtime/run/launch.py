@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
+from slurmgate.runtime.engines import service_lanes
 from slurmgate.runtime.run import discovery
 from slurmgate.runtime.run.endpoints import ENDPOINT_STARTUP_S
 from slurmgate.runtime.run.probes import ProbeOpener
@@ -43,7 +43,7 @@ def launch(ctx: RunContext, probes: ProbeOpener) -> None:
             gres=None,
             env=ctx.base_env(
                 {
-                    **layout_mod.service_env(dspec, ctx.layout),
+                    **service_lanes.service_env(dspec, ctx.layout),
                     **discovery.env(ctx, dspec),
                     **ctx.credentials.deployment_env[d.index],
                 }

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from slurmgate.runtime.engines import layout as layout_mod
+from slurmgate.runtime.engines import service_lanes
 from slurmgate.runtime.engines.frontends import LOOPBACK, ServicePems
 from slurmgate.runtime.run.state import RunContext
 
@@ -115,7 +116,7 @@ def deployment_pems(ctx: RunContext, d: layout_mod.DeploymentPlan) -> ServicePem
     """The certificates of `d`'s etcd and NATS, made once per run and deployment; None when
     they need none (no such services, or every lane on the client host: loopback)."""
     assert ctx.layout
-    if not layout_mod.services_tls(ctx.spec.deployments[d.index], ctx.layout, d):
+    if not service_lanes.services_tls(ctx.spec.deployments[d.index], ctx.layout, d):
         return None
     if d.name not in ctx.service_pems:
         client = ctx.plan.client_node

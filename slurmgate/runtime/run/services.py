@@ -1,15 +1,18 @@
-"""Service lanes on the client host: etcd and NATS before the workers, a frontend once they are up.
+"""Service lanes on the client host: etcd, NATS, Mooncake before the workers, then a frontend.
 
-A deployment that names a frontend (`DeploymentSpec.frontend`) gets its service lanes from
-`layout.service_launches`: Dynamo's etcd and NATS, which its workers register with, start
-before the workers; the frontend (Dynamo's, sglang-router or vllm-router in PD mode,
-`trtllm-serve disaggregated`) starts once every worker answers, and is ready when it lists them
-(`frontends.frontend_ready`). Each group is one node-worker step on the client host, so it is
-supervised (fail-fast) and stopped by cleanup exactly like the model-server lanes.
+A deployment's service lanes come from `service_lanes.service_launches`: Dynamo's etcd and
+NATS, which its workers register with, and Mooncake's master and metadata server
+(`DeploymentSpec.mooncake`) start before the workers; the frontend (Dynamo's, sglang-router or
+vllm-router in PD mode, `trtllm-serve disaggregated`) starts once every worker answers, and is
+ready when it lists them (`frontends.frontend_ready`). Each group is one node-worker step on
+the client host, so it is supervised (fail-fast) and stopped by cleanup like the model-server
+lanes.
 
 etcd and NATS listen on loopback when every lane of the deployment runs on the client host;
 else on its address, admitting only clients with a certificate of the run's own CA
 (`service_certs`), which each lane that needs one gets as 0600 files in its private directory.
+Mooncake's have no authentication: on the client host's address only with the spec's
+`mooncake.across_hosts`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from slurmgate.runtime.engines import frontends
+from slurmgate.runtime.engines import frontends, mooncake, service_lanes
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.run import discovery
 from slurmgate.runtime.run.probes import ProbeOpener
@@ -46,10 +49,10 @@ def start_services(
     dspec = ctx.spec.deployments[d.index]
     launches = [
         s
-        for s in layout_mod.service_launches(dspec, ctx.layout, d, deployment_pems(ctx, d))
+        for s in service_lanes.service_launches(dspec, ctx.layout, d, deployment_pems(ctx, d))
         if (s.plan.name == "frontend") == frontend
     ]
-    if not launches or dspec.frontend is None:
+    if not launches:
         return False
     kind = "frontend" if frontend else "services"
     name = f"{kind}-{d.name}"
@@ -84,7 +87,7 @@ def start_services(
     )
     ctx.log(f"decision: start {', '.join(s.plan.name for s in launches)} of {d.name} on {host}")
     env = {
-        **layout_mod.service_env(dspec, ctx.layout),
+        **service_lanes.service_env(dspec, ctx.layout),
         **discovery.env(ctx, dspec),
         **ctx.credentials.deployment_env[d.index],
     }
@@ -92,10 +95,12 @@ def start_services(
         ctx, name, "serve", spec, [host], gres="none", env=ctx.base_env(env), required=True
     )
     ctx.supervisor.resolve_step_ids(timeout=3.0)
-    timeout = dspec.frontend.startup_timeout_s if frontend else SERVICE_STARTUP_S
+    timeout = dspec.frontend.startup_timeout_s if frontend and dspec.frontend else SERVICE_STARTUP_S
     expected = layout_mod.expected_workers(dspec, d)
     address = ctx.layout.address(ctx.plan.client_node)
-    # The probes run on the client host: etcd's and NATS's health listeners are on loopback.
+    # The probes run on the client host: etcd's, NATS's and Mooncake's health listeners are on
+    # loopback. Mooncake's metadata server has no health path: it is up when its step is.
+    frontend_type = dspec.frontend.type if dspec.frontend else ""
     targets = [
         readiness.Target(
             name=f"{d.name} {s.plan.name}",
@@ -104,9 +109,10 @@ def start_services(
             path=s.plan.readiness_path,
             deadline=time.monotonic() + timeout,
             models=False,
-            accept=_rule(dspec.frontend.type, s.plan.name, expected),
+            accept=_rule(frontend_type, s.plan.name, expected),
         )
         for s in launches
+        if s.plan.readiness_path
     ]
     try:
         readiness.wait_ready(
@@ -132,4 +138,6 @@ def _rule(frontend: str, service: str, expected: dict[str, int]) -> Any:
         return lambda body: frontends.frontend_ready(frontend, 200, body, expected)
     if service == "etcd":
         return lambda body: frontends.service_ready("etcd", 200, body)
+    if service == mooncake.MASTER:
+        return mooncake.master_ready
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmgate.runtime.engines import frontends
+from slurmgate.runtime.engines import frontends, service_lanes
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.run import discovery, stand_ins
@@ -37,6 +37,12 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
             # what its engine needs per node (the address it advertises) and its role's.
             env = layout_mod.lane_env(dspec, lane, address)
             files = layout_mod.lane_files(dspec, lane)
+            # Mooncake's addresses and the store's JSON, in the lane's private directory
+            mooncake_env, mooncake_files = service_lanes.mooncake_lane(
+                dspec, ctx.layout, d, address
+            )
+            env |= mooncake_env
+            files = {**files, **mooncake_files}
             env_files: dict[str, str] = {}
             if pems is not None:
                 env |= frontends.client_auth_env()

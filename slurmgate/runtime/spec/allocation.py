@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from slurmgate.runtime.engines.layout import port_problems
+from slurmgate.runtime.engines.layout import mooncake_problems, port_problems
 from slurmgate.runtime.spec.client import ClientSpec
 from slurmgate.runtime.spec.deployment import DeploymentSpec
 from slurmgate.runtime.spec.errors import SpecError, problem, spec_error_from
@@ -103,7 +103,7 @@ class AllocationSpec(StrictModel):
                     "gpus_per_node",
                 )
         # Port collisions are a layout question: the same plan the runtime uses decides them.
-        problems = port_problems(self)
+        problems = port_problems(self) + mooncake_problems(self)
         if problems:
             f, m, fix = problems[0]
             raise problem(f, m, fix)

@@ -12,6 +12,7 @@ from slurmgate.runtime.engines.mocker import SYSTEM_PORT_MAX
 from slurmgate.runtime.spec.errors import problem
 from slurmgate.runtime.spec.fields import DeploymentName, StrictModel
 from slurmgate.runtime.spec.frontend import FrontendSpec, check_frontend_pairing
+from slurmgate.runtime.spec.mooncake import MooncakeSpec
 from slurmgate.runtime.spec.roles import (
     RolesSpec,
     check_roles_shape,
@@ -158,6 +159,12 @@ class DeploymentSpec(StrictModel):
         description="the field's own router or frontend on the client node (Dynamo's, "
         "sglang-router, vllm-router, trtllm-serve); unset: the logical endpoint routes to the "
         "workers itself",
+    )
+    mooncake: MooncakeSpec | None = Field(
+        default=None,
+        description="a Mooncake store (srt-slurm's mooncake_kv_store): its master and HTTP "
+        "metadata server on the client node before the workers, and every worker told where "
+        "they are (MOONCAKE_MASTER, MOONCAKE_TE_META_DATA_SERVER, MOONCAKE_CONFIG_PATH)",
     )
     side_base_port: int = Field(
         default=20000,
