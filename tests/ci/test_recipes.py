@@ -74,20 +74,18 @@ def test_every_recipe_the_mix_references_is_shipped_and_nothing_else() -> None:
 
 
 def test_how_many_mix_recipes_become_specs() -> None:
-    # 191 of the 227 recipes run as specs (14 of them with TensorRT-LLM workers over several
-    # nodes, each one MPI world); the rest start a Mooncake KV store and are refused by name
+    # all 227 recipes run as specs: 36 start a Mooncake KV store (with its master and
+    # metadata server), 14 have TensorRT-LLM workers over several nodes, each one MPI world
     outcomes: dict[str, int] = {}
     mpi = 0
     for path in sorted(RECIPES.rglob("*.yaml")):
         built = _built(str(path.relative_to(RECIPES)))
         if isinstance(built, RecipeRefused):
-            assert "mooncake_kv_store" in str(built), built
-            reason = "mooncake"
-        else:
-            reason = "spec"
-            mpi += any(d.mpi_worlds() for d in layout.plan(built.spec).deployments)
+            raise AssertionError(f"refused: {built}")
+        reason = "spec, mooncake" if built.spec.deployments[0].mooncake else "spec"
+        mpi += any(d.mpi_worlds() for d in layout.plan(built.spec).deployments)
         outcomes[reason] = outcomes.get(reason, 0) + 1
-    assert outcomes == {"spec": 191, "mooncake": 36}
+    assert outcomes == {"spec": 191, "spec, mooncake": 36}
     assert mpi == 14
 
 
@@ -221,8 +219,9 @@ def test_hostile_recipe_files_are_refused_in_one_line(tmp_path: Path) -> None:
 
 def test_refused_and_reported_keys_are_named(tmp_path: Path) -> None:
     base = yaml.safe_load((RECIPES / SCRIPT.SUBSET[0]).read_text())
-    with pytest.raises(RecipeRefused, match=r"backend\.mooncake_kv_store: cannot be honoured"):
-        spec_from_data({**base, "backend": {**base["backend"], "mooncake_kv_store": {"a": 1}}})
+    store = {"device_names_by_gpu": ["mlx5_0"]}
+    with pytest.raises(RecipeRefused, match=r"device_names_by_gpu: cannot be honoured"):
+        spec_from_data({**base, "backend": {**base["backend"], "mooncake_kv_store": store}})
     with pytest.raises(RecipeRefused, match="container_mounts: cannot be honoured"):
         spec_from_data({**base, "container_mounts": {"/a": "/b"}})
     with pytest.raises(RecipeRefused, match="bogus_key: unknown recipe keys"):

@@ -113,7 +113,6 @@ def _root(r: dict[str, str]) -> Path | None:
 def _refusal(exc: InputError) -> str:
     text = str(exc)
     for words, reason in (
-        ("mooncake_kv_store", "mooncake"),
         ("extra_mount", "container mounts"),
         ("fix the recipe's node count", "idle reserved nodes"),
         ("holds several recipes", "variant file without a selector"),
@@ -191,8 +190,7 @@ def test_every_mix_row_with_a_shipped_recipe_converts_with_admissions_node_count
         outcomes[key] = outcomes.get(key, 0) + 1
     assert under == UNDER_COUNTED
     assert outcomes == {
-        "inferencex: spec": 315,
-        "inferencex: refused, mooncake": 52,
+        "inferencex: spec": 367,
         "srt-slurm: spec": 182,
         "srt-slurm: spec (selector)": 3,
         "srt-slurm: refused, container mounts": 17,

@@ -82,7 +82,8 @@ _ROLE_PARTS = ("environment", "extra_args")
 REFUSED = {
     "container_mounts": "container mounts: the workers run on the nodes' own filesystem",
     "extra_mount": "container mounts: the workers run on the nodes' own filesystem",
-    "backend.mooncake_kv_store": "a Mooncake master service slurmgate does not start",
+    "backend.mooncake_kv_store.device_names_by_gpu": "per-GPU Mooncake device names: every "
+    "lane reads one store config",
     "resources.decode_nodes: 0": "decode workers colocated on the prefill nodes",
     "frontend.type: vllm with several workers": "direct vllm serve runs one worker",
     "frontend.type: sglang (schema 2) with several workers": "srt-slurm 2.x's router-free "
@@ -288,8 +289,6 @@ def spec_from_data(
             f"{source}: frontend.type: {front!r} with backend.type {kind!r} is not a "
             "pairing srt-slurm runs — use dynamo, or the engine's own frontend"
         )
-    if backend.get("mooncake_kv_store"):
-        raise b.refuse("backend.mooncake_kv_store")
     if resources.get("decode_nodes") == 0:
         raise b.refuse("resources.decode_nodes: 0")
     served = str(model_block.get("path", "model"))
@@ -309,6 +308,9 @@ def spec_from_data(
     }
     if shared.get("kv_transfer"):
         deployment["kv_transfer"] = shared["kv_transfer"]
+    store = backend.get("mooncake_kv_store")
+    if store:
+        _mooncake(deployment, store, b)
     _frontend(deployment, frontend, front, r, b)
     health = _section(r, "health_check", source)
     attempts, interval = health.get("max_attempts", 180), health.get("interval_seconds", 10)
@@ -319,7 +321,10 @@ def spec_from_data(
     if any("{node" in str(v) for v in env.values()):
         raise b.refuse("environment templating")
     if env:
-        deployment["env"] = {str(k): str(v) for k, v in env.items()}
+        deployment["env"] = {
+            **deployment.get("env", {}),
+            **{str(k): str(v) for k, v in env.items()},
+        }
     top: dict[str, Any] = {
         "schema_version": 1,
         "name": deployment["name"],
@@ -347,6 +352,41 @@ def spec_from_data(
             "checks each as it checks the model path",
         )
     return RecipeSpec(spec=spec, schema=schema, reported=b.reported)
+
+
+def _mooncake(deployment: dict[str, Any], store: Any, b: _Build) -> None:
+    """srt-slurm's `backend.mooncake_kv_store` as the deployment's `mooncake`: its store_config
+    (the workers' JSON), the master's extra args, and its env on every worker, as srt-slurm
+    gives it. srt-slurm's master answers other nodes unauthenticated: so does this one
+    (`across_hosts`), and the run reports it."""
+    if not isinstance(store, dict):
+        raise RecipeRefused(f"{b.source}: backend.mooncake_kv_store: not a mapping")
+    if store.get("device_names_by_gpu"):
+        raise b.refuse("backend.mooncake_kv_store.device_names_by_gpu")
+    config = store.get("store_config") or {}
+    if not isinstance(config, dict) or not all(
+        isinstance(v, str | int | float | bool) for v in config.values()
+    ):
+        raise RecipeRefused(
+            f"{b.source}: backend.mooncake_kv_store.store_config: give KEY: VALUE lines with "
+            "plain values (strings, numbers, booleans)"
+        )
+    config = {str(k): v for k, v in config.items() if k != "master_server_address"}
+    spec: dict[str, Any] = {"store_config": config, "across_hosts": True}
+    if store.get("master_extra_args"):
+        spec["master_args"] = [str(a) for a in store["master_extra_args"]]
+    deployment["mooncake"] = spec
+    if store.get("env"):
+        deployment["env"] = {str(k): str(v) for k, v in dict(store["env"]).items()}
+    if store.get("container"):
+        b.report("backend.mooncake_kv_store.container", "the nodes' own mooncake_master runs")
+    b.report(
+        "backend.mooncake_kv_store",
+        "Mooncake's master and HTTP metadata server run on the client node before the workers "
+        "(mooncake.across_hosts: true, as srt-slurm runs them: on its address, without "
+        "authentication, when workers run on other nodes); every worker gets MOONCAKE_MASTER, "
+        "MOONCAKE_TE_META_DATA_SERVER and the store's JSON at MOONCAKE_CONFIG_PATH",
+    )
 
 
 def _section(r: Mapping[str, Any], key: str, source: str) -> dict[str, Any]:

