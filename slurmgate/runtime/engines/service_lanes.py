@@ -13,12 +13,8 @@ from dataclasses import dataclass, field
 
 from slurmgate.errors import InputError
 from slurmgate.runtime.engines import frontends, mocker, mooncake
-from slurmgate.runtime.engines.layout import (
-    DeploymentPlan,
-    DeploymentShape,
-    Layout,
-    ServicePlan,
-)
+from slurmgate.runtime.engines.layout import DeploymentPlan, Layout, ServicePlan
+from slurmgate.runtime.engines.shapes import DeploymentShape
 
 
 class MooncakeAcrossHosts(InputError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines import service_lanes
 from slurmgate.runtime.run import discovery
@@ -31,7 +32,6 @@ def launch(ctx: RunContext, probes: ProbeOpener) -> None:
         start_services(ctx, probes, d, frontend=False, phase="launch")
     ctx.launched_at = time.monotonic()
     for d in ctx.plan.deployments:
-        dspec = ctx.spec.deployments[d.index]
         nodelist = ctx.layout.nodelist(d)
         ctx.log(f"decision: launch {d.name} as one srun on {','.join(nodelist)}")
         start_workers(
@@ -41,13 +41,7 @@ def launch(ctx: RunContext, probes: ProbeOpener) -> None:
             worker_spec(ctx, d),
             nodelist,
             gres=None,
-            env=ctx.base_env(
-                {
-                    **service_lanes.service_env(dspec, ctx.layout),
-                    **discovery.env(ctx, dspec),
-                    **ctx.credentials.deployment_env[d.index],
-                }
-            ),
+            env=deployment_env(ctx, d),
             required=True,
         )
         for world in d.mpi_worlds():
@@ -56,13 +50,25 @@ def launch(ctx: RunContext, probes: ProbeOpener) -> None:
     ctx.save()
 
 
+def deployment_env(ctx: RunContext, d: layout_mod.DeploymentPlan) -> dict[str, str]:
+    """The environment of a deployment's steps: its services', discovery's and credentials'."""
+    assert ctx.layout
+    dspec = ctx.spec.deployments[d.index]
+    return ctx.base_env(
+        {
+            **service_lanes.service_env(dspec, ctx.layout),
+            **discovery.env(ctx, dspec),
+            **ctx.credentials.deployment_env[d.index],
+        }
+    )
+
+
 def start_mpi_world(
     ctx: RunContext, d: layout_mod.DeploymentPlan, world: layout_mod.MpiWorld
 ) -> None:
     """One worker over several nodes as one MPI world: its own step, required like the
     deployment's, its rank 0 probed as the worker's head."""
     assert ctx.layout
-    dspec = ctx.spec.deployments[d.index]
     name = f"serve-{d.name}-{world.name}"
     nodelist = [ctx.layout.host(n) for n in world.nodes]
     ctx.log(
@@ -75,13 +81,7 @@ def start_mpi_world(
         mpi_world_argv(ctx, name, nodelist, world.ranks_per_node),
         step_name=ctx.step_name(name),
         stdin_data=mpi_world_spec(ctx, d, world).encode().encode(),
-        env=ctx.base_env(
-            {
-                **layout_mod.service_env(dspec, ctx.layout),
-                **discovery.env(ctx, dspec),
-                **ctx.credentials.deployment_env[d.index],
-            }
-        ),
+        env=deployment_env(ctx, d),
         required=True,
     )
 
