@@ -390,3 +390,34 @@ def test_a_rows_config_file_selector_is_resolved_by_admission() -> None:
     assert isinstance(
         _build(str(SRT / "b200-fp4/8k1k.yaml:override_stp_maxtpt_7p2d")), RecipeRefused
     )
+
+
+@pytest.mark.parametrize(
+    ("gpu_type", "bind", "numactl"),
+    [
+        ("gb300", None, True),  # srt-slurm's default on Grace nodes
+        ("b200", None, False),
+        ("b200", True, True),  # the recipe's own word wins
+        ("gb300", False, False),
+    ],
+)
+def test_a_trtllm_workers_launcher_binds_memory_as_srt_slurm_decides(
+    tmp_path: Path, gpu_type: str, bind: bool | None, numactl: bool
+) -> None:
+    recipe = yaml.safe_load(
+        (
+            SRT / "trtllm/gb300-fp8/8k1k/mtp/ctx10_gen1_dep16_batch64_eplb0_mtp1_1229.yaml"
+        ).read_text()
+    )
+    recipe["resources"]["gpu_type"] = gpu_type
+    if bind is not None:
+        recipe["backend"]["numa_memory_bind"] = bind
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    built = spec_from_recipe(path)
+    (deployment,) = built.spec.deployments
+    want = ["numactl", "-m", "0,1", "trtllm-llmapi-launch"] if numactl else ["trtllm-llmapi-launch"]
+    assert deployment.mpi_launch == want
+    (world,) = [w for d in layout.plan(built.spec).deployments for w in d.mpi_worlds()]
+    argv = layout.lane_argv(deployment, world.head, "h", bind_host="h")
+    assert argv[: len(want) + 1] == [*want, "python3"]  # then dynamo.trtllm

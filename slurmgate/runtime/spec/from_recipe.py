@@ -73,11 +73,36 @@ BACKEND_REPORTED = {
     "(KV-aware routing falls back)",
     "sequential_node_start": "workers start together, paced by rank_launch_stagger_s and "
     "lead_boot_standoff_s, not in readiness-gated batches",
-    "numa_memory_bind": "no numactl prefix: the nodes' default memory policy",
+    "numa_memory_bind": "no numactl prefix: srt-slurm binds TensorRT-LLM workers only",
     "numa_cpu_bind": "no CPU binding beyond Slurm's",
     "served_model_name": "the spec's served model name is the recipe's model name",
 }
 _ROLE_PARTS = ("environment", "extra_args")
+# srt-slurm's memory binding of a TensorRT-LLM worker (src/srtctl/backends/trtllm.py at
+# c88ef731, `build_worker_command`): on by default on gb200/gb300, for prefill and decode only.
+NUMACTL = ("numactl", "-m", "0,1")
+
+
+def _numactl(
+    backend: Mapping[str, Any], resources: Mapping[str, Any], roles: Mapping[str, Any], b: _Build
+) -> bool:
+    """Whether a TensorRT-LLM recipe's workers start under `numactl -m 0,1`, as srt-slurm
+    decides it; reported, since here only a worker over several nodes has a launcher to prefix."""
+    bind = backend.get("numa_memory_bind")
+    disaggregated = "agg" not in roles
+    on = disaggregated and (
+        bool(bind) if bind is not None else resources.get("gpu_type") in ("gb200", "gb300")
+    )
+    if on or bind is not None:
+        b.report(
+            "backend.numa_memory_bind",
+            f"{'numactl -m 0,1' if on else 'no numactl'}, as srt-slurm decides it (default on "
+            "gb200/gb300, prefill and decode only): before trtllm-llmapi-launch on a worker "
+            "over several nodes; a one-node worker starts without a launcher, so without it",
+        )
+    return on
+
+
 # Keys whose meaning slurmgate cannot reproduce: a run without them would not be that recipe.
 REFUSED = {
     "container_mounts": "container mounts: the workers run on the nodes' own filesystem",
@@ -308,6 +333,8 @@ def spec_from_data(
     }
     if shared.get("kv_transfer"):
         deployment["kv_transfer"] = shared["kv_transfer"]
+    if kind == "trtllm" and _numactl(backend, resources, roles, b):
+        deployment["mpi_launch"] = [*NUMACTL, "trtllm-llmapi-launch"]
     store = backend.get("mooncake_kv_store")
     if store:
         _mooncake(deployment, store, b)
@@ -663,6 +690,8 @@ def _report_rest(r: Mapping[str, Any], b: _Build) -> None:
     if "connector" in backend:
         b.report("backend.connector")
     consumed = {"type", "mooncake_kv_store", "dp_launch_mode", "kv_events_config", "connector"}
+    if recipes.backend_type(r) == "trtllm":
+        consumed.add("numa_memory_bind")  # reported where the deployment is built (`_numactl`)
     consumed |= set(recipes.ENGINE_CONFIG_KEY.values())
     consumed |= {f"{role}_{part}" for role in recipes.ROLE_NAMES for part in _ROLE_PARTS}
     for key in sorted(set(map(str, backend)) - consumed):
