@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,45 +28,79 @@ from slurmgate.runtime.spec.allocation import AllocationSpec
 REPO = Path(__file__).resolve().parents[2]
 ENGINES_PYTHON = REPO / ".venv-engines" / "bin" / "python"
 
-PARSE = """
+# One SGLang import serves both tests (it takes seconds of CPU): requests are JSON lines on
+# stdin, {"known": bool, "argvs": [...]}; each answer is one line, prefixed to tell it from
+# whatever SGLang prints while it imports. `known` parses with parse_known_args and returns the
+# flags it did not know (the AMD rows' argv, pinned to older SGLang images).
+PARSER = """
 import argparse, json, sys
 from sglang.srt.server_args import ServerArgs
-out = []
-for argv in json.load(sys.stdin):
-    parser = argparse.ArgumentParser(exit_on_error=False)
+KEYS = (
+    "model_path", "host", "port", "disaggregation_mode", "disaggregation_bootstrap_port",
+    "disaggregation_transfer_backend", "disaggregation_ib_device", "tp_size", "dp_size",
+    "ep_size", "pp_size", "enable_dp_attention", "nnodes", "node_rank", "dist_init_addr",
+    "nccl_port", "enable_metrics", "mem_fraction_static", "speculative_num_steps",
+    "speculative_num_draft_tokens", "moe_a2a_backend", "enable_hierarchical_cache",
+    "hicache_ratio", "page_size", "chunked_prefill_size", "max_running_requests",
+    "trust_remote_code", "served_model_name")
+def one(argv, known):
+    parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=not known)
     ServerArgs.add_cli_args(parser)
     try:
-        a = ServerArgs.from_cli_args(parser.parse_args(argv))
+        if known:
+            ns, unknown = parser.parse_known_args(argv)
+        else:
+            ns, unknown = parser.parse_args(argv), []
+        a = ServerArgs.from_cli_args(ns)
     except (SystemExit, Exception) as exc:
-        out.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
-        continue
-    out.append({k: getattr(a, k) for k in (
-        "model_path", "host", "port", "disaggregation_mode", "disaggregation_bootstrap_port",
-        "disaggregation_transfer_backend", "tp_size", "dp_size", "ep_size", "pp_size",
-        "enable_dp_attention", "nnodes", "node_rank", "dist_init_addr", "nccl_port",
-        "enable_metrics", "mem_fraction_static")})
-print(json.dumps(out))
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"unknown": [u for u in unknown if u.startswith("-")],
+            **{k: getattr(a, k) for k in KEYS}}
+for line in sys.stdin:
+    request = json.loads(line)
+    answer = [one(argv, request["known"]) for argv in request["argvs"]]
+    print("PARSED " + json.dumps(answer), flush=True)
 """
 
+Parse = Callable[..., list[dict[str, object]]]
 
-def _parse(argvs: list[list[str]]) -> list[dict[str, object]]:
+
+@pytest.fixture(scope="module")
+def sglang_parse() -> Iterator[Parse]:
+    """`parse(argvs, known=False)`: what SGLang's own parser and ServerArgs make of each."""
     if not ENGINES_PYTHON.exists():
         pytest.skip(
             "the engines' parsers are not installed: SLURMGATE_WITH_ENGINE_PARSERS=1 "
             "scripts/setup.sh makes .venv-engines (scripts/test.sh does)"
         )
-    done = subprocess.run(
-        [str(ENGINES_PYTHON), "-c", PARSE],
-        input=json.dumps(argvs),
-        capture_output=True,
+    server = subprocess.Popen(
+        [str(ENGINES_PYTHON), "-c", PARSER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
-        timeout=300,
-        check=True,
     )
-    return list(json.loads(done.stdout.splitlines()[-1]))
+    assert server.stdin is not None and server.stdout is not None
+    reader, writer = server.stdout, server.stdin
+
+    def parse(argvs: list[list[str]], known: bool = False) -> list[dict[str, object]]:
+        writer.write(json.dumps({"known": known, "argvs": argvs}) + "\n")
+        writer.flush()
+        for line in reader:  # SGLang may print while it imports: skip to the answer
+            if line.startswith("PARSED "):
+                return list(json.loads(line.removeprefix("PARSED ")))
+        raise AssertionError(f"SGLang's parser exited with {server.wait(timeout=10)}")
+
+    try:
+        yield parse
+    finally:
+        writer.close()
+        server.wait(timeout=30)
 
 
-def test_sglangs_own_parser_reads_every_role_process_as_the_layout_means_it() -> None:
+def test_sglangs_own_parser_reads_every_role_process_as_the_layout_means_it(
+    sglang_parse: Parse,
+) -> None:
     spec = AllocationSpec.from_data(
         {
             "name": "a",
@@ -102,7 +137,7 @@ def test_sglangs_own_parser_reads_every_role_process_as_the_layout_means_it() ->
         ]
         for node, lane in lanes
     ]
-    parsed = _parse([*argvs, [*argvs[0], "--no-such-flag"]])
+    parsed = sglang_parse([*argvs, [*argvs[0], "--no-such-flag"]])
     *good, bad = parsed
     assert "error" in bad  # the parser is real: an unknown flag fails
     for (node, lane), args in zip(lanes, good, strict=True):
@@ -129,35 +164,10 @@ def test_sglangs_own_parser_reads_every_role_process_as_the_layout_means_it() ->
 # must parse, and ServerArgs must build from them.
 DROPPED_SINCE_IMAGES = {"--cuda-graph-bs", "--prefill-round-robin-balance"}
 
-PARSE_KNOWN = """
-import argparse, json, sys
-from sglang.srt.server_args import ServerArgs
-out = []
-for argv in json.load(sys.stdin):
-    parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)
-    ServerArgs.add_cli_args(parser)
-    try:
-        ns, unknown = parser.parse_known_args(argv)
-        a = ServerArgs.from_cli_args(ns)
-    except (SystemExit, Exception) as exc:
-        out.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
-        continue
-    got = {k: getattr(a, k) for k in (
-        "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_ib_device",
-        "tp_size", "dp_size", "ep_size", "enable_dp_attention", "speculative_num_steps",
-        "speculative_num_draft_tokens", "moe_a2a_backend", "enable_hierarchical_cache",
-        "hicache_ratio", "page_size", "chunked_prefill_size", "max_running_requests",
-        "trust_remote_code", "served_model_name")}
-    out.append({"unknown": [u for u in unknown if u.startswith("-")], **got})
-print(json.dumps(out))
-"""
 
-
-def test_sglangs_own_parser_reads_the_amd_rows_argv() -> None:
+def test_sglangs_own_parser_reads_the_amd_rows_argv(sglang_parse: Parse) -> None:
     from slurmgate.runtime.spec.from_row import IB_DEVICES, amd_configs, spec_from_row
 
-    if not ENGINES_PYTHON.exists():
-        pytest.skip("the engines' parsers are not installed (scripts/setup.sh, see above)")
     # one row per SGLang config key: every model, MTP, DP attention + EP, agentic HiCache
     rows = [f"{key}#{0 if 'agentic' not in key else 9}" for key in amd_configs()]
     rows = [r for r in rows if "atom" not in r] + ["dsr1-fp4-mi355x-sglang-disagg#5"]
@@ -174,15 +184,7 @@ def test_sglangs_own_parser_reads_the_amd_rows_argv() -> None:
                 assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
                 lanes.append((row_id, d, lane))
                 argvs.append(argv[3:])
-    done = subprocess.run(
-        [str(ENGINES_PYTHON), "-c", PARSE_KNOWN],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    parsed = json.loads(done.stdout.splitlines()[-1])
+    parsed = sglang_parse(argvs, known=True)
     assert len(parsed) == len(lanes) == 25
     for (row_id, d, lane), args in zip(lanes, parsed, strict=True):
         assert "error" not in args, (row_id, args)
