@@ -1,4 +1,4 @@
-"""srt-slurm's own recipes the job mix names: shipped byte for byte, variants, node counts."""
+"""The recipes the job mix names beyond InferenceX's checked-in ones: bytes, variants, counts."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ from slurmgate.runtime.spec.from_recipe import RecipeRefused, RecipeSpec, spec_f
 REPO = Path(__file__).resolve().parents[2]
 SRT = REPO / "tests" / "data" / "srt-slurm-recipes"
 INFERENCEX = REPO / "tests" / "data" / "inferencex-recipes"
+# InferenceX files the generator did not read as recipes, at their InferenceX paths
+BRANCH = REPO / "tests" / "data" / "inferencex-branch-recipes"
+BRANCH_SRT = BRANCH / "benchmarks" / "multi_node" / "srt-slurm-recipes"
+BRANCH_LLM_D = BRANCH / "benchmarks" / "multi_node" / "llm-d-recipes"
 MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
 # GPUs per node by GPU family, as the mix's gpus_per_node column says (tests/admission).
 FAMILY_GPUS = {"b200": 8, "b300": 8, "h100": 8, "h200": 8, "mi355x": 8, "gb200": 4, "gb300": 4}
@@ -42,13 +46,15 @@ def _mix() -> list[dict[str, str]]:
 MIX_ROWS = _mix()
 
 
-def _manifest() -> dict[str, tuple[str, str]]:
-    """SOURCE.md's table: file -> (commit, git blob id)."""
-    text = (SRT / "SOURCE.md").read_text()
+def _manifest(folder: Path = SRT) -> dict[str, tuple[str, str]]:
+    """SOURCE.md's table: file -> (commit, git blob id); a branch column may come between."""
+    text = (folder / "SOURCE.md").read_text()
     return {
         m.group(1): (m.group(2), m.group(3))
         for m in re.finditer(
-            r"^\| `([^`]+)` \| `([0-9a-f]{8})` \| `([0-9a-f]{40})` \|$", text, re.M
+            r"^\| `([^`]+)` \|(?: `[^`]+` \|)? `([0-9a-f]{8})` \| `([0-9a-f]{40})` \|$",
+            text,
+            re.M,
         )
     }
 
@@ -70,11 +76,28 @@ def test_the_shipped_recipes_are_srt_slurms_bytes_and_only_those_the_mix_names()
         for r in MIX_ROWS
         if NOT_CHECKED_IN in r["node_count_source"]
     }
-    # what the mix names but srt-slurm holds at neither commit lives on InferenceX branches
+    # what the mix names but srt-slurm holds at neither commit is InferenceX's (next test)
     elsewhere = named - shipped
     assert len(elsewhere) == 19 and not any(p.startswith(("b200", "trtllm")) for p in elsewhere)
     assert (SRT / "LICENSE").read_text().lstrip().startswith("Apache License")
     assert "NVIDIA" in (SRT / "NOTICE").read_text()
+
+
+def test_the_inferencex_files_are_shipped_byte_for_byte_and_every_named_file_is_shipped() -> None:
+    manifest = _manifest(BRANCH)
+    shipped = {p.relative_to(BRANCH).as_posix() for p in BRANCH.rglob("*.yaml")}
+    assert shipped == set(manifest) and len(shipped) == 19
+    for relative, (_, blob) in manifest.items():
+        assert _git_blob_id((BRANCH / relative).read_bytes()) == blob, relative
+    commits = [commit for commit, _ in manifest.values()]
+    assert (commits.count("843c6254"), commits.count("1befac52")) == (17, 2)
+    assert (BRANCH / "LICENSE").read_text().lstrip().startswith("Apache License")
+    # every row names a shipped file now, or no file at all (the 48 AMD rows and TileRT's 2)
+    unnamed = [r for r in MIX_ROWS if _recipe(r) is None]
+    assert len(unnamed) == 50 and all(not r["recipe"] for r in unnamed)
+    # the llm-d rows name the llm-d router's config, not a recipe of srt-slurm's
+    for path in BRANCH_LLM_D.glob("*.yaml"):
+        assert parse_yaml(path.read_text(), str(path))["kind"] == "EndpointPickerConfig"
 
 
 def _build(ref: str) -> RecipeSpec | InputError:
@@ -87,27 +110,46 @@ def _build(ref: str) -> RecipeSpec | InputError:
 def _matrix_row(r: dict[str, str]) -> dict[str, Any]:
     """The matrix row the mix's line came from: both roles name the recipe in CONFIG_FILE."""
 
-    def role(cell: str) -> dict[str, Any]:
-        workers, tp = (int(x) for x in cell.split("x"))
-        setting = f"CONFIG_FILE={r['recipe']}"
-        return {"num-worker": workers, "tp": tp, "additional-settings": [setting]}
+    override = r["node_count_source"].startswith("override")
+
+    def role(name: str, key: str) -> dict[str, Any]:
+        workers, tp = (int(x) for x in r[f"{name}_workers_x_tp"].split("x"))
+        settings = [f"CONFIG_FILE={r['recipe']}"]
+        if override:  # the row's own PREFILL_NODES / DECODE_NODES, which the mix counted
+            settings.append(f"{key}={r[f'{name}_nodes']}")
+        return {"num-worker": workers, "tp": tp, "additional-settings": settings}
 
     return {
         "runner": r["hardware"],
         "multinode": True,
         "disagg": r["disagg"] == "True",
-        "prefill": role(r["prefill_workers_x_tp"]),
-        "decode": role(r["decode_workers_x_tp"]),
+        "prefill": role("prefill", "PREFILL_NODES"),
+        "decode": role("decode", "DECODE_NODES"),
     }
 
 
-def _root(r: dict[str, str]) -> Path | None:
-    """The folder a row's recipe is shipped in: InferenceX's or srt-slurm's; None: neither."""
+def _recipe(r: dict[str, str]) -> tuple[Path, str] | None:
+    """A row's recipe folder as admission reads it (`CONFIG_FILE=recipes/...` is relative to
+    it) and the recipe `spec from-recipe` is given (`FILE.yaml[:selector]`); None: no file.
+
+    InferenceX's own checked-in recipes, then srt-slurm's; the rest are InferenceX files its
+    generator does not read as recipes: a `recipes/` file with a `:selector` or deleted on
+    main (under srt-slurm-recipes/), a `benchmarks/...` path (relative to the checkout), or a
+    bare llm-d `NAME.yaml` (the llm-d launcher's; the recipe folder does not hold it)."""
+    recipe = r["recipe"]
+    file = recipe.split(":", 1)[0]
     if r["node_count_source"].startswith("recipe:"):
-        return INFERENCEX
-    file = r["recipe"].split(":", 1)[0]
-    shipped = file.startswith("recipes/") and (SRT / file.removeprefix("recipes/")).is_file()
-    return SRT if NOT_CHECKED_IN in r["node_count_source"] and shipped else None
+        return INFERENCEX, str(INFERENCEX / recipe.removeprefix("recipes/"))
+    if not file:
+        return None
+    if file.startswith("recipes/"):
+        relative = recipe.removeprefix("recipes/")
+        if (SRT / file.removeprefix("recipes/")).is_file():
+            return SRT, str(SRT / relative)
+        return BRANCH_SRT, str(BRANCH_SRT / relative)
+    if "/" in file:
+        return BRANCH, str(BRANCH / recipe)
+    return BRANCH_SRT, str(BRANCH_LLM_D / recipe)
 
 
 def _refusal(exc: InputError) -> str:
@@ -116,6 +158,7 @@ def _refusal(exc: InputError) -> str:
         ("extra_mount", "container mounts"),
         ("fix the recipe's node count", "idle reserved nodes"),
         ("holds several recipes", "variant file without a selector"),
+        ("apiVersion, dataLayer, decode, kind", "an llm-d router config, not a recipe"),
     ):
         if words in text:
             return reason
@@ -163,13 +206,13 @@ def test_every_mix_row_with_a_shipped_recipe_converts_with_admissions_node_count
     builds: dict[str, RecipeSpec | InputError] = {}
     under: dict[str, tuple[int, int]] = {}
     for r in MIX_ROWS:
-        root = _root(r)
-        if root is None:
-            key = f"no recipe shipped ({r['node_count_source']})"
+        found = _recipe(r)
+        if found is None:
+            key = f"no recipe ({r['node_count_source']})"
             outcomes[key] = outcomes.get(key, 0) + 1
             continue
-        kind = "srt-slurm" if root == SRT else "inferencex"
-        ref = str(root / r["recipe"].removeprefix("recipes/"))
+        root, ref = found
+        kind = {INFERENCEX: "inferencex", SRT: "srt-slurm"}.get(root, "inferencex-branch")
         if ref not in builds:
             builds[ref] = _build(ref)
         built = builds[ref]
@@ -196,9 +239,10 @@ def test_every_mix_row_with_a_shipped_recipe_converts_with_admissions_node_count
         "srt-slurm: refused, container mounts": 17,
         "srt-slurm: refused, idle reserved nodes": 2,
         "srt-slurm: refused, variant file without a selector": 1,
-        "no recipe shipped (override)": 50,
-        "no recipe shipped (override(recipe-not-checked-in))": 3,
-        "no recipe shipped (topology(recipe-not-checked-in))": 23,
+        "inferencex-branch: spec": 16,
+        "inferencex-branch: spec (selector)": 7,
+        "inferencex-branch: refused, an llm-d router config, not a recipe": 3,
+        "no recipe (override)": 50,
     }
     assert sum(outcomes.values()) == len(MIX_ROWS) == 648
 
