@@ -13,7 +13,9 @@ the fast replay driver against replaying through `plan()` on label-encoded runne
     .venv/bin/python benchmarks/bench_policies.py --jobs 2  # scenarios in 2 processes
 
 `--smoke` replays the first SMOKE_JOBS jobs of every scenario (and a shorter prefix for the
-driver ratio) and writes the same files, marked as a smoke run, to `--results-dir`. `--merge`
+driver ratio) and writes the same files, marked as a smoke run, to `--results-dir`, with the
+charts of the two scenarios that have a Gantt day only (an SWF log and the job mix: each chart
+costs a second or two, and the other eight draw the same code on other numbers). `--merge`
 keeps the saved rows of the scenarios not replayed now, so a full run can be made in parts.
 
 The targets table is a split: methods and constants are chosen on the KTH scenarios only
@@ -54,6 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 SMOKE_JOBS = 150  # jobs per scenario in a smoke run
 SMOKE_DRIVER_JOBS = 100  # jobs of the driver-ratio prefix in a smoke run
+GANTT = ("kth100", "inferencex")  # scenarios with a Gantt day; a smoke run charts these only
 KTH = TRACES / "KTH-SP2-1996-2.1-cln.swf.gz"
 LANL = TRACES / "LANL-CM5-1994-4.1-cln.swf.gz"
 
@@ -539,9 +542,10 @@ def markdown(
 
 
 def replay_scenario(
-    scenario: Scenario, limit: int | None, out: Path
+    scenario: Scenario, limit: int | None, out: Path, charts: bool = True
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every variant on one scenario, its target rows and its charts."""
+    """Every variant on one scenario, its target rows and (unless `charts` is false) its
+    charts."""
     rows: list[dict[str, Any]] = []
     targets: list[dict[str, Any]] = []
     sizes = [n for n in (limit, scenario.jobs) if n is not None]
@@ -563,6 +567,8 @@ def replay_scenario(
     for variant in CANDIDATES:
         if variant.label in by_label:
             targets.append(target(scenario.key, variant, by_label[variant.label][1], by_label))
+    if not charts:
+        return rows, targets
     wait_cdf(
         {label: [r.wait_s / 3600 for r in res.runs] for label, (res, _) in by_label.items()},
         out / f"policies-{scenario.key}-wait-cdf.png",
@@ -578,7 +584,7 @@ def replay_scenario(
         out / f"policies-{scenario.key}-wide-waits.png",
         f"{scenario.title}: waits of wide jobs (> {wide_above:g} nodes)",
     )
-    if scenario.key in ("kth100", "inferencex"):
+    if scenario.key in GANTT:
         for label, tag in (("greedy (seed)", "greedy"), (DEFAULT.label, "default")):
             result = by_label[label][0]
             greedy_runs = by_label["greedy (seed)"][0].runs
@@ -604,7 +610,9 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios",
         help=f"comma-separated scenario keys to replay (of {', '.join(s.key for s in SCENARIOS)})",
     )
-    add_output_flags(parser, f"the first {SMOKE_JOBS} jobs of every scenario")
+    add_output_flags(
+        parser, f"the first {SMOKE_JOBS} jobs of every scenario, charts of {' and '.join(GANTT)}"
+    )
     parser.add_argument(
         "--out", dest="results_dir", type=Path, default=argparse.SUPPRESS, help="= --results-dir"
     )
@@ -644,7 +652,10 @@ def main(argv: list[str] | None = None) -> int:
         scenarios, key=lambda s: (s.trace != LANL, s.read.get("arrival_scale", 1))
     )
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {s.key: pool.submit(replay_scenario, s, limit, out) for s in longest_first}
+        futures = {
+            s.key: pool.submit(replay_scenario, s, limit, out, not args.smoke or s.key in GANTT)
+            for s in longest_first
+        }
         for scenario in scenarios:
             scenario_rows, scenario_targets = futures[scenario.key].result()
             rows += scenario_rows
