@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import logging
 import os
@@ -27,6 +28,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -135,9 +137,31 @@ async def snapshot_of(emu: Any) -> Any:
         return await take_snapshot(client)
 
 
-def run(runners: int, jobs: int, seed: int) -> dict[str, Any]:
-    from prefect.testing.utilities import prefect_test_harness
+@contextlib.contextmanager
+def test_harness() -> Iterator[None]:
+    """Prefect's test harness, its fresh database a copy of $SLURMGATE_PREFECT_DB_TEMPLATE when
+    that is set (as the tests set it; tests/conftest.py seeds its harness the same way): the
+    server starts without ~10 CPU s of migrations. Unset, the harness migrates as always."""
+    import prefect.testing.utilities as harness
 
+    from slurmgate.prefect_db import seed_prefect_database
+
+    fresh = harness.mkdtemp
+
+    def seeded() -> str:
+        folder: str = fresh()
+        seed_prefect_database(Path(folder), "prefect-test.db")
+        return folder
+
+    harness.mkdtemp = seeded
+    try:
+        with harness.prefect_test_harness(server_startup_timeout=90):
+            yield
+    finally:
+        harness.mkdtemp = fresh
+
+
+def run(runners: int, jobs: int, seed: int) -> dict[str, Any]:
     from slurmgate.flows.reconcile import reconcile
     from slurmgate.settings.admission import AdmissionSettings
     from slurmgate.testbed.emulator.testing import running_emulator
@@ -145,7 +169,7 @@ def run(runners: int, jobs: int, seed: int) -> dict[str, Any]:
     mix = load_mix()
     pools = fleet_sizes(mix, runners)
     settings = AdmissionSettings()
-    with prefect_test_harness(server_startup_timeout=90), running_emulator(pools) as emu:
+    with test_harness(), running_emulator(pools) as emu:
         os.environ["GITHUB_TOKEN"] = emu.token
         sizes = queue_jobs(emu, mix, jobs, seed)
         before = asyncio.run(snapshot_of(emu))
