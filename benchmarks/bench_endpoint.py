@@ -21,9 +21,10 @@ tree (``/proc/PID/stat``) over the round. A round in which the machine did work 
 the arms' (``/proc/stat`` busy time minus the arms' own) beyond ``--max-foreign`` of a core is
 discarded and run again, up to ``--retries`` times; the report says how many were.
 
-``--smoke``: one round of 1 s per arm and cell, the peer only when its venv is already installed
-(the smoke run never installs it, and says so): a check that the benchmark works, not a
-measurement. Results go to ``benchmarks/results/endpoint.json`` and ``endpoint.md``.
+``--smoke``: one round of 1 s per arm and cell without the warm-up round before it, the peer
+only when its venv is already installed (the smoke run never installs it, and says so): a check
+that the benchmark works, not a measurement. Results go to ``benchmarks/results/endpoint.json``
+and ``endpoint.md``.
 """
 
 from __future__ import annotations
@@ -521,6 +522,7 @@ def run_cell(
     workdir: Path,
     slurmgate_src: Path | None = None,
     rate: float = DEFAULT_RATE,
+    warm_up: bool = True,
 ) -> dict[str, Any]:
     proxy_core, load_core = cores()
     backend_ports = [free_port(), free_port()]
@@ -573,7 +575,8 @@ def run_cell(
         for arm in arms:
             wait_ready(f"{urls[arm][0]}/health")
             proxy = procs[arm].pid if arm != "direct" else None
-            measure_round(wrk, urls[arm], min(1.0, seconds), script, load_core, proxy, own)
+            if warm_up:
+                measure_round(wrk, urls[arm], min(1.0, seconds), script, load_core, proxy, own)
         for _ in range(rounds):
             for arm in arms:
                 proxy = procs[arm].pid if arm != "direct" else None
@@ -870,7 +873,9 @@ def main() -> None:
         default=0.1,
         help="cores of foreign CPU load above which a round is discarded",
     )
-    add_output_flags(parser, "one round of 1 s per arm and cell; the peer only if installed")
+    add_output_flags(
+        parser, "one round of 1 s per arm and cell, no warm-up round; the peer only if installed"
+    )
     ns = parser.parse_args()
     if ns.backend_server:
         backend_server(ns.backend_server, ns.delay)
@@ -934,6 +939,7 @@ def main() -> None:
                 Path(tmp),
                 ns.slurmgate_src,
                 ns.rate,
+                warm_up=not ns.smoke,
             )
     results["bench_seconds"] = time.monotonic() - started
     results["smoke"] = ns.smoke
