@@ -43,7 +43,10 @@ SCRIPT = """
 set -u
 ip link set lo up
 slurmgate emulator --port {emulator_port} --pool cluster:h100=4 >emulator.log 2>&1 &
-# the user's own server, in its own home: its database is not the temporary server's
+# the user's own server, in its own home: its database is not the temporary server's (a copy of
+# the suite's migrated template, as every other test server starts from)
+python -c 'import pathlib, sys; from slurmgate.prefect_db import seed_prefect_database as seed
+seed(pathlib.Path(sys.argv[1]))' server-home
 PREFECT_HOME="$PWD/server-home" python -m prefect server start --host 127.0.0.1 \
     --port {prefect_port} >prefect.log 2>&1 &
 wait_for() {{
