@@ -316,15 +316,14 @@ def _say(text: str) -> None:
         os.close(devnull)
 
 
-def _left_behind(settle_s: float = 0.25) -> bool:
-    """Whether the hook left a process running: looked for again for a moment, since one
-    still forking (or being handed to this subreaper) as the shell exits shows up late."""
+def _left_behind(settle_s: float = 0.25) -> list[int]:
+    """The processes the hook left running: looked for again for a moment, since one still
+    forking (or being handed to this subreaper) as the shell exits shows up late."""
     deadline = time.monotonic() + settle_s
     while True:
-        if descendants(os.getpid()):
-            return True
-        if time.monotonic() >= deadline:
-            return False
+        left = descendants(os.getpid())
+        if left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.05)
 
 
@@ -418,8 +417,10 @@ def guard(name: str, run_dir: Path, payload: dict[str, Any]) -> HookOutcome:
         # Stopped or done, nothing the hook started outlives it.
         if outcome.stopped_by:
             _stop_tree(hook)
-        elif _left_behind():
-            outcome.leftovers = _stop_tree(hook)
+        elif left := _left_behind():
+            # counted as the shell left them: one still on its way into a session of its own
+            # (setsid) may die of the group's SIGTERM before _stop_tree sees it
+            outcome.leftovers = max(len(left), _stop_tree(hook))
         hook.wait()
         outcome.returncode = hook.returncode
         _reap_all(2.0)
