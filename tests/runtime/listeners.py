@@ -171,8 +171,10 @@ def kind_of(spec: AllocationSpec, lay: Layout, x: Listener) -> str | None:
                 if x.port == m.ports[key]:
                     return kind
         worlds = [w for w in d.mpi_worlds() if node in w.nodes]
-        if worlds and x.port >= 1024 and ("python" in x.process or "slurmstepd" in x.process):
-            # a rank's Open MPI transport, or Slurm's pmix plugin: ephemeral ports
+        owner = x.process
+        if worlds and x.port >= 1024 and (not owner or "python" in owner or "slurmstepd" in owner):
+            # a rank's Open MPI transport, or Slurm's pmix plugin: ephemeral ports (`ss` names
+            # no owner for a socket whose process is exiting as it looks)
             return "mpi"
         f = d_spec.frontend
         if f is None or node != lay.plan.client_node:
