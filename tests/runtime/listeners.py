@@ -122,8 +122,16 @@ class ListenerWatch:
 
     @property
     def new(self) -> list[Listener]:
+        """Each listener that appeared, once per owner it was seen with; a sighting with no
+        owner (`ss` lists a socket whose process is exiting: a zombie's cmdline reads empty)
+        only when no poll named that socket's owner."""
+        named = {self._key(x) for x in self.seen if x.process}
         return sorted(
-            (x for x in self.seen if self._key(x) not in self.before),
+            (
+                x
+                for x in self.seen
+                if self._key(x) not in self.before and (x.process or self._key(x) not in named)
+            ),
             key=lambda x: (x.namespace, x.port, x.address),
         )
 

@@ -163,8 +163,8 @@ def test_processes_left_running_by_a_finished_hook_are_stopped(tmp_path: Path) -
 
 def test_a_leftover_still_on_its_way_to_a_session_of_its_own_is_counted(tmp_path: Path) -> None:
     """A background `sh` that has not yet run `setsid` when the shell exits is still in the
-    hook's process group, so the group's SIGTERM kills it (and its `sleep`) first: both were
-    left running all the same, and are counted."""
+    hook's process group, so the group's SIGTERM kills it (and its `sleep`) first: it was
+    left running all the same, and is counted (with its `sleep`, once that has forked)."""
     marker = f"hook-marker-{secrets.token_hex(4)}"
     invocation = _invocation(
         tmp_path,
@@ -173,7 +173,7 @@ def test_a_leftover_still_on_its_way_to_a_session_of_its_own_is_counted(tmp_path
     )
     run_plain(invocation, lambda line: None)
     outcome = invocation.outcome()
-    assert outcome.ok and outcome.leftovers == 2, outcome
+    assert outcome.ok and outcome.leftovers in (1, 2), outcome
     assert_no_orphans(marker, within=2.0)
 
 
