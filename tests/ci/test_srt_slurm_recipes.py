@@ -6,6 +6,7 @@ import copy
 import csv
 import functools
 import hashlib
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -29,8 +30,20 @@ SRT = REPO / "tests" / "data" / "srt-slurm-recipes"
 INFERENCEX = REPO / "tests" / "data" / "inferencex-recipes"
 # InferenceX files the generator did not read as recipes, at their InferenceX paths
 BRANCH = REPO / "tests" / "data" / "inferencex-branch-recipes"
-BRANCH_SRT = BRANCH / "benchmarks" / "multi_node" / "srt-slurm-recipes"
 BRANCH_LLM_D = BRANCH / "benchmarks" / "multi_node" / "llm-d-recipes"
+
+
+def _load_table_script() -> Any:
+    loaded = importlib.util.spec_from_file_location(
+        "job_mix_table", REPO / "scripts" / "job-mix-table.py"
+    )
+    assert loaded and loaded.loader
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    return module
+
+
+_TABLE = _load_table_script()
 MIX = REPO / "slurmgate" / "data" / "inferencex-job-mix.csv"
 # GPUs per node by GPU family, as the mix's gpus_per_node column says (tests/admission).
 FAMILY_GPUS = {"b200": 8, "b300": 8, "h100": 8, "h200": 8, "mi355x": 8, "gb200": 4, "gb300": 4}
@@ -129,27 +142,9 @@ def _matrix_row(r: dict[str, str]) -> dict[str, Any]:
 
 
 def _recipe(r: dict[str, str]) -> tuple[Path, str] | None:
-    """A row's recipe folder as admission reads it (`CONFIG_FILE=recipes/...` is relative to
-    it) and the recipe `spec from-recipe` is given (`FILE.yaml[:selector]`); None: no file.
-
-    InferenceX's own checked-in recipes, then srt-slurm's; the rest are InferenceX files its
-    generator does not read as recipes: a `recipes/` file with a `:selector` or deleted on
-    main (under srt-slurm-recipes/), a `benchmarks/...` path (relative to the checkout), or a
-    bare llm-d `NAME.yaml` (the llm-d launcher's; the recipe folder does not hold it)."""
-    recipe = r["recipe"]
-    file = recipe.split(":", 1)[0]
-    if r["node_count_source"].startswith("recipe:"):
-        return INFERENCEX, str(INFERENCEX / recipe.removeprefix("recipes/"))
-    if not file:
-        return None
-    if file.startswith("recipes/"):
-        relative = recipe.removeprefix("recipes/")
-        if (SRT / file.removeprefix("recipes/")).is_file():
-            return SRT, str(SRT / relative)
-        return BRANCH_SRT, str(BRANCH_SRT / relative)
-    if "/" in file:
-        return BRANCH, str(BRANCH / recipe)
-    return BRANCH_SRT, str(BRANCH_LLM_D / recipe)
+    """A row's recipe folder as admission reads it and the recipe `spec from-recipe` is given:
+    the mapping scripts/job-mix-table.py writes docs/job-mix.md with, so both read rows alike."""
+    return _TABLE.recipe_of(r)  # type: ignore[no-any-return]
 
 
 def _refusal(exc: InputError) -> str:
