@@ -40,8 +40,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # openmpi-bin and libpmix-dev: MPI steps under Slurm's pmix plugin, which loads the
     # unversioned libpmix.so that only the -dev package installs
     # libibverbs1: Mooncake's master and store client link it, RDMA or not (.venv-mooncake)
+    # runc: the OCI runtime of the bundled cluster's oci.conf (srun --container=BUNDLE)
     for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd etcd-server nats-server \
-        nginx-light openmpi-bin libpmix-dev libibverbs1; do
+        nginx-light openmpi-bin libpmix-dev libibverbs1 runc; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,

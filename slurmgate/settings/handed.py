@@ -39,6 +39,11 @@ def handed(name: str) -> str | None:
     return os.environ.get(name)
 
 
+def hand_down(name: str, value: str) -> None:
+    """Set `name` for this process's children, unless the process was handed it already."""
+    os.environ.setdefault(name, value)
+
+
 def inherited() -> dict[str, str]:
     """A copy of this process's environment, for a child to inherit (before its own values)."""
     return dict(os.environ)

@@ -43,6 +43,7 @@ def launch(ctx: RunContext, probes: ProbeOpener) -> None:
             gres=None,
             env=deployment_env(ctx, d),
             required=True,
+            deployment=ctx.spec.deployments[d.index],
         )
         for world in d.mpi_worlds():
             start_mpi_world(ctx, d, world)
@@ -78,7 +79,7 @@ def start_mpi_world(
     )
     ctx.supervisor.start(
         name,
-        mpi_world_argv(ctx, name, nodelist, world.ranks_per_node),
+        mpi_world_argv(ctx, name, nodelist, world.ranks_per_node, ctx.spec.deployments[d.index]),
         step_name=ctx.step_name(name),
         stdin_data=mpi_world_spec(ctx, d, world).encode().encode(),
         env=deployment_env(ctx, d),
@@ -103,7 +104,10 @@ def wait_ready(ctx: RunContext, probes: ProbeOpener) -> float:
                     name=lane.process_id,
                     base_url=url,
                     path=dspec.readiness_path,
-                    deadline=ctx.launched_at + lane.delay_s + dspec.startup_timeout_s,
+                    deadline=ctx.launched_at
+                    + lane.delay_s
+                    + dspec.startup_timeout_s
+                    + (dspec.container.import_allowance_s if dspec.container else 0.0),
                     needed=dspec.ready_probes,
                     models=models,
                     lists_model=lists_model,

@@ -7,10 +7,11 @@ from typing import Any
 from slurmgate.runtime.engines import frontends, service_lanes
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import profiles as engines
-from slurmgate.runtime.run import discovery, stand_ins
+from slurmgate.runtime.run import containers, discovery, stand_ins
 from slurmgate.runtime.run.service_certs import deployment_pems
 from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.spec.deployment import DeploymentSpec
+from slurmgate.runtime.steps.in_container import ContainerNeeds
 from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
 from slurmgate.slurm import commands as slurm
 
@@ -64,7 +65,24 @@ def worker_spec(ctx: RunContext, d: layout_mod.DeploymentPlan) -> WorkerSpec:
         # every lane's copy of the client certificate, sent once
         shared_files=pems.client_files() if pems is not None else {},
         shared_tokens=discovery.prepare(ctx, dspec),
+        container=container_needs(ctx, dspec),
     )
+
+
+def oci_bundle(ctx: RunContext, dspec: DeploymentSpec) -> str | None:
+    """The run's own OCI bundle of a deployment in Slurm's OCI containers, written once."""
+    c = dspec.container
+    if c is None or c.resolved_runtime != "oci":
+        return None
+    where = ctx.run_dir / "oci" / dspec.name
+    if (where / "config.json").is_file():
+        return str(where)  # written by this run's preflight
+    return containers.write_oci_bundle(c, where)
+
+
+def container_needs(ctx: RunContext, dspec: DeploymentSpec) -> ContainerNeeds | None:
+    c = dspec.container
+    return None if c is None else containers.needs(c, oci_bundle(ctx, dspec))
 
 
 def mpi_world_spec(
@@ -95,17 +113,22 @@ def mpi_world_spec(
         model_path=ctx.spec.model_path,
         grace_s=min(ctx.options.grace_s, 10.0),
         nodes=nodes,
+        container=container_needs(ctx, dspec),
     )
 
 
 def mpi_world_argv(
-    ctx: RunContext, name: str, nodelist: list[str], ranks_per_node: int
+    ctx: RunContext,
+    name: str,
+    nodelist: list[str],
+    ranks_per_node: int,
+    dspec: DeploymentSpec | None = None,
 ) -> list[str]:
     """The srun of one MPI world, as srt-slurm launches a TensorRT-LLM worker: Slurm's pmix
     plugin, a task per GPU, no CPU binding, fail-fast; each task a node worker in `rank` mode.
     `--overcommit` too: an allocation that holds fewer CPUs than GPUs on a node (one CPU per
     node, as the bundled cluster grants) still takes a rank per GPU."""
-    argv = [ctx.python, "-m", "slurmgate.runtime.steps.node_worker", "rank", "--spec", "-"]
+    argv, flags = _worker_command(ctx, "rank", dspec)
     return slurm.srun_argv(
         argv,
         job_id=ctx.job_id or "",
@@ -113,8 +136,20 @@ def mpi_world_argv(
         step_name=ctx.step_name(name),
         tasks_per_node=ranks_per_node,
         mpi="pmix",
-        extra=["--input=all", "--oversubscribe", "--overcommit", "--cpu-bind=none"],
+        extra=["--input=all", "--oversubscribe", "--overcommit", "--cpu-bind=none", *flags],
     )
+
+
+def _worker_command(
+    ctx: RunContext, mode: str, dspec: DeploymentSpec | None
+) -> tuple[list[str], list[str]]:
+    """The node worker's argv and the srun flags around it: in the deployment's container
+    when it names one (its serve and rank steps; its preflight runs on the node itself)."""
+    c = dspec.container if dspec is not None and mode != "preflight" else None
+    if c is None:
+        return [ctx.python, "-m", "slurmgate.runtime.steps.node_worker", mode, "--spec", "-"], []
+    assert dspec is not None
+    return containers.worker_command(c, mode), containers.srun_flags(c, oci_bundle(ctx, dspec))
 
 
 def client_worker_spec(ctx: RunContext) -> WorkerSpec:
@@ -146,7 +181,12 @@ def client_worker_spec(ctx: RunContext) -> WorkerSpec:
 
 
 def worker_argv(
-    ctx: RunContext, name: str, mode: str, nodelist: list[str], gres: str | None
+    ctx: RunContext,
+    name: str,
+    mode: str,
+    nodelist: list[str],
+    gres: str | None,
+    dspec: DeploymentSpec | None = None,
 ) -> list[str]:
     """The srun of one node-worker step: one task per listed node, fail-fast.
 
@@ -154,7 +194,7 @@ def worker_argv(
     preflight step lets every node finish its checks (no fail-fast): a failure is then
     one node's only when every other node reported it passed.
     """
-    argv = [ctx.python, "-m", "slurmgate.runtime.steps.node_worker", mode, "--spec", "-"]
+    argv, flags = _worker_command(ctx, mode, dspec)
     return slurm.srun_argv(
         argv,
         job_id=ctx.job_id or "",
@@ -162,7 +202,7 @@ def worker_argv(
         step_name=ctx.step_name(name),
         gres=gres,
         kill_on_bad_exit=mode != "preflight",
-        extra=["--input=all"],
+        extra=["--input=all", *flags],
     )
 
 
@@ -172,9 +212,10 @@ def start_workers(
     """One node-worker srun; its spec goes through stdin (to every task), never argv: the
     lanes' commands are the user's and argv is public in /proc."""
     gres = step.pop("gres")
+    dspec = step.pop("deployment", None)
     return ctx.supervisor.start(
         name,
-        worker_argv(ctx, name, mode, nodelist, gres),
+        worker_argv(ctx, name, mode, nodelist, gres, dspec),
         step_name=ctx.step_name(name),
         stdin_data=ws.encode().encode(),
         **step,

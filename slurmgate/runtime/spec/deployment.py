@@ -9,6 +9,7 @@ from pydantic import Field, StringConstraints, ValidationInfo, field_validator, 
 from slurmgate.runtime.engines import mocker, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.mocker import SYSTEM_PORT_MAX
+from slurmgate.runtime.spec.container import ContainerSpec
 from slurmgate.runtime.spec.errors import problem
 from slurmgate.runtime.spec.fields import DeploymentName, StrictModel
 from slurmgate.runtime.spec.frontend import FrontendSpec, check_frontend_pairing
@@ -180,6 +181,12 @@ class DeploymentSpec(StrictModel):
     env: dict[str, EnvValue] = Field(
         default_factory=dict,
         description="this deployment's lanes only: plain values or secret references",
+    )
+    container: ContainerSpec | None = Field(
+        default=None,
+        description="run the deployment's node workers and lanes in a container: pyxis's "
+        "`srun --container-image` on sites with pyxis and enroot, or Slurm's own OCI "
+        "containers (`srun --container=BUNDLE`); unset: the nodes' own filesystem",
     )
     stand_in: StandIn | None = Field(
         default=None,

@@ -21,7 +21,7 @@ from typing import Any
 
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.engines.roles import LANE_DIR
-from slurmgate.runtime.steps import lane_launcher, protocol
+from slurmgate.runtime.steps import in_container, lane_launcher, protocol
 from slurmgate.settings import handed
 from slurmgate.slurm.jobenv import slurm_variable
 
@@ -93,6 +93,8 @@ class WorkerSpec:
     # Files the controller wrote in a directory every node must share (Dynamo's file
     # discovery), with their text: preflight reads each back, or the node does not share it.
     shared_tokens: dict[str, str] = field(default_factory=dict)
+    # The container the serve step's workers run in; preflight checks its paths on the node.
+    container: in_container.ContainerNeeds | None = None
 
     def checked_paths(self) -> list[str]:
         """Every model path preflight checks, each once, the spec's own first."""
@@ -108,6 +110,7 @@ class WorkerSpec:
             "model_paths": self.model_paths,
             **({"shared_files": self.shared_files} if self.shared_files else {}),
             **({"shared_tokens": self.shared_tokens} if self.shared_tokens else {}),
+            **({"container": self.container.to_json()} if self.container else {}),
             "grace_s": self.grace_s,
             "nodes": [
                 {
@@ -154,7 +157,7 @@ class WorkerSpec:
         _keys(
             data,
             {"v", "run_id", "name", "gpus_per_node", "model_path", "grace_s", "nodes"},
-            optional=frozenset({"model_paths", "shared_files", "shared_tokens"}),
+            optional=frozenset({"model_paths", "shared_files", "shared_tokens", "container"}),
         )
         if data["v"] != 1:
             raise WorkerSpecError(f"spec version {data['v']!r} is not supported")
@@ -217,7 +220,17 @@ class WorkerSpec:
                 _typed(k, str, "shared_tokens"): _typed(v, str, "shared_tokens[]")
                 for k, v in _typed(data.get("shared_tokens", {}), dict, "shared_tokens").items()
             },
+            container=_container(data.get("container")),
         )
+
+
+def _container(value: Any) -> in_container.ContainerNeeds | None:
+    if value is None:
+        return None
+    try:
+        return in_container.ContainerNeeds.from_json(value)
+    except in_container.ContainerSpecError as exc:
+        raise WorkerSpecError(str(exc)) from None
 
 
 def _keys(obj: Any, expected: set[str], optional: frozenset[str] = frozenset()) -> None:
@@ -285,6 +298,16 @@ def node_name() -> str:
 def select_node(spec: WorkerSpec) -> NodeSpec:
     """Pick this task's node by SLURM_PROCID and check identity against the plan."""
     here = node_name()
+    if (
+        spec.container
+        and spec.container.without_task_variables
+        and not slurm_variable("SLURM_PROCID")
+    ):
+        # Slurm's OCI container: no task variables inside, the node's hostname instead
+        index = in_container.task_index([n.host for n in spec.nodes], here)
+        if index is None:
+            raise PreflightFailed(here, "identity", f"{here} is not a node of the plan")
+        return spec.nodes[index]
     try:
         procid = int(slurm_variable("SLURM_PROCID") or "")
         ntasks = int(slurm_variable("SLURM_NTASKS") or "")
@@ -309,9 +332,22 @@ def select_node(spec: WorkerSpec) -> NodeSpec:
     return node
 
 
-def preflight(spec: WorkerSpec) -> NodeSpec:
-    """Identity, GPU count, bindable ports and model path; raises PreflightFailed."""
+def preflight(spec: WorkerSpec, *, on_host: bool = False) -> NodeSpec:
+    """Identity, GPU count, bindable ports and model path; raises PreflightFailed.
+
+    `on_host`: the preflight step, on the node itself, of a step whose serve step runs in a
+    container: the container's image, bundle and mount sources are checked here, and its model
+    paths (paths inside the container) by the serve step's own preflight in there."""
     node = select_node(spec)
+    if spec.container and on_host:
+        missing = in_container.missing_host_path(spec.container)
+        if missing is not None:
+            raise PreflightFailed(
+                node.host,
+                "container",
+                f"{missing} does not exist on the node (the container's image, bundle or "
+                "a mount's source)",
+            )
     gpus = visible_gpus()
     if len(set(gpus)) != len(gpus):
         raise PreflightFailed(
@@ -343,7 +379,7 @@ def preflight(spec: WorkerSpec) -> NodeSpec:
             ) from None
         finally:
             sock.close()
-    for path in spec.checked_paths():
+    for path in [] if spec.container and on_host else spec.checked_paths():
         if not os.path.exists(path):
             raise PreflightFailed(node.host, "model-path", f"{path} does not exist")
         mode = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)
@@ -466,7 +502,12 @@ class Lanes:
 
 def serve(spec: WorkerSpec, stop: threading.Event, stop_signal: list[int]) -> int:
     """Start the node's lanes after their delays; exit as soon as one exits or a stop arrives."""
-    return supervise(spec, preflight(spec).lanes, stop, stop_signal)
+    node = preflight(spec)
+    if spec.container:
+        failed = in_container.run_setup_script(spec.container, _say)
+        if failed is not None:
+            raise PreflightFailed(node.host, "setup-script", failed)
+    return supervise(spec, node.lanes, stop, stop_signal)
 
 
 def rank_lane(spec: WorkerSpec) -> LaneSpec:
@@ -529,8 +570,7 @@ def supervise(
 
 
 def _say(message: str) -> None:
-    host = node_name()
-    print(f"[node-worker {host}] {message}", file=sys.stderr, flush=True)
+    _line(f"[node-worker {node_name()}] {message}")
 
 
 def _line(text: str) -> None:
@@ -586,9 +626,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args[0] != "preflight" and spec.container and spec.container.without_task_variables:
+        # Slurm's OCI container: the step holds the node's GPUs, the container shows them all
+        handed.hand_down(handed.VISIBLE_DEVICES, in_container.container_gpus(spec.gpus_per_node))
     try:
         if args[0] == "preflight":
-            preflight(spec)
+            preflight(spec, on_host=True)
             # The controller checks every planned node reported, from the node it planned.
             cpus = slurm_variable("SLURM_CPUS_ON_NODE") or "0"
             _line(f"{PREFLIGHT_OK} host={node_name()} cpus={cpus} gpus={len(visible_gpus())}")
