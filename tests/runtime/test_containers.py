@@ -1,4 +1,4 @@
-"""Containers without Slurm: the spec's rules, pyxis's flags, the run's OCI bundle, the worker's side."""
+"""Containers without Slurm: the spec's rules, pyxis's flags, the OCI bundle, the worker's side."""
 
 from __future__ import annotations
 
