@@ -51,7 +51,6 @@ FAMILY = {
 PARSER_CHECKED = {"sglang-disagg": "test_sglangs_own_parser_reads_the_amd_rows_argv"}
 # a refusal's words -> the reason the table names
 REFUSALS = (
-    ("extra_mount", "container mounts (extra_mount)"),
     ("fix the recipe's node count", "variant reserves idle nodes"),
     ("holds several recipes", "file of variants named without a selector"),
     ("apiVersion, dataLayer, decode, kind", "llm-d router config, not an srt-slurm recipe"),

@@ -28,6 +28,31 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(help="The model path the workers load on this site (default /model)."),
 ]
+ContainerAliasOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--container",
+        help="ALIAS=IMAGE, as srtslurm.yaml's containers: maps it (repeat for several): a "
+        "recipe's model.container naming ALIAS runs IMAGE (a registry reference, a .sqsh file "
+        "or an OCI bundle on the nodes).",
+        show_default=False,
+    ),
+]
+WorkspaceOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="srt-slurm's checkout on the nodes: its configs/ is mounted at /configs (the "
+        "setup script's folder) and extra_mount's relative sources are under it.",
+        show_default=False,
+    ),
+]
+ModelDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The model's directory on the nodes, mounted in the container at --model.",
+        show_default=False,
+    ),
+]
 LocalOpt = Annotated[
     bool,
     typer.Option(
@@ -71,12 +96,15 @@ def load_recipe_spec(
     dynamo_python: str | None = None,
     vllm_cpu: bool = False,
     vllm_python: str | None = None,
+    containers: list[str] | None = None,
+    workspace: str | None = None,
+    model_dir: str | None = None,
 ) -> RecipeSpec:
     """The recipe's spec (with `local`, mapped onto the bundled cluster; with `vllm_cpu`, a
     plain vLLM recipe on one vLLM-CPU worker), its reported keys said on stderr; or a one-line
     error (exit code 2) naming the key or the flag and the fix."""
     from slurmgate.errors import InputError
-    from slurmgate.runtime.spec.from_recipe import spec_from_recipe
+    from slurmgate.runtime.spec.from_recipe import Site, spec_from_recipe
     from slurmgate.runtime.spec.local_recipe import localize
     from slurmgate.settings.testbed import LocalClusterSettings
 
@@ -85,7 +113,16 @@ def load_recipe_spec(
             raise InputError("--vllm-python: names the python --vllm-cpu runs: add --vllm-cpu")
         if vllm_cpu and not local:
             raise InputError("--vllm-cpu: a stand-in on the bundled cluster: add --local")
-        built = spec_from_recipe(recipe, model=model)
+        aliases = {}
+        for pair in containers or []:
+            alias, sep, image = pair.partition("=")
+            if not sep or not alias or not image:
+                raise InputError(
+                    f"--container: {pair!r} is not ALIAS=IMAGE (dynamo-sglang=/x.sqsh)"
+                )
+            aliases[alias] = image
+        site = Site(containers=aliases, workspace=workspace, model_dir=model_dir)
+        built = spec_from_recipe(recipe, model=model, site=site)
         if local:
             settings = LocalClusterSettings()
             built = localize(
@@ -116,6 +153,9 @@ def from_recipe(
     dynamo_python: DynamoPythonOpt = None,
     vllm_cpu: VllmCpuOpt = False,
     vllm_python: VllmPythonOpt = None,
+    container: ContainerAliasOpt = None,
+    workspace: WorkspaceOpt = None,
+    model_dir: ModelDirOpt = None,
 ) -> None:
     """Print the allocation spec of an srt-slurm recipe as YAML."""
     built = load_recipe_spec(
@@ -125,6 +165,9 @@ def from_recipe(
         dynamo_python=dynamo_python,
         vllm_cpu=vllm_cpu,
         vllm_python=vllm_python,
+        containers=container,
+        workspace=workspace,
+        model_dir=model_dir,
     )
     typer.echo(built.yaml(str(recipe)), nl=False)
     if not built.spec.deployments:

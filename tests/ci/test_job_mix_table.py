@@ -48,8 +48,7 @@ def test_every_row_once_with_its_nodes_and_every_refusal_named() -> None:
         assert (r[1], r[2]) == (m["framework"], m["total_nodes"]), r[0]
     assert all(r[4] for r in rows if r[3] == "not representable")
     assert summary == {
-        "representable": 621,
-        "not representable: container mounts (extra_mount)": 17,
+        "representable": 638,
         "not representable: llm-d router config, not an srt-slurm recipe": 3,
         "not representable: ATOM engine": 2,
         "not representable: TileRT engine; no recipe found": 2,

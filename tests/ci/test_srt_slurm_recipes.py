@@ -150,7 +150,6 @@ def _recipe(r: dict[str, str]) -> tuple[Path, str] | None:
 def _refusal(exc: InputError) -> str:
     text = str(exc)
     for words, reason in (
-        ("extra_mount", "container mounts"),
         ("fix the recipe's node count", "idle reserved nodes"),
         ("holds several recipes", "variant file without a selector"),
         ("apiVersion, dataLayer, decode, kind", "an llm-d router config, not a recipe"),
@@ -229,9 +228,8 @@ def test_every_mix_row_with_a_shipped_recipe_converts_with_admissions_node_count
     assert under == UNDER_COUNTED
     assert outcomes == {
         "inferencex: spec": 367,
-        "srt-slurm: spec": 182,
+        "srt-slurm: spec": 199,
         "srt-slurm: spec (selector)": 3,
-        "srt-slurm: refused, container mounts": 17,
         "srt-slurm: refused, idle reserved nodes": 2,
         "srt-slurm: refused, variant file without a selector": 1,
         "inferencex-branch: spec": 16,

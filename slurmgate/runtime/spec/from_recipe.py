@@ -31,8 +31,8 @@ _SLUG = re.compile(r"[^a-z0-9-]+")
 # Keys that change how the job runs in ways slurmgate does not do, but whose absence leaves the
 # served model and its workers the same: run without them, and say so.
 REPORTED = {
-    "model.container": "the workers run the engine installed on the nodes (the spec's "
-    "command), not in this container: install that engine version there",
+    "model.container": "the deployment's container, as pyxis runs it (srt-slurm's "
+    "--container-image, --no-container-entrypoint, --no-container-mount-home)",
     "model.path": "an alias srt-slurm resolves through srtslurm.yaml; the spec loads the "
     "path given with --model (default /model, where srtctl mounts it)",
     "model.precision": "informational: the engine flags say how the model is served",
@@ -63,8 +63,11 @@ REPORTED = {
     "backend.connector": "the roles' own --kv-transfer-config, or kv_transfer, decides",
     "slurm.time_limit": "honoured as the spec's time_limit",
     "profiling": "no profiling (type none only)",
-    "setup_script": "not run: it prepares srt-slurm's container before the workers (installs "
-    "or patches the engine); the nodes' own environment must already hold what it installs",
+    "setup_script": "run with bash inside the container, once per node before its workers "
+    "start, as /configs/NAME (srt-slurm's configs directory, mounted from --workspace); a "
+    "script that is missing or fails fails the node (srt-slurm only warns when it is missing)",
+    "extra_mount": "the container's mounts: a relative source under --workspace (srt-slurm's "
+    "checkout on the nodes), tmpfs as pyxis's tmpfs",
 }
 # srt-slurm's other backend keys (its BackendProtocol's), and what a run does instead.
 BACKEND_REPORTED = {
@@ -105,8 +108,9 @@ def _numactl(
 
 # Keys whose meaning slurmgate cannot reproduce: a run without them would not be that recipe.
 REFUSED = {
-    "container_mounts": "container mounts: the workers run on the nodes' own filesystem",
-    "extra_mount": "container mounts: the workers run on the nodes' own filesystem",
+    "container_mounts": "srt-slurm's templated container mounts ({log_dir}-style paths of its "
+    "own run layout)",
+    "extra_mount without model.container": "mounts for a container the recipe does not name",
     "backend.mooncake_kv_store.device_names_by_gpu": "per-GPU Mooncake device names: every "
     "lane reads one store config",
     "resources.decode_nodes: 0": "decode workers colocated on the prefill nodes",
@@ -251,13 +255,27 @@ class _Build:
         return RecipeRefused(f"{self.source}: {key}: cannot be honoured — {why or REFUSED[key]}")
 
 
+@dataclass(frozen=True)
+class Site:
+    """What srt-slurm reads from a site's srtslurm.yaml and checkout: its container aliases
+    (`containers:`), its checkout on the nodes, and the model's directory there."""
+
+    containers: Mapping[str, str] = field(default_factory=dict)
+    workspace: str | None = None
+    model_dir: str | None = None
+
+
 def spec_from_recipe(
-    path: str | Path, *, model: str | None = None, name: str | None = None
+    path: str | Path,
+    *,
+    model: str | None = None,
+    name: str | None = None,
+    site: Site | None = None,
 ) -> RecipeSpec:
     """Read a recipe file and build its spec (see the module docstring); `path` may name one
     variant of a file with a `base:` section, `FILE.yaml:selector` (`variants`)."""
     data = variants.load(path)
-    return spec_from_data(data, source=str(path), model=model, name=name)
+    return spec_from_data(data, source=str(path), model=model, name=name, site=site)
 
 
 def spec_from_data(
@@ -266,6 +284,7 @@ def spec_from_data(
     source: str = "recipe",
     model: str | None = None,
     name: str | None = None,
+    site: Site | None = None,
 ) -> RecipeSpec:
     """Build the spec of an already parsed recipe (either schema); a file of variants is
     refused, listing the selectors that name one."""
@@ -280,11 +299,8 @@ def spec_from_data(
             f"{source}: {', '.join(unknown)}: unknown recipe keys — slurmgate knows the keys "
             "of srt-slurm's schema; remove them or check their spelling"
         )
-    for key in ("container_mounts", "extra_mount"):
-        if r.get(key):
-            raise b.refuse(key)
-    if r.get("setup_script"):
-        b.report("setup_script", f"{r['setup_script']!r} " + REPORTED["setup_script"])
+    if r.get("container_mounts"):
+        raise b.refuse("container_mounts")
     model_block = _section(r, "model", source)
     resources = _section(r, "resources", source)
     backend = _section(r, "backend", source)
@@ -318,7 +334,7 @@ def spec_from_data(
         raise b.refuse("resources.decode_nodes: 0")
     served = str(model_block.get("path", "model"))
     model_path = model or DEFAULT_MODEL
-    for key in ("container", "path", "precision"):
+    for key in ("path", "precision"):
         if key in model_block:
             b.report(f"model.{key}")
     gpn = resources.get("gpus_per_node", 4)
@@ -333,6 +349,9 @@ def spec_from_data(
     }
     if shared.get("kv_transfer"):
         deployment["kv_transfer"] = shared["kv_transfer"]
+    container = _container(r, model_block, b, site, model_path)
+    if container is not None:
+        deployment["container"] = container
     if kind == "trtllm" and _numactl(backend, resources, roles, b):
         deployment["mpi_launch"] = [*NUMACTL, "trtllm-llmapi-launch"]
     store = backend.get("mooncake_kv_store")
@@ -379,6 +398,67 @@ def spec_from_data(
             "checks each as it checks the model path",
         )
     return RecipeSpec(spec=spec, schema=schema, reported=b.reported)
+
+
+def _container(
+    r: Mapping[str, Any],
+    model_block: Mapping[str, Any],
+    b: _Build,
+    site: Site | None,
+    model_path: str,
+) -> dict[str, Any] | None:
+    """The recipe's container as srt-slurm runs it (src/srtctl/core/runtime.py at c88ef731):
+    the image (an alias through the site's `containers:`), the model at /model, the checkout's
+    configs directory at /configs, the recipe's extra mounts; its setup script inside."""
+    site = site or Site()
+    raw = model_block.get("container")
+    image = raw.get("image") if isinstance(raw, dict) else raw
+    extra = r.get("extra_mount") or []
+    if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra):
+        raise RecipeRefused(f"{b.source}: extra_mount: give a list of HOST:CONTAINER strings")
+    if not image:
+        if extra:
+            raise b.refuse("extra_mount without model.container")
+        if r.get("setup_script"):
+            b.report("setup_script", "not run: the recipe names no container to run it in")
+        return None
+    if not isinstance(image, str):
+        raise RecipeRefused(f"{b.source}: model.container: give the image as a string")
+    aliased = site.containers.get(image)
+    b.report(
+        "model.container",
+        REPORTED["model.container"]
+        + (f"; {image!r} is the site's alias of {aliased}" if aliased else ""),
+    )
+    mounts = []
+    if site.model_dir:
+        mounts.append(f"{site.model_dir}:{model_path}")
+    else:
+        b.report("model.path", f"mount the model at {model_path} (--model-dir on the nodes)")
+    if site.workspace:
+        mounts.append(f"{site.workspace.rstrip('/')}/configs:/configs")
+    for entry in extra[: 64 - len(mounts)]:
+        host, _, inside = entry.partition(":")
+        if not inside:
+            raise RecipeRefused(f"{b.source}: extra_mount: {entry!r} is not HOST:CONTAINER")
+        if host == "tmpfs" or host.startswith("/"):
+            mounts.append(f"{host}:{inside}")
+        elif site.workspace and "$" not in host and not host.startswith("~"):
+            mounts.append(f"{site.workspace.rstrip('/')}/{host.removeprefix('./')}:{inside}")
+        else:
+            b.report("extra_mount", f"{entry!r} not mounted: its source is relative to srt-slurm's "
+                     "checkout: give --workspace")  # fmt: skip
+            continue
+    if extra:
+        b.report("extra_mount")
+    container: dict[str, Any] = {"image": aliased or image, "mounts": mounts}
+    script = r.get("setup_script")
+    if script:
+        if not isinstance(script, str) or "/" in script or not script.strip():
+            raise RecipeRefused(f"{b.source}: setup_script: give a file name in configs/")
+        container["setup_script"] = f"/configs/{script}"
+        b.report("setup_script", f"{script!r}: " + REPORTED["setup_script"])
+    return container
 
 
 def _mooncake(deployment: dict[str, Any], store: Any, b: _Build) -> None:

@@ -154,6 +154,12 @@ def localize(
         _fit(dep, report)
     if dep.pop("kv_transfer", None) is not None:
         report("deployment.kv_transfer", "dropped: the stand-ins move no KV cache")
+    container = dep.pop("container", None)
+    if container is not None:
+        report(
+            "deployment.container",
+            f"dropped: the stand-ins run on the nodes' own filesystem, not in {container['image']}",
+        )
     if dep.pop("mooncake", None) is not None:
         report("deployment.mooncake", "dropped: the stand-ins store no KV cache in Mooncake")
     env = dep.pop("env", None) or {}
