@@ -17,6 +17,7 @@ Mooncake's have no authentication: on the client host's address only with the sp
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from slurmgate.runtime.run.probes import ProbeOpener
 from slurmgate.runtime.run.service_certs import deployment_pems
 from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.run.supervisor import StepFailed
-from slurmgate.runtime.run.workers import start_workers
+from slurmgate.runtime.run.workers import container_needs, start_workers
 from slurmgate.runtime.steps import readiness
 from slurmgate.runtime.steps.node_worker import LaneSpec, NodeSpec, WorkerSpec
 from slurmgate.runtime.steps.probe_step import ProbeStepFailed
@@ -70,6 +71,10 @@ def start_services(
         for s in launches
     ]
     ports = sorted({p for s in launches for p in s.plan.ports})
+    # The field's frontend (Dynamo's, a router) is part of the deployment's image, and runs in
+    # its container, as srt-slurm runs it; etcd, NATS and Mooncake are the nodes' own.
+    in_container = dspec.container if frontend else None
+    needs = container_needs(ctx, dspec) if in_container else None
     spec = WorkerSpec(
         run_id=ctx.run_id,
         name=name,
@@ -84,6 +89,8 @@ def start_services(
                 address=ctx.layout.address(ctx.plan.client_node),
             )
         ],
+        # the workers' setup script prepares the workers' nodes, not the frontend's
+        container=dataclasses.replace(needs, setup_script=None) if needs else None,
     )
     ctx.log(f"decision: start {', '.join(s.plan.name for s in launches)} of {d.name} on {host}")
     env = {
@@ -92,10 +99,20 @@ def start_services(
         **ctx.credentials.deployment_env[d.index],
     }
     start_workers(
-        ctx, name, "serve", spec, [host], gres="none", env=ctx.base_env(env), required=True
+        ctx,
+        name,
+        "serve",
+        spec,
+        [host],
+        gres="none",
+        env=ctx.base_env(env),
+        required=True,
+        deployment=dspec if in_container else None,
     )
     ctx.supervisor.resolve_step_ids(timeout=3.0)
     timeout = dspec.frontend.startup_timeout_s if frontend and dspec.frontend else SERVICE_STARTUP_S
+    if in_container:
+        timeout += in_container.import_allowance_s
     expected = layout_mod.expected_workers(dspec, d)
     address = ctx.layout.address(ctx.plan.client_node)
     # The probes run on the client host: etcd's, NATS's and Mooncake's health listeners are on
