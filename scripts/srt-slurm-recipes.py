@@ -8,6 +8,10 @@ says `recipe-not-checked-in`, the row's `recipe` column (its `recipes/<path>`, w
 file is written to tests/data/srt-slurm-recipes/<path>, with srt-slurm's LICENSE and NOTICE,
 and the manifest table of SOURCE.md (path, commit, git blob id) is printed on stdout. Rows whose
 recipe is at neither commit are listed on stderr: they are not srt-slurm's.
+
+With `--sa-bench` it copies srt-slurm's sa-bench client instead: every file of
+`src/srtctl/benchmarks/scripts/sa-bench/` at `main`'s commit, byte for byte, to
+slurmgate/data/sa-bench/ with the same LICENSE and NOTICE, and prints that folder's manifest.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ COMMITS = (
     ("deb1dfd9934398664f92d194169c183e009da83b", "sa-submission-q2-2026"),
 )
 NOT_CHECKED_IN = "recipe-not-checked-in"
+# srt-slurm's sa-bench client (benchmark_serving.py and its modules), which `slurmgate bench run`
+# runs as srt-slurm's bench.sh does
+SA_BENCH_SOURCE = "src/srtctl/benchmarks/scripts/sa-bench"
+SA_BENCH_OUT = Path("slurmgate/data/sa-bench")
 
 
 def wanted_paths() -> list[str]:
@@ -44,16 +52,36 @@ def blob(git_dir: str, commit: str, path: str) -> str | None:
     return done.stdout.decode().strip() if done.returncode == 0 else None
 
 
+def copy_sa_bench(git_dir: str) -> list[str]:
+    """Write every file of srt-slurm's sa-bench folder at main's commit; the manifest's rows."""
+    commit = COMMITS[0][0]
+    listing = _git(git_dir, "ls-tree", "-r", f"{commit}:{SA_BENCH_SOURCE}").stdout.decode()
+    rows = []
+    for line in listing.splitlines():
+        meta, name = line.split("\t", 1)
+        blob_id = meta.split()[2]
+        target = SA_BENCH_OUT / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(_git(git_dir, "cat-file", "blob", blob_id).stdout)
+        rows.append(f"| `{name}` | `{commit[:8]}` | `{blob_id}` |")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--git-dir", required=True, help="git directory of an srt-slurm clone")
-    git_dir = parser.parse_args().git_dir
+    parser.add_argument("--sa-bench", action="store_true", help="copy the sa-bench client")
+    parsed = parser.parse_args()
+    git_dir = parsed.git_dir
     for commit, where in COMMITS:
         if _git(git_dir, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
             print(f"{git_dir}: commit {commit} ({where}) is missing; fetch it", file=sys.stderr)
             return 2
     table = ["| file | commit | git blob |", "|---|---|---|"]
-    for path in wanted_paths():
+    out = SA_BENCH_OUT if parsed.sa_bench else OUT
+    if parsed.sa_bench:
+        table += copy_sa_bench(git_dir)
+    for path in [] if parsed.sa_bench else wanted_paths():
         found = next(((c, w, b) for c, w in COMMITS if (b := blob(git_dir, c, path))), None)
         if not path.startswith("recipes/") or found is None:
             print(f"not in srt-slurm at either commit: {path}", file=sys.stderr)
@@ -64,7 +92,7 @@ def main() -> int:
         target.write_bytes(_git(git_dir, "cat-file", "blob", blob_id).stdout)
         table.append(f"| `{target.relative_to(OUT)}` | `{commit[:8]}` | `{blob_id}` |")
     for name in ("LICENSE", "NOTICE"):
-        (OUT / name).write_bytes(_git(git_dir, "show", f"{COMMITS[0][0]}:{name}").stdout)
+        (out / name).write_bytes(_git(git_dir, "show", f"{COMMITS[0][0]}:{name}").stdout)
     print("\n".join(table))
     return 0
 
