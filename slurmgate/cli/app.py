@@ -10,6 +10,7 @@ import typer
 from slurmgate.cli import (
     admission,
     allocation,
+    bench,
     ci,
     cluster,
     cordon,
@@ -46,6 +47,7 @@ for _flat in _FLAT:
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(allocation.app, name="allocation")
 app.add_typer(spec.app, name="spec")
+app.add_typer(bench.app, name="bench")
 
 
 def _exceptions(name: str) -> tuple[type[BaseException], ...]:
