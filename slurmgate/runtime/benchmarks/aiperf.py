@@ -6,7 +6,10 @@ inferencex-agentx-mvp` against the endpoint's streamed chat completions, replayi
 corpus, artifacts in `<results>/conc_<c>/aiperf_artifacts`. InferenceX runs its own AIPerf fork
 (utils/aiperf); slurmgate runs AIPerf from PyPI (scripts/aiperf.txt), which holds the scenario
 and the Weka loaders but not the fork's `--warmup-requests-per-lane`,
-`--use-dynamo-conv-aware-routing` or `--dynamo-session-timeout-seconds`: those are left out.
+`--use-dynamo-conv-aware-routing` or `--dynamo-session-timeout-seconds`, and whose scenario
+forbids InferenceX's `--trace-idle-gap-cap-seconds 300` (it keeps each trace's own timing):
+those are left out. A local trace cannot prove which corpus it is, so the scenario takes it
+only with `--unsafe-override` (AIPerf marks such a run not valid for submission).
 The corpus is a public loader's Hugging Face dataset (fetched first with `hf download`, as
 InferenceX does) or a local Weka trace file or folder (`--custom-dataset-type weka_trace`).
 """
@@ -67,7 +70,6 @@ class AgenticReplay:
     loader: str | None = None
     input_file: Path | None = None
     failed_request_threshold: float = 0.10
-    trace_idle_gap_cap: int = 300
     warmup_grace_period: int = 1800
     max_context_length: int | None = None
     num_dataset_entries: int = 393
@@ -115,7 +117,6 @@ def plan(r: AgenticReplay, aiperf: str, results: Path) -> list[AiperfStep]:
         argv += ["--random-seed", "42"]
         argv += ["--failed-request-threshold", str(r.failed_request_threshold)]
         argv += ["--trajectory-start-min-ratio", "0.25", "--trajectory-start-max-ratio", "0.75"]
-        argv += ["--trace-idle-gap-cap-seconds", str(r.trace_idle_gap_cap)]
         argv += ["--warmup-grace-period", str(r.warmup_grace_period)]
         argv += ["--use-server-token-count", "--no-gpu-telemetry"]
         argv.append("--tokenizer-trust-remote-code")
@@ -123,7 +124,7 @@ def plan(r: AgenticReplay, aiperf: str, results: Path) -> list[AiperfStep]:
             argv += ["--max-context-length", str(r.max_context_length)]
         argv += ["--num-dataset-entries", str(r.num_dataset_entries), "--slice-duration", "1.0"]
         argv += ["--output-artifact-dir", str(artifacts)]
-        if r.duration < SCENARIO_MIN_DURATION:
+        if r.duration < SCENARIO_MIN_DURATION or r.input_file is not None:
             argv.append("--unsafe-override")
         argv += trace_flags(r)
         steps.append(AiperfStep(c, tuple(argv), artifacts))
