@@ -336,7 +336,9 @@ def test_a_recipes_variants_become_the_specs_srt_slurm_would_run() -> None:
         roles.prefill and roles.decode and (roles.prefill.workers, roles.decode.workers) == (1, 5)
     )
     assert low.spec.total_nodes == 6
-    assert "for c in 8;" in low.spec.client.command[-1]  # the zip's concurrencies, sliced
+    # the zip's concurrencies, sliced, for srt-slurm's sa-bench client
+    assert "bench sa-bench" in low.spec.client.command[-1]
+    assert "--concurrencies 8 " in low.spec.client.command[-1]
     # override_stp_tp4: nulls delete the base's DP attention, the override's scalars replace
     tp4 = spec_from_recipe(f"{VARIANTS}:override_stp_tp4").spec.deployments[0]
     prefill, decode = tp4.roles.prefill, tp4.roles.decode

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurmgate.errors import InputError
-from slurmgate.runtime.spec import recipes, variants
+from slurmgate.runtime.spec import recipe_client, recipes, variants
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError
 
@@ -56,8 +55,7 @@ REPORTED = {
     "identity": "informational (model and container provenance)",
     "telemetry": "no power/GPU telemetry collectors",
     "enable_config_dump": "no engine config dumps",
-    "benchmark": "run as the client: slurmgate loadgen --chat with the recipe's ISL, OSL and "
-    "concurrencies (random prompts; not sa-bench's tokenizer-exact ones)",
+    "benchmark": recipe_client.SA_BENCH_REPORTED,
     "backend.dp_launch_mode": "vLLM data parallelism is launched per node (srt-slurm's default)",
     "backend.kv_events_config": "no KV-event publishing (KV-aware routing falls back)",
     "backend.connector": "the roles' own --kv-transfer-config, or kv_transfer, decides",
@@ -375,7 +373,7 @@ def spec_from_data(
         "schema_version": 1,
         "name": deployment["name"],
         "gpus_per_node": gpn,
-        "client": {"command": _client(r, b, str(served))},
+        "client": {"command": _client(r, b, str(served), model_path)},
         "deployments": [deployment],
     }
     slurm = _section(r, "slurm", source)
@@ -713,32 +711,11 @@ REPORTED_FRONTEND = (
 )
 
 
-def _client(r: Mapping[str, Any], b: _Build, served: str) -> list[str]:
-    bench = r.get("benchmark") or {}
-    if not isinstance(bench, dict):
-        bench = {}
-    b.report(
-        "benchmark",
-        None
-        if bench.get("type") == "sa-bench"
-        else (
-            f"type {bench.get('type')!r} runs srt-slurm's harness in its container; the client "
-            "sends a short slurmgate loadgen --chat smoke load instead"
-        ),
-    )
-    isl, osl = bench.get("isl", 128), bench.get("osl", 128)
-    raw = bench.get("concurrencies", [4]) if bench.get("type") == "sa-bench" else [2]
-    if isinstance(raw, str):
-        raw = [c for c in raw.split("x") if c]
-    concurrencies = [int(c) for c in (raw if isinstance(raw, list) else [raw])][:16] or [4]
-    mult = int(bench.get("num_prompts_mult", 10)) if bench.get("type") == "sa-bench" else 5
-    loops = " ".join(str(c) for c in concurrencies)
-    script = (
-        f'for c in {loops}; do python -m slurmgate.cli loadgen "${{OPENAI_BASE_URL%/v1}}" '
-        f"--chat --model {shlex.quote(served)} --concurrency $c --requests $((c * {mult})) "
-        f"--prompt-tokens {int(isl)} --output-tokens {int(osl)} || exit 1; done"
-    )
-    return ["sh", "-c", script]
+def _client(r: Mapping[str, Any], b: _Build, served: str, tokenizer: str) -> list[str]:
+    """The client's command (`recipe_client`), its benchmark reported with how it runs."""
+    command, how = recipe_client.client_command(r, served, tokenizer)
+    b.report("benchmark", how)
+    return command
 
 
 def _report_rest(r: Mapping[str, Any], b: _Build) -> None:
