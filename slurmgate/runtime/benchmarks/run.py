@@ -56,7 +56,7 @@ def run_tool(run: ToolRun, env: dict[str, str], cwd: Path | None = None) -> None
     if not Path(run.argv[0]).exists() and "/" in run.argv[0]:
         raise InputError(
             f"{run.label}: {run.argv[0]} does not exist; build the tool's venv with "
-            "SLURMGATE_WITH_BENCH_TOOLS=1 scripts/setup.sh or pass --python"
+            "SLURMGATE_WITH_BENCH_TOOLS=1 scripts/setup.sh, or give its path (--python, --cli)"
         )
     run.log.parent.mkdir(parents=True, exist_ok=True)
     print(f"[bench] {run.label}: {shlex.join(run.argv)}", flush=True)
