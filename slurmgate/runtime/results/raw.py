@@ -21,7 +21,7 @@ MAX_AIPERF_BYTES = 16 * 1024 * 1024
 MAX_TOP_LEVEL_KEYS = 4096
 MAX_REQUESTS = 10_000_000
 
-Finite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 Count = Annotated[StrictInt, Field(ge=0, le=MAX_REQUESTS * 1_000_000)]
 
 
@@ -81,7 +81,7 @@ class SaBenchOutput(BaseModel):
     model_id: Annotated[StrictStr, Field(min_length=1, max_length=512)]
     num_prompts: Annotated[Count, Field(ge=1)]
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=1_000_000)]
-    duration: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    duration: Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
     completed: Count
     total_input_tokens: Count
     total_output_tokens: Count

@@ -69,7 +69,8 @@ class ConcurrencyResult(BaseModel):
         return self.requests_failed / finished if finished else 0.0
 
     def table(self) -> list[dict[str, str]]:
-        """Rows for a table: one per latency (mean, median, p90, p99 in ms), then throughput."""
+        """Rows for a table: one per latency (mean, median, p90, p99 in ms), then throughput and
+        failures in the mean column."""
         rows: list[dict[str, str]] = []
         for name, latency in (("TTFT", self.ttft), ("ITL", self.itl), ("E2E", self.e2el)):
             if latency is None:
@@ -79,16 +80,14 @@ class ConcurrencyResult(BaseModel):
                 value = getattr(latency, stat)
                 cells[stat] = "-" if value is None else f"{value * 1e3:.1f} ms"
             rows.append(cells)
-        total = "-" if self.total_token_throughput is None else f"{self.total_token_throughput:.1f}"
-        rows.append(
-            {
-                "metric": "throughput",
-                "mean": f"{self.request_throughput:.2f} req/s",
-                "median": f"{self.output_throughput:.1f} output tok/s",
-                "p90": f"{total} total tok/s",
-                "p99": f"{self.requests_failed} failed of {self.requests_sent}",
-            }
-        )
+        total = self.total_token_throughput
+        for metric, value in (
+            ("requests/s", f"{self.request_throughput:.2f}"),
+            ("output tok/s", f"{self.output_throughput:.1f}"),
+            ("total tok/s", "-" if total is None else f"{total:.1f}"),
+            ("failed / sent", f"{self.requests_failed} / {self.requests_sent}"),
+        ):
+            rows.append({"metric": metric, "mean": value, "median": "-", "p90": "-", "p99": "-"})
         return rows
 
 
