@@ -19,6 +19,7 @@ from slurmgate.cli import (
     endpoint,
     init,
     loadgen,
+    results,
     simulate,
     spec,
     testbed,
@@ -48,6 +49,7 @@ app.add_typer(cluster.app, name="cluster")
 app.add_typer(allocation.app, name="allocation")
 app.add_typer(spec.app, name="spec")
 app.add_typer(bench.app, name="bench")
+app.add_typer(results.app, name="results")
 
 
 def _exceptions(name: str) -> tuple[type[BaseException], ...]:
