@@ -1,4 +1,4 @@
-"""The client's load reports as Prefect artifacts: a table and a latency histogram per report."""
+"""The client's load reports as Prefect artifacts: tables, latency histograms, benchmark results."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 from prefect.artifacts import create_image_artifact, create_table_artifact
 
 from slurmgate.runtime.loadgen.report import ChatReport, read_reports
+from slurmgate.runtime.results.judge import judge
+from slurmgate.runtime.results.records import ConcurrencyResult, read_records
 from slurmgate.tasks.allocation import log, warn
 
 P50_COLOR = "#28a03c"
@@ -95,10 +97,59 @@ def histogram_png(
         plt.close(fig)
 
 
+def result_key(result: ConcurrencyResult) -> str:
+    """``result-<tool>-c<N>-<via>``: one table per benchmark tool, concurrency and place."""
+    return artifact_key(f"{result.tool}-c{result.concurrency}-{result.measured_via}").replace(
+        "load-", "result-", 1
+    )
+
+
+def publish_result(result: ConcurrencyResult, run_id: str) -> None:
+    """One concurrency's benchmark result as a table: TTFT, ITL and E2E percentiles, then
+    throughput; the description says where it was measured and InferenceX's verdict."""
+    verdict = judge(result)
+    where = "the frontend directly" if result.measured_via == "frontend" else "slurmgate's endpoint"
+    create_table_artifact(
+        table=result.table(),
+        key=result_key(result),
+        description=(
+            f"{result.tool} at concurrency {result.concurrency} in run {run_id}, measured at "
+            f"{result.measured_url} ({where}): "
+            f"{'publishable' if verdict.ok else 'refused'}: {verdict.reason}"
+        ),
+    )
+
+
+def publish_results(directory: Path, run_id: str) -> int:
+    """Publish every benchmark result record the client wrote to ``directory`` (`slurmgate
+    results judge|write`); never raises. Returns how many were published."""
+    try:
+        results, skipped = read_records(directory)
+    except Exception as exc:  # an unreadable directory: say so and go on
+        warn(f"run {run_id}: benchmark results not read: {type(exc).__name__}: {exc}")
+        return 0
+    for line in skipped:
+        warn(f"run {run_id}: benchmark result skipped: {line}")
+    published = 0
+    for result in results:
+        try:
+            publish_result(result, run_id)
+            published += 1
+        except Exception as exc:
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            warn(
+                f"run {run_id}: result at concurrency {result.concurrency} not published: {reason}"
+            )
+    if published:
+        log(f"run {run_id}: published {published} benchmark result table(s) as artifacts")
+    return published
+
+
 def publish_load_reports(directory: Path, run_id: str) -> int:
-    """Publish every report the client wrote to ``directory`` (the run's reports directory);
-    never raises: the client's numbers are worth a warning, not a failed run. Returns how many
-    were published."""
+    """Publish every report the client wrote to ``directory`` (the run's reports directory),
+    and its benchmark result records; never raises: the client's numbers are worth a warning,
+    not a failed run. Returns how many load reports were published."""
+    publish_results(directory, run_id)
     try:
         reports = read_reports(directory, warn)
     except Exception as exc:  # an unreadable directory: say so and go on

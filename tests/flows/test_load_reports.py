@@ -1,4 +1,4 @@
-"""A client's chat load reports become Prefect artifacts: a table and a latency histogram."""
+"""A client's load reports become Prefect artifacts: tables, a latency histogram, results."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from prefect.artifacts import Artifact
 from slurmgate.runtime.loadgen.chat import run_chat_load
 from slurmgate.runtime.loadgen.report import report_path_in, write_report
 from slurmgate.runtime.loadgen.workload import ChatLoadSpec, Lengths
+from slurmgate.runtime.results.raw import read_sa_bench, sa_bench_result
+from slurmgate.runtime.results.records import save_record
 from slurmgate.serving import ThreadedServer
-from slurmgate.tasks.load_reports import publish_load_reports
+from slurmgate.tasks.load_reports import publish_load_reports, publish_results
 from slurmgate.testbed.stub_server import StubApp, StubState, parse_settings
 
 
@@ -70,3 +72,47 @@ def test_no_reports_publish_nothing(tmp_path: Path) -> None:
         return publish_load_reports(tmp_path / "missing", "sg-test-run")
 
     assert publish() == 0
+
+
+def test_each_benchmark_result_is_a_table_per_concurrency(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bench = Path(__file__).resolve().parents[1] / "data" / "results" / "vllm-bench"
+    for name, via in (
+        ("results_concurrency_4_gpus_12_ctx_4_gen_8.json", "frontend"),
+        ("results_concurrency_8_gpus_12_ctx_4_gen_8.json", "slurmgate"),
+    ):
+        raw, latencies = read_sa_bench(bench / name)
+        save_record(sa_bench_result(raw, latencies, url="http://10.0.0.5:8000", via=via), tmp_path)
+    (tmp_path / "result-sa-bench-conc9-frontend.json").write_text('{"tool": "sa-bench"')
+
+    @flow(name="publish-benchmark-results-test")
+    def publish() -> int:
+        return publish_results(tmp_path, "sg-test-run")
+
+    assert publish() == 2
+    assert any("result-sa-bench-conc9-frontend.json" in r.getMessage() for r in caplog.records)
+
+    served = Artifact.get("result-sa-bench-c4-frontend")
+    assert served is not None and served.type == "table"
+    rows = json.loads(served.data) if isinstance(served.data, str) else served.data
+    by_metric = {row["metric"]: row for row in rows}
+    assert set(by_metric) == {
+        "TTFT",
+        "ITL",
+        "E2E",
+        "requests/s",
+        "output tok/s",
+        "total tok/s",
+        "failed / sent",
+    }
+    raw, _ = read_sa_bench(bench / "results_concurrency_4_gpus_12_ctx_4_gen_8.json")
+    assert by_metric["failed / sent"]["mean"] == "0 / 16"
+    assert by_metric["output tok/s"]["mean"] == f"{raw.output_throughput:.1f}"
+    assert "the frontend directly" in (served.description or "")
+    assert "publishable" in (served.description or "")
+
+    refused = Artifact.get("result-sa-bench-c8-slurmgate")
+    assert refused is not None
+    assert "slurmgate's endpoint" in (refused.description or "")
+    assert "refused" in (refused.description or "") and "12/40" in (refused.description or "")
