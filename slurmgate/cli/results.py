@@ -85,7 +85,7 @@ def judge_command(
     tool: Annotated[Tool, typer.Option(help="Which tool wrote the file.")] = "sa-bench",
     concurrency: Annotated[
         int | None,
-        typer.Option(min=1, help="The run's concurrency (aiperf's export does not name it)."),
+        typer.Option(min=1, help="With aiperf: the run's concurrency, when its export omits it."),
     ] = None,
     threshold: ThresholdOpt = FAILED_REQUEST_THRESHOLD,
 ) -> None:
@@ -98,8 +98,6 @@ def judge_command(
             parsed, latencies = read_sa_bench(raw)
             result = sa_bench_result(parsed, latencies, url=url, via=via)
         else:
-            if concurrency is None:
-                raise fail("--concurrency is required with --tool aiperf; give the run's")
             result = aiperf_result(read_aiperf(raw), concurrency=concurrency, url=url, via=via)
     except InputError as exc:
         raise fail(str(exc)) from None

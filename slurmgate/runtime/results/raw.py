@@ -176,9 +176,10 @@ def sa_bench_result(
 class AiperfMetric(BaseModel):
     """One metric of aiperf's aggregate export: ai-dynamo/aiperf
     aiperf/common/models/export_models.py ``JsonMetricResult`` (unit, avg, p1..p99, min, max,
-    std), values in the unit's display form (ms for latencies, per second for rates)."""
+    std; aiperf 0.13 adds count and sum), values in the unit's display form (ms for latencies,
+    per second for rates). A statistic aiperf adds later is ignored."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     unit: Annotated[StrictStr, Field(max_length=64)]
     avg: Finite | None = None
@@ -194,6 +195,8 @@ class AiperfMetric(BaseModel):
     min: Finite | None = None
     max: Finite | None = None
     std: Finite | None = None
+    count: Count | None = None
+    sum: Annotated[float, Field(allow_inf_nan=False, strict=True)] | None = None
 
 
 class AiperfExport(BaseModel):
@@ -209,6 +212,8 @@ class AiperfExport(BaseModel):
     completed_request_count: AiperfMetric | None = None
     request_throughput: AiperfMetric | None = None
     output_token_throughput: AiperfMetric | None = None
+    # aiperf 0.13 exports it; older exports leave it to total_isl over benchmark_duration
+    total_token_throughput: AiperfMetric | None = None
     time_to_first_token: AiperfMetric | None = None
     inter_token_latency: AiperfMetric | None = None
     request_latency: AiperfMetric | None = None
@@ -216,6 +221,20 @@ class AiperfExport(BaseModel):
     total_isl: AiperfMetric | None = None
     total_osl: AiperfMetric | None = None
     total_output_tokens: AiperfMetric | None = None
+
+    def profiled_concurrency(self) -> int | None:
+        """The profiling phase's concurrency, from aiperf 0.13's ``input_config.phases``
+        (``{"kind": "profiling", "concurrency": N}``); None when the export does not say."""
+        config = (self.model_extra or {}).get("input_config")
+        phases = config.get("phases") if isinstance(config, dict) else None
+        if not isinstance(phases, list):
+            return None
+        for phase in phases[:64]:
+            if isinstance(phase, dict) and phase.get("kind") == "profiling":
+                value = phase.get("concurrency")
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                    return value
+        return None
 
 
 _TO_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
@@ -255,11 +274,14 @@ def read_aiperf(path: Path, max_bytes: int = MAX_AIPERF_BYTES) -> AiperfExport:
 
 
 def aiperf_result(
-    export: AiperfExport, *, concurrency: int, url: str, via: MeasuredVia
+    export: AiperfExport, *, concurrency: int | None, url: str, via: MeasuredVia
 ) -> ConcurrencyResult:
     """The typed record of one aiperf run. aiperf's request_count counts the successful
     requests; completed_request_count, when the export has it, counts every finished one, as
-    InferenceX's validator reads them. The export names no concurrency: the caller's is used."""
+    InferenceX's validator reads them. The concurrency is the caller's, else the export's."""
+    concurrency = concurrency or export.profiled_concurrency()
+    if concurrency is None:
+        raise InputError("aiperf export names no profiling concurrency; give the run's")
     successes = _avg(export.request_count) or 0.0
     errors = _avg(export.error_request_count) or 0.0
     finished = _avg(export.completed_request_count)
@@ -269,8 +291,8 @@ def aiperf_result(
     output_tokens = _avg(export.total_output_tokens) or _avg(export.total_osl) or 0.0
     input_tokens = _avg(export.total_isl)
     output_rate = _avg(export.output_token_throughput) or 0.0
-    total_rate = None
-    if input_tokens is not None and duration > 0:
+    total_rate = _avg(export.total_token_throughput)
+    if total_rate is None and input_tokens is not None and duration > 0:
         total_rate = (input_tokens + output_tokens) / duration
     return ConcurrencyResult(
         tool="aiperf",
