@@ -16,7 +16,13 @@ import pytest
 from slurmgate.cli.app import run
 from slurmgate.runtime.results.inferencex import GpuSplit, RunShape, process_env
 from slurmgate.runtime.results.judge import FAILED_REQUEST_THRESHOLD, judge
-from slurmgate.runtime.results.raw import MAX_RAW_BYTES, read_sa_bench, sa_bench_result
+from slurmgate.runtime.results.raw import (
+    MAX_RAW_BYTES,
+    aiperf_result,
+    read_aiperf,
+    read_sa_bench,
+    sa_bench_result,
+)
 from slurmgate.runtime.results.records import read_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +30,7 @@ INFERENCEX = REPO / "tests" / "data" / "inferencex-results" / "utils"
 BENCH = REPO / "tests" / "data" / "results" / "vllm-bench"
 SERVED = BENCH / "results_concurrency_4_gpus_12_ctx_4_gen_8.json"
 FAILING = BENCH / "results_concurrency_8_gpus_12_ctx_4_gen_8.json"
+AIPERF = REPO / "tests" / "data" / "results" / "aiperf"
 URL = "http://10.0.0.5:8000"
 
 # One disaggregated job as InferenceX's multi-node workflow exports it: 1 prefill worker of TP 4
@@ -205,6 +212,32 @@ def test_the_bound_is_inferencex_validator_on_the_same_counts(tmp_path: Path) ->
             ]
         )
         assert (done.returncode == 0) == (code == 0) == (failed == 10), done.stderr
+
+
+@pytest.mark.parametrize("run_name, failed, finished", [("served", 0, 16), ("failing", 12, 40)])
+def test_real_aiperf_exports_are_judged_as_inferencex_validator_judges_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], run_name: str, failed: int, finished: int
+) -> None:
+    folder = AIPERF / run_name
+    export = json.loads((folder / "profile_export_aiperf.json").read_text())
+    done = run_inferencex(
+        "agentic/validation/validate_agentic_result.py",
+        str(folder),
+        "--failed-request-threshold",
+        str(FAILED_REQUEST_THRESHOLD),
+        cwd=tmp_path,
+        env={},
+    )
+    path = folder / "profile_export_aiperf.json"
+    code = run(["results", "judge", str(path), "--url", URL, "--tool", "aiperf"])
+    out = capsys.readouterr()
+    assert (done.returncode == 0) == (code == 0) == (failed == 0), done.stderr
+    assert f"{failed}/{finished} = " in (out.out if code == 0 else out.err)
+    result = aiperf_result(read_aiperf(path), concurrency=None, url=URL, via="slurmgate")
+    assert result.concurrency == export["input_config"]["phases"][0]["concurrency"]
+    assert result.ttft is not None
+    assert result.ttft.p99 == pytest.approx(export["time_to_first_token"]["p99"] / 1e3)
+    assert result.total_token_throughput == export["total_token_throughput"]["avg"]
 
 
 def test_a_result_that_served_no_output_token_is_refused(
