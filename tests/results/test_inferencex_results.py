@@ -333,3 +333,43 @@ def test_a_missing_job_variable_is_named(
     args = ["--url", URL, "--config-name", "1p1d", "--out", str(tmp_path)]
     assert run(["results", "write", str(SERVED), *args]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_an_aggregated_result_is_named_and_counted_as_the_workflow_does(
+    job_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sa-bench names an aggregated run's file without _ctx_/_gen_; the workflow then counts
+    every GPU as prefill's, and process_result.py drops decode's parallelism."""
+    for name, value in {"DISAGG": "false", "DECODE_NUM_WORKERS": "0", "PREFILL_TP": "8"}.items():
+        monkeypatch.setenv(name, value)
+    raw = tmp_path / "results_concurrency_4_gpus_8.json"
+    shutil.copy(SERVED, raw)
+    out = tmp_path / "out"
+    args = ["--url", URL, "--via", "slurmgate", "--config-name", "agg", "--out", str(out)]
+    assert run(["results", "write", str(raw), *args]) == 0
+    [agg] = sorted(out.glob("agg_*.json"))
+    result = out / agg.name.removeprefix("agg_")
+    assert result.name.endswith("_agg_conc4_gpus_8.json")
+    assert sed(r"s/.*_ctx_\([0-9]*\).*\.json/\1/p", result.name) == ""
+
+    judge_dir = tmp_path / "inferencex"
+    judge_dir.mkdir()
+    shutil.copy(result, judge_dir / result.name)
+    env = {
+        **JOB,
+        "DISAGG": "false",
+        "DECODE_NUM_WORKERS": "0",
+        "PREFILL_TP": "8",
+        "RESULT_FILENAME": result.name.removesuffix(".json"),
+        "IS_MULTINODE": "true",
+        "PREFILL_GPUS": sed(r"s/.*_gpus_\([0-9][0-9]*\).*\.json/\1/p", result.name),
+        "DECODE_GPUS": "0",
+    }
+    done = run_inferencex("process_result.py", cwd=judge_dir, env=env)
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads((judge_dir / agg.name).read_text())
+    assert json.loads(agg.read_text()) == theirs
+    assert (theirs["num_prefill_gpu"], theirs["num_decode_gpu"], theirs["decode_tp"]) == (8, 0, 0)
+    assert theirs["disagg"] is False
+    [record], _ = read_records(job_env)
+    assert record.measured_via == "slurmgate"
