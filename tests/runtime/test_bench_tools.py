@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from slurmgate.runtime.engines.mocker import FileDiscovery
+from slurmgate.runtime.results.records import read_records
 from slurmgate.testbed.localproc import free_port, stop_group
 
 from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL, serve, stack
@@ -154,8 +155,20 @@ def test_sa_bench_saves_a_result_per_concurrency_from_dynamo(
             "--isl", "64", "--osl", "8", "--concurrencies", "1x2", "--num-prompts-mult", "2",
             "--num-warmup-mult", "0", "--gpus", "4",
             results=results,
+            # as a run hands its client: its endpoints, and where the records go
+            env={"SLURMGATE_ENDPOINTS": json.dumps({"d": url}),
+                 "SLURMGATE_RUN_REPORTS_DIR": str(tmp_path / "reports")},
         )  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout[-3000:]
+    # each concurrency judged and recorded for the run's artifacts, naming what it measured
+    kept, skipped = read_records(tmp_path / "reports")
+    assert skipped == []
+    assert sorted(r.concurrency for r in kept) == [1, 2]
+    assert {(r.tool, r.measured_url, r.measured_via) for r in kept} == {
+        ("sa-bench", url, "slurmgate")
+    }
+    assert all(r.output_throughput > 0 for r in kept)
+    assert "measured at " + url in done.stdout
     folder = results / "sa-bench_isl_64_osl_8"
     for c in (1, 2):
         saved = json.loads((folder / f"results_concurrency_{c}_gpus_4.json").read_text())

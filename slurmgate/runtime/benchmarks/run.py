@@ -16,7 +16,14 @@ from pathlib import Path
 
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.benchmarks import aiperf, sabench
-from slurmgate.settings.handed import ENDPOINT_TOKEN, handed, inherited
+from slurmgate.runtime.results import judge, raw, records
+from slurmgate.settings.handed import (
+    CLIENT_REPORTS_DIR,
+    ENDPOINT_TOKEN,
+    ENDPOINTS,
+    handed,
+    inherited,
+)
 
 API_KEY = "OPENAI_API_KEY"  # what benchmark_serving.py and AIPerf send as the bearer token
 
@@ -70,6 +77,35 @@ def run_tool(run: ToolRun, env: dict[str, str], cwd: Path | None = None) -> None
         )
 
 
+def measured_via(url: str) -> records.MeasuredVia:
+    """`slurmgate` when the URL is one of the run's logical endpoints, else `frontend`."""
+    try:
+        endpoints = json.loads(handed(ENDPOINTS) or "{}")
+    except ValueError:
+        endpoints = {}
+    ours = (
+        {str(u).rstrip("/") for u in endpoints.values()} if isinstance(endpoints, dict) else set()
+    )
+    return "slurmgate" if url.rstrip("/").removesuffix("/v1") in ours else "frontend"
+
+
+def judged(result: records.ConcurrencyResult, threshold: float) -> None:
+    """Keep the result's record for the run's artifacts (in the reports directory a run hands
+    its client), then judge it: a failed verdict fails the benchmark with its reason."""
+    reports = handed(CLIENT_REPORTS_DIR)
+    if reports:
+        records.save_record(result, Path(reports))
+    verdict = judge.judge(result, threshold)
+    if not verdict.ok:
+        raise BenchmarkFailed(verdict.reason)
+    print(
+        f"[bench] {result.tool} concurrency {result.concurrency}: "
+        f"{result.output_throughput:.1f} output tok/s, measured at {result.measured_url} "
+        f"({result.measured_via})",
+        flush=True,
+    )
+
+
 def sa_bench_tokens(saved: Path, label: str) -> int:
     """The tokens a saved sa-bench run counted; 0 tokens or 0 completed requests fail."""
     try:
@@ -102,6 +138,11 @@ def run_sa_bench(b: sabench.SaBench, python: str, results: Path) -> list[Path]:
         if step.saved is not None:
             tokens = sa_bench_tokens(step.saved, label)
             print(f"[bench] {label}: {tokens} tokens, {step.saved}", flush=True)
+            output, latencies = raw.read_sa_bench(step.saved)
+            judged(
+                raw.sa_bench_result(output, latencies, url=b.url, via=measured_via(b.url)),
+                judge.FAILED_REQUEST_THRESHOLD,
+            )
             saved.append(step.saved)
     return saved
 
@@ -154,5 +195,12 @@ def run_aiperf(
         export = step.artifacts / "profile_export_aiperf.json"
         tokens = aiperf_tokens(export, label)
         print(f"[bench] {label}: {tokens} tokens, {export}", flush=True)
+        result = raw.aiperf_result(
+            raw.read_aiperf(export),
+            concurrency=step.concurrency,
+            url=r.url,
+            via=measured_via(r.url),
+        )
+        judged(result, r.failed_request_threshold)
         exports.append(export)
     return exports
