@@ -46,6 +46,7 @@ def test_every_readme_command_exists_with_an_example(command: str) -> None:
         "allocation": ("run", "reap"),
         "spec": ("from-recipe", "from-row"),
         "results": ("judge", "write"),
+        "bench": ("sa-bench", "aiperf"),
     }
     if command in groups:  # groups: their commands carry the examples
         assert "Commands" in out.stdout
