@@ -51,6 +51,16 @@ _SHAPES: tuple[tuple[str, re.Pattern[str], int], ...] = (
         ),
         2,
     ),
+    # a PEM private key, whole: the run's etcd and NATS certificates' keys, a site's TLS key
+    (
+        "a private key (PEM)",
+        re.compile(
+            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
+            r".*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----",
+            re.S,
+        ),
+        0,
+    ),
     # well-known token shapes: GitHub, Hugging Face, OpenAI-style keys
     (
         "a GitHub token",
