@@ -21,7 +21,7 @@ from typing import Any
 
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.engines.roles import LANE_DIR
-from slurmgate.runtime.steps import in_container, lane_launcher, protocol
+from slurmgate.runtime.steps import in_container, lane_launcher, outputs, protocol
 from slurmgate.settings import handed
 from slurmgate.slurm.jobenv import slurm_variable
 
@@ -33,6 +33,8 @@ LANE_EXIT = "SLURMGATE-LANE-EXIT"
 EXIT_SPAWN = 71
 POLL_S = 0.1
 MAX_LANE_FILES = 8
+# One writer at a time on the step's output: the worker's own lines and the lanes' lines.
+_OUTPUT_LOCK = threading.Lock()
 
 
 class WorkerSpecError(InputError):
@@ -465,9 +467,28 @@ class Lanes:
                 argv = self.launched(argv, where, lane.env_files)
         if "TMPDIR" not in lane.env:
             env["TMPDIR"] = self.scratch_dir()
-        proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
-        )
+        # The lane's output goes to the step (the controller's step log) and to a node-local
+        # log that outlives the lane, which the run collects from every node before cleanup.
+        logs_dir, results_dir = outputs.prepare(run_id, node_name())
+        for name, value in ((handed.RESULTS_DIR, results_dir), (handed.LOGS_DIR, logs_dir)):
+            if name not in lane.env:
+                env[name] = value
+        log = outputs.open_log(logs_dir, lane.id)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            log.close()
+            raise
+        assert proc.stdout is not None
+        outputs.tee(proc.stdout, _write_output, log)
         self.procs.append((lane, proc))
         self.started[lane.id] = time.monotonic()
         _say(f"started lane {lane.id} pid {proc.pid} gpus {env['CUDA_VISIBLE_DEVICES'] or '-'}")
@@ -575,8 +596,15 @@ def _say(message: str) -> None:
 
 def _line(text: str) -> None:
     """One write per line: srun interleaves the tasks' output, split writes come apart."""
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    _write_output((text + "\n").encode())
+
+
+def _write_output(line: bytes) -> None:
+    """One whole line onto the step's output (stderr), never between another writer's bytes."""
+    with _OUTPUT_LOCK:
+        sys.stderr.flush()
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
 
 
 def _tell(message: protocol.Message) -> None:
