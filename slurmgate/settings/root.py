@@ -12,7 +12,7 @@ from slurmgate.settings.ci import CISettings
 from slurmgate.settings.github import EventReadSettings, GitHubSettings
 from slurmgate.settings.home import HomeSettings
 from slurmgate.settings.prefect import PrefectSettings
-from slurmgate.settings.runtime import LedgerSettings, NodeRetrySettings
+from slurmgate.settings.runtime import LedgerSettings, NodeRetrySettings, OutputsSettings
 from slurmgate.settings.slurm import SlurmRestSettings
 from slurmgate.settings.testbed import LocalClusterSettings
 
@@ -55,6 +55,10 @@ class Settings(BaseModel):
     node_failures: NodeRetrySettings = Field(
         default_factory=NodeRetrySettings,
         description="What an allocation run does when one node fails it.",
+    )
+    outputs: OutputsSettings = Field(
+        default_factory=OutputsSettings,
+        description="What an allocation run collects from its nodes before cleanup.",
     )
     prefect: PrefectSettings = Field(
         default_factory=PrefectSettings,

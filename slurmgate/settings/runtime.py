@@ -1,4 +1,4 @@
-"""Allocation runtime settings: the controller's heartbeat, the reaper, node-failure retries."""
+"""Allocation runtime settings: heartbeat, reaper, node-failure retries, output collection."""
 
 from __future__ import annotations
 
@@ -41,4 +41,36 @@ class NodeRetrySettings(Part):
     )
     drain_failed_nodes: bool = variable(
         "SLURMGATE_DRAIN_FAILED_NODES", "Drain that node in Slurm before the retry.", False
+    )
+
+
+class OutputsSettings(Part):
+    """What a run collects from its nodes before cleanup: every lane's log and the results
+    its lanes and client write (each file bounded, its head and tail kept)."""
+
+    collect: bool = variable(
+        "SLURMGATE_OUTPUTS_COLLECT",
+        "Collect the lanes' logs and results from every node before cleanup "
+        "(1, true, yes, on or 0, false, no, off).",
+        True,
+    )
+    max_file_bytes: int = variable(
+        "SLURMGATE_OUTPUTS_MAX_FILE_BYTES",
+        "Bytes kept of each collected file; a larger one keeps its first and last halves.",
+        4 * 1024 * 1024,
+        ge=1024,
+        le=1 << 30,
+    )
+    node_timeout_s: float = variable(
+        "SLURMGATE_OUTPUTS_NODE_TIMEOUT_S",
+        "Seconds one node's collection may take (a dead node cannot hold up cleanup longer).",
+        60.0,
+        gt=0,
+        le=3600,
+    )
+    node_root: str = variable(
+        "SLURMGATE_NODE_OUTPUTS_ROOT",
+        "Node-local directory under which a run's logs and results wait to be collected "
+        "(default: the node's temporary directory, slurmgate-outputs).",
+        "",
     )

@@ -68,6 +68,20 @@ class NodeFailure(BaseModel):
     drain: str | None = None  # what `scontrol update ... state=drain` did, when it was asked
 
 
+class NodeOutputs(BaseModel):
+    """What a run collected from one node (or from its own steps and client on the controller):
+    where it is, how many files, which were cut to the bound or left out, or why it failed."""
+
+    node: str
+    status: str  # "collected" or "failed"
+    dir: str | None = None
+    files: int = 0
+    cut: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)
+    attempts: int = 1
+    error: str | None = None
+
+
 class RunRecord(BaseModel):
     """The record.json of one run. Unknown keys are kept, so older and newer files round-trip.
 
@@ -98,6 +112,11 @@ class RunRecord(BaseModel):
     retried_as: str | None = None
     # requests each stand-in worker (Dynamo's mocker) said it served, by lane, after the client
     lane_served: dict[str, float] = Field(default_factory=dict)
+    # the lanes' logs and results collected from every node before cleanup, redacted and bounded
+    # (runtime/run/outputs.py), and where a copy was uploaded, or why it was not
+    outputs_dir: str | None = None
+    outputs: list[NodeOutputs] = Field(default_factory=list)
+    outputs_upload: str | None = None
     # written by a reaper
     status_before_reap: RunStatus | None = None
     reaped_at: float | None = None
@@ -138,7 +157,7 @@ class RunRecord(BaseModel):
         for key in _REAPER_FIELDS + _NODE_FAILURE_FIELDS:
             if data.get(key) is None:
                 data.pop(key, None)
-        for key in ("excluded_nodes", "lane_served"):
+        for key in ("excluded_nodes", "lane_served", "outputs", "outputs_dir", "outputs_upload"):
             if not data.get(key):
                 data.pop(key, None)
         return json.dumps(data, indent=1)

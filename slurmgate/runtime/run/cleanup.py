@@ -7,7 +7,7 @@ import threading
 import time
 
 from slurmgate.runtime.ledger.records import RunStatus
-from slurmgate.runtime.run import discovery
+from slurmgate.runtime.run import discovery, outputs
 from slurmgate.runtime.run.site_hooks import epilog
 from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.run.supervisor import DEFER, CleanupReport
@@ -46,6 +46,9 @@ class Cleanup:
             # the lanes are gone: Dynamo's discovery directories (a killed worker's records
             # stay in them) go with them
             report.actions += discovery.remove(ctx)
+            # Inside the allocation still: every node's logs and results, each node under its
+            # own time limit, before the release below takes the nodes away.
+            report.actions += outputs.collect_all(ctx)
             ctx.cleanup_report = report
             try:
                 if ctx.owned_allocation and not ctx.job_id:

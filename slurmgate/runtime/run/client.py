@@ -18,6 +18,7 @@ from slurmgate.runtime.run.state import RunContext, RunFailed
 from slurmgate.runtime.run.supervisor import StepFailed
 from slurmgate.runtime.steps import readiness
 from slurmgate.runtime.steps.probe_step import ProbeStepFailed
+from slurmgate.settings import handed
 from slurmgate.slurm import commands as slurm
 
 METRICS_HELLO_TIMEOUT_S = 15.0  # the metrics step after the client: optional, so bounded tighter
@@ -109,6 +110,8 @@ def client_env(ctx: RunContext) -> dict[str, str]:
     env["SLURMGATE_ENDPOINTS"] = json.dumps(urls, sort_keys=True)
     env["OPENAI_BASE_URL"] = next(iter(urls.values())) + "/v1"
     env[CLIENT_REPORTS_ENV] = str(ctx.client_reports_dir)
+    # the files the client wants kept: collected, masked and bounded, into <run>/outputs/client
+    env[handed.RESULTS_DIR] = str(ctx.client_results_dir)
     env.update(ctx.credentials.client_env)
     env.update(token_env(ctx))
     return env
@@ -118,6 +121,7 @@ def run_client(ctx: RunContext) -> int:
     """The client step on the client host; the run fails if it fails or a server dies."""
     ctx.enter("client")
     assert ctx.layout and ctx.job_id
+    ctx.client_results_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     step = ctx.supervisor.start(
         "client",
         slurm.srun_argv(

@@ -19,6 +19,7 @@ from slurmgate.runtime.ledger.heartbeat import Heartbeat
 from slurmgate.runtime.ledger.records import (
     RECORD_NAME,
     NodeFailure,
+    NodeOutputs,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -28,7 +29,8 @@ from slurmgate.runtime.run.credentials import RunCredentials, SecretResolver
 from slurmgate.runtime.run.supervisor import CleanupReport, Supervisor
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.stepenv import step_env
-from slurmgate.settings.handed import inherited
+from slurmgate.settings.handed import NODE_OUTPUTS_ROOT, inherited
+from slurmgate.settings.runtime import OutputsSettings
 from slurmgate.slurm import commands as slurm
 
 
@@ -132,6 +134,11 @@ class RunContext:
     # Per deployment whose etcd and NATS serve other nodes: the run's own CA and certificates
     # (run/service_certs.py). Held here only: never in the record.
     service_pems: dict[str, ServicePems] = field(default_factory=dict, repr=False)
+    # What was collected from the nodes before cleanup (run/outputs.py), and how: the Prefect
+    # layer hands its own collector of a list of hosts (a retryable task per node).
+    outputs: list[NodeOutputs] = field(default_factory=list)
+    outputs_upload: str | None = None
+    collect_nodes: Callable[[list[str]], list[NodeOutputs]] | None = None
 
     @classmethod
     def open(
@@ -212,6 +219,17 @@ class RunContext:
     def client_reports_dir(self) -> Path:
         return self.run_dir / "client-reports"
 
+    @property
+    def outputs_dir(self) -> Path:
+        """Where the run's collected logs and results go: one folder per node, `steps` and
+        `client` (redacted and bounded: the copy to publish or upload)."""
+        return self.run_dir / "outputs"
+
+    @property
+    def client_results_dir(self) -> Path:
+        """The client's SLURMGATE_RESULTS_DIR, beside its reports; collected into outputs."""
+        return self.run_dir / "client-results"
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def log(self, message: str) -> None:
@@ -236,6 +254,9 @@ class RunContext:
             retry_of=self.retry_of,
             retried_as=self.retried_as,
             lane_served=dict(self.lane_served),
+            outputs_dir=str(self.outputs_dir) if self.outputs else None,
+            outputs=list(self.outputs),
+            outputs_upload=self.outputs_upload,
             steps=[StepRecord(**step) for step in self.supervisor.records()],
         )
 
@@ -260,6 +281,10 @@ class RunContext:
             "SLURMGATE_RUN_ID": self.run_id,
             "PYTHONUNBUFFERED": inherited().get("PYTHONUNBUFFERED", "1"),
         }
+        # where the lanes leave their logs and results on each node, when the operator chose
+        node_root = OutputsSettings.text("node_root")
+        if node_root:
+            named[NODE_OUTPUTS_ROOT] = node_root
         # slurm.environ adds the SLURM_CONF `slurmgate cluster up` recorded, when none is set:
         # srun needs it, and so does a step that runs Slurm commands itself.
         return step_env(slurm.environ(), {**named, **(extra or {})})
