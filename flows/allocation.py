@@ -26,6 +26,7 @@ from slurmgate.tasks.allocation import (
 )
 from slurmgate.tasks.hooks import run_site_hook
 from slurmgate.tasks.load_reports import publish_load_reports
+from slurmgate.tasks.outputs import node_collector, upload_outputs
 
 quiet_known_failures()
 
@@ -130,6 +131,7 @@ def allocation(
     recipe_file: str | None = None,
     local: bool = False,
     vllm_cpu: bool = False,
+    outputs_bucket: str | None = None,
 ) -> dict[str, Any]:
     """Run one allocation: preflight, launch, readiness, endpoints, client, cleanup; once
     more on a new allocation without the node, when one node failed it (node_failures.py).
@@ -140,6 +142,11 @@ def allocation(
     CPU stand-ins (as `slurmgate allocation run --recipe R --local`); with `vllm_cpu`, a plain
     vLLM recipe runs one real vLLM-CPU worker instead of Dynamo's mocker (`--vllm-cpu`; the
     worker's SLURMGATE_VLLM_PYTHON names the venv).
+
+    Before cleanup releases the allocation, every node's lane logs and results are collected
+    (redacted, each file bounded) into the run's `outputs/`; with `outputs_bucket`, the name
+    of a prefect-aws S3Bucket block (its AwsCredentials block holds the keys), they are also
+    uploaded under `<bucket folder>/<run id>/`. A failed upload keeps the local copy.
     """
     from prefect.runtime import flow_run
 
@@ -165,7 +172,7 @@ def allocation(
     def attempt(
         exclude: tuple[str, ...], retry_of: str | None
     ) -> tuple[AllocationRun, BaseException | None]:
-        return _attempt(spec, runs_dir, str(flow_run.id), exclude, retry_of)
+        return _attempt(spec, runs_dir, str(flow_run.id), exclude, retry_of, outputs_bucket)
 
     run = run_with_node_retry(attempt, node_retry)
     result = run.result()
@@ -179,6 +186,8 @@ def allocation(
         "hooks_failed": result.hooks_failed,
         "retry_of": run.retry_of,
         "excluded_nodes": list(run.excluded_nodes),
+        "outputs": str(run.context.outputs_dir) if run.context.outputs else None,
+        "outputs_upload": run.context.outputs_upload,
     }
 
 
@@ -188,6 +197,7 @@ def _attempt(
     flow_run_id: str,
     exclude: tuple[str, ...],
     retry_of: str | None,
+    outputs_bucket: str | None = None,
 ) -> tuple[AllocationRun, BaseException | None]:
     """One allocation, its phases as subflows, cleaned up once: the run and what failed it.
 
@@ -207,6 +217,8 @@ def _attempt(
     )
     registry.LIVE_RUNS[run.run_id] = run
     registry.RUNS_BY_FLOW_RUN[flow_run_id] = run.run_id
+    # each node's outputs through a retryable task, when cleanup collects them
+    run.context.collect_nodes = node_collector(run)
     again = f", again without {','.join(exclude)} (retry of {retry_of})" if retry_of else ""
     log(
         f"run {run.run_id}: {spec.total_nodes} node(s){again}; its record.json and one log per "
@@ -232,8 +244,12 @@ def _attempt(
         try:
             cleanup_phase(run.run_id)
         finally:
-            run.finish(failure)  # idempotent: settles the status, raises if cleanup failed
-            publish_record(run)
-            registry.LIVE_RUNS.pop(run.run_id, None)
-            registry.RUNS_BY_FLOW_RUN.pop(flow_run_id, None)
+            try:
+                run.finish(failure)  # idempotent: settles the status, raises if cleanup failed
+            finally:
+                if outputs_bucket:
+                    upload_outputs(run, outputs_bucket)  # never raises: the local copy stays
+                publish_record(run)
+                registry.LIVE_RUNS.pop(run.run_id, None)
+                registry.RUNS_BY_FLOW_RUN.pop(flow_run_id, None)
     return run, failure

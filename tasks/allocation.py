@@ -21,7 +21,7 @@ from slurmgate.errors import SlurmgateError
 from slurmgate.paths import default_runs_root
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.ledger.reaper import ReapTally, reap_all_users_from_env, reap_stale_runs
-from slurmgate.runtime.ledger.records import load_records
+from slurmgate.runtime.ledger.records import RunRecord, load_records
 from slurmgate.runtime.run.allocation_run import AllocationRun
 
 # Subflows get a run id; the live run (with its processes) stays in this process. The registry
@@ -138,6 +138,7 @@ def publish_record(run: AllocationRun) -> None:
     if rec.hooks:
         lines += ["", "| site hook | outcome |", "|---|---|"]
         lines += [f"| {name} | {outcome.describe()} |" for name, outcome in rec.hooks.items()]
+    lines += outputs_lines(rec)
     try:
         create_markdown_artifact(
             markdown=run.redact("\n".join(lines)),
@@ -147,6 +148,27 @@ def publish_record(run: AllocationRun) -> None:
     except Exception as exc:  # the record file stays the reaper's source; say it is missing here
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         warn(f"run {rec.run_id}: the allocation-record artifact was not published: {reason}")
+
+
+def outputs_lines(rec: RunRecord) -> list[str]:
+    """The record's collected outputs as markdown: a link to the folder (and the upload), then
+    one row per node."""
+    if not rec.outputs:
+        return []
+    lines = ["", f"## Logs and results: [{rec.outputs_dir}](file://{rec.outputs_dir})"]
+    if rec.outputs_upload and rec.outputs_upload.startswith("s3://"):
+        lines.append(f"- uploaded to [{rec.outputs_upload}]({rec.outputs_upload})")
+    elif rec.outputs_upload:
+        lines.append(f"- upload {rec.outputs_upload} (the local copy stays)")
+    lines += [
+        "",
+        "| node | status | files | cut to head and tail | folder |",
+        "|---|---|---|---|---|",
+    ]
+    for o in rec.outputs:
+        where = f"[{o.node}](file://{o.dir})" if o.dir else (o.error or "-")
+        lines.append(f"| {o.node} | {o.status} | {o.files} | {len(o.cut)} | {where} |")
+    return lines
 
 
 def endpoint_rows(metrics: dict[str, str]) -> list[dict[str, str]]:
