@@ -47,6 +47,13 @@ def allocation_run(
     dynamo_python: DynamoPythonOpt = None,
     vllm_cpu: VllmCpuOpt = False,
     vllm_python: VllmPythonOpt = None,
+    outputs_bucket: Annotated[
+        str | None,
+        typer.Option(
+            help="A prefect-aws S3Bucket block: upload the run's collected logs and results "
+            "there too (a failed upload keeps the local copy)."
+        ),
+    ] = None,
 ) -> None:
     """Run the allocation flow; exits non-zero when the run (or its cleanup) fails."""
     from slurmgate.cli import prefect_layer
@@ -89,7 +96,9 @@ def allocation_run(
     # ephemeral Prefect server instead of orphaning it.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        summary = prefect_layer.run_allocation(parsed, str(runs_dir) if runs_dir else None)
+        summary = prefect_layer.run_allocation(
+            parsed, str(runs_dir) if runs_dir else None, outputs_bucket
+        )
     except Exception as exc:
         raise fail(f"allocation run failed: {exc}", code=1) from None
     run_dir = Path(summary["record"]).parent
@@ -109,6 +118,12 @@ def allocation_run(
         f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}; "
         f"its step logs and record.json are in {run_dir}"
     )
+    if summary.get("outputs"):
+        upload = summary.get("outputs_upload")
+        typer.echo(
+            f"every node's logs and results: {summary['outputs']}"
+            + (f" (uploaded to {upload})" if upload and upload.startswith("s3://") else "")
+        )
 
 
 @app.command("reap", epilog="Example: slurmgate allocation reap")

@@ -61,13 +61,15 @@ def run_reconcile_tick(scope: GitHubScope) -> dict[str, Any]:
     )
 
 
-def run_allocation(spec: AllocationSpec, runs_dir: str | None) -> dict[str, Any]:
+def run_allocation(
+    spec: AllocationSpec, runs_dir: str | None, outputs_bucket: str | None = None
+) -> dict[str, Any]:
     """The `allocation` flow, in this process; raises when the run or its cleanup fails."""
     _prefect_settings()
     use_prefect_api()
     from slurmgate.flows.allocation import allocation
 
-    return allocation(spec=spec, runs_dir=runs_dir)
+    return allocation(spec=spec, runs_dir=runs_dir, outputs_bucket=outputs_bucket)
 
 
 def run_demo(options: DemoOptions) -> int:
