@@ -229,6 +229,20 @@ def test_release_step_always_runs_and_names_a_real_deployment() -> None:
     assert "--param job_id=" in release["run"]
 
 
+def test_logs_and_results_are_uploaded_from_the_runs_dir_whatever_the_run_did() -> None:
+    steps = load(REUSABLE)["jobs"]["benchmark"]["steps"]
+    run = next(s for s in steps if "slurmgate allocation run" in s.get("run", ""))
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()"
+    assert re.fullmatch(r"actions/upload-artifact@[0-9a-f]{40}", upload["uses"])  # pinned
+    runs_dir = re.search(r'--runs-dir "\$RUNNER_TEMP/([\w-]+)"', run["run"])
+    assert runs_dir, run["run"]
+    paths = upload["with"]["path"].splitlines()
+    assert f"${{{{ runner.temp }}}}/{runs_dir.group(1)}/*/outputs/" in paths
+    assert steps.index(run) < steps.index(upload) < len(steps) - 1  # the release stays last
+    assert '--outputs-bucket "$OUTPUTS_BUCKET"' in run["run"]
+
+
 def workflows_dir(tmp_path: Path) -> Path:
     """Both workflows as a repository holds them: `uses: ./.github/workflows/...` resolves."""
     workflows = tmp_path / ".github" / "workflows"
