@@ -128,9 +128,12 @@ def slurmctld_pid() -> Iterator[int]:
 
 
 def test_a_failed_cleanup_turns_a_successful_run_into_a_failure(
-    runs_root: Path, tmp_path: Path, slurmctld_pid: int
+    runs_root: Path, tmp_path: Path, slurmctld_pid: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through the CLI: exit 1, and the record says cleanup-failed although the client passed."""
+    # Cleanup's collection of the nodes' outputs cannot start a step either: each node's
+    # attempt runs out its limit, kept short here so the test's budget is Slurm's calls'.
+    monkeypatch.setenv("SLURMGATE_OUTPUTS_NODE_TIMEOUT_S", "5")
     spec = _spec_data(
         "frozen-ctld",
         ["python", "-c", FREEZING_CLIENT, str(slurmctld_pid)],
