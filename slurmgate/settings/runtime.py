@@ -64,7 +64,7 @@ class OutputsSettings(Part):
     node_timeout_s: float = variable(
         "SLURMGATE_OUTPUTS_NODE_TIMEOUT_S",
         "Seconds one node's collection may take (a dead node cannot hold up cleanup longer).",
-        60.0,
+        30.0,
         gt=0,
         le=3600,
     )

@@ -52,7 +52,7 @@ class CollectOptions:
 
     enabled: bool = True
     max_file_bytes: int = node_outputs.DEFAULT_MAX_FILE_BYTES
-    node_timeout_s: float = 60.0
+    node_timeout_s: float = 30.0
 
     @classmethod
     def from_env(cls) -> CollectOptions:
