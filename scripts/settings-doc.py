@@ -35,8 +35,9 @@ or a set are JSON. The admission knobs are also the fields of the admission poli
 (`slurmgate init`), which a deployment loads instead of the environment.
 
 Besides these, a step reads what the runtime hands it (`CUDA_VISIBLE_DEVICES`,
-`SLURMGATE_ENDPOINT_TOKEN`, `SLURMGATE_ENDPOINTS`, `SLURMGATE_RUN_REPORTS_DIR`, a stub lane's
-`SLURMGATE_STUB_*`: `slurmgate/settings/handed.py`), and a node worker reads the variables
+`SLURMGATE_ENDPOINT_TOKEN`, `SLURMGATE_ENDPOINTS`, `SLURMGATE_RUN_REPORTS_DIR`, the results and
+logs folders `SLURMGATE_RESULTS_DIR` and `SLURMGATE_LOGS_DIR` whose files the run collects, a
+stub lane's `SLURMGATE_STUB_*`: `slurmgate/settings/handed.py`), and a node worker reads the variables
 Slurm sets (`SLURM_PROCID`, `SLURMD_NODENAME`, ..., and `SLURM_CONF`: `slurmgate/slurm/jobenv.py`).
 """
 
