@@ -26,7 +26,7 @@ from slurmgate.tasks.allocation import (
 )
 from slurmgate.tasks.hooks import run_site_hook
 from slurmgate.tasks.load_reports import publish_load_reports
-from slurmgate.tasks.outputs import node_collector, upload_outputs
+from slurmgate.tasks.outputs import check_bucket_block, node_collector, upload_outputs
 
 quiet_known_failures()
 
@@ -167,6 +167,8 @@ def allocation(
             + (", on one vLLM-CPU worker (vllm_cpu)" if vllm_cpu else "")
             + (", with overrides" if overrides and not overrides.is_empty() else "")
         )
+    if outputs_bucket:
+        check_bucket_block(outputs_bucket)  # a typo fails now, not after the run
     node_retry = NodeRetry(log=log)
 
     def attempt(

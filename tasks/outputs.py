@@ -10,6 +10,7 @@ from prefect.context import FlowRunContext
 from prefect.runtime import task_run
 
 import slurmgate.tasks.allocation as registry
+from slurmgate.errors import InputError
 from slurmgate.runtime.ledger.records import NodeOutputs
 from slurmgate.runtime.redact import Redactor
 from slurmgate.runtime.run import outputs
@@ -34,11 +35,10 @@ def collect_node_outputs(run_id: str, host: str) -> NodeOutputs:
 def node_collector(run: AllocationRun) -> Callable[[list[str]], list[NodeOutputs]]:
     """What cleanup calls for the nodes: one retryable task per node, all at once. Outside a
     flow run (a crash hook's cleanup), the core's own loop does it."""
-    options = outputs.CollectOptions.from_env()
 
     def collect(hosts: list[str]) -> list[NodeOutputs]:
         if FlowRunContext.get() is None:
-            return outputs.collect_nodes(run.context, hosts, options)
+            return outputs.collect_nodes(run.context, hosts, outputs.CollectOptions.from_env())
         futures = {host: collect_node_outputs.submit(run.run_id, host) for host in hosts}
         got = []
         for host, future in futures.items():
@@ -50,6 +50,24 @@ def node_collector(run: AllocationRun) -> Callable[[list[str]], list[NodeOutputs
         return got
 
     return collect
+
+
+def check_bucket_block(name: str) -> None:
+    """Fail at once, in one line, when `outputs_bucket` cannot work: prefect-aws missing, or no
+    S3Bucket block of that name. (The store itself is reached only at the end of the run.)"""
+    try:
+        from prefect_aws.s3 import S3Bucket
+    except ImportError:
+        raise InputError(
+            "outputs_bucket: the S3 upload needs prefect-aws: pip install 'slurmgate[s3]'"
+        ) from None
+    try:
+        S3Bucket.load(name, _sync=True)  # type: ignore[call-arg]
+    except ValueError:
+        raise InputError(
+            f"outputs_bucket: no S3Bucket block named {name!r}; save one (README, Results out "
+            "to S3) or leave outputs_bucket empty"
+        ) from None
 
 
 def _bucket_secrets(bucket: Any) -> list[str]:

@@ -21,12 +21,18 @@ from prefect import flow
 from pydantic import SecretStr
 
 import slurmgate.tasks.allocation as registry
+from slurmgate.errors import InputError
 from slurmgate.runtime.ledger.records import NodeOutputs, RunRecord
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.steps import outputs as node_outputs
 from slurmgate.tasks.allocation import outputs_lines
-from slurmgate.tasks.outputs import COLLECT_RETRIES, node_collector, upload_outputs
+from slurmgate.tasks.outputs import (
+    COLLECT_RETRIES,
+    check_bucket_block,
+    node_collector,
+    upload_outputs,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "examples" / "specs" / "local-stub.yaml"
@@ -150,6 +156,9 @@ def test_outputs_upload_to_s3_and_a_failed_upload_keeps_the_local_copy(
     def upload(block: str) -> str | None:
         return upload_outputs(run, block)
 
+    check_bucket_block("sg-test-outputs")
+    with pytest.raises(InputError, match=r"^outputs_bucket: no S3Bucket block named 'sg-typo'"):
+        check_bucket_block("sg-typo")
     caplog.set_level(logging.DEBUG)
     url = upload("sg-test-outputs")
     assert url == f"s3://{BUCKET}/ci/{run.run_id}/"
