@@ -75,9 +75,17 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + exc.signum
     except (RunFailed, StepFailed, CleanupFailed, slurm.SlurmError) as exc:
         print(f"run {run.run_id} failed: {exc}", file=sys.stderr)
+        _say_outputs(run)
         return 1
     print(f"run {run.run_id} succeeded", file=sys.stderr)
+    _say_outputs(run)
     return 0
+
+
+def _say_outputs(run: AllocationRun) -> None:
+    """Where cleanup collected every node's logs and results (runtime/run/outputs.py)."""
+    if run.context.outputs:
+        print(f"run {run.run_id}: logs and results in {run.context.outputs_dir}", file=sys.stderr)
 
 
 if __name__ == "__main__":
