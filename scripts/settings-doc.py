@@ -37,8 +37,9 @@ or a set are JSON. The admission knobs are also the fields of the admission poli
 Besides these, a step reads what the runtime hands it (`CUDA_VISIBLE_DEVICES`,
 `SLURMGATE_ENDPOINT_TOKEN`, `SLURMGATE_ENDPOINTS`, `SLURMGATE_RUN_REPORTS_DIR`, the results and
 logs folders `SLURMGATE_RESULTS_DIR` and `SLURMGATE_LOGS_DIR` whose files the run collects, a
-stub lane's `SLURMGATE_STUB_*`: `slurmgate/settings/handed.py`), and a node worker reads the variables
-Slurm sets (`SLURM_PROCID`, `SLURMD_NODENAME`, ..., and `SLURM_CONF`: `slurmgate/slurm/jobenv.py`).
+stub lane's `SLURMGATE_STUB_*`: `slurmgate/settings/handed.py`), and a node worker reads the
+variables Slurm sets (`SLURM_PROCID`, `SLURMD_NODENAME`, ..., and `SLURM_CONF`:
+`slurmgate/slurm/jobenv.py`).
 """
 
 
