@@ -44,6 +44,9 @@ if "SLURMGATE_PREFECT_DB_TEMPLATE" not in os.environ:
 # Allocation run records, which every reconcile tick scans for crashed runs to reap: the suite
 # keeps its own, so a record left in the user's ~/.cache never reaches a test tick (or v.v.).
 _own_dir("SLURMGATE_RUNS_DIR", "slurmgate-runs-")
+# What node workers keep of their lanes' logs and results until a run collects them: the suite's
+# own folder, so a test's worker that is never collected leaves nothing in the node's /tmp.
+_own_dir("SLURMGATE_NODE_OUTPUTS_ROOT", "slurmgate-node-outputs-")
 
 
 def slurm_unavailable_reason() -> str | None:
