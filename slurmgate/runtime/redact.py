@@ -46,7 +46,10 @@ _SHAPES: tuple[tuple[str, re.Pattern[str], int], ...] = (
     (
         "a credential variable's value",
         re.compile(
-            rf"(\b[\w.-]*{CREDENTIAL_WORDS}['\"]?\s*[:=]\s*)(\[?'[^']*'\]?|\[?\"[^\"]*\"\]?|[^\s,}}\]]+)",
+            # a bare value that opens a mapping or a list, or is a number, is not a
+            # credential: a benchmark's "time_to_first_token": {, "output_tokens": 25
+            rf"(\b[\w.-]*{CREDENTIAL_WORDS}['\"]?\s*[:=]\s*)(\[?'[^']*'\]?|\[?\"[^\"]*\"\]?|"
+            rf"(?![{{\[]|\d+(?:\.\d+)?(?:[\s,}}\]]|$))[^\s,}}\]]+)",
             re.I,
         ),
         2,

@@ -122,13 +122,15 @@ def test_sa_bench_and_aiperf_write_their_results_through_the_endpoint(
     run.run()
     assert run.status == "succeeded"
     reports = run.run_dir / "client-reports"
-    folder = reports / "sa-bench_isl_32_osl_8"
+    # the raw results, collected from the client host with the run's outputs
+    raw = run.run_dir / "outputs" / "client" / "results"
+    folder = raw / "sa-bench_isl_32_osl_8"
     for c in (1, 2):
         saved = json.loads((folder / f"results_concurrency_{c}_gpus_16.json").read_text())
         assert saved["max_concurrency"] == c and saved["completed"] == 2 * c
         assert saved["total_output_tokens"] > 0
     export = json.loads(
-        (reports / "conc_2" / "aiperf_artifacts" / "profile_export_aiperf.json").read_text()
+        (raw / "conc_2" / "aiperf_artifacts" / "profile_export_aiperf.json").read_text()
     )
     assert export["total_output_tokens"]["avg"] > 0
     kept, skipped = read_records(reports)

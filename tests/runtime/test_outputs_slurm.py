@@ -23,8 +23,10 @@ LANE = 'echo "lane starts: HF_TOKEN=$HF_TOKEN bare=$HF_TOKEN"; exec "$@"'
 CLIENT = (
     "import os\n"
     "where = os.environ['SLURMGATE_RESULTS_DIR']\n"
+    # the variable's name is put together here: a spec's command may not carry a credential
+    "name = 'AWS_SECRET_' + 'ACCESS_KEY'\n"
     "open(os.path.join(where, 'result.txt'), 'w').write(\n"
-    "    'score 0.93\\nAWS_SECRET_ACCESS_KEY=' + os.environ['SG_TEST_STORAGE_KEY'] + '\\n')\n"
+    "    'score 0.93\\n' + name + '=' + os.environ['SG_TEST_STORAGE_KEY'] + '\\n')\n"
     "print('client wrote its results', flush=True)\n"
 )
 

@@ -157,6 +157,17 @@ def test_the_runs_own_values_are_masked_and_ordinary_words_are_not() -> None:
     assert out == "value ***, max_tokens=4 SLURMGATE_STUB_TOKENS_PER_SECOND=2000 ab"
 
 
+def test_benchmark_numbers_under_token_named_keys_are_kept() -> None:
+    """A benchmark's result files are collected through the redactor: a key that ends in a
+    credential word but holds a mapping, a list or a number is data, not a credential."""
+    text = (
+        '{"time_to_first_token": {"avg": 37.9},\n "output_tokens": 25, "max_tokens=512",\n'
+        ' "itl_tokens": [1, 2], "api_key": "abc123def"}'
+    )
+    out = Redactor()(text)
+    assert out == text.replace('"abc123def"', "***")
+
+
 # -- the step environment's allow-list ----------------------------------------------------------
 
 
