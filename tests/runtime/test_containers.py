@@ -113,6 +113,11 @@ def test_pyxis_flags_are_srt_slurms_with_slurmgates_code_read_only() -> None:
     ]
     argv = containers.worker_command(c, "serve")
     assert argv[0] == "python3" and argv[-3:] == ["serve", "--spec", "-"]
+    # in a run, the run's node-local outputs folder too, at its own path: the lanes' logs
+    outputs = containers.outputs_mount("sg-run-1").source
+    assert outputs.endswith("/sg-run-1")
+    mounts = containers.pyxis_flags(c, "sg-run-1")[3]
+    assert mounts.endswith(f",{code.source}:/slurmgate/slurmgate:ro,{outputs}:{outputs}")
 
 
 def test_the_node_worker_starts_from_the_mounted_code_under_a_bare_python(tmp_path: Path) -> None:
@@ -178,6 +183,15 @@ def test_the_runs_bundle_binds_the_images_top_level_and_adds_the_mounts(tmp_path
     assert mounts[5] == {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": []}
     assert made["root"] == {"path": "rootfs", "readonly": True}
     assert made["process"]["cwd"] == "/tmp" and made["process"]["terminal"] is False
+    containers.write_oci_bundle(c, where, "sg-run-1")
+    made = json.loads((where / "config.json").read_text())
+    outputs = containers.outputs_mount("sg-run-1").source
+    assert made["mounts"][-1] == {
+        "destination": outputs,
+        "type": "bind",
+        "source": outputs,
+        "options": ["rbind"],
+    }
     # a writable image root gives writable binds, as the image's own bundle would
     containers.write_oci_bundle(ContainerSpec(image=str(_image(tmp_path / "rw", False))), where)
     made = json.loads((where / "config.json").read_text())

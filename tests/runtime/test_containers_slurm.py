@@ -177,6 +177,9 @@ def test_lanes_serve_from_an_oci_bundle_in_their_own_mount_namespace(
     # the setup script ran in each serving node's container, its output in the step's log
     ran = set(re.findall(r"setup ran on (\S+) in /tmp", step_log))
     assert ran == set(hosts[1:]), step_log[-3000:]
+    # the lanes' logs, written in the containers, were collected from the nodes
+    collected = sorted((run.run_dir / "outputs").glob("*/logs/*.log"))
+    assert {p.parent.parent.name for p in collected} == set(hosts[1:]), collected
     client_log = sorted(run.run_dir.glob("*-client.log"))[-1].read_text()
     assert "client: 3 completions through" in client_log
     # the serve step's srun named the run's bundle, whose rootfs is the image's

@@ -19,6 +19,7 @@ from typing import Any
 import slurmgate
 from slurmgate.errors import InputError
 from slurmgate.runtime.spec.container import ContainerSpec, Mount
+from slurmgate.runtime.steps import outputs as node_outputs
 from slurmgate.runtime.steps.in_container import ContainerNeeds
 
 # Where slurmgate's own code is mounted, read-only, for the node worker inside.
@@ -44,6 +45,22 @@ def code_mount() -> Mount:
     return Mount(str(package), f"{CODE_MOUNT}/slurmgate", ("ro",))
 
 
+def outputs_mount(run_id: str) -> Mount:
+    """The run's node-local outputs folder at its own path inside, so that the lanes' logs and
+    results the node worker writes there in the container are on the node for collection.
+    The path is the node worker's (`steps.outputs`), as the controller's environment gives it;
+    the preflight step makes it on each node before the container starts."""
+    return Mount(os.path.join(node_outputs.outputs_root(), run_id), "", ())
+
+
+def _run_mounts(run_id: str | None) -> list[Mount]:
+    """What every container of a run gets besides the spec's: slurmgate's code, the outputs."""
+    if run_id is None:
+        return [code_mount()]
+    out = outputs_mount(run_id)
+    return [code_mount(), Mount(out.source, out.source)]
+
+
 def worker_command(c: ContainerSpec, mode: str) -> list[str]:
     """The node worker's argv inside the container, under the image's Python."""
     return [c.python, "-c", _BOOT.format(root=CODE_MOUNT), mode, "--spec", "-"]
@@ -60,9 +77,9 @@ def needs(c: ContainerSpec, bundle: str | None) -> ContainerNeeds:
     )
 
 
-def pyxis_flags(c: ContainerSpec) -> list[str]:
+def pyxis_flags(c: ContainerSpec, run_id: str | None = None) -> list[str]:
     """The srun flags of a pyxis container, as srt-slurm gives them."""
-    mounts = [*c.parsed_mounts, code_mount()]
+    mounts = [*c.parsed_mounts, *_run_mounts(run_id)]
     flags = [f"--container-image={c.image}", "--no-container-entrypoint"]
     flags.append("--container-mount-home" if c.mount_home else "--no-container-mount-home")
     flags.append("--container-mounts=" + ",".join(m.render() for m in mounts))
@@ -73,12 +90,12 @@ def pyxis_flags(c: ContainerSpec) -> list[str]:
     return flags
 
 
-def srun_flags(c: ContainerSpec, bundle: str | None) -> list[str]:
+def srun_flags(c: ContainerSpec, bundle: str | None, run_id: str | None = None) -> list[str]:
     """The srun flags that put a step in the deployment's container."""
     if c.resolved_runtime == "oci":
         assert bundle is not None
         return [f"--container={bundle}"]
-    return pyxis_flags(c)
+    return pyxis_flags(c, run_id)
 
 
 def _oci_mount(m: Mount) -> dict[str, Any]:
@@ -137,7 +154,7 @@ def _image_entries(rootfs: Path, run_root: Path, readonly: bool) -> list[Mount]:
     return binds
 
 
-def write_oci_bundle(c: ContainerSpec, where: Path) -> str:
+def write_oci_bundle(c: ContainerSpec, where: Path, run_id: str | None = None) -> str:
     """The run's bundle under `where`: the image's config with the spec's mounts and slurmgate's
     code added and the workdir set, over a rootfs of bind mounts of the image's top level.
 
@@ -157,7 +174,7 @@ def write_oci_bundle(c: ContainerSpec, where: Path) -> str:
     config["mounts"] = [
         *(_oci_mount(m) for m in binds),
         *config["mounts"],
-        *(_oci_mount(m) for m in [*c.parsed_mounts, code_mount()]),
+        *(_oci_mount(m) for m in [*c.parsed_mounts, *_run_mounts(run_id)]),
     ]
     process = config["process"]
     process["terminal"] = False  # srun hands the task's stdin and output through

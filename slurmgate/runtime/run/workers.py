@@ -77,7 +77,7 @@ def oci_bundle(ctx: RunContext, dspec: DeploymentSpec) -> str | None:
     where = ctx.run_dir / "oci" / dspec.name
     if (where / "config.json").is_file():
         return str(where)  # written by this run's preflight
-    return containers.write_oci_bundle(c, where)
+    return containers.write_oci_bundle(c, where, ctx.run_id)
 
 
 def container_needs(ctx: RunContext, dspec: DeploymentSpec) -> ContainerNeeds | None:
@@ -149,7 +149,8 @@ def _worker_command(
     if c is None:
         return [ctx.python, "-m", "slurmgate.runtime.steps.node_worker", mode, "--spec", "-"], []
     assert dspec is not None
-    return containers.worker_command(c, mode), containers.srun_flags(c, oci_bundle(ctx, dspec))
+    flags = containers.srun_flags(c, oci_bundle(ctx, dspec), ctx.run_id)
+    return containers.worker_command(c, mode), flags
 
 
 def client_worker_spec(ctx: RunContext) -> WorkerSpec:
@@ -177,7 +178,24 @@ def client_worker_spec(ctx: RunContext) -> WorkerSpec:
                 address=ctx.layout.address(ctx.plan.client_node),
             )
         ],
+        container=_frontend_containers(ctx),
     )
+
+
+def _frontend_containers(ctx: RunContext) -> ContainerNeeds | None:
+    """What the client host's preflight checks for the frontends that run in a container:
+    each container's image, bundle and mount sources, and the run's outputs folder it mounts."""
+    needs = [
+        container_needs(ctx, dspec)
+        for dspec in ctx.spec.deployments
+        if dspec.container is not None and dspec.frontend is not None
+    ]
+    if not needs:
+        return None
+    found = [n for n in needs if n is not None]
+    paths = [p for n in found for p in n.host_paths]
+    # no setup script on the client host: it prepares the workers' nodes
+    return ContainerNeeds(runtime=found[0].runtime, host_paths=list(dict.fromkeys(paths)))
 
 
 def worker_argv(

@@ -342,6 +342,8 @@ def preflight(spec: WorkerSpec, *, on_host: bool = False) -> NodeSpec:
     paths (paths inside the container) by the serve step's own preflight in there."""
     node = select_node(spec)
     if spec.container and on_host:
+        # the container mounts the run's outputs folder from the node: it must exist there
+        outputs.prepare(spec.run_id, node.host)
         missing = in_container.missing_host_path(spec.container)
         if missing is not None:
             raise PreflightFailed(
