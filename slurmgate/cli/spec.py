@@ -46,6 +46,14 @@ WorkspaceOpt = Annotated[
         show_default=False,
     ),
 ]
+ConcOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The job-mix row's concurrencies (InferenceX's CONC_LIST, e.g. 4x8): an agentic "
+        "recipe without CONC of its own replays at these, as InferenceX hands them to it.",
+        show_default=False,
+    ),
+]
 ModelDirOpt = Annotated[
     str | None,
     typer.Option(
@@ -99,6 +107,7 @@ def load_recipe_spec(
     containers: list[str] | None = None,
     workspace: str | None = None,
     model_dir: str | None = None,
+    conc: str | None = None,
 ) -> RecipeSpec:
     """The recipe's spec (with `local`, mapped onto the bundled cluster; with `vllm_cpu`, a
     plain vLLM recipe on one vLLM-CPU worker), its reported keys said on stderr; or a one-line
@@ -121,7 +130,7 @@ def load_recipe_spec(
                     f"--container: {pair!r} is not ALIAS=IMAGE (dynamo-sglang=/x.sqsh)"
                 )
             aliases[alias] = image
-        site = Site(containers=aliases, workspace=workspace, model_dir=model_dir)
+        site = Site(containers=aliases, workspace=workspace, model_dir=model_dir, conc=conc)
         built = spec_from_recipe(recipe, model=model, site=site)
         if local:
             settings = LocalClusterSettings()
@@ -156,6 +165,7 @@ def from_recipe(
     container: ContainerAliasOpt = None,
     workspace: WorkspaceOpt = None,
     model_dir: ModelDirOpt = None,
+    conc: ConcOpt = None,
 ) -> None:
     """Print the allocation spec of an srt-slurm recipe as YAML."""
     built = load_recipe_spec(
@@ -168,6 +178,7 @@ def from_recipe(
         containers=container,
         workspace=workspace,
         model_dir=model_dir,
+        conc=conc,
     )
     typer.echo(built.yaml(str(recipe)), nl=False)
     if not built.spec.deployments:

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurmgate.runtime.spec.from_recipe import spec_from_recipe
+import pytest
+
+from slurmgate.errors import InputError
+from slurmgate.runtime.spec.from_recipe import Site, spec_from_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
@@ -63,6 +66,16 @@ def test_an_agentic_row_without_its_concurrencies_gets_the_smoke_load_and_says_w
     how = reported(built, "benchmark")
     assert how.startswith("the agentic replay's concurrencies (CONC_LIST or CONC) come from")
     assert how.endswith("the client sends a short slurmgate loadgen --chat smoke load")
+
+
+def test_the_rows_concurrencies_run_an_agentic_recipe_that_has_none() -> None:
+    """InferenceX hands its agentic script the matrix row's CONC_LIST: --conc does the same."""
+    built = spec_from_recipe(NO_CONC, site=Site(conc="4x8"))
+    (script,) = built.spec.client.command[2:]
+    assert "bench aiperf" in script and "--concurrencies 4x8" in script, script
+    for bad in ("0x4", "four", "4x" + "x".join(["1"] * 40)):
+        with pytest.raises(InputError, match=r"^--conc: .* is not a list of positive"):
+            spec_from_recipe(NO_CONC, site=Site(conc=bad))
 
 
 def test_the_recipes_own_command_runs_as_written_where_its_workspace_is_mounted(

@@ -261,6 +261,8 @@ class Site:
     containers: Mapping[str, str] = field(default_factory=dict)
     workspace: str | None = None
     model_dir: str | None = None
+    # the job-mix row's concurrencies (InferenceX's CONC_LIST), for an agentic recipe without
+    conc: str | None = None
 
 
 def spec_from_recipe(
@@ -373,7 +375,7 @@ def spec_from_data(
         "schema_version": 1,
         "name": deployment["name"],
         "gpus_per_node": gpn,
-        "client": {"command": _client(r, b, str(served), model_path)},
+        "client": {"command": _client(r, b, str(served), model_path, (site or Site()).conc)},
         "deployments": [deployment],
     }
     slurm = _section(r, "slurm", source)
@@ -711,9 +713,14 @@ REPORTED_FRONTEND = (
 )
 
 
-def _client(r: Mapping[str, Any], b: _Build, served: str, tokenizer: str) -> list[str]:
+def _client(
+    r: Mapping[str, Any], b: _Build, served: str, tokenizer: str, conc: str | None
+) -> list[str]:
     """The client's command (`recipe_client`), its benchmark reported with how it runs."""
-    command, how = recipe_client.client_command(r, served, tokenizer)
+    try:
+        command, how = recipe_client.client_command(r, served, tokenizer, conc)
+    except ValueError as exc:
+        raise RecipeRefused(f"--conc: {exc}") from None
     b.report("benchmark", how)
     return command
 

@@ -27,12 +27,21 @@ SMOKE = "the client sends a short slurmgate loadgen --chat smoke load"
 _BENCH = 'exec python -m slurmgate.cli bench {tool} "${{OPENAI_BASE_URL%/v1}}" {args}'
 
 
-def client_command(r: Mapping[str, Any], served: str, tokenizer: str) -> tuple[list[str], str]:
+def client_command(
+    r: Mapping[str, Any], served: str, tokenizer: str, conc: str | None = None
+) -> tuple[list[str], str]:
     """The recipe's own benchmark tool when slurmgate runs it (`slurmgate bench`), else a
-    `slurmgate loadgen --chat` smoke load; and how the benchmark runs, for the report."""
+    `slurmgate loadgen --chat` smoke load; and how the benchmark runs, for the report.
+
+    `conc` is the job-mix row's concurrencies (InferenceX's CONC_LIST, `4x8`), which an agentic
+    recipe without its own takes, as InferenceX hands them to its script."""
     bench = r.get("benchmark") or {}
     if not isinstance(bench, dict):
         bench = {}
+    given = bench.get("env")
+    env: dict[str, Any] = given if isinstance(given, dict) else {}
+    if conc and not (env.get("CONC_LIST") or env.get("CONC")):
+        bench = {**bench, "env": {**env, "CONC_LIST": " ".join(concurrency_words(conc))}}
     kind = bench.get("type")
     if kind == "sa-bench":
         why_not = _sa_bench_unsupported(bench)
@@ -48,6 +57,15 @@ def client_command(r: Mapping[str, Any], served: str, tokenizer: str) -> tuple[l
             "sa-bench and InferenceX's agentic AIPerf replay only"
         )
     return _loadgen(bench, served), f"{why_not}; {SMOKE}"
+
+
+def concurrency_words(conc: str) -> list[str]:
+    """`4x8`, `4 8` or `4,8` as the concurrencies' words; ValueError names a bad one."""
+    words = [w for w in conc.replace("x", " ").replace(",", " ").split() if w]
+    if not words or len(words) > 32 or not all(w.isascii() and w.isdigit() and int(w) > 0
+                                               for w in words):  # fmt: skip
+        raise ValueError(f"{conc!r} is not a list of positive concurrencies (4x8)")
+    return words
 
 
 def _sa_bench_unsupported(bench: Mapping[str, Any]) -> str | None:
