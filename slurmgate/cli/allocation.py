@@ -10,7 +10,13 @@ from typing import Annotated
 import typer
 
 from slurmgate.cli.common import fail
-from slurmgate.cli.spec import DynamoPythonOpt, LocalOpt, VllmCpuOpt, VllmPythonOpt
+from slurmgate.cli.spec import (
+    DynamoPythonOpt,
+    LocalBenchOpt,
+    LocalOpt,
+    VllmCpuOpt,
+    VllmPythonOpt,
+)
 
 app = typer.Typer(
     help="Run an allocation spec through Prefect, or reap what a killed run left behind.",
@@ -47,6 +53,7 @@ def allocation_run(
     dynamo_python: DynamoPythonOpt = None,
     vllm_cpu: VllmCpuOpt = False,
     vllm_python: VllmPythonOpt = None,
+    bench: LocalBenchOpt = False,
     outputs_bucket: Annotated[
         str | None,
         typer.Option(
@@ -77,6 +84,7 @@ def allocation_run(
             dynamo_python=dynamo_python,
             vllm_cpu=vllm_cpu,
             vllm_python=vllm_python,
+            bench=bench,
         )
         parsed = built.spec
     else:

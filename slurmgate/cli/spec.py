@@ -69,6 +69,14 @@ LocalOpt = Annotated[
         "fit, its frontend kept, CPU stand-ins for the engines; every change is reported.",
     ),
 ]
+LocalBenchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--bench",
+        help="With --local, for a recipe whose benchmark is sa-bench: run srt-slurm's sa-bench "
+        "client, scaled down, with the stand-in's tiny tokenizer, instead of three chats.",
+    ),
+]
 DynamoPythonOpt = Annotated[
     str | None,
     typer.Option(
@@ -108,6 +116,7 @@ def load_recipe_spec(
     workspace: str | None = None,
     model_dir: str | None = None,
     conc: str | None = None,
+    bench: bool = False,
 ) -> RecipeSpec:
     """The recipe's spec (with `local`, mapped onto the bundled cluster; with `vllm_cpu`, a
     plain vLLM recipe on one vLLM-CPU worker), its reported keys said on stderr; or a one-line
@@ -120,6 +129,8 @@ def load_recipe_spec(
     try:
         if vllm_python is not None and not vllm_cpu:
             raise InputError("--vllm-python: names the python --vllm-cpu runs: add --vllm-cpu")
+        if bench and not local:
+            raise InputError("--bench: scales a recipe's sa-bench for the stand-ins: add --local")
         if vllm_cpu and not local:
             raise InputError("--vllm-cpu: a stand-in on the bundled cluster: add --local")
         aliases = {}
@@ -139,6 +150,7 @@ def load_recipe_spec(
                 dynamo_python=dynamo_python or settings.dynamo_python,
                 vllm_python=(vllm_python or settings.vllm_python) if vllm_cpu else None,
                 source=str(recipe),
+                bench=bench,
             )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -166,6 +178,7 @@ def from_recipe(
     workspace: WorkspaceOpt = None,
     model_dir: ModelDirOpt = None,
     conc: ConcOpt = None,
+    bench: LocalBenchOpt = False,
 ) -> None:
     """Print the allocation spec of an srt-slurm recipe as YAML."""
     built = load_recipe_spec(
@@ -179,6 +192,7 @@ def from_recipe(
         workspace=workspace,
         model_dir=model_dir,
         conc=conc,
+        bench=bench,
     )
     typer.echo(built.yaml(str(recipe)), nl=False)
     if not built.spec.deployments:

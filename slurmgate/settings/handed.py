@@ -28,6 +28,8 @@ CLIENT_REPORTS_DIR = "SLURMGATE_RUN_REPORTS_DIR"
 RESULTS_DIR = "SLURMGATE_RESULTS_DIR"
 """Where a lane or the client writes the files the run collects as its results (one folder per
 node); `slurmgate bench` writes the benchmark tools' raw results there (else the reports dir)."""
+STAND_IN_MODEL_DIR = "SLURMGATE_STAND_IN_MODEL_DIR"
+"""The model directory the first deployment's stand-in loads: a benchmark client's tokenizer."""
 LOGS_DIR = "SLURMGATE_LOGS_DIR"
 """Where a lane may write log files of its own beside the log the node worker keeps of it."""
 NODE_OUTPUTS_ROOT = "SLURMGATE_NODE_OUTPUTS_ROOT"

@@ -353,3 +353,27 @@ def test_the_cli_flags_run_plain_vllm_on_vllm_cpu_and_refuse_it_elsewhere(
         assert done.exit_code == 2 and words in done.stderr, (args, done.stderr)
     alone = cli.invoke(app, ["allocation", "run", str(tmp_path / "spec.yaml"), "--vllm-cpu"])
     assert alone.exit_code == 2 and "--vllm-cpu maps a plain vLLM recipe" in alone.stderr
+
+
+SA_BENCH_RECIPE = (
+    Path(__file__).resolve().parents[2]
+    / "tests/data/srt-slurm-recipes/trtllm/h200/8k1k/stp/c8_ctx1_gen6_tep8_batch16_eplb0_mtp0.yaml"
+)
+
+
+def test_bench_runs_the_recipes_sa_bench_scaled_for_the_stand_ins() -> None:
+    built = spec_from_recipe(SA_BENCH_RECIPE)
+    local = localize(built, dynamo_python=PYTHON, bench=True)
+    (script,) = local.spec.client.command[2:]
+    name = local.spec.deployments[0].name
+    assert script == (
+        'exec python -m slurmgate.cli bench sa-bench "${OPENAI_BASE_URL%/v1}" '
+        f'--model {name} --tokenizer "$SLURMGATE_STAND_IN_MODEL_DIR" --isl 64 --osl 16 '
+        # the recipe's concurrency 48, capped at 4; its GPU counts name the result files
+        "--concurrencies 4 --num-prompts-mult 2 --num-warmup-mult 0 --gpus 56 "
+        "--prefill-gpus 8 --decode-gpus 48 --disaggregated"
+    )
+    assert any(r.key == "client" and "sa-bench, scaled down" in r.how for r in local.reported)
+    # without --bench, and for a recipe whose client is no sa-bench, the three chats stay
+    plain = localize(built, dynamo_python=PYTHON)
+    assert plain.spec.client.command[:2] == ["python", "-c"]

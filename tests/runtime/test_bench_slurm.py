@@ -22,6 +22,8 @@ from slurmgate.runtime.results.records import read_records
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
+from slurmgate.runtime.spec.from_recipe import spec_from_recipe
+from slurmgate.runtime.spec.local_recipe import localize
 
 from .test_bench_tools import AIPERF, SABENCH_PYTHON, weka_traces
 from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL
@@ -192,3 +194,26 @@ def test_a_deployment_that_answers_errors_fails_the_run_with_sa_benchs_reason(
     message = str(info.value)
     assert "client" in message and "Initial test run failed" in message, message[-3000:]
     assert run.cleaned and run.status == "failed"
+
+
+def test_a_local_recipe_run_benchmarks_its_stand_ins_with_the_recipes_sa_bench(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`allocation run --recipe R --local --bench`: the recipe's own sa-bench, scaled down,
+    through Dynamo's frontend over the mockers, with the stand-in's tiny tokenizer."""
+    _tools_or_skip()
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    recipe = (
+        REPO / "tests/data/srt-slurm-recipes/trtllm/h200/8k1k/stp"
+        / "c8_ctx1_gen6_tep8_batch16_eplb0_mtp0.yaml"
+    )  # fmt: skip
+    local = localize(spec_from_recipe(recipe), dynamo_python=str(DYNAMO_PYTHON), bench=True)
+    run = AllocationRun(local.spec, runs_root=runs_root)
+    run.run()
+    assert run.status == "succeeded"
+    raw = run.run_dir / "outputs" / "client" / "results" / "sa-bench_isl_64_osl_16"
+    saved = json.loads((raw / "results_concurrency_4_gpus_56_ctx_8_gen_48.json").read_text())
+    assert saved["completed"] == 8 and saved["total_output_tokens"] > 0
+    kept, _ = read_records(run.run_dir / "client-reports")
+    assert [(r.tool, r.concurrency, r.measured_via) for r in kept] == [("sa-bench", 4, "slurmgate")]

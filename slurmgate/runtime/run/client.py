@@ -12,6 +12,7 @@ import httpx
 
 from slurmgate.runtime.engines import layout as layout_mod
 from slurmgate.runtime.engines import mocker
+from slurmgate.runtime.run import stand_ins
 from slurmgate.runtime.run.endpoints import token_env
 from slurmgate.runtime.run.probes import ProbeOpener
 from slurmgate.runtime.run.state import RunContext, RunFailed
@@ -112,6 +113,12 @@ def client_env(ctx: RunContext) -> dict[str, str]:
     env[CLIENT_REPORTS_ENV] = str(ctx.client_reports_dir)
     # the files the client wants kept: collected, masked and bounded, into <run>/outputs/client
     env[handed.RESULTS_DIR] = str(ctx.client_results_dir)
+    # a stand-in's tiny model: its tokenizer is the one a benchmark client must count with
+    for dspec in ctx.spec.deployments:
+        model = stand_ins.model_dir(ctx, dspec)
+        if model is not None:
+            env[handed.STAND_IN_MODEL_DIR] = model
+            break
     env.update(ctx.credentials.client_env)
     env.update(token_env(ctx))
     return env

