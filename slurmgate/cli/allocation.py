@@ -122,16 +122,17 @@ def allocation_run(
             f"node failure: run {summary['retry_of']} failed on node {excluded}; "
             f"retried once without it (its record.json names the reason)"
         )
-    typer.echo(
-        f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}; "
-        f"its step logs and record.json are in {run_dir}"
-    )
     if summary.get("outputs"):
         upload = summary.get("outputs_upload")
         typer.echo(
             f"every node's logs and results: {summary['outputs']}"
             + (f" (uploaded to {upload})" if upload and upload.startswith("s3://") else "")
         )
+    # the last line says how the run ended
+    typer.echo(
+        f"run {summary['run_id']} succeeded on {','.join(summary['hosts'])}; "
+        f"its step logs and record.json are in {run_dir}"
+    )
 
 
 @app.command("reap", epilog="Example: slurmgate allocation reap")

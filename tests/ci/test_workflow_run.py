@@ -11,6 +11,7 @@ a server others reach) and the bundled Slurm cluster; slurmgate comes from the b
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -73,6 +74,8 @@ class JobRun:
     path_dirs: list[str] = field(default_factory=list)
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)
     logs: dict[str, str] = field(default_factory=dict)
+    # what an upload-artifact step would upload: its path patterns, matched after the steps
+    uploaded: list[str] = field(default_factory=list)
 
     def run(self, job: dict[str, Any]) -> bool:
         """Every step in order; after a failure only `if: always()` steps run. True if all
@@ -82,9 +85,16 @@ class JobRun:
             name = step.get("name") or step.get("uses") or f"step {index}"
             if "uses" in step:
                 action = step["uses"].split("@")[0]
-                assert action in ("actions/checkout", "actions/setup-python"), action
+                known = ("actions/checkout", "actions/setup-python", "actions/upload-artifact")
+                assert action in known, action
                 if action == "actions/checkout":  # the workspace is the checkout
                     assert step["with"]["persist-credentials"] is False
+                if action == "actions/upload-artifact":  # GitHub's; what its paths match
+                    assert step.get("if") == "always()", step
+                    temp = self.base_env["RUNNER_TEMP"]
+                    for pattern in step["with"]["path"].split():
+                        pattern = pattern.replace("${{ runner.temp }}", temp)
+                        self.uploaded += sorted(glob.glob(pattern))
                 continue
             if failed and step.get("if") != "always()":
                 continue
@@ -226,6 +236,7 @@ def test_the_workflows_run_as_github_runs_them_in_a_users_repository(site: Site)
         "vars.NODE_SLOT_SCHEDULER_ENABLED": "true",
         "vars.SLURMGATE_VENV": str(site.bindir.parent),
         "vars.PREFECT_API_URL": site.server.api_url,
+        "vars.SLURMGATE_OUTPUTS_BUCKET": "",
         "secrets.PREFECT_API_AUTH_STRING": AUTH,
         "github.token": emu.token,
     }
@@ -282,6 +293,9 @@ def test_the_workflows_run_as_github_runs_them_in_a_users_repository(site: Site)
         assert ok, {name: log[-3000:] for name, log in bench.logs.items()}
         assert bench.outputs["job"]["id"] == str(queued["id"])
         assert "succeeded" in bench.logs["Run the allocation"], bench.logs["Run the allocation"]
+        # the upload step finds the run's collected outputs and its record
+        assert any(p.endswith("/outputs/") for p in bench.uploaded), bench.uploaded
+        assert any(p.endswith("/record.json") for p in bench.uploaded), bench.uploaded
         runners = [r for r in emu.admin.dump()["runners"] if POOL in json.dumps(r)]
         leased = [r["name"] for r in runners if "ci-lease-" in json.dumps(r["labels"])]
         assert leased, "the tick leased no runner"

@@ -115,10 +115,11 @@ def _spec(name: str, bundle: Path, setup: Path, client: str) -> AllocationSpec:
                         "image": str(bundle),
                         # the project's Python and code at the same path inside, a private
                         # /tmp for the lanes, and the setup script's folder
+                        # the tmpfs first: the project may live under /tmp (a CI clone)
                         "mounts": [
+                            "tmpfs:/tmp",
                             f"{REPO}:{REPO}:ro",
                             *_python_mounts(),
-                            "tmpfs:/tmp",
                             f"{setup.parent}:/setup:ro",
                         ],
                         "setup_script": f"/setup/{setup.name}",

@@ -283,6 +283,10 @@ def collect_all(ctx: RunContext, options: CollectOptions | None = None) -> list[
     # the unredacted originals of the client's results go; the masked copy stays
     shutil.rmtree(ctx.client_results_dir, ignore_errors=True)
     hosts = list(dict.fromkeys(ctx.layout.hosts)) if ctx.layout and ctx.job_id else []
+    # before the launch only preflights ran on the nodes: no lane wrote anything there, and a
+    # run that failed its preflight (a Python missing on the nodes) could not collect anyway
+    if not ctx.launched_at:
+        hosts = []
     if hosts:
         collect = ctx.collect_nodes or (lambda h: collect_nodes(ctx, h, options))
         try:
