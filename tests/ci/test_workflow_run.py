@@ -92,7 +92,7 @@ class JobRun:
                 if action == "actions/upload-artifact":  # GitHub's; what its paths match
                     assert step.get("if") == "always()", step
                     temp = self.base_env["RUNNER_TEMP"]
-                    for pattern in step["with"]["path"].split():
+                    for pattern in step["with"]["path"].splitlines():
                         pattern = pattern.replace("${{ runner.temp }}", temp)
                         self.uploaded += sorted(glob.glob(pattern))
                 continue
