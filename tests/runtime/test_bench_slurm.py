@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from slurmgate.runtime.spec.from_recipe import spec_from_recipe
 from slurmgate.runtime.spec.local_recipe import localize
 
 from .test_bench_tools import AIPERF, SABENCH_PYTHON, weka_traces
-from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL
+from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL, write_tiny_model
 
 pytestmark = pytest.mark.slurm
 
@@ -40,15 +39,7 @@ def _tools_or_skip() -> None:
 
 
 def _tiny_model(where: Path) -> Path:
-    subprocess.run(
-        [str(DYNAMO_PYTHON), "-m", "slurmgate.testbed.tiny_hf", str(where)],
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return where
+    return write_tiny_model(DYNAMO_PYTHON, where)
 
 
 def _client(model: Path, traces: Path) -> list[str]:

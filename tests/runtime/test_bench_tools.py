@@ -26,7 +26,7 @@ from slurmgate.runtime.engines.mocker import FileDiscovery
 from slurmgate.runtime.results.records import read_records
 from slurmgate.testbed.localproc import free_port, stop_group
 
-from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL, serve, stack
+from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL, serve, stack, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 SABENCH_PYTHON = REPO / ".venv-sabench" / "bin" / "python"
@@ -43,16 +43,7 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = next((p for p in (SABENCH_PYTHON, DYNAMO_PYTHON) if p.exists()), None)
     if python is None:
         pytest.skip(f"no venv with `tokenizers`: {NO_TOOLS}")
-    path = tmp_path_factory.mktemp("model") / MODEL
-    subprocess.run(
-        [str(python), "-m", "slurmgate.testbed.tiny_hf", str(path)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return path
+    return write_tiny_model(python, tmp_path_factory.mktemp("model") / MODEL)
 
 
 def bench(

@@ -26,22 +26,13 @@ from slurmgate.slurm import commands as slurm
 from slurmgate.testbed.demo import processes_with_env
 
 from .conftest import REPO, hosts_of
+from .test_mpi_world_slurm import ask_client
 
 pytestmark = pytest.mark.slurm
 
 SYSTEM_DIRS = ("usr", "bin", "lib", "lib64", "sbin", "etc")
 
-ASK = r"""
-import json, os, urllib.request
-url = json.loads(os.environ["SLURMGATE_ENDPOINTS"])["box"]
-for i in range(3):
-    body = json.dumps({"model": "stub", "prompt": f"hi {i}", "max_tokens": 3}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200 and json.loads(r.read())["choices"]
-print("client: 3 completions through", url, flush=True)
-"""
+ASK = ask_client("box")
 
 
 def _cluster_dir() -> Path:

@@ -66,18 +66,22 @@ def system_port() -> int:
     return free_port_below(SYSTEM_PORT_MAX, HOST)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("model") / MODEL
+def write_tiny_model(python: Path, where: Path) -> Path:
+    """The tiny model directory (config and tokenizer), written with `python`'s `tokenizers`."""
     subprocess.run(
-        [str(DYNAMO_PYTHON), "-m", "slurmgate.testbed.tiny_hf", str(path)],
+        [str(python), "-m", "slurmgate.testbed.tiny_hf", str(where)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         check=True,
         capture_output=True,
-        timeout=60,
+        timeout=120,
     )
-    return path
+    return where
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(DYNAMO_PYTHON, tmp_path_factory.mktemp("model") / MODEL)
 
 
 @dataclass

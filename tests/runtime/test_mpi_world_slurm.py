@@ -26,9 +26,9 @@ from .test_pd_slurm import check_listeners
 
 pytestmark = pytest.mark.slurm
 
-ASK = r"""
+ASK_TEMPLATE = r"""
 import json, os, urllib.request
-url = json.loads(os.environ["SLURMGATE_ENDPOINTS"])["trt"]
+url = json.loads(os.environ["SLURMGATE_ENDPOINTS"])[%(name)r]
 for i in range(3):
     body = json.dumps({"model": "stub", "prompt": f"hi {i}", "max_tokens": 3}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
@@ -37,6 +37,14 @@ for i in range(3):
         assert r.status == 200 and json.loads(r.read())["choices"]
 print("client: 3 completions through", url, flush=True)
 """
+
+
+def ask_client(deployment: str) -> str:
+    """A client that asks the deployment's endpoint for three completions of the stub."""
+    return ASK_TEMPLATE % {"name": deployment}
+
+
+ASK = ask_client("trt")
 
 # The client kills rank 3's process (a rank that serves nothing: rank 0 is the server) on
 # whichever node it runs, then waits: the run must fail on the rank's death, not on the client.
