@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmgate.runtime.engines import layout
 from slurmgate.runtime.ledger.records import RunRecord
 from slurmgate.runtime.redact import MASK, Redactor
 from slurmgate.runtime.run import outputs
@@ -194,7 +195,8 @@ def test_a_lanes_output_reaches_the_step_and_a_node_log_and_its_results_dir(
 # -- collection through srun, on this host -------------------------------------------------
 
 # `srun` for these tests: its options dropped, the command run here as the named node would
-# run it; the node `dead` never answers, the node `broken` fails.
+# run it; the node `dead` never answers, the node `broken` fails, the node `nocollect` fails
+# only its collection (its copy can still be removed).
 SRUN = """#!/bin/sh
 node=""
 while [ $# -gt 0 ]; do
@@ -205,6 +207,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$node" = dead ] && exec sleep 60
+case " $* " in
+  *" collect "*) [ "$node" = nocollect ] && { echo "srun: step failed" >&2; exit 1; } ;;
+esac
 [ "$node" = broken ] && { echo "srun: error: node broken: Unable to contact" >&2; exit 1; }
 SLURMD_NODENAME="$node" exec "$@"
 """
@@ -280,3 +285,63 @@ def test_a_bad_bound_is_one_line_naming_the_variable(
     lines = outputs.collect_all(context)
     assert len(lines) == 1 and "SLURMGATE_OUTPUTS_MAX_FILE_BYTES" in lines[0]
     assert "\n" not in lines[0]
+
+
+def _launched(ctx: RunContext, hosts: list[str]) -> None:
+    ctx.layout = layout.Layout(plan=ctx.plan, hosts=tuple(hosts), addresses={})
+    ctx.launched_at = time.time()
+
+
+def test_a_copy_not_collected_is_removed_from_its_node_or_named_where_it_is_left(
+    context: RunContext, _node_root: Path
+) -> None:
+    for host in ("node-1", "nocollect", "broken"):
+        _plant(context, host)
+    _launched(context, ["node-1", "nocollect", "broken"])
+    options = outputs.CollectOptions(max_file_bytes=4096, node_timeout_s=1.0)
+    lines = outputs.collect_all(context, options)
+    root = _node_root / context.run_id
+    # collected, or not collected but removed: nothing unmasked stays on those nodes
+    assert not (root / "node-1").exists() and not (root / "nocollect").exists()
+    assert "nocollect: not collected after 2 attempt(s)" in lines[3]
+    assert lines[3].endswith("; its copy was removed from the node")
+    # a node that answers no step at all keeps its copy, and the line says where
+    assert (root / "broken" / "logs" / "lane-0.log").exists()
+    assert lines[4].endswith(f"; its copy is left on the node in {root / 'broken'}")
+    record = RunRecord.read(context.record_path)
+    by = {o.node: o for o in record.outputs}
+    assert by["nocollect"].node_copy_removed and by["nocollect"].left_on_node is None
+    assert not by["broken"].node_copy_removed
+    assert by["broken"].left_on_node == str(root / "broken")
+
+
+def test_a_run_that_collects_nothing_still_removes_its_nodes_copies(
+    context: RunContext, _node_root: Path
+) -> None:
+    for host in ("node-1", "node-2", "broken"):
+        _plant(context, host)
+    _launched(context, ["node-1", "node-2", "broken"])
+    options = outputs.CollectOptions(enabled=False, node_timeout_s=1.0)
+    lines = outputs.collect_all(context, options)
+    root = _node_root / context.run_id
+    assert sorted(p.name for p in root.iterdir()) == ["broken"]
+    assert lines == [
+        "outputs not collected (SLURMGATE_OUTPUTS_COLLECT is off); "
+        f"left on broken in {root / 'broken'}"
+    ]
+    assert not context.outputs_dir.exists()
+
+
+def test_the_remove_step_removes_only_this_nodes_copy(
+    _node_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for host in ("a", "b"):
+        node_outputs.prepare("run-1", host)
+    monkeypatch.setenv("SLURMD_NODENAME", "a")
+    assert node_outputs.main(["remove", "run-1"]) == 0
+    assert [p.name for p in (_node_root / "run-1").iterdir()] == ["b"]
+    assert node_outputs.main(["remove", "run-1"]) == 0  # nothing left: still done
+    monkeypatch.setenv("SLURMD_NODENAME", "b")
+    assert node_outputs.main(["remove", "run-1"]) == 0
+    assert not (_node_root / "run-1").exists()  # the run's folder went with its last node
+    assert node_outputs.main(["remove", ".."]) == 1

@@ -80,6 +80,9 @@ class NodeOutputs(BaseModel):
     skipped: list[str] = Field(default_factory=list)
     attempts: int = 1
     error: str | None = None
+    # a node's copy that was not collected: removed, or where it is left (a dead node)
+    node_copy_removed: bool = False
+    left_on_node: str | None = None
 
 
 class RunRecord(BaseModel):

@@ -40,6 +40,8 @@ CLIENT = "client"
 KILL_GRACE_S = 2.0
 # Attempts per node without Prefect (the Prefect layer's task retries instead).
 CORE_ATTEMPTS = 2
+# Removing a node's copy that was not collected: a short step, bounded tighter than collection.
+REMOVE_TIMEOUT_S = 10.0
 
 
 class CollectFailed(ExternalError):
@@ -151,25 +153,25 @@ def store_local(
 # -- one node --------------------------------------------------------------------------------
 
 
-def collect_argv(ctx: RunContext, host: str, options: CollectOptions) -> list[str]:
-    """The collector's srun on `host`: one task, no GPU, Slurm's own time limit too."""
-    command = [
-        ctx.python,
-        "-m",
-        "slurmgate.runtime.steps.outputs",
-        "collect",
-        ctx.run_id,
-        str(options.max_file_bytes),
-    ]
+def _node_argv(ctx: RunContext, host: str, action: list[str], timeout_s: float) -> list[str]:
+    """`steps/outputs.py`'s `action` as an srun on `host`: one task, no GPU, Slurm's own time
+    limit too."""
+    command = [ctx.python, "-m", "slurmgate.runtime.steps.outputs", *action]
     return slurm.srun_argv(
         command,
         job_id=ctx.job_id or "",
         nodelist=[host],
-        step_name=ctx.step_name(f"collect-{host}"),
+        step_name=ctx.step_name(f"{action[0]}-{host}"),
         gres="none",
         kill_on_bad_exit=False,
-        extra=[f"--time={max(1, math.ceil(options.node_timeout_s / 60))}"],
+        extra=[f"--time={max(1, math.ceil(timeout_s / 60))}"],
     )
+
+
+def collect_argv(ctx: RunContext, host: str, options: CollectOptions) -> list[str]:
+    """The collector's srun on `host`."""
+    action = ["collect", ctx.run_id, str(options.max_file_bytes)]
+    return _node_argv(ctx, host, action, options.node_timeout_s)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -257,6 +259,46 @@ def collect_nodes(ctx: RunContext, hosts: list[str], options: CollectOptions) ->
         return list(pool.map(lambda h: collect_with_retries(ctx, h, options), hosts))
 
 
+# -- what collection leaves on the nodes -----------------------------------------------------
+
+
+def remove_node_copy(ctx: RunContext, host: str, timeout_s: float) -> bool:
+    """Remove the run's outputs from `host` (lane logs hold what lanes printed, unmasked):
+    one srun under `timeout_s`; whether it did."""
+    action = ["remove", ctx.run_id]
+    try:
+        proc = subprocess.Popen(
+            _node_argv(ctx, host, action, timeout_s),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=ctx.base_env(),
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError:
+        return False
+    try:
+        return proc.wait(timeout=timeout_s + KILL_GRACE_S) == 0
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return False
+
+
+def remove_node_copies(ctx: RunContext, hosts: list[str], timeout_s: float) -> dict[str, bool]:
+    """`remove_node_copy` on every host at once; host -> whether its copy is gone."""
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(hosts)))) as pool:
+        done = pool.map(lambda h: remove_node_copy(ctx, h, timeout_s), hosts)
+        return dict(zip(hosts, done, strict=True))
+
+
+def node_copy_path(ctx: RunContext, host: str) -> str:
+    """Where `host` keeps the run's outputs (as its node worker computes it)."""
+    return node_outputs.node_dir(ctx.run_id, host, OutputsSettings.text("node_root") or None)
+
+
 # -- the whole run ---------------------------------------------------------------------------
 
 
@@ -268,8 +310,21 @@ def collect_all(ctx: RunContext, options: CollectOptions | None = None) -> list[
     except InputError as exc:
         ctx.log(f"outputs not collected: {exc}")
         return [f"outputs not collected: {exc}"]
+    hosts = list(dict.fromkeys(ctx.layout.hosts)) if ctx.layout and ctx.job_id else []
+    # before the launch only preflights ran on the nodes: no lane wrote anything there, and a
+    # run that failed its preflight (a Python missing on the nodes) could not collect anyway
+    if not ctx.launched_at:
+        hosts = []
+    # a node's copy that is not collected is removed all the same, within this much time
+    remove_s = min(REMOVE_TIMEOUT_S, options.node_timeout_s)
     if not options.enabled:
-        return ["outputs not collected (SLURMGATE_OUTPUTS_COLLECT is off)"]
+        removed = remove_node_copies(ctx, hosts, remove_s)
+        line = "outputs not collected (SLURMGATE_OUTPUTS_COLLECT is off)"
+        left = [h for h, gone in removed.items() if not gone]
+        if left:
+            line += "; left on " + ", ".join(f"{h} in {node_copy_path(ctx, h)}" for h in left)
+        ctx.log(line)
+        return [line]
     t0 = time.monotonic()
     ctx.outputs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     bound = options.max_file_bytes
@@ -282,11 +337,6 @@ def collect_all(ctx: RunContext, options: CollectOptions | None = None) -> list[
     got[1].node = CLIENT
     # the unredacted originals of the client's results go; the masked copy stays
     shutil.rmtree(ctx.client_results_dir, ignore_errors=True)
-    hosts = list(dict.fromkeys(ctx.layout.hosts)) if ctx.layout and ctx.job_id else []
-    # before the launch only preflights ran on the nodes: no lane wrote anything there, and a
-    # run that failed its preflight (a Python missing on the nodes) could not collect anyway
-    if not ctx.launched_at:
-        hosts = []
     if hosts:
         collect = ctx.collect_nodes or (lambda h: collect_nodes(ctx, h, options))
         try:
@@ -294,6 +344,11 @@ def collect_all(ctx: RunContext, options: CollectOptions | None = None) -> list[
         except Exception as exc:  # a collector's bug must not stop the release after it
             reason = ctx.redact(f"{type(exc).__name__}: {exc}")
             got += [failed(h, reason, 0) for h in hosts if h not in {g.node for g in got}]
+        missed = [o for o in got if o.node in hosts and o.status != "collected"]
+        removed = remove_node_copies(ctx, [o.node for o in missed], remove_s)
+        for o in missed:
+            o.left_on_node = None if removed[o.node] else node_copy_path(ctx, o.node)
+            o.node_copy_removed = removed[o.node]
     ctx.outputs = got
     ctx.timings.mark("collect", t0)
     ctx.save()
@@ -306,25 +361,13 @@ def collect_all(ctx: RunContext, options: CollectOptions | None = None) -> list[
 
 def _describe(o: NodeOutputs) -> str:
     if o.status != "collected":
-        return f"{o.node}: not collected after {o.attempts} attempt(s): {o.error}"
+        said = f"{o.node}: not collected after {o.attempts} attempt(s): {o.error}"
+        if o.left_on_node:
+            return f"{said}; its copy is left on the node in {o.left_on_node}"
+        return f"{said}; its copy was removed from the node" if o.node_copy_removed else said
     cut = f", {len(o.cut)} cut to head and tail" if o.cut else ""
     left = f", {len(o.skipped)} left out" if o.skipped else ""
     return f"{o.node}: {o.files} file(s) collected{cut}{left}"
-
-
-def summary_rows(ctx_outputs: list[NodeOutputs]) -> list[dict[str, str]]:
-    """One row per node, for an artifact."""
-    return [
-        {
-            "node": o.node,
-            "status": o.status,
-            "files": str(o.files),
-            "cut": ", ".join(o.cut) or "-",
-            "where": o.dir or "-",
-            "error": o.error or "-",
-        }
-        for o in ctx_outputs
-    ]
 
 
 __all__ = [

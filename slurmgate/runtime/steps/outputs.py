@@ -3,7 +3,8 @@
 The standard library only: the node worker imports it on every node, and the collector runs
 as its own short srun step (`python -m slurmgate.runtime.steps.outputs collect ...`) inside
 the allocation after the lanes stopped. It writes one gzip'd tar to stdout, every file in it
-bounded (its head and tail kept), then removes the node's copy. Redaction is the controller's:
+bounded (its head and tail kept), then removes the node's copy (`remove` alone, when the run
+does not collect or its collection failed). Redaction is the controller's:
 the run's secret values never leave the controller host.
 """
 
@@ -162,18 +163,36 @@ def collect(run_id: str, bound: int, out: BinaryIO, *, keep: bool = False) -> di
     manifest = write_archive(src, out, bound)
     out.flush()
     if not keep:
-        shutil.rmtree(src, ignore_errors=True)
-        parent = os.path.dirname(src)
-        with contextlib.suppress(OSError):
-            os.rmdir(parent)  # the run's directory, once its last node is collected
+        remove(run_id)
     return manifest
+
+
+def remove(run_id: str) -> bool:
+    """Remove this node's outputs of the run (a collection that failed, or none asked for);
+    whether there was a copy. The run's own directory goes once its last node's copy went."""
+    src = node_dir(run_id, node_name())
+    there = os.path.lexists(src)
+    shutil.rmtree(src, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(src))
+    if os.path.lexists(src):
+        raise OSError(f"{src} could not be removed")
+    return there
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     usage = (
         "usage: python -m slurmgate.runtime.steps.outputs collect RUN_ID MAX_FILE_BYTES [--keep]"
+        " | remove RUN_ID"
     )
+    if len(args) == 2 and args[0] == "remove":
+        try:
+            remove(args[1])
+        except (OSError, ValueError) as exc:
+            print(f"outputs: remove failed on {node_name()}: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if len(args) < 3 or args[0] != "collect" or not args[2].isdigit() or int(args[2]) < 1024:
         print(usage + " (MAX_FILE_BYTES at least 1024)", file=sys.stderr)
         return 64
