@@ -141,6 +141,12 @@ def aiperf_replay(
         Path | None,
         typer.Option(help="A local Weka trace file or folder instead.", show_default=False),
     ] = None,
+    stand_in_traces: Annotated[
+        bool,
+        typer.Option(
+            help="Replay a small generated Weka corpus (--local's stand-ins), not the hub's."
+        ),
+    ] = False,
     model_prefix: Annotated[
         str | None,
         typer.Option(
@@ -169,6 +175,13 @@ def aiperf_replay(
         extra = _env_pairs(env or [])
         results = _results(results_dir)
         levels = _concurrencies(concurrencies)
+        if stand_in_traces:
+            if public_dataset or input_file:
+                raise InputError(
+                    "--stand-in-traces: it replaces --public-dataset and --input-file; give one"
+                )
+            input_file = aiperf.write_stand_in_traces(results / "stand-in-traces", model)
+            recipe_command = None  # the recipe's script replays the hub's corpus
         script = _recipe_script(recipe_command) if recipe_command else None
         if recipe_command and script is not None and script.exists():
             handed_env = {"CONC_LIST": " ".join(map(str, levels)), "RESULT_DIR": str(results)}

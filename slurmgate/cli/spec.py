@@ -73,8 +73,9 @@ LocalBenchOpt = Annotated[
     bool,
     typer.Option(
         "--bench",
-        help="With --local, for a recipe whose benchmark is sa-bench: run srt-slurm's sa-bench "
-        "client, scaled down, with the stand-in's tiny tokenizer, instead of three chats.",
+        help="With --local, for a recipe whose benchmark is sa-bench or InferenceX's agentic "
+        "AIPerf replay: run that tool, scaled down, with the stand-in's tiny tokenizer (the "
+        "replay over a small generated corpus), instead of three chats.",
     ),
 ]
 DynamoPythonOpt = Annotated[
@@ -130,7 +131,7 @@ def load_recipe_spec(
         if vllm_python is not None and not vllm_cpu:
             raise InputError("--vllm-python: names the python --vllm-cpu runs: add --vllm-cpu")
         if bench and not local:
-            raise InputError("--bench: scales a recipe's sa-bench for the stand-ins: add --local")
+            raise InputError("--bench: scales a recipe's benchmark for the stand-ins: add --local")
         if vllm_cpu and not local:
             raise InputError("--vllm-cpu: a stand-in on the bundled cluster: add --local")
         aliases = {}

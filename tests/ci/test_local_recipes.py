@@ -377,3 +377,25 @@ def test_bench_runs_the_recipes_sa_bench_scaled_for_the_stand_ins() -> None:
     # without --bench, and for a recipe whose client is no sa-bench, the three chats stay
     plain = localize(built, dynamo_python=PYTHON)
     assert plain.spec.client.command[:2] == ["python", "-c"]
+
+
+AGENTIC_RECIPE = (
+    Path(__file__).resolve().parents[2]
+    / "tests/data/inferencex-branch-recipes/benchmarks/multi_node/srt-slurm-recipes/trtllm"
+    / "deepseek-v4/agentx-gb300-20260811/dynamo-disagg-gb300-1p4d-dep4-tep8-c4-b1-mtp.yaml"
+)
+
+
+def test_bench_runs_the_recipes_agentic_replay_over_a_stand_in_corpus() -> None:
+    built = spec_from_recipe(AGENTIC_RECIPE)
+    local = localize(built, dynamo_python=PYTHON, bench=True)
+    (script,) = local.spec.client.command[2:]
+    name = local.spec.deployments[0].name
+    assert script == (
+        'exec python -m slurmgate.cli bench aiperf "${OPENAI_BASE_URL%/v1}" '
+        f'--model {name} --tokenizer "$SLURMGATE_STAND_IN_MODEL_DIR" '
+        # the recipe's concurrency 4; the hub's corpus and the recipe's script are left out
+        "--concurrencies 4 --duration 8 --stand-in-traces"
+    )
+    how = next(r.how for r in local.reported if r.key == "client")
+    assert "agentic AIPerf replay, scaled down" in how and "not fetched" in how

@@ -103,34 +103,6 @@ def stub() -> Iterator[Callable[..., str]]:
             stop_group(proc, timeout=10)
 
 
-def weka_traces(folder: Path, count: int = 4) -> Path:
-    """Weka traces as the hub corpus holds them (one JSON object per trace file: streamed
-    requests with input/output lengths and KV block hash ids), small enough for the tiny model."""
-    folder.mkdir(parents=True)
-    for i in range(count):
-        requests = [
-            {
-                "t": 0.5 * turn,
-                "type": "s",
-                "model": MODEL,
-                "in": 64 + 32 * turn,
-                "out": 8,
-                "hash_ids": list(range(100 * i, 100 * i + (64 + 32 * turn) // 16)),
-                "api_time": 0.2,
-            }
-            for turn in range(4)
-        ]
-        trace = {
-            "id": f"trace-{i}",
-            "models": [MODEL],
-            "block_size": 16,
-            "hash_id_scope": "local",
-            "requests": requests,
-        }
-        (folder / f"trace-{i}.json").write_text(json.dumps(trace))
-    return folder
-
-
 @needs_sabench
 @pytest.mark.skipif(not DYNAMO_PYTHON.exists(), reason=f".venv-dynamo: {NO_TOOLS}")
 def test_sa_bench_saves_a_result_per_concurrency_from_dynamo(
@@ -203,18 +175,20 @@ def test_aiperf_replays_a_weka_trace_per_concurrency(
     results = tmp_path / "results"
     done = bench(
         "aiperf", url, "--model", MODEL, "--tokenizer", str(tokenizer_dir),
-        "--concurrencies", "2", "--duration", "4",
-        "--input-file", str(weka_traces(tmp_path / "traces")),
+        "--concurrencies", "2", "--duration", "4", "--stand-in-traces",
         results=results,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout[-3000:]
+    # the stand-ins' corpus (--local --bench), in the hub corpus's Weka format: AIPerf reads it
+    corpus = results / "stand-in-traces"
+    assert len(list(corpus.glob("stand-in-*.json"))) == 4
     artifacts = results / "conc_2" / "aiperf_artifacts"
     export = json.loads((artifacts / "profile_export_aiperf.json").read_text())
     assert export["total_output_tokens"]["avg"] > 0
     assert (artifacts / "profile_export.jsonl").exists()
     command = (results / "conc_2" / "benchmark_command.txt").read_text()
     assert "--scenario inferencex-agentx-mvp" in command
-    assert "--custom-dataset-type weka_trace" in command
+    assert f"--custom-dataset-type weka_trace --input-file {corpus}" in command
     assert "--concurrency 2 " in command
     no_secret_in(results)
 
@@ -239,3 +213,15 @@ def test_a_hub_corpus_out_of_reach_is_refused_at_once(tokenizer_dir: Path, tmp_p
         "error: aiperf corpus semianalysis_cc_traces_weka_062126_256k "
         "(semianalysisai/cc-traces-weka-062126-256k) cannot be fetched: HF_HUB_OFFLINE is set and "
     ), line
+
+
+def test_a_stand_in_corpus_replaces_the_others_and_never_both(tmp_path: Path) -> None:
+    done = bench(
+        "aiperf", "http://127.0.0.1:9", "--model", MODEL, "--tokenizer", str(tmp_path),
+        "--concurrencies", "2", "--stand-in-traces", "--input-file", str(tmp_path),
+        results=tmp_path / "results",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        "error: --stand-in-traces: it replaces --public-dataset and --input-file; give one"
+    )

@@ -16,6 +16,7 @@ InferenceX does) or a local Weka trace file or folder (`--custom-dataset-type we
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -168,3 +169,35 @@ def unavailable(loader: str, why: str, env: Mapping[str, str]) -> CorpusUnavaila
         f"aiperf corpus {loader} ({CORPORA[loader]}) cannot be fetched: {mode}{why}; "
         "put it in HF_HUB_CACHE beforehand or replay a local trace with --input-file"
     )
+
+
+def write_stand_in_traces(folder: Path, model: str, count: int = 4, turns: int = 4) -> Path:
+    """A small Weka trace corpus for a stand-in model (`--local`): the hub corpus's format (one
+    JSON object per trace file: streamed turns with input and output lengths, KV block hash ids
+    and think time), each turn's context growing as a coding session's does, short enough for
+    a tiny model's context."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    block = 16
+    for i in range(count):
+        requests = [
+            {
+                "t": 0.5 * turn,
+                "type": "s",
+                "model": model,
+                "in": 64 + 32 * turn,
+                "out": 8,
+                # turns of one trace share their prefix's blocks, as a session's do
+                "hash_ids": list(range(100 * i, 100 * i + (64 + 32 * turn) // block)),
+                "api_time": 0.2,
+            }
+            for turn in range(turns)
+        ]
+        trace = {
+            "id": f"stand-in-{i}",
+            "models": [model],
+            "block_size": block,
+            "hash_id_scope": "local",
+            "requests": requests,
+        }
+        (folder / f"stand-in-{i}.json").write_text(json.dumps(trace))
+    return folder

@@ -50,6 +50,8 @@ LOCAL_GPUS_PER_NODE = 8
 LOCAL_MAX_WORKERS = 8
 LOCAL_TIME_LIMIT = "00:10:00"
 LOCAL_STARTUP_TIMEOUT_S = 120.0
+# --bench: seconds of the agentic replay per concurrency (a trace's four turns take about 2 s)
+LOCAL_REPLAY_S = 8
 STUB_HEAD = ["python", "-m", "slurmgate.testbed.stub_server"]
 MOCKER_MODULE = "dynamo.mocker"
 FRONTEND_MODULE = "dynamo.frontend"
@@ -184,15 +186,10 @@ def localize(
         dep["frontend"]["startup_timeout_s"] = LOCAL_STARTUP_TIMEOUT_S
     data["gpus_per_node"] = LOCAL_GPUS_PER_NODE
     # every stand-in serves the model under the deployment's name
-    local_bench = _local_sa_bench(spec.client.command, dep["name"]) if bench else None
+    local_bench = _local_bench(spec.client.command, dep["name"]) if bench else None
     if local_bench is not None:
-        data["client"] = {"command": local_bench}
-        report(
-            "client",
-            "the recipe's sa-bench, scaled down: ISL 64, OSL 16, at most two of its "
-            "concurrencies capped at 4, two prompts per concurrency, no warmup, with the "
-            "stand-in's tiny tokenizer",
-        )
+        data["client"] = {"command": local_bench[0]}
+        report("client", local_bench[1])
     else:
         data["client"] = {
             "command": ["python", "-c", CLIENT % {"names": (dep["name"], dep["name"])}]
@@ -200,7 +197,8 @@ def localize(
         report(
             "client",
             "two chat completions and a streamed one through the endpoint, not the recipe's "
-            "benchmark" + (" (--bench runs a recipe's sa-bench only)" if bench else ""),
+            "benchmark"
+            + (" (--bench runs a recipe's sa-bench or agentic AIPerf only)" if bench else ""),
         )
     try:
         local = AllocationSpec.from_data(data, source=source)
@@ -217,29 +215,43 @@ def localize(
     return RecipeSpec(spec=local, schema=built.schema, reported=reported)
 
 
-def _local_sa_bench(command: list[str], served: str) -> list[str] | None:
-    """The production client's `slurmgate bench sa-bench`, scaled for the stand-ins; None for
-    any other client (AIPerf's agentic replay needs its hub corpus)."""
+def _local_bench(command: list[str], served: str) -> tuple[list[str], str] | None:
+    """The production client's `slurmgate bench`, scaled for the stand-ins, and how; None for
+    any other client."""
     script = command[-1] if command[:2] == ["sh", "-c"] else ""
-    if " bench sa-bench " not in script:
+    tool = next((t for t in ("sa-bench", "aiperf") if f" bench {t} " in script), None)
+    if tool is None:
         return None
     words = shlex.split(script)
     given = dict(itertools.pairwise(words))
     levels = [min(4, int(c)) for c in given.get("--concurrencies", "1").split("x") if c]
-    args = ["--model", served, "--tokenizer", "STAND_IN", "--isl", "64", "--osl", "16"]
+    args = ["--model", served, "--tokenizer", "STAND_IN"]
+    if tool == "sa-bench":
+        args += ["--isl", "64", "--osl", "16"]
     args += ["--concurrencies", "x".join(str(c) for c in dict.fromkeys(levels[:2]))]
-    args += ["--num-prompts-mult", "2", "--num-warmup-mult", "0"]
-    for flag in ("--gpus", "--prefill-gpus", "--decode-gpus"):
-        if flag in given:
-            args += [flag, given[flag]]
-    if "--disaggregated" in words:
-        args.append("--disaggregated")
+    if tool == "sa-bench":
+        args += ["--num-prompts-mult", "2", "--num-warmup-mult", "0"]
+        for flag in ("--gpus", "--prefill-gpus", "--decode-gpus"):
+            if flag in given:
+                args += [flag, given[flag]]
+        if "--disaggregated" in words:
+            args.append("--disaggregated")
+        how = (
+            "the recipe's sa-bench, scaled down: ISL 64, OSL 16, at most two of its "
+            "concurrencies capped at 4, two prompts per concurrency, no warmup, with the "
+            "stand-in's tiny tokenizer"
+        )
+    else:
+        args += ["--duration", str(LOCAL_REPLAY_S), "--stand-in-traces"]
+        how = (
+            f"the recipe's agentic AIPerf replay, scaled down: {LOCAL_REPLAY_S} s at each of at "
+            "most two of its concurrencies capped at 4, over a small generated Weka corpus in "
+            "the hub corpus's format (the hub's is not fetched), with the stand-in's tiny "
+            "tokenizer; AIPerf marks it not valid for submission"
+        )
     line = shlex.join(args).replace("STAND_IN", f'"${handed.STAND_IN_MODEL_DIR}"')
-    return [
-        "sh",
-        "-c",
-        f'exec python -m slurmgate.cli bench sa-bench "${{OPENAI_BASE_URL%/v1}}" {line}',
-    ]
+    run = f'exec python -m slurmgate.cli bench {tool} "${{OPENAI_BASE_URL%/v1}}" {line}'
+    return ["sh", "-c", run], how
 
 
 def is_plain_vllm(spec: AllocationSpec) -> bool:
