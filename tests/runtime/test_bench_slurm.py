@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from slurmgate.runtime.benchmarks.aiperf import write_stand_in_traces
 from slurmgate.runtime.results.records import read_records
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
@@ -24,7 +25,7 @@ from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.from_recipe import spec_from_recipe
 from slurmgate.runtime.spec.local_recipe import localize
 
-from .test_bench_tools import AIPERF, SABENCH_PYTHON, weka_traces
+from .test_bench_tools import AIPERF, SABENCH_PYTHON
 from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL, write_tiny_model
 
 pytestmark = pytest.mark.slurm
@@ -111,7 +112,9 @@ def test_sa_bench_and_aiperf_write_their_results_through_the_endpoint(
     job = held_allocation(nodes=3, gpus=8)
     monkeypatch.setenv("SLURM_JOB_ID", job)
     model = _tiny_model(tmp_path / "model")
-    run = AllocationRun(_spec(model, weka_traces(tmp_path / "traces")), runs_root=runs_root)
+    run = AllocationRun(
+        _spec(model, write_stand_in_traces(tmp_path / "traces", MODEL)), runs_root=runs_root
+    )
     run.run()
     assert run.status == "succeeded"
     reports = run.run_dir / "client-reports"
