@@ -211,3 +211,29 @@ def test_a_local_recipe_run_benchmarks_its_stand_ins_with_the_recipes_sa_bench(
     assert saved["completed"] == 8 and saved["total_output_tokens"] > 0
     kept, _ = read_records(run.run_dir / "client-reports")
     assert [(r.tool, r.concurrency, r.measured_via) for r in kept] == [("sa-bench", 4, "slurmgate")]
+
+
+def test_a_local_agentic_recipe_run_replays_its_stand_in_corpus_with_aiperf(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`allocation run --recipe R --local --bench` for InferenceX's agentic replay: AIPerf over
+    the stand-in corpus, through the endpoint in front of Dynamo's frontend and the mockers."""
+    _tools_or_skip()
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    recipe = (
+        REPO / "tests/data/inferencex-branch-recipes/benchmarks/multi_node/srt-slurm-recipes"
+        / "trtllm/deepseek-v4/agentx-gb300-20260811"
+        / "dynamo-disagg-gb300-1p4d-dep4-tep8-c4-b1-mtp.yaml"
+    )  # fmt: skip
+    local = localize(spec_from_recipe(recipe), dynamo_python=str(DYNAMO_PYTHON), bench=True)
+    run = AllocationRun(local.spec, runs_root=runs_root)
+    run.run()
+    assert run.status == "succeeded"
+    results = run.run_dir / "outputs" / "client" / "results"
+    assert len(list((results / "stand-in-traces").glob("stand-in-*.json"))) == 4
+    export = results / "conc_4" / "aiperf_artifacts" / "profile_export_aiperf.json"
+    assert json.loads(export.read_text())["total_output_tokens"]["avg"] > 0
+    kept, _ = read_records(run.run_dir / "client-reports")
+    assert [(r.tool, r.concurrency, r.measured_via) for r in kept] == [("aiperf", 4, "slurmgate")]
+    assert kept[0].requests_failed == 0 and kept[0].total_output_tokens > 0

@@ -91,3 +91,19 @@ def test_logs_from_all_four_nodes_arrive_redacted_before_the_release(
     assert actions.index("collected") < actions.index(f"scancel {result.job_id}"), actions
     assert job_gone(result.job_id)
     assert_no_orphans(run.run_id)
+
+
+def test_a_run_that_collects_nothing_leaves_no_copy_on_its_nodes(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SLURMGATE_NODE_OUTPUTS_ROOT", str(tmp_path / "node-outputs"))
+    monkeypatch.setenv("SLURMGATE_OUTPUTS_COLLECT", "0")
+    run = AllocationRun(AllocationSpec.from_data(example_data()), runs_root=runs_root, grace_s=5)
+    result = run.run()
+    assert result.ok, result.error
+    assert not run.context.outputs_dir.exists()
+    # the lanes wrote their node-local logs, and the remove steps took them away
+    assert (tmp_path / "node-outputs").is_dir()
+    assert not (tmp_path / "node-outputs" / run.run_id).exists()
+    assert job_gone(result.job_id)
+    assert_no_orphans(run.run_id)
