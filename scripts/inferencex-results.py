@@ -26,6 +26,24 @@ FILES = (
     "utils/collect_results.py",
     # aiperf's profile_export_aiperf.json -> pass, or the error-rate bound it broke
     "utils/agentic/validation/validate_agentic_result.py",
+    # aiperf's per-request export (+ aggregate, server metrics) -> the agentic aggregate
+    # $RESULT_FILENAME.json; run as `python -m utils.agentic.aggregation.process_agentic_result`
+    # (relative imports), so the package files and every module it imports come with it
+    "utils/agentic/__init__.py",
+    "utils/agentic/aggregation/__init__.py",
+    "utils/agentic/aggregation/process_agentic_result.py",
+    "utils/agentic/aggregation/aggregation_common.py",
+    "utils/agentic/aggregation/request_metrics.py",
+    "utils/agentic/aggregation/trace_metadata.py",
+    "utils/agentic/aggregation/server_log_metrics.py",
+    "utils/agentic/aggregation/server_metrics.py",
+    "utils/agentic/aggregation/backends/__init__.py",
+    "utils/agentic/aggregation/backends/base.py",
+    "utils/agentic/aggregation/backends/atom.py",
+    "utils/agentic/aggregation/backends/dynamo_vllm.py",
+    "utils/agentic/aggregation/backends/sglang.py",
+    "utils/agentic/aggregation/backends/vllm.py",
+    "utils/agentic/validation/__init__.py",
     "LICENSE",
 )
 

@@ -1,0 +1,2 @@
+"""Agentic benchmark utilities."""
+

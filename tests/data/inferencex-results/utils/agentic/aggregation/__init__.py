@@ -1,0 +1,2 @@
+"""Agentic result aggregation utilities."""
+

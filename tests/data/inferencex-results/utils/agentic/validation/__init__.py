@@ -1,0 +1,2 @@
+"""Agentic result validation utilities."""
+
