@@ -9,6 +9,7 @@ import typer
 
 from slurmgate.cli.common import fail
 from slurmgate.errors import InputError
+from slurmgate.runtime.results.agentic import AGGREGATE_FILE, AgenticJob, write_agentic
 from slurmgate.runtime.results.inferencex import RunShape, write_concurrency
 from slurmgate.runtime.results.judge import FAILED_REQUEST_THRESHOLD, judge
 from slurmgate.runtime.results.raw import (
@@ -108,30 +109,52 @@ def judge_command(
     "write",
     epilog=(
         "Example: slurmgate results write results_concurrency_64_gpus_12_ctx_4_gen_8.json "
-        "--url http://10.0.0.5:8000 --config-name 1p1d-dep4-dep8 --out results/"
+        "--url http://10.0.0.5:8000 --config-name 1p1d-dep4-dep8 --out results/\n\n"
+        "Example: slurmgate results write conc_16/aiperf_artifacts --tool aiperf "
+        "--concurrency 16 --url http://10.0.0.5:8000 --out results/"
     ),
 )
 def write_command(
-    raw: RawArg,
-    url: UrlOpt,
-    config_name: Annotated[
-        str,
-        typer.Option(
-            help="The launcher's CONFIG_NAME: the name of srt-slurm's result folder.",
+    raw: Annotated[
+        Path,
+        typer.Argument(
+            help="sa-bench's results_concurrency_*.json, or aiperf's artifact folder (its "
+            "--output-artifact-dir: profile_export.jsonl and the exports beside it).",
             show_default=False,
         ),
     ],
+    url: UrlOpt,
+    config_name: Annotated[
+        str | None,
+        typer.Option(
+            help="With sa-bench: the launcher's CONFIG_NAME, the name of srt-slurm's result "
+            "folder.",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Folder to write the result files in.")] = Path("."),
     via: ViaOpt = "frontend",
+    tool: Annotated[Tool, typer.Option(help="Which tool wrote the output.")] = "sa-bench",
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="With aiperf: the run's concurrency, when its export omits it."),
+    ] = None,
     threshold: ThresholdOpt = FAILED_REQUEST_THRESHOLD,
 ) -> None:
-    """Judge an sa-bench result, then write it as InferenceX's result files.
+    """Judge a benchmark's output, then write it as InferenceX's result files.
 
-    As InferenceX's workflow would: the copy named by RESULT_FILENAME and its agg_ file. The
-    run's metadata comes from InferenceX's own variables (EXP_NAME, PRECISION, FRAMEWORK,
-    RUNNER_TYPE, RUNNER_NAME, MODEL_PREFIX, IMAGE, SPEC_DECODING, ISL, OSL, DISAGG, CONC_LIST,
-    PREFILL_*/DECODE_* NUM_WORKERS, TP, EP, DP_ATTN, PP_SIZE, DCP_SIZE, PCP_SIZE,
-    RECIPE_FINGERPRINT)."""
+    As InferenceX's workflow would. sa-bench: the copy named by RESULT_FILENAME and its agg_
+    file. aiperf: the agentic aggregate <RESULT_FILENAME>_conc<N>.json that InferenceX's
+    process_agentic_result.py writes. The run's metadata comes from InferenceX's own variables
+    (EXP_NAME, PRECISION, FRAMEWORK, RUNNER_TYPE, RUNNER_NAME, MODEL_PREFIX, IMAGE,
+    SPEC_DECODING, ISL, OSL, DISAGG, CONC_LIST, PREFILL_*/DECODE_* NUM_WORKERS, TP, EP, DP_ATTN,
+    PP_SIZE, DCP_SIZE, PCP_SIZE, RECIPE_FINGERPRINT; with aiperf also MODEL, KV_OFFLOADING,
+    KV_OFFLOAD_BACKEND(_METADATA), ROUTER_METADATA, KV_P2P_TRANSFER, TOTAL_CPU_DRAM_GB)."""
+    if tool == "aiperf":
+        _write_agentic(raw, url, out, via, concurrency, threshold)
+        return
+    if config_name is None:
+        raise fail("--config-name is needed with sa-bench: the launcher's CONFIG_NAME")
     try:
         shape = RunShape.from_env(inherited())
         parsed, latencies = read_sa_bench(raw)
@@ -147,3 +170,24 @@ def write_command(
         raise fail(f"cannot write the result files to {out}: {exc.strerror or exc}", 1) from None
     typer.echo(f"wrote {written.result}")
     typer.echo(f"wrote {written.agg}")
+
+
+def _write_agentic(
+    raw: Path, url: str, out: Path, via: Via, concurrency: int | None, threshold: float
+) -> None:
+    """aiperf's run judged on its aggregate export, then its agentic aggregate written."""
+    artifacts = raw if raw.is_dir() else raw.parent
+    try:
+        job = AgenticJob.from_env(inherited())
+        export = read_aiperf(artifacts / AGGREGATE_FILE)
+        result = aiperf_result(export, concurrency=concurrency, url=url, via=via)
+    except InputError as exc:
+        raise fail(str(exc)) from None
+    _judged(result, threshold)
+    try:
+        written = write_agentic(artifacts, job, out, result.concurrency)
+    except InputError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot write the agentic result to {out}: {exc.strerror or exc}", 1) from None
+    typer.echo(f"wrote {written}")

@@ -312,3 +312,159 @@ def aiperf_result(
         itl=_aiperf_latency(export.inter_token_latency, "inter_token_latency"),
         e2el=_aiperf_latency(export.request_latency, "request_latency"),
     )
+
+
+# aiperf's per-request export holds one line per request, warmup included; a day-long replay at
+# a few hundred requests a second stays under this.
+MAX_AIPERF_RECORDS_BYTES = 4 * 1024 * 1024 * 1024
+MAX_AIPERF_RECORD_LINE = 16 * 1024 * 1024
+# The server-metrics export carries a 1 s timeslice per series (--slice-duration 1.0), so a long
+# run at many endpoints is large; it is read whole, as InferenceX's script reads it.
+MAX_SERVER_METRICS_BYTES = 2 * 1024 * 1024 * 1024
+
+# A metric value as aiperf writes it: a number, or a list (inter_chunk_latency) or text that
+# InferenceX's float()/int() reads as nothing.
+MetricValue = float | list[float | None] | str | None
+
+
+class AiperfRecordMetric(BaseModel):
+    """One metric of one request: ``{"value": ..., "unit": ...}``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    value: MetricValue = None
+    unit: Annotated[StrictStr, Field(max_length=64)] | None = None
+
+
+class AiperfRecordMetadata(BaseModel):
+    """The fields of a record's metadata InferenceX's aggregation reads; the rest is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    benchmark_phase: Annotated[StrictStr, Field(max_length=64)] | None = None
+    request_start_ns: Annotated[int, Field(ge=0)] | None = None
+    request_end_ns: Annotated[int, Field(ge=0)] | None = None
+    conversation_id: Annotated[StrictStr, Field(max_length=4096)] | None = None
+    turn_index: Annotated[int, Field(ge=0)] | None = None
+
+
+class AiperfRecordError(BaseModel):
+    """A failed request's error (aiperf's ErrorDetails: code, type, message)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: int | str | None = None
+    type: Annotated[StrictStr, Field(max_length=4096)] | None = None
+    message: Annotated[StrictStr, Field(max_length=1_000_000)] | None = None
+
+
+class AiperfRecord(BaseModel):
+    """One line of aiperf's ``profile_export.jsonl`` (``--export-level records``, its
+    default): the request's metadata, its metrics and its error when it failed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    metadata: AiperfRecordMetadata = Field(default_factory=AiperfRecordMetadata)
+    metrics: dict[str, AiperfRecordMetric] = Field(default_factory=dict)
+    error: AiperfRecordError | StrictStr | None = None
+
+    def value(self, tag: str) -> MetricValue:
+        metric = self.metrics.get(tag)
+        return None if metric is None else metric.value
+
+    @property
+    def failed(self) -> bool:
+        """The request failed: an error that says anything (an empty one is none)."""
+        if isinstance(self.error, AiperfRecordError):
+            return bool(self.error.model_fields_set or self.error.model_extra)
+        return bool(self.error)
+
+    @property
+    def profiled(self) -> bool:
+        """A measured request: no phase (older exports) or the profiling phase."""
+        phase = self.metadata.benchmark_phase
+        return phase is None or phase == "profiling"
+
+
+def read_aiperf_records(
+    path: Path, max_bytes: int = MAX_AIPERF_RECORDS_BYTES
+) -> list[AiperfRecord]:
+    """Every request of aiperf's per-request export, typed; a bad line is refused by its number
+    and field (a partial export is not a run's result)."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise RawInputError(
+            f"aiperf per-request export {path}: cannot read it: {exc.strerror or exc}; "
+            "run aiperf with --export-level records (its default)"
+        ) from None
+    if size > max_bytes:
+        raise RawInputError(
+            f"aiperf per-request export {path}: {size} bytes is more than {max_bytes}"
+        )
+    found: list[AiperfRecord] = []
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if len(line) > MAX_AIPERF_RECORD_LINE:
+                raise RawInputError(f"aiperf per-request export {path}: line {number} is too long")
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line, parse_constant=_refuse_constant)
+            except ValueError as exc:
+                reason = " ".join(str(exc).split())[:200]
+                raise RawInputError(
+                    f"aiperf per-request export {path}: line {number}: not JSON: {reason}"
+                ) from None
+            try:
+                found.append(AiperfRecord.model_validate(data))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                field = ".".join(str(part) for part in first["loc"]) or "(the object)"
+                raise RawInputError(
+                    f"aiperf per-request export {path}: line {number}: field {field}: "
+                    f"{first['msg']}"
+                ) from None
+    return found
+
+
+class ServerMetricSeries(BaseModel):
+    """One labelled series of one metric, its statistics over the profiling window (counters:
+    total, rate; gauges: avg, min, max, p..); its timeslices are not read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    endpoint_url: Annotated[StrictStr, Field(max_length=2048)] | None = None
+    labels: dict[str, str | int | float | bool | None] | None = None
+    stats: dict[str, float | None] | None = None
+
+
+class ServerMetricFamily(BaseModel):
+    """One metric of the server-metrics export: its type and its series."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Annotated[StrictStr, Field(max_length=64)] | None = None
+    series: list[ServerMetricSeries] = Field(default_factory=list)
+
+
+class ServerMetricsExport(BaseModel):
+    """aiperf's ``server_metrics_export.json``: every Prometheus metric it scraped from the
+    endpoint's ``/metrics`` (and each ``--server-metrics`` URL), by name."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    metrics: dict[str, ServerMetricFamily] = Field(default_factory=dict)
+
+
+def read_server_metrics(
+    path: Path, max_bytes: int = MAX_SERVER_METRICS_BYTES
+) -> ServerMetricsExport | None:
+    """aiperf's server-metrics export, typed; None when aiperf wrote none (no /metrics)."""
+    if not path.exists():
+        return None
+    data = read_json_object(path, max_bytes, "aiperf server-metrics export")
+    try:
+        return ServerMetricsExport.model_validate(data)
+    except ValidationError as exc:
+        raise _field_error(path, "aiperf server-metrics export", exc) from None
