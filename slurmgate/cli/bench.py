@@ -207,6 +207,7 @@ def aiperf_replay(
             loader=loader,
             input_file=input_file,
             max_context_length=max_context_length,
+            server_metrics_urls=aiperf.server_metrics_urls(extra),
         )
         exports = run.run_aiperf(replay, str(cli), results, extra)
     except InputError as exc:

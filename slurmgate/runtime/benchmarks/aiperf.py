@@ -10,6 +10,10 @@ and the Weka loaders but not the fork's `--warmup-requests-per-lane`,
 forbids InferenceX's `--trace-idle-gap-cap-seconds 300` (it keeps each trace's own timing):
 those are left out. A local trace cannot prove which corpus it is, so the scenario takes it
 only with `--unsafe-override` (AIPerf marks such a run not valid for submission).
+AIPerf's defaults keep what InferenceX's agentic aggregate reads: the per-request export
+(`profile_export.jsonl`) and the server metrics scraped from the URL's `/metrics`, plus the
+engines' own endpoints when the recipe's env names them in AIPERF_SERVER_METRICS_URLS (passed as
+`--server-metrics`, as build_replay_cmd does): slurmgate's endpoint exports no engine metric.
 The corpus is a public loader's Hugging Face dataset (fetched first with `hf download`, as
 InferenceX does) or a local Weka trace file or folder (`--custom-dataset-type weka_trace`).
 """
@@ -74,6 +78,9 @@ class AgenticReplay:
     warmup_grace_period: int = 1800
     max_context_length: int | None = None
     num_dataset_entries: int = 393
+    # Prometheus endpoints of the engines, scraped beside the URL's own /metrics: InferenceX's
+    # AIPERF_SERVER_METRICS_URLS, whose export its agentic aggregate reads the cache figures from
+    server_metrics_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.loader is None) == (self.input_file is None):
@@ -84,6 +91,10 @@ class AgenticReplay:
             raise InputError(
                 f"aiperf --public-dataset: {self.loader!r} is not one of InferenceX's Weka "
                 f"loaders; use one of {', '.join(sorted(CORPORA))}"
+            )
+        if any(not u or any(c.isspace() for c in u) for u in self.server_metrics_urls):
+            raise InputError(
+                "AIPERF_SERVER_METRICS_URLS must be a comma-separated list of non-empty URLs"
             )
         if not self.concurrencies or min(self.concurrencies) < 1:
             raise InputError(f"aiperf concurrencies: {self.concurrencies!r}: give counts of 1+")
@@ -98,6 +109,15 @@ class AiperfStep:
     concurrency: int
     argv: tuple[str, ...]
     artifacts: Path
+
+
+def server_metrics_urls(env: Mapping[str, str]) -> tuple[str, ...]:
+    """AIPERF_SERVER_METRICS_URLS split as InferenceX's build_replay_cmd splits it (an empty
+    item is kept, to be refused)."""
+    items = env.get("AIPERF_SERVER_METRICS_URLS", "").split(",")
+    if items[-1] == "":  # bash's `read -a` drops a trailing empty field
+        items.pop()
+    return tuple(items)
 
 
 def trace_flags(r: AgenticReplay) -> list[str]:
@@ -124,6 +144,8 @@ def plan(r: AgenticReplay, aiperf: str, results: Path) -> list[AiperfStep]:
         if r.max_context_length:
             argv += ["--max-context-length", str(r.max_context_length)]
         argv += ["--num-dataset-entries", str(r.num_dataset_entries), "--slice-duration", "1.0"]
+        if r.server_metrics_urls:
+            argv += ["--server-metrics", *r.server_metrics_urls]
         argv += ["--output-artifact-dir", str(artifacts)]
         if r.duration < SCENARIO_MIN_DURATION or r.input_file is not None:
             argv.append("--unsafe-override")
