@@ -26,6 +26,7 @@ from slurmgate.runtime.engines.mocker import FileDiscovery
 from slurmgate.runtime.results.records import read_records
 from slurmgate.testbed.localproc import free_port, stop_group
 
+from ..results.test_agentic_results import AGENTIC_JOB, inferencex_aggregate
 from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL, serve, stack, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,10 +173,12 @@ def test_aiperf_replays_a_weka_trace_per_concurrency(
     tokenizer_dir: Path, tmp_path: Path, stub: Callable[..., str]
 ) -> None:
     url = stub()
+    engine = stub()  # an engine's own /metrics, as AIPERF_SERVER_METRICS_URLS names them
     results = tmp_path / "results"
     done = bench(
         "aiperf", url, "--model", MODEL, "--tokenizer", str(tokenizer_dir),
         "--concurrencies", "2", "--duration", "4", "--stand-in-traces",
+        "--env", f"AIPERF_SERVER_METRICS_URLS={engine}/metrics",
         results=results,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout[-3000:]
@@ -190,7 +193,30 @@ def test_aiperf_replays_a_weka_trace_per_concurrency(
     assert "--scenario inferencex-agentx-mvp" in command
     assert f"--custom-dataset-type weka_trace --input-file {corpus}" in command
     assert "--concurrency 2 " in command
+    assert f"--server-metrics {engine}/metrics --output-artifact-dir" in command
+    # both /metrics scraped: the URL's, found by aiperf itself, and the named engine's
+    scraped = json.loads((artifacts / "server_metrics_export.json").read_text())
+    running = scraped["metrics"]["vllm:num_requests_running"]["series"]
+    assert {s["endpoint_url"] for s in running} == {f"{url}/metrics", f"{engine}/metrics"}
     no_secret_in(results)
+
+    # what InferenceX's process_agentic_result.py makes of these artifacts, slurmgate writes
+    job = {**AGENTIC_JOB, "CONC_LIST": "2"}
+    out = tmp_path / "agentic"
+    env = {**os.environ, "PYTHONPATH": str(REPO), **job}
+    written = subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", "results", "write", str(artifacts),
+         "--tool", "aiperf", "--url", url, "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    [ours] = sorted(out.glob("*.json"))
+    theirs_done, theirs = inferencex_aggregate(artifacts, tmp_path, 2, job)
+    assert theirs_done.returncode == 0, theirs_done.stderr
+    assert json.loads(ours.read_text()) == json.loads(theirs.read_text())
+    body = json.loads(ours.read_text())
+    assert body["num_requests_successful"] > 0
+    assert body["server_metrics"]["adapter"] == "vllm"  # the stub's vLLM gauges
 
 
 @needs_aiperf
