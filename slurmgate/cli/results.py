@@ -185,7 +185,7 @@ def _write_agentic(
         raise fail(str(exc)) from None
     _judged(result, threshold)
     try:
-        written = write_agentic(artifacts, job, out, result.concurrency)
+        written = write_agentic(artifacts, job, out, result.concurrency, inherited())
     except InputError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:

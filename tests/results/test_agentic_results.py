@@ -42,6 +42,8 @@ def agentic_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         monkeypatch.setenv(name, value)
     reports = tmp_path / "reports"
     monkeypatch.setenv("SLURMGATE_RUN_REPORTS_DIR", str(reports))
+    # the hub cache InferenceX's script is given too: no Weka corpus unless a test puts one
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
     return reports
 
 
@@ -59,7 +61,7 @@ def inferencex_aggregate(
     shutil.copytree(artifacts, result_dir / "aiperf_artifacts")
     output = tmp_path / "inferencex" / "workspace"
     name = f"{AgenticJob.from_env(job).shape.result_filename()}_conc{concurrency}"
-    hub = tmp_path / "hf-hub"  # no Weka corpus here: no expected output lengths
+    hub = tmp_path / "hf-hub"  # where a test puts a Weka corpus, if any
     hub.mkdir(exist_ok=True)
     env = {
         "PATH": os.environ["PATH"],
@@ -164,6 +166,40 @@ def test_inferencex_and_slurmgate_write_the_same_agentic_aggregate(
     assert write(artifacts, tmp_path / "judged") == (0 if run_name == "served" else 1)
     [record, *_] = read_records(agentic_env)[0]
     assert (record.tool, record.concurrency) == ("aiperf", 2)
+
+
+def test_expected_output_lengths_come_from_the_cached_weka_corpus(
+    agentic_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the replayed corpus in the hub cache (where `slurmgate bench aiperf` fetches it),
+    both writers add each measured request's recorded output length."""
+    snapshot = tmp_path / "hf-hub" / "datasets--semianalysisai--cc-traces-weka-062126"
+    snapshot = snapshot / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for i in range(4):  # the fixtures' four traces, each turn with its own output length
+        turns = [{"type": "s", "in": 64, "out": 10 * (i + 1) + turn} for turn in range(4)]
+        trace = {"id": f"trace-{i}", "requests": turns}
+        (snapshot / f"trace-{i}.json").write_text(json.dumps(trace))
+    artifacts = AGENTIC / "served"
+    out = tmp_path / "out"
+    assert write(artifacts, out) == 0, capsys.readouterr().err
+    [ours] = sorted(out.glob("*.json"))
+    done, theirs_path = inferencex_aggregate(artifacts, tmp_path, 2, AGENTIC_JOB)
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(theirs_path.read_text())
+    assert json.loads(ours.read_text()) == theirs
+    measured = [
+        r["metadata"]
+        for r in lines(artifacts / "profile_export.jsonl")
+        if r["metadata"].get("benchmark_phase") == "profiling" and not r.get("error")
+    ]
+    expected = [
+        10 * (int(m["conversation_id"].split("::")[0].rsplit("-", 1)[1]) + 1) + m["turn_index"]
+        for m in measured
+    ]
+    got = theirs["request_metrics"]["tokens"]["output_expected"]
+    assert got["mean"] == pytest.approx(sum(expected) / len(expected), abs=1e-5)
+    assert max(expected) > min(expected)
 
 
 def series(stats: dict[str, float], **labels: str) -> dict[str, Any]:

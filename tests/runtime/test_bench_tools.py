@@ -203,7 +203,8 @@ def test_aiperf_replays_a_weka_trace_per_concurrency(
     # what InferenceX's process_agentic_result.py makes of these artifacts, slurmgate writes
     job = {**AGENTIC_JOB, "CONC_LIST": "2"}
     out = tmp_path / "agentic"
-    env = {**os.environ, "PYTHONPATH": str(REPO), **job}
+    # the hub cache InferenceX's script is given (no Weka corpus: a local trace was replayed)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **job, "HF_HUB_CACHE": str(tmp_path / "hf-hub")}
     written = subprocess.run(
         [sys.executable, "-m", "slurmgate.cli", "results", "write", str(artifacts),
          "--tool", "aiperf", "--url", url, "--out", str(out)],

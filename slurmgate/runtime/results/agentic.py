@@ -7,8 +7,9 @@ measured) give the QPS, latency, token and throughput statistics, the aggregate 
 dataset and theoretical cache hit rate, the server-metrics export the engines' cache and KV
 figures. The name is the multi-node workflow's: agentic_srt.sh runs each concurrency with
 RESULT_FILENAME=<RESULT_FILENAME>_conc<N>, and the workflow requires one such file per
-concurrency (no agg_ prefix: that is the fixed-sequence-length file's). Expected output lengths,
-which InferenceX reads from a Weka corpus in the local Hugging Face cache, are left out.
+concurrency (no agg_ prefix: that is the fixed-sequence-length file's). Expected output lengths
+come, as in InferenceX's trace_metadata.py, from the Weka corpus in the Hugging Face cache, where
+`slurmgate bench aiperf` fetched it; without it they are left empty, as InferenceX leaves them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ SERVER_METRICS_FILE = "server_metrics_export.json"
 QPS_WINDOW_S = 1.0
 ROUND_PLACES = 5  # InferenceX rounds every float of the file to this
 STATS = ("mean", "p50", "p75", "p90", "p95")
+# The hub datasets of InferenceX's Weka corpora (semianalysisai/cc-traces-weka-*), as the hub
+# cache names their folders
+WEKA_DATASETS = "semianalysisai--cc-traces-weka"
+MAX_TRACE_BYTES = 256 * 1024 * 1024  # one trace of the corpus; a larger file is not one
 
 
 def _truthy(value: str | None) -> bool:
@@ -258,19 +263,109 @@ def _json_number(value: object) -> float | None:
         return None
 
 
+def hub_cache(env: Mapping[str, str]) -> Path:
+    """The Hugging Face hub cache the hub client uses under ``env``."""
+    found = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if found:
+        return Path(found)
+    home = env.get("HF_HOME")
+    return Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def _corpus_snapshot(cache: Path) -> Path | None:
+    """The newest snapshot of a Weka trace corpus in the cache that holds trace files."""
+    if not cache.is_dir():
+        return None
+    snapshots = [
+        snap
+        for dataset in cache.glob(f"datasets--{WEKA_DATASETS}*")
+        if (root := dataset / "snapshots").is_dir()
+        for snap in root.iterdir()
+        if snap.is_dir()
+    ]
+    snapshots.sort(key=lambda snap: snap.stat().st_mtime, reverse=True)
+    return next((s for s in snapshots if any(s.glob("*.jsonl")) or any(s.glob("*.json"))), None)
+
+
+def _trace_blobs(folder: Path) -> list[object]:
+    """Every trace of the folder: its .jsonl lines, then its .json files; an unreadable file,
+    line or one larger than a trace is skipped, as InferenceX skips it."""
+    blobs: list[object] = []
+    for path in sorted(folder.glob("*.jsonl")):
+        try:
+            with path.open("rb") as handle:
+                for line in handle:
+                    if line.strip() and len(line) <= MAX_TRACE_BYTES:
+                        try:
+                            blobs.append(json.loads(line))
+                        except ValueError:
+                            continue
+        except OSError:
+            continue
+    for path in sorted(folder.glob("*.json")):
+        try:
+            if path.stat().st_size <= MAX_TRACE_BYTES:
+                blobs.append(json.loads(path.read_bytes()))
+        except (OSError, ValueError):
+            continue
+    return blobs
+
+
+def trace_output_lengths(env: Mapping[str, str]) -> dict[str, list[int]]:
+    """{trace id: the output length of each of its requests} of the cached Weka corpus."""
+    folder = _corpus_snapshot(hub_cache(env))
+    found: dict[str, list[int]] = {}
+    for blob in _trace_blobs(folder) if folder else []:
+        if not isinstance(blob, dict) or not blob.get("id"):
+            continue
+        turns: list[int] = []
+        requests = blob.get("requests")
+        for request in requests if isinstance(requests, list) else []:
+            if not isinstance(request, dict) or request.get("type") not in ("n", "s"):
+                continue
+            length = request.get("output_length")
+            length = request.get("out") if length is None else length
+            try:
+                turns.append(int(length or 0))
+            except (TypeError, ValueError):
+                turns.append(0)
+        if turns:
+            found[str(blob["id"])] = turns
+    return found
+
+
+def expected_output_lengths(
+    records: Sequence[AiperfRecord], traces: Mapping[str, list[int]]
+) -> list[int]:
+    """Each measured request's output length in its trace: the conversation id up to aiperf's
+    ``::`` subagent suffix names the trace, the turn index the request."""
+    expected = []
+    for record in records:
+        conversation, turn = record.metadata.conversation_id, record.metadata.turn_index
+        if not conversation or turn is None:
+            continue
+        turns = traces.get(conversation.split("::", 1)[0])
+        if turns and turn < len(turns):
+            expected.append(turns[turn])
+    return expected
+
+
 def request_metrics(
-    records: Sequence[AiperfRecord], aggregate: AiperfExport | None
+    records: Sequence[AiperfRecord],
+    aggregate: AiperfExport | None,
+    traces: Mapping[str, list[int]],
 ) -> dict[str, Any]:
     """The aggregate's request_metrics block."""
     input_tokens = [float(v) for v in ints(records, "input_sequence_length")]
     output_tokens = [float(v) for v in ints(records, "output_sequence_length")]
+    expected = [float(v) for v in expected_output_lengths(records, traces)] if traces else []
     return {
         "qps": qps_stats(records),
         "latency": latency_stats(records),
         "tokens": {
             "input": distribution(input_tokens),
             "output_actual": distribution(output_tokens),
-            "output_expected": {},
+            "output_expected": distribution(expected),
         },
         "throughput": throughput_stats(records),
         "cache": {"theoretical_cache_hit_rate": theoretical_hit_rate(aggregate)},
@@ -375,6 +470,7 @@ def agentic_record(
     aggregate: AiperfExport | None,
     metrics: dict[str, Any],
     warnings: list[str],
+    traces: Mapping[str, list[int]],
 ) -> dict[str, Any]:
     """The aggregate's body, before rounding, GPU power aside (InferenceX measures it in a
     step of its own, off for multi-node runs)."""
@@ -414,7 +510,7 @@ def agentic_record(
     dataset = ((aggregate.model_extra or {}) if aggregate else {}).get("metadata")
     if isinstance(dataset, dict) and isinstance(dataset.get("dataset"), dict):
         data["dataset"] = dataset["dataset"]
-    requests = request_metrics(kept, aggregate)
+    requests = request_metrics(kept, aggregate, traces)
     total = requests["throughput"].get("total")
     if total is not None and gpus > 0:
         requests["throughput"]["per_gpu"] = {
@@ -430,11 +526,15 @@ def agentic_record(
 
 
 def write_agentic(
-    artifacts: Path, job: AgenticJob, out_dir: Path, concurrency: int | None = None
+    artifacts: Path,
+    job: AgenticJob,
+    out_dir: Path,
+    concurrency: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Path:
     """Read AIPerf's exports in ``artifacts`` (its --output-artifact-dir) and write the
     concurrency's aggregate in ``out_dir``; returns its path. The concurrency is the caller's,
-    else the aggregate export's profiling phase's."""
+    else the aggregate export's profiling phase's; ``env`` locates the hub cache."""
     records = read_aiperf_records(artifacts / RECORDS_FILE)
     aggregate_path = artifacts / AGGREGATE_FILE
     aggregate = read_aiperf(aggregate_path) if aggregate_path.exists() else None
@@ -444,7 +544,9 @@ def write_agentic(
     kept, _ = measured(records)
     export = read_server_metrics(artifacts / SERVER_METRICS_FILE)
     metrics, warnings = server_metrics(export, job.shape.framework, kept)
-    body = round_floats(agentic_record(job, concurrency, records, aggregate, metrics, warnings))
+    traces = trace_output_lengths(env or {})
+    body = agentic_record(job, concurrency, records, aggregate, metrics, warnings, traces)
+    body = round_floats(body)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{job.result_filename(concurrency)}.json"
     partial = target.with_name(f".{target.name}.partial")
