@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import resource
 import signal
@@ -486,8 +487,26 @@ def raise_fd_limit(wanted: int) -> int:
     return int(soft) if soft != resource.RLIM_INFINITY else wanted
 
 
-async def serve(config: EndpointConfig, sock: socket.socket | None = None) -> None:
-    """Serve the endpoint until SIGTERM/SIGINT (or cancellation); returns after a clean stop."""
+def freeze_startup_heap() -> None:
+    """Take every object alive now out of the cyclic collector's scans, for good.
+
+    Why: the imports (aiohttp, starlette, pydantic, prometheus_client) leave some 50,000
+    tracked objects, and each full collection walked all of them on the one event loop: a
+    40-50 ms stall every few seconds under load, which every request in flight then waited
+    out (the endpoint's p99 at a fixed rate well below saturation was 37 ms against a p50 of
+    2 ms). Requests themselves leave almost no cyclic garbage, so what the collector must
+    still see is what is made after start-up; frozen objects are still freed by reference
+    counting."""
+    gc.collect()
+    gc.freeze()
+
+
+async def serve(
+    config: EndpointConfig, sock: socket.socket | None = None, freeze_heap: bool = False
+) -> None:
+    """Serve the endpoint until SIGTERM/SIGINT (or cancellation); returns after a clean stop.
+    ``freeze_heap``: the process is the endpoint's own, so its start-up heap is frozen once
+    it listens (``freeze_startup_heap``)."""
     server = EndpointServer(config)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -500,6 +519,8 @@ async def serve(config: EndpointConfig, sock: socket.socket | None = None) -> No
         print(f"endpoint {config.name}: cannot listen: {exc}", file=sys.stderr, flush=True)
         await server.endpoint.stop()
         raise SystemExit(1) from exc
+    if freeze_heap:
+        freeze_startup_heap()
     try:
         await stopping.wait()
     finally:
@@ -527,4 +548,4 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> None:
         flush=True,
     )
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(config))
+        runner.run(serve(config, freeze_heap=True))
