@@ -7,11 +7,14 @@ import contextlib
 import re
 import socket
 import time
+from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
 import pytest
 from endpoint_helpers import Backend, running_backends, running_endpoint, serve_asgi, until
+
+from slurmgate.runtime.endpoint.upstream import QUICKACK, LanePool, UpstreamConnection
 
 BODY = b'{"model": "m", "prompt": "hi"}'
 
@@ -229,3 +232,39 @@ async def test_a_pooled_connection_acknowledges_a_nagling_backend_at_once() -> N
     finally:
         server.close()
         await server.wait_closed()
+
+
+class RecordingSocket:
+    """Stands in for a pooled connection's socket: records the options set on it."""
+
+    def __init__(self) -> None:
+        self.options: list[tuple[int, int, int]] = []
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        self.options.append((level, option, value))
+
+
+def recorded_upstream() -> tuple[UpstreamConnection, RecordingSocket]:
+    pool = SimpleNamespace(loop=asyncio.get_running_loop(), forget=lambda conn: None)
+    conn = UpstreamConnection(cast(LanePool, pool))
+    sock = RecordingSocket()
+    conn.sock = cast(socket.socket, sock)
+    return conn, sock
+
+
+@pytest.mark.skipif(QUICKACK is None, reason="TCP_QUICKACK is Linux's")
+async def test_an_answer_whole_in_its_first_read_is_not_quick_acked() -> None:
+    conn, sock = recorded_upstream()
+    conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    assert conn.complete and b"".join(conn.parts) == b"ok"
+    assert sock.options == []  # nothing more is awaited: no system call for it
+
+
+@pytest.mark.skipif(QUICKACK is None, reason="TCP_QUICKACK is Linux's")
+async def test_an_answer_that_goes_on_is_quick_acked_once() -> None:
+    conn, sock = recorded_upstream()
+    conn.data_received(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert conn.head_done and not conn.complete
+    assert sock.options == [(socket.IPPROTO_TCP, QUICKACK, 1)]
+    conn.data_received(b"5\r\nhello\r\n0\r\n\r\n")
+    assert conn.complete and len(sock.options) == 1
