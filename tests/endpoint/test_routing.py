@@ -20,6 +20,7 @@ from endpoint_helpers import (
 
 from slurmgate.runtime.endpoint.backpressure import Lane, QueuePolicy
 from slurmgate.runtime.endpoint.config import EndpointConfig
+from slurmgate.runtime.endpoint.heads import HOP_BY_HOP, strip_hop_by_hop
 from slurmgate.runtime.endpoint.routing import LeastActiveRouter
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 4}
@@ -317,6 +318,20 @@ async def test_hop_by_hop_headers_are_stripped_both_ways(client: httpx.AsyncClie
     assert r.headers["x-public"] == "visible"
     assert "x-private" not in r.headers
     assert "keep-alive" not in r.headers
+
+
+def test_every_connection_header_nominates_what_is_dropped() -> None:
+    headers = [
+        (b"X-One", b"1"),
+        (b"Connection", b"X-One , ,keep-alive"),
+        (b"x-two", b"2"),
+        (b"connection", b"X-TWO"),
+        (b"Keep-Alive", b"timeout=5"),
+        (b"X-Three", b"3"),
+    ]
+    assert strip_hop_by_hop(headers, HOP_BY_HOP) == [(b"x-three", b"3")]
+    assert strip_hop_by_hop(headers[4:], HOP_BY_HOP) == [(b"x-three", b"3")]
+    assert strip_hop_by_hop(headers[5:], frozenset()) == [(b"x-three", b"3")]
 
 
 async def test_in_flight_count_released_when_client_cancels(client: httpx.AsyncClient) -> None:

@@ -29,14 +29,20 @@ def strip_hop_by_hop(
     headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]
 ) -> list[tuple[bytes, bytes]]:
     """Drop hop-by-hop headers and every header the Connection header nominates."""
-    pairs = [(k.lower(), v) for k, v in headers]
-    nominated: set[bytes] = set()
-    for key, value in pairs:
+    # One pass, since it runs twice per request: a Connection header is rare, and only then
+    # is what was kept filtered again.
+    kept: list[tuple[bytes, bytes]] = []
+    nominated: set[bytes] | None = None
+    for key, value in headers:
+        key = key.lower()
         if key == b"connection":
-            nominated.update(t.strip().lower() for t in value.split(b",") if t.strip())
+            tokens = {t.strip().lower() for t in value.split(b",")} - {b""}
+            nominated = tokens if nominated is None else nominated | tokens
+        if key not in drop:
+            kept.append((key, value))
     if not nominated:
-        return [(k, v) for k, v in pairs if k not in drop]
-    return [(k, v) for k, v in pairs if k not in drop and k not in nominated]
+        return kept
+    return [(k, v) for k, v in kept if k not in nominated]
 
 
 def request_head(
