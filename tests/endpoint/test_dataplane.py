@@ -14,6 +14,8 @@ import httpx
 import pytest
 from endpoint_helpers import Backend, running_backends, running_endpoint, serve_asgi, until
 
+from slurmgate.runtime.endpoint.dataplane import ClientConnection, Handler, Incoming
+from slurmgate.runtime.endpoint.forward import BrokenStream, relay
 from slurmgate.runtime.endpoint.upstream import QUICKACK, LanePool, UpstreamConnection
 
 BODY = b'{"model": "m", "prompt": "hi"}'
@@ -268,3 +270,76 @@ async def test_an_answer_that_goes_on_is_quick_acked_once() -> None:
     assert sock.options == [(socket.IPPROTO_TCP, QUICKACK, 1)]
     conn.data_received(b"5\r\nhello\r\n0\r\n\r\n")
     assert conn.complete and len(sock.options) == 1
+
+
+class RecordingTransport:
+    """Stands in for a client's transport: records each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def streaming_client() -> tuple[ClientConnection, Incoming, RecordingTransport]:
+    conn = ClientConnection(cast(Handler, SimpleNamespace()), set())
+    transport = RecordingTransport()
+    conn.transport = cast(asyncio.Transport, transport)
+    req = Incoming()
+    req.complete = True
+    conn.active = req
+    return conn, req, transport
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+EVENTS = [b"data: %d\n\n" % i for i in range(3)]
+FRAMES = [b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS]
+CLIENT_HEAD = SSE_HEAD  # as the data plane frames it again: the same bytes
+
+
+async def test_a_stream_read_whole_goes_to_the_client_in_one_write() -> None:
+    conn, req, transport = streaming_client()
+    upstream, _ = recorded_upstream()
+    upstream.data_received(SSE_HEAD + b"".join(FRAMES) + b"0\r\n\r\n")
+    headers = [(b"content-type", b"text/event-stream")]
+    assert await relay(conn, req, upstream, 200, headers, 5.0) == 200
+    assert transport.writes == [CLIENT_HEAD + b"".join(FRAMES) + b"0\r\n\r\n"]
+    assert req.responded and conn.corked is None
+
+
+async def test_each_read_of_a_stream_is_one_write_and_nothing_waits() -> None:
+    conn, req, transport = streaming_client()
+    upstream, _ = recorded_upstream()
+    upstream.data_received(SSE_HEAD)
+    headers = [(b"content-type", b"text/event-stream")]
+    relaying = asyncio.create_task(relay(conn, req, upstream, 200, headers, 5.0))
+    await until(lambda: len(transport.writes) == 1)
+    assert transport.writes == [CLIENT_HEAD]  # the head goes out before any chunk came
+    upstream.data_received(FRAMES[0] + FRAMES[1])
+    assert transport.writes[1:] == [FRAMES[0] + FRAMES[1]]  # at once, from the callback
+    upstream.data_received(FRAMES[2] + b"0\r\n\r\n")
+    assert await relaying == 200
+    assert transport.writes[2:] == [FRAMES[2] + b"0\r\n\r\n"]
+
+
+async def test_what_a_broken_stream_brought_still_goes_out() -> None:
+    conn, req, transport = streaming_client()
+    upstream, _ = recorded_upstream()
+    upstream.data_received(SSE_HEAD + FRAMES[0])
+    headers = [(b"content-type", b"text/event-stream")]
+    relaying = asyncio.create_task(relay(conn, req, upstream, 200, headers, 5.0))
+    await until(lambda: len(transport.writes) == 1)
+    upstream.connection_lost(None)
+    with pytest.raises(BrokenStream):
+        await relaying
+    assert transport.writes == [CLIENT_HEAD + FRAMES[0]]
+    assert conn.corked is None

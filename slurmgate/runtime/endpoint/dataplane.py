@@ -160,6 +160,8 @@ class ClientConnection(asyncio.Protocol):
         self.linger_since: float | None = None  # answered early; closing
         self.write_paused = False
         self.feeder: UpstreamConnection | None = None  # the upstream streaming into us
+        # A streamed answer's writes, held while corked and written as one (``cork``).
+        self.corked: list[bytes] | None = None
         self.closed = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------
@@ -392,6 +394,7 @@ class ClientConnection(asyncio.Protocol):
                 )
                 self._linger()
             else:
+                self.flush()  # a streamed answer's last bytes, held for its end
                 transport.close()
 
     def _linger(self) -> None:
@@ -470,23 +473,57 @@ class ClientConnection(asyncio.Protocol):
         if not req.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
-        self.transport.write(b"".join(parts))
+        self._write(b"".join(parts))
 
     def send_chunk(self, req: Incoming, data: bytes) -> None:
         if self.closed or req.head_only or not data or self.transport is None:
             return
         if req.chunked_out:
-            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self._write(b"%x\r\n%s\r\n" % (len(data), data))
         else:
-            self.transport.write(data)
+            self._write(data)
 
     def send_end(self, req: Incoming) -> None:
         if not self.closed and req.chunked_out and not req.head_only and self.transport:
-            self.transport.write(b"0\r\n\r\n")
+            self._write(b"0\r\n\r\n")
+        self.uncork()
         self.finish(req)
+
+    def cork(self) -> None:
+        """Hold a streamed answer's writes until ``flush``, ``uncork`` or ``send_end``.
+
+        Why: each write is a system call, and a lane's read often holds several chunks (at
+        saturation, a short answer whole): written one by one, an 8-chunk SSE answer took
+        ten writes, a third of the event loop's time. The bytes and their order are the
+        same; only the number of writes changes."""
+        if self.corked is None:
+            self.corked = []
+
+    def flush(self) -> None:
+        """Write what the cork holds as one write (it stays corked)."""
+        parts = self.corked
+        if not parts:
+            return
+        self.corked = []
+        transport = self.transport
+        if not self.closed and transport is not None and not transport.is_closing():
+            transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def uncork(self) -> None:
+        """Write what the cork holds; later writes go out at once again."""
+        self.flush()
+        self.corked = None
+
+    def _write(self, data: bytes) -> None:
+        corked = self.corked
+        if corked is not None:
+            corked.append(data)
+        elif self.transport is not None:
+            self.transport.write(data)
 
     def abort(self) -> None:
         """Cut the connection: the answer cannot be completed (the backend broke mid-way)."""
+        self.flush()  # what came before the break goes out, as it did when written at once
         if self.transport is not None:
             self.transport.close()
 

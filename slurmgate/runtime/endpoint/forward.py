@@ -316,23 +316,29 @@ async def relay(
     headers: list[tuple[bytes, bytes]],
     idle_timeout: float,
 ) -> int:
-    """Stream a non-retryable upstream answer to the client; no retry after this point."""
-    conn.send_head(req, status, headers, upstream.content_length)
-
-    def sink(data: bytes) -> None:
-        conn.send_chunk(req, data)
-
-    conn.feeder = upstream
-    if conn.write_paused:
-        upstream.pause()
+    """Stream a non-retryable upstream answer to the client; no retry after this point.
+    What each of the lane's reads brings goes out as one write, with the head before the
+    first and the end after the last (``ClientConnection.cork``)."""
+    conn.cork()
     try:
-        # The answer has begun: from here on a gap is the stream's idle timeout.
-        await upstream.stream(sink, idle_timeout)
-    except (OSError, TimeoutError, UpstreamError) as exc:
-        raise BrokenStream("the backend broke mid-answer") from exc
+        conn.send_head(req, status, headers, upstream.content_length)
+
+        def sink(data: bytes) -> None:
+            conn.send_chunk(req, data)
+
+        conn.feeder = upstream
+        if conn.write_paused:
+            upstream.pause()
+        try:
+            # The answer has begun: from here on a gap is the stream's idle timeout.
+            await upstream.stream(sink, idle_timeout, conn.flush)
+        except (OSError, TimeoutError, UpstreamError) as exc:
+            raise BrokenStream("the backend broke mid-answer") from exc
+        finally:
+            conn.feeder = None
+        conn.send_end(req)
     finally:
-        conn.feeder = None
-    conn.send_end(req)
+        conn.uncork()  # what came before a break still goes out, as it did chunk by chunk
     return status
 
 

@@ -59,6 +59,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.sink: Callable[[bytes], None] | None = None
+        self.flush: Callable[[], None] | None = None  # after each read's parts went to sink
         self.timeout = 0.0
         self.last_read = 0.0
         self.timer: asyncio.TimerHandle | None = None
@@ -105,11 +106,15 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail(UpstreamError(f"bad answer from the backend: {exc}"))
             self.close()
             return
-        if first and not self.complete:
-            # The answer's first bytes, with more to come: acknowledged now, not in 40 ms. An
-            # answer whole in its first read waits for nothing more, and the flag's system
-            # call (a socket object made and dropped by uvloop) was a tenth of the loop's time.
-            self.quick_ack()
+        if not self.complete:
+            if first:
+                # The answer's first bytes, with more to come: acknowledged now, not in 40 ms.
+                # An answer whole in its first read waits for nothing more, and the flag's
+                # system call (uvloop makes and drops a socket object for it) was a tenth of
+                # the event loop's time.
+                self.quick_ack()
+            if self.flush is not None:
+                self.flush()  # an answer that ended here is flushed by whoever waits for it
         waiter = self.waiter
         if waiter is not None and (self.head_done or self.complete) and not waiter.done():
             waiter.set_result(None)
@@ -233,13 +238,23 @@ class UpstreamConnection(asyncio.Protocol):
         await self._wait(lambda: self.complete)
         return b"".join(self.parts)
 
-    async def stream(self, sink: Callable[[bytes], None], idle_timeout: float) -> None:
-        """Hand the body to sink as it arrives, with the stream's idle timeout, until the end."""
+    async def stream(
+        self,
+        sink: Callable[[bytes], None],
+        idle_timeout: float,
+        flush: Callable[[], None] | None = None,
+    ) -> None:
+        """Hand the body to sink as it arrives, with the stream's idle timeout, until the end;
+        ``flush`` is called once each read's parts went to sink, unless the answer ended in
+        it (then the caller, woken, ends the answer)."""
         for part in self.parts:
             sink(part)
         self.parts = []
         self.sink = sink
+        self.flush = flush
         self.timeout = idle_timeout
+        if flush is not None and not self.complete:
+            flush()
         await self._wait(lambda: self.complete)
 
     def abort(self, error: BaseException) -> None:
@@ -301,6 +316,7 @@ class LanePool:
             conn.close()
             return
         conn.sink = None
+        conn.flush = None
         conn.parts = []
         conn.resume()
         conn.idle_since = time.monotonic()
