@@ -343,3 +343,22 @@ async def test_what_a_broken_stream_brought_still_goes_out() -> None:
         await relaying
     assert transport.writes == [CLIENT_HEAD + FRAMES[0]]
     assert conn.corked is None
+
+
+async def test_a_pooled_connection_keeps_its_timer_and_a_shorter_timeout_still_holds() -> None:
+    conn, _ = recorded_upstream()
+    conn.transport = cast(asyncio.Transport, RecordingTransport())
+    request, answer = b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    timers = []
+    for _ in range(2):
+        sending = asyncio.create_task(conn.send(request, b"", 100.0))
+        await asyncio.sleep(0)
+        conn.data_received(answer)
+        await sending
+        timers.append(conn.timer)
+    assert timers[0] is not None and timers[1] is timers[0]  # one timer for both exchanges
+    # a next exchange due before that timer fires gets a timer of its own
+    with pytest.raises(TimeoutError, match=r"backend silent for 0\.05 s"):
+        async with asyncio.timeout(10):
+            await conn.send(request, b"", 0.05)
+    assert conn.closed and conn.timer is None

@@ -2,9 +2,10 @@
 
 Per-lane pools of keep-alive connections (``LanePool``), each carrying one request at a time
 (``UpstreamConnection``): a first-byte timeout until the answer starts, then the stream's idle
-timeout, both checked by one timer per attempt that re-arms itself instead of being reset on
-every read. A streamed answer is handed to a sink from the protocol's callback, with no await
-per chunk; a client that reads slowly pauses the connection that feeds it.
+timeout, both checked by one timer per connection that re-arms itself instead of being reset
+on every read, and serves the connection's next exchanges too. A streamed answer is handed to
+a sink from the protocol's callback, with no await per chunk; a client that reads slowly
+pauses the connection that feeds it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
+        # Checks this connection's exchange for silence; kept between exchanges (``send``).
+        self.timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -62,7 +65,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.flush: Callable[[], None] | None = None  # after each read's parts went to sink
         self.timeout = 0.0
         self.last_read = 0.0
-        self.timer: asyncio.TimerHandle | None = None
         self.head_only = False
         self.writable: asyncio.Future[None] | None = None
         self.paused = False
@@ -168,10 +170,7 @@ class UpstreamConnection(asyncio.Protocol):
     def _complete(self) -> None:
         if self.complete:
             return
-        self.complete = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.complete = True  # the timer, left to run, then finds nothing to check
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -204,8 +203,16 @@ class UpstreamConnection(asyncio.Protocol):
         self._reset()
         self.head_only = head.startswith(b"HEAD ")
         self.timeout = first_byte_timeout
-        self.last_read = self.loop.time()
-        self.timer = self.loop.call_at(self.last_read + first_byte_timeout, self._check_timeout)
+        now = self.last_read = self.loop.time()
+        due = now + first_byte_timeout
+        # A timer left from the last exchange on this connection does, when it fires no later
+        # than this one's due time (it re-arms itself for the rest): making and cancelling a
+        # timer for each request cost 4% of the event loop's time.
+        timer = self.timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self.timer = self.loop.call_at(due, self._check_timeout)
         transport = self.transport
         if transport is None or self.closed:
             raise UpstreamError("backend connection closed")
@@ -308,10 +315,8 @@ class LanePool:
         return protocol
 
     def release(self, conn: UpstreamConnection) -> None:
-        """After an exchange: back to the pool when it ended cleanly, else closed."""
-        if conn.timer is not None:
-            conn.timer.cancel()
-            conn.timer = None
+        """After an exchange: back to the pool when it ended cleanly, else closed (a pooled
+        connection keeps its timer for the next exchange)."""
         if conn.closed or not conn.complete or not conn.keep_alive or conn.error is not None:
             conn.close()
             return
