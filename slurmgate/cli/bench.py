@@ -11,7 +11,12 @@ import typer
 from slurmgate.cli.common import fail
 from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.benchmarks import aiperf, run, sabench
-from slurmgate.settings.handed import CLIENT_REPORTS_DIR, RESULTS_DIR, handed
+from slurmgate.settings.handed import (
+    CLIENT_REPORTS_DIR,
+    RESULTS_DIR,
+    SERVER_METRICS_URLS,
+    handed,
+)
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -207,7 +212,12 @@ def aiperf_replay(
             loader=loader,
             input_file=input_file,
             max_context_length=max_context_length,
-            server_metrics_urls=aiperf.server_metrics_urls(extra),
+            # the recipe's own list, else the one the run hands its client
+            server_metrics_urls=aiperf.server_metrics_urls(
+                extra
+                if SERVER_METRICS_URLS in extra
+                else {SERVER_METRICS_URLS: handed(SERVER_METRICS_URLS) or ""}
+            ),
         )
         exports = run.run_aiperf(replay, str(cli), results, extra)
     except InputError as exc:

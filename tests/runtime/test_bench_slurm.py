@@ -10,14 +10,15 @@ own reason.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from slurmgate.runtime.benchmarks.aiperf import write_stand_in_traces
 from slurmgate.runtime.results.records import read_records
 from slurmgate.runtime.run.allocation_run import AllocationRun
 from slurmgate.runtime.run.state import RunFailed
@@ -25,6 +26,7 @@ from slurmgate.runtime.spec.allocation import AllocationSpec
 from slurmgate.runtime.spec.from_recipe import spec_from_recipe
 from slurmgate.runtime.spec.local_recipe import localize
 
+from ..results.test_agentic_results import AGENTIC_JOB, inferencex_aggregate
 from .test_bench_tools import AIPERF, SABENCH_PYTHON
 from .test_dynamo_mocker import DYNAMO_PYTHON, MODEL, write_tiny_model
 
@@ -43,7 +45,7 @@ def _tiny_model(where: Path) -> Path:
     return write_tiny_model(DYNAMO_PYTHON, where)
 
 
-def _client(model: Path, traces: Path) -> list[str]:
+def _client(model: Path) -> list[str]:
     bench = f"{shlex.quote(sys.executable)} -m slurmgate.cli bench"
     url = '"${OPENAI_BASE_URL%/v1}"'
     common = f"--model {MODEL} --tokenizer {shlex.quote(str(model))}"
@@ -54,18 +56,19 @@ def _client(model: Path, traces: Path) -> list[str]:
         f"--num-prompts-mult 2 --num-warmup-mult 0 --gpus 16 "
         f"--python {shlex.quote(str(SABENCH_PYTHON))} && "
         f"{bench} aiperf {url} {common} --concurrencies 2 --duration 4 "
-        f"--input-file {shlex.quote(str(traces))} --cli {shlex.quote(str(AIPERF))}",
+        # the stand-ins' corpus, as `--local --bench` replays an agentic recipe's
+        f"--stand-in-traces --cli {shlex.quote(str(AIPERF))}",
     ]
 
 
-def _spec(model: Path, traces: Path) -> AllocationSpec:
+def _spec(model: Path) -> AllocationSpec:
     return AllocationSpec.from_data(
         {
             "schema_version": 1,
             "name": "bench",
             "gpus_per_node": 8,
             "time_limit": "00:06:00",
-            "client": {"command": _client(model, traces), "dedicated_node": True},
+            "client": {"command": _client(model), "dedicated_node": True},
             "deployments": [
                 {
                     "name": "dyn",
@@ -112,9 +115,7 @@ def test_sa_bench_and_aiperf_write_their_results_through_the_endpoint(
     job = held_allocation(nodes=3, gpus=8)
     monkeypatch.setenv("SLURM_JOB_ID", job)
     model = _tiny_model(tmp_path / "model")
-    run = AllocationRun(
-        _spec(model, write_stand_in_traces(tmp_path / "traces", MODEL)), runs_root=runs_root
-    )
+    run = AllocationRun(_spec(model), runs_root=runs_root)
     run.run()
     assert run.status == "succeeded"
     reports = run.run_dir / "client-reports"
@@ -129,6 +130,32 @@ def test_sa_bench_and_aiperf_write_their_results_through_the_endpoint(
         (raw / "conc_2" / "aiperf_artifacts" / "profile_export_aiperf.json").read_text()
     )
     assert export["total_output_tokens"]["avg"] > 0
+    assert len(list((raw / "stand-in-traces").glob("stand-in-*.json"))) == 4
+    scraped = json.loads(
+        (raw / "conc_2" / "aiperf_artifacts" / "server_metrics_export.json").read_text()
+    )
+    # the run hands its client the frontend's and each mocker's /metrics; AIPerf scraped them
+    successful = scraped["summary"]["endpoints_successful"]
+    assert any(u.endswith(":17840/metrics") for u in successful), successful
+    lanes = [u for u in successful if not u.endswith((":17840/metrics", ":17842/metrics"))]
+    assert len(lanes) == 2, successful
+    assert any(name.startswith("dynamo_") for name in scraped["metrics"]), list(scraped["metrics"])
+    # and from these artifacts slurmgate writes InferenceX's agentic aggregate, as its own
+    # process_agentic_result.py does, with the engines' figures from Dynamo's metrics
+    artifacts = raw / "conc_2" / "aiperf_artifacts"
+    job = {**AGENTIC_JOB, "FRAMEWORK": "dynamo-sglang", "CONC_LIST": "2"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **job, "HF_HUB_CACHE": str(tmp_path / "hf")}
+    written = subprocess.run(
+        [sys.executable, "-m", "slurmgate.cli", "results", "write", str(artifacts),
+         "--tool", "aiperf", "--url", "http://endpoint", "--out", str(tmp_path / "agentic")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    [ours] = sorted((tmp_path / "agentic").glob("*.json"))
+    theirs_done, theirs = inferencex_aggregate(artifacts, tmp_path, 2, job)
+    assert theirs_done.returncode == 0, theirs_done.stderr
+    assert json.loads(ours.read_text()) == json.loads(theirs.read_text())
+    assert json.loads(ours.read_text())["server_metrics"]["adapter"] == "dynamo-vllm"
     kept, skipped = read_records(reports)
     assert skipped == []
     assert sorted((r.tool, r.concurrency) for r in kept) == [
@@ -211,29 +238,3 @@ def test_a_local_recipe_run_benchmarks_its_stand_ins_with_the_recipes_sa_bench(
     assert saved["completed"] == 8 and saved["total_output_tokens"] > 0
     kept, _ = read_records(run.run_dir / "client-reports")
     assert [(r.tool, r.concurrency, r.measured_via) for r in kept] == [("sa-bench", 4, "slurmgate")]
-
-
-def test_a_local_agentic_recipe_run_replays_its_stand_in_corpus_with_aiperf(
-    runs_root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`allocation run --recipe R --local --bench` for InferenceX's agentic replay: AIPerf over
-    the stand-in corpus, through the endpoint in front of Dynamo's frontend and the mockers."""
-    _tools_or_skip()
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    monkeypatch.delenv("SLURM_JOBID", raising=False)
-    recipe = (
-        REPO / "tests/data/inferencex-branch-recipes/benchmarks/multi_node/srt-slurm-recipes"
-        / "trtllm/deepseek-v4/agentx-gb300-20260811"
-        / "dynamo-disagg-gb300-1p4d-dep4-tep8-c4-b1-mtp.yaml"
-    )  # fmt: skip
-    local = localize(spec_from_recipe(recipe), dynamo_python=str(DYNAMO_PYTHON), bench=True)
-    run = AllocationRun(local.spec, runs_root=runs_root)
-    run.run()
-    assert run.status == "succeeded"
-    results = run.run_dir / "outputs" / "client" / "results"
-    assert len(list((results / "stand-in-traces").glob("stand-in-*.json"))) == 4
-    export = results / "conc_4" / "aiperf_artifacts" / "profile_export_aiperf.json"
-    assert json.loads(export.read_text())["total_output_tokens"]["avg"] > 0
-    kept, _ = read_records(run.run_dir / "client-reports")
-    assert [(r.tool, r.concurrency, r.measured_via) for r in kept] == [("aiperf", 4, "slurmgate")]
-    assert kept[0].requests_failed == 0 and kept[0].total_output_tokens > 0

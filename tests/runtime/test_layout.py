@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slurmgate.runtime.engines import layout
@@ -93,3 +95,41 @@ def test_bind_rejects_a_wrong_node_count() -> None:
 def test_launch_delay() -> None:
     assert layout.launch_delay(0, 60, 5) == 0
     assert layout.launch_delay(3, 60, 5) == 75
+
+
+def test_the_client_is_handed_where_the_serving_processes_export_metrics(tmp_path: Path) -> None:
+    from slurmgate.runtime.run.allocation_run import AllocationRun
+
+    def handed(deployment: dict[str, object]) -> list[str]:
+        spec = AllocationSpec.from_data(
+            {
+                "name": "m",
+                "client": {"command": ["true"]},
+                "gpus_per_node": 8,
+                "deployments": [deployment],
+            }
+        )
+        run = AllocationRun(spec, runs_root=tmp_path)
+        hosts = [f"n{i}" for i in range(run.plan.total_nodes)]
+        addresses = {h: f"10.0.0.{i + 1}" for i, h in enumerate(hosts)}
+        run.layout = layout.bind(run.plan, hosts, addresses)
+        return run.client_env()["AIPERF_SERVER_METRICS_URLS"].split(",")
+
+    # Dynamo over mockers: the frontend's /metrics, then each mocker's status server
+    mocked = handed(
+        {
+            "name": "dyn",
+            "engine": "dynamo-sglang",
+            "stand_in": "dynamo-mocker",
+            "command": ["python", "-m", "dynamo.mocker", "--model-path", "/model"],
+            "roles": {"prefill": {}, "decode": {"workers": 2}},
+            "frontend": {"type": "dynamo", "port": 17840},
+            "side_base_port": 21000,
+        }
+    )
+    assert mocked[0] == "http://10.0.0.1:17840/metrics"
+    assert len(mocked) == 4 and all(u.endswith("/metrics") for u in mocked)
+    assert len({u.split("//")[1].split("/")[0] for u in mocked}) == 4  # one listener each
+    # engines serve their own /metrics on their HTTP port: each replica's head
+    served = handed({"name": "v", "command": ["vllm", "serve", "m"], "replicas": 2})
+    assert served == ["http://10.0.0.1:18000/metrics", "http://10.0.0.1:18001/metrics"]

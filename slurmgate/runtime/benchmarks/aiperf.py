@@ -12,8 +12,9 @@ those are left out. A local trace cannot prove which corpus it is, so the scenar
 only with `--unsafe-override` (AIPerf marks such a run not valid for submission).
 AIPerf's defaults keep what InferenceX's agentic aggregate reads: the per-request export
 (`profile_export.jsonl`) and the server metrics scraped from the URL's `/metrics`, plus the
-engines' own endpoints when the recipe's env names them in AIPERF_SERVER_METRICS_URLS (passed as
-`--server-metrics`, as build_replay_cmd does): slurmgate's endpoint exports no engine metric.
+engines' own endpoints named in AIPERF_SERVER_METRICS_URLS (passed as `--server-metrics`, as
+build_replay_cmd does; the recipe's env, else the list a run hands its client): slurmgate's
+endpoint exports no engine metric.
 The corpus is a public loader's Hugging Face dataset (fetched first with `hf download`, as
 InferenceX does) or a local Weka trace file or folder (`--custom-dataset-type weka_trace`).
 """

@@ -584,6 +584,21 @@ def stand_in_metrics_urls(
     return out
 
 
+def server_metrics_urls(spec: DeploymentShape, lay: Layout, d: DeploymentPlan) -> list[str]:
+    """Where the deployment's serving processes export Prometheus metrics, as InferenceX's
+    agentic replay has AIPerf scrape them: Dynamo's frontend, then each mocker lane's status
+    server, or else each lane head's own /metrics (an engine's HTTP server, or a stub's)."""
+    urls = [
+        f"http://{lay.address(s.node)}:{s.probe_port}/metrics"
+        for s in d.services
+        if s.name == "frontend" and spec.frontend is not None and spec.frontend.type == "dynamo"
+    ]
+    mockers = stand_in_metrics_urls(spec, lay, d)
+    if mockers:
+        return urls + [url for _, url in mockers.values()]
+    return urls + [f"{url}/metrics" for url in lay.head_urls(d)]
+
+
 def stand_in_env(lane: LanePlan, bind_host: str) -> dict[str, str]:
     """A mocker lane's listeners on its node's address: its request plane on its first side
     port (SGLang's NCCL port, unused by the mocker), its status server on its last, where a

@@ -113,6 +113,10 @@ def client_env(ctx: RunContext) -> dict[str, str]:
     env[CLIENT_REPORTS_ENV] = str(ctx.client_reports_dir)
     # the files the client wants kept: collected, masked and bounded, into <run>/outputs/client
     env[handed.RESULTS_DIR] = str(ctx.client_results_dir)
+    # what a benchmark scrapes beside the endpoint, whose /metrics holds no engine's figures
+    first = ctx.plan.deployments[0]
+    scraped = layout_mod.server_metrics_urls(ctx.spec.deployments[first.index], ctx.layout, first)
+    env[handed.SERVER_METRICS_URLS] = ",".join(scraped)
     # a stand-in's tiny model: its tokenizer is the one a benchmark client must count with
     for dspec in ctx.spec.deployments:
         model = stand_ins.model_dir(ctx, dspec)
