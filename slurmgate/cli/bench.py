@@ -214,9 +214,7 @@ def aiperf_replay(
             max_context_length=max_context_length,
             # the recipe's own list, else the one the run hands its client
             server_metrics_urls=aiperf.server_metrics_urls(
-                extra
-                if SERVER_METRICS_URLS in extra
-                else {SERVER_METRICS_URLS: handed(SERVER_METRICS_URLS) or ""}
+                {SERVER_METRICS_URLS: handed(SERVER_METRICS_URLS) or "", **extra}
             ),
         )
         exports = run.run_aiperf(replay, str(cli), results, extra)

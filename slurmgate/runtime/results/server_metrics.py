@@ -75,18 +75,25 @@ def series_stat(series: ServerMetricSeries, keys: Sequence[str]) -> float | None
     return None
 
 
+def _stats(
+    metrics: Metrics, names: str | Sequence[str], keys: Sequence[str], keep: SeriesFilter | None
+) -> list[float]:
+    """Each kept series' first statistic of `keys` that it has."""
+    return [
+        v
+        for s in series_of(metrics, names)
+        if keep is None or keep(s)
+        if (v := series_stat(s, keys)) is not None
+    ]
+
+
 def sum_stat(
     metrics: Metrics,
     names: str | Sequence[str],
     keys: Sequence[str] = COUNTER_KEYS,
     keep: SeriesFilter | None = None,
 ) -> float | None:
-    values = [
-        v
-        for s in series_of(metrics, names)
-        if keep is None or keep(s)
-        if (v := series_stat(s, keys)) is not None
-    ]
+    values = _stats(metrics, names, keys, keep)
     return sum(values, 0.0) if values else None
 
 
@@ -97,12 +104,7 @@ def gauge_stat(
     combine: str = "max",
     keep: SeriesFilter | None = None,
 ) -> float | None:
-    values = [
-        v
-        for s in series_of(metrics, names)
-        if keep is None or keep(s)
-        if (v := series_stat(s, keys)) is not None
-    ]
+    values = _stats(metrics, names, keys, keep)
     if not values:
         return None
     if combine == "avg":

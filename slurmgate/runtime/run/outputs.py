@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from pydantic import ValidationError
 
@@ -30,7 +31,6 @@ from slurmgate.errors import ExternalError, InputError
 from slurmgate.runtime.ledger.records import NodeOutputs
 from slurmgate.runtime.run.state import RunContext
 from slurmgate.runtime.steps import outputs as node_outputs
-from slurmgate.settings.handed import NODE_OUTPUTS_ROOT
 from slurmgate.settings.runtime import OutputsSettings
 from slurmgate.slurm import commands as slurm
 
@@ -186,13 +186,34 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
+def _node_step(
+    ctx: RunContext,
+    argv: list[str],
+    timeout_s: float,
+    stdout: IO[bytes] | int,
+    stderr: IO[bytes] | int,
+) -> int | None:
+    """One srun on a node, its group stopped past `timeout_s` (and a grace): its exit code, or
+    None when it ran out of time. Raises OSError when srun cannot start."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=ctx.base_env(),  # it carries the operator's SLURMGATE_NODE_OUTPUTS_ROOT
+        start_new_session=True,
+        close_fds=True,
+    )
+    try:
+        return proc.wait(timeout=timeout_s + KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return None
+
+
 def collect_node(ctx: RunContext, host: str, options: CollectOptions | None = None) -> NodeOutputs:
     """`host`'s logs and results into `<run>/outputs/<host>`; raises CollectFailed."""
     options = options or CollectOptions.from_env()
-    env = ctx.base_env()
-    root = OutputsSettings.text("node_root")
-    if root:
-        env[NODE_OUTPUTS_ROOT] = root
     ctx.outputs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # The archive goes to a file, never memory: its size is files times the bound.
     prefix = f".{host}-"
@@ -200,26 +221,16 @@ def collect_node(ctx: RunContext, host: str, options: CollectOptions | None = No
         tempfile.NamedTemporaryFile(dir=ctx.outputs_dir, prefix=prefix, suffix=".tgz") as fh,
         tempfile.TemporaryFile() as errors,
     ):
+        argv = collect_argv(ctx, host, options)
         try:
-            proc = subprocess.Popen(
-                collect_argv(ctx, host, options),
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=errors,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            rc = _node_step(ctx, argv, options.node_timeout_s, fh, errors)
         except OSError as exc:
             raise CollectFailed(f"{host}: could not start srun: {exc.strerror}") from None
-        try:
-            rc = proc.wait(timeout=options.node_timeout_s + KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
+        if rc is None:
             raise CollectFailed(
                 f"{host}: no archive within {options.node_timeout_s:g} s "
                 "(SLURMGATE_OUTPUTS_NODE_TIMEOUT_S)"
-            ) from None
+            )
         errors.seek(0)
         said = " ".join(errors.read()[-600:].decode(errors="replace").split())
         if rc != 0:
@@ -265,23 +276,10 @@ def collect_nodes(ctx: RunContext, hosts: list[str], options: CollectOptions) ->
 def remove_node_copy(ctx: RunContext, host: str, timeout_s: float) -> bool:
     """Remove the run's outputs from `host` (lane logs hold what lanes printed, unmasked):
     one srun under `timeout_s`; whether it did."""
-    action = ["remove", ctx.run_id]
+    argv = _node_argv(ctx, host, ["remove", ctx.run_id], timeout_s)
     try:
-        proc = subprocess.Popen(
-            _node_argv(ctx, host, action, timeout_s),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=ctx.base_env(),
-            start_new_session=True,
-            close_fds=True,
-        )
+        return _node_step(ctx, argv, timeout_s, subprocess.DEVNULL, subprocess.DEVNULL) == 0
     except OSError:
-        return False
-    try:
-        return proc.wait(timeout=timeout_s + KILL_GRACE_S) == 0
-    except subprocess.TimeoutExpired:
-        _stop(proc)
         return False
 
 
