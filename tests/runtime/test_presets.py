@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from slurmgate.runtime.spec.errors import SpecError
 from slurmgate.runtime.spec.presets import (
     MAX_SPEC_FILE_BYTES,
     SpecOverrides,
+    _read_preset,
     apply_overrides,
     resolve_spec,
 )
@@ -115,6 +119,48 @@ def test_hostile_preset_names_are_refused_without_reading_or_echoing(tmp_path: P
         message = str(err.value)
         assert message.startswith(f"spec_file: {name} {reason}"), message
         assert "hunter2" not in message and "root:x" not in message
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_is_not_read(tmp_path: Path) -> None:
+    """Whoever may write in the presets folder swaps one of its folders for a symlink to another
+    place, again and again, while the worker reads a preset in it: the check of the name and
+    the open are two steps, so what was opened is checked too, and no byte from outside is read
+    or echoed."""
+    presets = tmp_path / "presets"
+    (presets / "site").mkdir(parents=True)
+    (presets / "site" / "spec.yaml").write_text("inside: 1\n")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "spec.yaml").write_text("password: hunter2\n")
+    stop = threading.Event()
+
+    def swap() -> None:
+        real, parked = presets / "site", presets / "site.parked"
+        while not stop.is_set():
+            os.rename(real, parked)
+            os.symlink(outside, real)
+            os.unlink(real)
+            os.rename(parked, real)
+
+    swapper = threading.Thread(target=swap)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads between the check and the open, often
+    swapper.start()
+    outcomes: collections.Counter[str] = collections.Counter()
+    try:
+        for _ in range(3000):
+            try:
+                outcomes[_read_preset("site/spec.yaml", presets)[1].decode()] += 1
+            except SpecError as err:
+                assert "hunter2" not in str(err)
+                outcomes[str(err).split(" (", 1)[0]] += 1
+    finally:
+        stop.set()
+        swapper.join()
+        sys.setswitchinterval(interval)
+    assert "password: hunter2\n" not in outcomes, outcomes
+    assert outcomes["inside: 1\n"] > 0, outcomes
+    assert "spec_file: site/spec.yaml is outside the presets folder" in " ".join(outcomes), outcomes
 
 
 def test_bad_overrides_name_the_field_and_the_fix(tmp_path: Path) -> None:

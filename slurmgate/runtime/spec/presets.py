@@ -73,8 +73,9 @@ def _refused(problem: str, fix: str) -> SpecError:
     return SpecError([("spec_file", problem, fix)])
 
 
-def _preset_path(name: str, presets_dir: Path | None) -> Path:
-    """The file `name` names inside the presets folder (symlinks followed), or SpecError."""
+def _preset_path(name: str, presets_dir: Path | None) -> tuple[Path, Path]:
+    """The presets folder and the file `name` names inside it (symlinks followed), or
+    SpecError."""
     if presets_dir is None:
         raise _refused(
             "no presets folder is configured on this worker",
@@ -83,20 +84,29 @@ def _preset_path(name: str, presets_dir: Path | None) -> Path:
         )
     if not name or "\x00" in name or len(name) > 1024:
         raise _refused("is not a file name", "name a spec file in the presets folder")
-    root = Path(os.path.realpath(presets_dir))
-    target = Path(os.path.realpath(root / name))  # an absolute name stays as it is
-    if not target.is_relative_to(root):
+    try:
+        root = Path(os.path.realpath(presets_dir))
+        target = Path(os.path.realpath(root / name))  # an absolute name stays as it is
+    except OSError as exc:  # a link removed while it was resolved (realpath's own race)
         raise _refused(
-            f"{name} is outside the presets folder {root}",
+            f"{name} cannot be read on this host ({exc.strerror or 'unreadable'})",
             "name a spec file in the presets folder",
-        )
-    return target
+        ) from None
+    if not target.is_relative_to(root):
+        raise _outside(name, root)
+    return root, target
+
+
+def _outside(name: str, root: Path) -> SpecError:
+    return _refused(
+        f"{name} is outside the presets folder {root}", "name a spec file in the presets folder"
+    )
 
 
 def _read_preset(name: str, presets_dir: Path | None) -> tuple[Path, bytes]:
     """The file `name` names in the presets folder and its bytes: only a regular file is read
     (a FIFO, a device or a folder is refused without blocking), at most MAX_SPEC_FILE_BYTES."""
-    path = _preset_path(name, presets_dir)
+    root, path = _preset_path(name, presets_dir)
     try:
         # O_NONBLOCK: opening a FIFO for reading must not wait for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -106,6 +116,11 @@ def _read_preset(name: str, presets_dir: Path | None) -> tuple[Path, bytes]:
             "name a spec file in the presets folder",
         ) from None
     try:
+        # What was opened, not what the name resolved to a moment before: whoever may write in
+        # the folder could have swapped a symlink in between (O_NOFOLLOW guards the last part
+        # of the name only).
+        if not Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(root):
+            raise _outside(name, root)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _refused(f"{name} is not a regular file", "name a spec file")
