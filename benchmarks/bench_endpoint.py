@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import httpx
 from options import RESULTS, add_output_flags, write_results
@@ -60,7 +61,8 @@ CONNECTIONS = 64
 SSE_CHUNKS = 8
 JSON_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 16}'
 SSE_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 8, "stream": true}'
-ARMS = ("direct", "nginx", "peer", "sglang-router", "vllm-router", "slurmgate")
+FLOOR = "python-floor"  # the least a Python proxy does (``floor_proxy``): not an outside peer
+ARMS = ("direct", "nginx", "peer", "sglang-router", "vllm-router", FLOOR, "slurmgate")
 ROUTERS = ("sglang-router", "vllm-router")
 PEERS = ("nginx", "peer", *ROUTERS)  # every outside reference the endpoint is compared with
 # The targets: CPU per request within this of nginx's (the C floor), and p99 within this of the
@@ -181,6 +183,129 @@ def backend_server(port: int, delay: float) -> None:
     async def run() -> None:
         server = await asyncio.get_running_loop().create_server(
             Server, "127.0.0.1", port, backlog=4096
+        )
+        await server.serve_forever()
+
+    uvloop.run(run())
+
+
+# ---- the Python floor (run as `bench_endpoint.py --floor-proxy PORT --backend URL ...`) -----
+
+
+def floor_proxy(port: int, backends: list[str]) -> None:
+    """The least an HTTP/1.1 proxy in Python does per request, as a reference for the endpoint:
+    uvloop and httptools on both sides (as the endpoint), least-connections over keep-alive lane
+    connections (as nginx here), the request rebuilt from its parsed parts and the answer passed
+    through byte for byte. No auth, limits, retries, timeouts, backpressure, flow control or
+    metrics: what the endpoint costs beyond this is its features, and what this costs beyond
+    nginx is the language."""
+    import httptools
+    import uvloop
+
+    lanes = [(u.hostname or "127.0.0.1", u.port or 80) for u in map(urlsplit, backends)]
+    idle: list[list[Lane]] = [[] for _ in lanes]
+    active = [0] * len(lanes)
+    dialing: set[asyncio.Future[None]] = set()
+
+    class Lane(asyncio.Protocol):
+        def __init__(self, index: int) -> None:
+            self.index = index
+            self.parser = httptools.HttpResponseParser(self)
+            self.client: Client | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+
+        def send(self, client: Client, request: bytes) -> None:
+            self.client = client
+            self.transport.write(request)
+
+        def data_received(self, data: bytes) -> None:
+            if self.client is not None:
+                self.client.transport.write(data)
+            self.parser.feed_data(data)
+
+        def on_message_complete(self) -> None:
+            client, self.client = self.client, None
+            active[self.index] -= 1
+            idle[self.index].append(self)
+            if client is not None:
+                client.done()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self in idle[self.index]:
+                idle[self.index].remove(self)
+            if self.client is not None:
+                active[self.index] -= 1
+                self.client.transport.close()
+
+    class Client(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.parser = httptools.HttpRequestParser(self)
+            self.waiting: list[bytes] = []
+            self.busy = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.transport.close()
+
+        def on_message_begin(self) -> None:
+            self.url, self.headers, self.body = b"", [], b""
+
+        def on_url(self, url: bytes) -> None:
+            self.url += url
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.headers.append(b"%s: %s\r\n" % (name, value))
+
+        def on_body(self, body: bytes) -> None:
+            self.body += body
+
+        def on_message_complete(self) -> None:
+            method = self.parser.get_method()
+            self.waiting.append(
+                b"%s %s HTTP/1.1\r\n%s\r\n%s"
+                % (method, self.url, b"".join(self.headers), self.body)
+            )
+            if not self.busy:
+                self.next()
+
+        def next(self) -> None:
+            if not self.waiting or self.transport.is_closing():
+                self.busy = False
+                return
+            self.busy = True
+            request = self.waiting.pop(0)
+            index = min(range(len(lanes)), key=active.__getitem__)
+            active[index] += 1
+            if idle[index]:
+                idle[index].pop().send(self, request)
+            else:
+                task = asyncio.ensure_future(self.dial(index, request))
+                dialing.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(dialing.discard)
+
+        async def dial(self, index: int, request: bytes) -> None:
+            loop = asyncio.get_running_loop()
+            try:
+                _, lane = await loop.create_connection(lambda: Lane(index), *lanes[index])
+            except OSError:
+                active[index] -= 1
+                self.transport.close()
+                return
+            lane.send(self, request)
+
+        def done(self) -> None:
+            self.next()
+
+    async def run() -> None:
+        server = await asyncio.get_running_loop().create_server(
+            Client, "127.0.0.1", port, backlog=4096
         )
         await server.serve_forever()
 
@@ -544,6 +669,13 @@ def run_cell(
         env = dict(os.environ, PYTHONPATH=str(slurmgate_src or REPO))
         procs["slurmgate"] = spawn(argv, proxy_core, env=env, cwd=slurmgate_src or REPO)
         urls["slurmgate"] = [f"http://127.0.0.1:{port}"]
+    if FLOOR in arms:
+        port = free_port()
+        argv = [sys.executable, me, "--floor-proxy", str(port)]
+        for url in backends:
+            argv += ["--floor-backend", url]
+        procs[FLOOR] = spawn(argv, proxy_core)
+        urls[FLOOR] = [f"http://127.0.0.1:{port}"]
     if "peer" in arms:
         assert peer is not None
         port = free_port()
@@ -644,7 +776,31 @@ def run_cell(
             out["slurmgate"]["cpu_us_per_request"] / out[best]["cpu_us_per_request"]
         )
         out["targets"] = targets(out, peers)
+    if FLOOR in arms and "slurmgate" in arms:
+        out["floor"] = floor_ratios(out)
     return out
+
+
+def floor_ratios(out: dict[str, Any]) -> dict[str, Any]:
+    """CPU per request round by round: slurmgate over the Python floor (what its features cost)
+    and the floor over nginx (what the language costs)."""
+
+    def per_round(a: str, b: str) -> dict[str, float]:
+        return spread(
+            [
+                x / y
+                for x, y in zip(
+                    out[a]["cpu_us_per_request_rounds"],
+                    out[b]["cpu_us_per_request_rounds"],
+                    strict=True,
+                )
+            ]
+        )
+
+    found = {"slurmgate_over_floor": per_round("slurmgate", FLOOR)}
+    if "nginx" in out:
+        found["floor_over_nginx"] = per_round(FLOOR, "nginx")
+    return found
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -708,8 +864,11 @@ DESIGN = [
     "per-lane 429s and the metrics are the same code as before (`app.py`, `routing.py`, "
     "`backpressure.py`); `/health` and `/metrics` stay starlette routes, called on the same port. "
     "A compiled proxy from Debian (HAProxy or nginx) driven by a Python control plane was the "
-    "other option; it was not built, because the pure-Python data plane met the target with room "
-    "and keeps the retry and backpressure rules in one place, in one process.",
+    "other option; it was not built, because the pure-Python data plane met the target then set "
+    "(half the peer's CPU) with room and keeps the retry and backpressure rules in one place, in "
+    "one process. Against nginx, the Python floor arm above shows what a Python data plane can "
+    "reach and what the endpoint adds to it: the floor answers from the protocols' callbacks, "
+    "the endpoint runs a task and a chain of awaits per request.",
     "",
 ]
 
@@ -753,7 +912,7 @@ def markdown(results: dict[str, Any]) -> str:
     chunk = f"slurmgate {sse['slurmgate']['cpu_us_per_chunk']:.0f} µs"
     if with_peer:
         chunk += f", peer {sse['peer']['cpu_us_per_chunk']:.0f} µs"
-    measured = [arm for arm in PEERS if arm in first] + ["slurmgate"]
+    measured = [arm for arm in PEERS if arm in first] + [FLOOR, "slurmgate"]
     lines += [
         "",
         f"CPU per SSE chunk ({SSE_CHUNKS} chunks per answer): {chunk}.",
@@ -794,6 +953,7 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {a['noisy_rounds']} |"
                 )
     lines += target_lines(cells)
+    lines += floor_lines(cells)
     discarded = sum(c["discarded_rounds"] for c in cells)
     lines += [
         "",
@@ -841,6 +1001,36 @@ def target_lines(cells: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def floor_lines(cells: list[dict[str, Any]]) -> list[str]:
+    """The Python floor's table: where the CPU over nginx goes, language or features."""
+    rows = [c for c in cells if "floor" in c]
+    if not rows:
+        return []
+
+    def text(found: dict[str, float] | None) -> str:
+        if found is None:
+            return "-"
+        return f"{found['median']:.2f}× ({found['min']:.2f}–{found['max']:.2f})"
+
+    lines = [
+        "",
+        f"The Python floor (`{FLOOR}`: uvloop and httptools on both sides, least-connections "
+        "over keep-alive lane connections, the request rebuilt and the answer passed through, "
+        "and nothing else: no auth, limits, retries, timeouts, backpressure, flow control or "
+        "metrics). CPU per request, per round, median and range:",
+        "",
+        "| cell | Python floor / nginx | slurmgate / Python floor |",
+        "|---|---|---|",
+    ]
+    for c in rows:
+        found = c["floor"]
+        lines.append(
+            f"| {c['cell']} | {text(found.get('floor_over_nginx'))} "
+            f"| {text(found['slurmgate_over_floor'])} |"
+        )
+    return lines
+
+
 def _version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
@@ -852,6 +1042,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--backend-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--floor-proxy", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--floor-backend", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument(
         "--slurmgate-src",
         type=Path,
@@ -880,6 +1072,9 @@ def main() -> None:
     if ns.backend_server:
         backend_server(ns.backend_server, ns.delay)
         return
+    if ns.floor_proxy:
+        floor_proxy(ns.floor_proxy, ns.floor_backend)
+        return
     wrk = require_wrk()
     if ns.smoke:
         ns.rounds, ns.seconds, ns.retries = 1, 1.0, 0
@@ -896,7 +1091,7 @@ def main() -> None:
         print(
             "bench_endpoint: nginx is not measured (apt-get install nginx-light)", file=sys.stderr
         )
-    arms = ["direct", "slurmgate", *nginx, *(["peer"] if peer else []), *routers]
+    arms = ["direct", "slurmgate", *nginx, FLOOR, *(["peer"] if peer else []), *routers]
     argv = sys.argv[1:]
     if ns.slurmgate_src:  # the machine's path says nothing to a reader: name what it was
         argv = [a if a != str(ns.slurmgate_src) else "BASELINE-CHECKOUT" for a in argv]

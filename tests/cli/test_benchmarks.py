@@ -131,6 +131,7 @@ def check_endpoint(out: Path) -> None:
     # nginx, the C floor, comes from Debian (scripts/setup.sh installs nginx-light)
     assert data["nginx_measured"], "nginx is not installed: run scripts/setup.sh as root"
     proxies.append("nginx")
+    proxies.append("python-floor")  # the least a Python proxy does: not an outside peer
     for key in ("json_0ms", "sse_0ms", "json_20ms", "json_0ms_rate", "sse_0ms_rate"):
         cell = data["cells"][key]
         for arm in ("direct", *proxies):
@@ -143,6 +144,15 @@ def check_endpoint(out: Path) -> None:
         if data["peer_measured"]:
             assert positive(cell["slurmgate_over_peer_cpu"])
         assert cell["best_peer"] in proxies and positive(cell["slurmgate_over_best_peer_cpu"])
+        assert cell["best_peer"] != "python-floor"
+        floor = cell["floor"]
+        for ratio in ("floor_over_nginx", "slurmgate_over_floor"):
+            assert floor[ratio]["min"] <= floor[ratio]["median"] <= floor[ratio]["max"], key
+            assert positive(floor[ratio]["median"]), key
+        # one round in a smoke run: the ratio is that round's, from the arms' own CPU figures
+        assert floor["floor_over_nginx"]["median"] == pytest.approx(
+            cell["python-floor"]["cpu_us_per_request"] / cell["nginx"]["cpu_us_per_request"]
+        )
     assert positive(data["cells"]["sse_0ms"]["slurmgate"]["cpu_us_per_chunk"])
     for key, cell in data["cells"].items():
         targets = cell["targets"]
@@ -153,6 +163,7 @@ def check_endpoint(out: Path) -> None:
     text = (out / "endpoint.md").read_text()
     assert "| cell | slurmgate CPU/request | peer CPU/request | ratio |" in text
     assert "| cell | offered | CPU / nginx | p99 / best peer (peer) |" in text
+    assert "| cell | Python floor / nginx | slurmgate / Python floor |" in text
 
 
 def check_dynamo(out: Path) -> None:
