@@ -134,7 +134,7 @@ async def test_a_client_that_stops_reading_pauses_the_lane() -> None:
             sent += 1
         await send({"type": "http.response.body", "body": b""})
 
-    async with serve_asgi(firehose) as backend, running_endpoint([backend]) as (url, _):
+    async with serve_asgi(firehose) as backend, running_endpoint([backend]) as (url, ep):
         host, port = url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port), limit=65536)
         writer.write(post(extra="Connection: close\r\n"))
@@ -145,6 +145,8 @@ async def test_a_client_that_stops_reading_pauses_the_lane() -> None:
         writer.close()
     # without flow control the endpoint would take it all from the lane and hold it
     assert stalled_at < CHUNKS, f"the lane sent all {stalled_at} MiB to a client that read none"
+    # and /metrics says so
+    assert ep.stats.client_write_pauses >= 1 and ep.stats.lane_reads_paused >= 1, ep.stats
     assert sent == CHUNKS
     assert data.count(b"x") == CHUNKS * len(chunk)
 

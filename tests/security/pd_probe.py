@@ -61,6 +61,9 @@ def held(server: EndpointServer, stalls: Stalls) -> dict[str, Any]:
         "ended": sum(stats.statuses.values()) + stats.broken_streams,
         "statuses": {str(status): count for status, count in sorted(stats.statuses.items())},
         "idle_upstreams": sum(len(pool.idle) for pool in ep.links.pools),
+        # a slow reader filled its socket, and the lane streaming to it was paused
+        "client_write_pauses": stats.client_write_pauses,
+        "lane_reads_paused": stats.lane_reads_paused,
         "fds": len(os.listdir("/proc/self/fd")),
         "longest_stall": stalls.longest,
     }

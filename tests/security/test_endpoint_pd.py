@@ -746,7 +746,8 @@ async def test_after_killed_hung_and_slow_lanes_and_vanished_clients_nothing_is_
         f"bounds: peak RSS grew {grown:.0f} MiB (the endpoint {own:.0f}, its parser "
         f"{parsing:.0f}); slowest /health {slowest:.3f} s of "
         f"{len(watch.latencies)}; settled {settle:.2f} s after the load stopped; "
-        f"longest event-loop stall {after['longest_stall']:.3f} s; whole run {took:.1f} s"
+        f"longest event-loop stall {after['longest_stall']:.3f} s; whole run {took:.1f} s; "
+        f"client write pauses {after['client_write_pauses']}"
     )
     # each fault was hit
     dropped = [body for status, _, body in results if status in (502, 503)]

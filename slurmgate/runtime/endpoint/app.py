@@ -262,6 +262,10 @@ class Endpoint:
     def open_connections(self) -> int:
         return len(self.connections)
 
+    def client_write_paused(self, lane_paused: bool) -> None:
+        self.stats.client_write_pauses += 1
+        self.stats.lane_reads_paused += lane_paused
+
     def refused(self, status: int) -> None:
         if status == 503:
             self.stats.rejected_connections += 1

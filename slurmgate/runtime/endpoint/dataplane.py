@@ -128,6 +128,9 @@ class Handler(Protocol):
     def refused(self, status: int) -> None:
         """The data plane answered a request itself (a bad or oversized head, no room)."""
 
+    def client_write_paused(self, lane_paused: bool) -> None:
+        """A client's socket is full; ``lane_paused``: the lane feeding it waits too."""
+
     def dispatch(self, conn: ClientConnection, req: Incoming) -> None:
         """The whole request is in: start answering it."""
 
@@ -236,6 +239,7 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.handler.client_write_paused(self.feeder is not None)
         if self.feeder is not None:
             self.feeder.pause()
 

@@ -33,6 +33,8 @@ class EndpointStats:
     client_disconnects: int = 0
     broken_streams: int = 0
     pd_parse_failures: int = 0  # PD bodies whose parser process overran or died
+    client_write_pauses: int = 0  # a client read its answer slower than it came
+    lane_reads_paused: int = 0  # ... and the lane streaming that answer was paused for it
 
 
 class Observed(Protocol):
@@ -120,6 +122,16 @@ class StatsCollector(Collector):
             "PD bodies answered 413 or 503 because their parse overran --pd-parse-timeout or "
             "the parser process died (each time a new process takes the next body)",
             stats.pd_parse_failures,
+        )
+        yield counter(
+            "slurmgate_endpoint_client_write_pauses",
+            "Times a client read its answer slower than it came, so writes to it paused",
+            stats.client_write_pauses,
+        )
+        yield counter(
+            "slurmgate_endpoint_lane_reads_paused",
+            "Times the lane streaming an answer to such a client was paused until it caught up",
+            stats.lane_reads_paused,
         )
         retries = CounterMetricFamily(
             "slurmgate_endpoint_retries", "Retries by reason", labels=["endpoint", "reason"]
