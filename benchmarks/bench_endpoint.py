@@ -867,8 +867,7 @@ DESIGN = [
     "other option; it was not built, because the pure-Python data plane met the target then set "
     "(half the peer's CPU) with room and keeps the retry and backpressure rules in one place, in "
     "one process. Against nginx, the Python floor arm above shows what a Python data plane can "
-    "reach and what the endpoint adds to it: the floor answers from the protocols' callbacks, "
-    "the endpoint runs a task and a chain of awaits per request.",
+    "reach and what the endpoint's own per-request work adds to it.",
     "",
 ]
 
