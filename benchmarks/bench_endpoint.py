@@ -965,6 +965,13 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def spread_text(found: dict[str, Any] | None) -> str:
+    """A ratio's median over the rounds with its range, or "-" when it was not measured."""
+    if found is None:
+        return "-"
+    return f"{found['median']:.2f}× ({found['min']:.2f}–{found['max']:.2f})"
+
+
 def target_lines(cells: list[dict[str, Any]]) -> list[str]:
     """The targets' table: each ratio's median over the rounds, with its range."""
     rows = [c for c in cells if "targets" in c]
@@ -974,8 +981,7 @@ def target_lines(cells: list[dict[str, Any]]) -> list[str]:
     def cell_text(found: dict[str, Any] | None) -> str:
         if found is None:
             return "-"
-        verdict = "met" if found["met"] else "**missed**"
-        return f"{found['median']:.2f}× ({found['min']:.2f}–{found['max']:.2f}) {verdict}"
+        return spread_text(found) + (" met" if found["met"] else " **missed**")
 
     lines = [
         "",
@@ -1006,11 +1012,6 @@ def floor_lines(cells: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
 
-    def text(found: dict[str, float] | None) -> str:
-        if found is None:
-            return "-"
-        return f"{found['median']:.2f}× ({found['min']:.2f}–{found['max']:.2f})"
-
     lines = [
         "",
         f"The Python floor (`{FLOOR}`: uvloop and httptools on both sides, least-connections "
@@ -1024,8 +1025,8 @@ def floor_lines(cells: list[dict[str, Any]]) -> list[str]:
     for c in rows:
         found = c["floor"]
         lines.append(
-            f"| {c['cell']} | {text(found.get('floor_over_nginx'))} "
-            f"| {text(found['slurmgate_over_floor'])} |"
+            f"| {c['cell']} | {spread_text(found.get('floor_over_nginx'))} "
+            f"| {spread_text(found['slurmgate_over_floor'])} |"
         )
     return lines
 
