@@ -22,7 +22,7 @@ from slurmgate.testbed.demo import processes_with_env
 
 from .conftest import hosts_of
 from .listeners import ListenerWatch
-from .test_pd_slurm import check_listeners
+from .test_pd_slurm import HOLD_FOR_LISTENER_WATCH, check_listeners
 
 pytestmark = pytest.mark.slurm
 
@@ -104,7 +104,7 @@ def test_a_worker_over_two_nodes_forms_one_world_and_rank_0_serves(
     hosts = hosts_of(job)
     monkeypatch.setenv("SLURM_JOB_ID", job)
     lines: list[str] = []
-    spec = _spec("mpi-serve", ASK)
+    spec = _spec("mpi-serve", ASK + HOLD_FOR_LISTENER_WATCH)
     run = AllocationRun(spec, runs_root=runs_root, grace_s=5, log=lines.append)
     with ListenerWatch() as listeners:
         run.run()

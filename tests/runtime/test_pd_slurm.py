@@ -267,6 +267,10 @@ class Health(BaseHTTPRequestHandler):
 HTTPServer((host, port), Health).serve_forever()
 """
 
+# Appended to a quick client in a test that watches listeners: ListenerWatch polls every 0.5 s,
+# and a client done in less let the run's endpoint start and stop between two polls.
+HOLD_FOR_LISTENER_WATCH = "\nimport time\ntime.sleep(1.5)\n"
+
 # The client is an outsider to the services (it has no certificate of the run): on the client
 # node it reads etcd's /health and NATS's monitor on loopback, and NATS's INFO line on the node's
 # address; etcd refuses its write over TLS and plain HTTP, NATS its TLS upgrade.
@@ -321,7 +325,11 @@ def dynamo_spec() -> AllocationSpec:
             "gpus_per_node": 8,
             "time_limit": "00:03:00",
             "client": {
-                "command": ["python", "-c", SERVICES_CLIENT % SERVICE_PORTS],
+                "command": [
+                    "python",
+                    "-c",
+                    SERVICES_CLIENT % SERVICE_PORTS + HOLD_FOR_LISTENER_WATCH,
+                ],
                 "dedicated_node": False,
             },
             "deployments": [
