@@ -420,6 +420,13 @@ def _releases(
                 remove.extend(lease.anchor_labels)
             per_runner.append((rid, _original(by_id[rid], remove)))
         job = jobs.get(lease.job_id)
+        anchor_id = lease.anchor_id
+        if job is not None and _anchors_another_job(lease.anchor_labels, job):
+            # A runner two leases share after a crash, anchoring the other's job: GitHub can
+            # never dispatch this job there, and its busy flag is the other job's. Judged as
+            # this lease's anchor, a busy one kept the lease as "started" for as long as the
+            # other job ran.
+            anchor_id = None
         work.releases.append(
             Release(
                 lease_label=lease.label,
@@ -428,13 +435,20 @@ def _releases(
                 labels=tuple(per_runner),
                 reason=reason,
                 detail=detail,
-                anchor_id=lease.anchor_id,
+                anchor_id=anchor_id,
                 # not known to have started or ended: GitHub may dispatch it while we release
                 may_dispatch=lease.job_id not in missing
                 and (job is None or job.status not in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED)),
             )
         )
     return released
+
+
+def _anchors_another_job(anchor_labels: tuple[str, ...], job: Job) -> bool:
+    """The anchor carries a `ci-job-*` label, and not the job's (it is unique to a job)."""
+    theirs = {fold(label) for label in anchor_labels if fold(label).startswith(JOB_PREFIX)}
+    mine = {label for label in job.gate_labels() if label.startswith(JOB_PREFIX)}
+    return bool(theirs) and bool(mine) and not theirs & mine
 
 
 def _cleans(

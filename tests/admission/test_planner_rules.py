@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 
@@ -22,6 +24,7 @@ from admission_kit import (
 )
 
 from slurmgate.admission.capacity import LEGACY
+from slurmgate.admission.leases import DispatchCheck, RemovalOutcome, release_lease
 from slurmgate.admission.model import BlockReason, JobStatus, ReleaseReason, Runner, Snapshot
 from slurmgate.admission.planner import plan
 from slurmgate.admission.policies import policy_named, priority_order
@@ -417,6 +420,37 @@ def test_conflict_prefers_an_anchored_lease_over_an_older_anchorless_one() -> No
     d = plan(snapshot(runners, [a, b]), ON, NOW)
     assert [(r.job_id, r.reason) for r in d.release] == [(2, ReleaseReason.CONFLICT_LOST)]
     assert dict(d.release[0].labels) == {2: (older,), 3: (older,)}
+
+
+def test_a_lost_lease_on_another_jobs_busy_anchor_is_released_not_kept_as_started() -> None:
+    # A crash leaves job 2's lease label on runner 2, the anchor job 1 runs on: job 2's lease
+    # loses the conflict. Runner 2 is busy with job 1, which says nothing of job 2; judged as
+    # job 2's anchor, it kept job 2's lease "started" for as long as job 1 ran.
+    a = replace(job(1, 2, status=JobStatus.IN_PROGRESS), runner_id=2)
+    b = job(2, 2)
+    runners = lease_runners(pool("x", 4, busy={2}), a, [2, 3])
+    stale = f"ci-lease-j2-a1-t{int(NOW.timestamp()) - 200}"
+    runners = [replace(r, labels=(*r.labels, stale)) if r.id in (2, 4) else r for r in runners]
+    d = plan(snapshot(runners, [a, b]), ON, NOW)
+    assert [(r.job_id, r.reason) for r in d.release] == [(2, ReleaseReason.CONFLICT_LOST)]
+    release = d.release[0]
+    assert dict(release.labels) == {2: (stale,), 4: (stale,)}  # job 1's labels stay
+    busy = {r.id: r.busy for r in runners}
+    removed: list[tuple[int, str]] = []
+
+    async def read(job_id: int, anchor_id: int | None) -> DispatchCheck:
+        # what GitHub answers now: job 2 still queued, the anchor asked about as it is
+        return DispatchCheck(b, anchor_id is not None and busy[anchor_id])
+
+    async def remove(pairs: Sequence[tuple[int, Sequence[str]]]) -> RemovalOutcome:
+        removed.extend((rid, label) for rid, labels in pairs for label in labels)
+        return RemovalOutcome(tuple(removed), ())
+
+    outcome = asyncio.run(release_lease(release, remove, read))
+    assert outcome.released, outcome.reason
+    assert sorted(removed) == [(2, stale), (4, stale)]
+    # no dispatch gate to take first: job 2's labels are on none of its runners
+    assert release.may_dispatch and release.anchor_id is None and release.dispatch_gate == ()
 
 
 # ---- cleans -------------------------------------------------------------------------------
