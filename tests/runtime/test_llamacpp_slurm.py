@@ -64,7 +64,9 @@ with post(llm + "/v1/chat/completions", chat) as r:
 report["stream"] = {"status": r.status, "type": kind, "events": events}
 
 lock = threading.Lock()
-def long_one():
+def long_one(together=None):
+    if together is not None:
+        together.wait()  # the wave's requests go at once, within one sampling interval
     try:
         with post(llm + "/v1/completions",
                   {"model": MODEL, "prompt": "x", "max_tokens": LONG}) as r:
@@ -74,7 +76,10 @@ def long_one():
     with lock:
         report["seen"].append(row)
 
-first = [threading.Thread(target=long_one) for _ in range(6)]  # 1 running + 2 deferred per lane
+# 1 running + 2 deferred per lane. Released together: started one by one on a loaded machine,
+# a late one met a sample that already showed its lane's deferred requests, and got 429.
+wave = threading.Barrier(6)
+first = [threading.Thread(target=long_one, args=(wave,)) for _ in range(6)]
 for t in first:
     t.start()
 time.sleep(0.5)  # the samplers (every 100 ms) now see both lanes' deferred requests
