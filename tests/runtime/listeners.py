@@ -17,6 +17,10 @@ from slurmgate.runtime.engines.layout import LanePlan, Layout
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
 REPO = Path(__file__).resolve().parents[2]
+POLL_S = 0.5  # how often ListenerWatch looks
+# Appended to a quick client's code in a test that watches listeners: a client done within one
+# poll let the run's endpoint start and stop between two polls, unseen.
+HOLD_FOR_LISTENER_WATCH = f"\nimport time\ntime.sleep({3 * POLL_S:g})\n"
 ROW = re.compile(r"^\| `(?P<key>[a-z-]+)` \| (?P<on>[^|]+) \| (?P<binds>[^|]+) \|")
 
 
@@ -86,7 +90,7 @@ def snapshot(namespace: str, node_address: str) -> set[Listener]:
 class ListenerWatch:
     """Polls every node namespace while a run runs; `new` is what appeared after it began."""
 
-    def __init__(self, every_s: float = 0.5) -> None:
+    def __init__(self, every_s: float = POLL_S) -> None:
         self.every_s = every_s
         self.namespaces = {
             ns: _in_namespace(ns, "ip", "-4", "-o", "addr", "show", "eth0").split()[3].split("/")[0]

@@ -21,8 +21,8 @@ from slurmgate.slurm import commands as slurm
 from slurmgate.testbed.demo import processes_with_env
 
 from .conftest import hosts_of
-from .listeners import ListenerWatch
-from .test_pd_slurm import HOLD_FOR_LISTENER_WATCH, check_listeners
+from .listeners import HOLD_FOR_LISTENER_WATCH, ListenerWatch
+from .test_pd_slurm import check_listeners
 
 pytestmark = pytest.mark.slurm
 

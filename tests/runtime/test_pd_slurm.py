@@ -31,7 +31,7 @@ from slurmgate.runtime.run.state import RunFailed
 from slurmgate.runtime.spec.allocation import AllocationSpec
 
 from .conftest import assert_no_orphans, job_gone, processes_with
-from .listeners import ListenerWatch, kind_of, unlisted
+from .listeners import HOLD_FOR_LISTENER_WATCH, ListenerWatch, kind_of, unlisted
 
 pytestmark = pytest.mark.slurm
 
@@ -266,10 +266,6 @@ class Health(BaseHTTPRequestHandler):
 
 HTTPServer((host, port), Health).serve_forever()
 """
-
-# Appended to a quick client in a test that watches listeners: ListenerWatch polls every 0.5 s,
-# and a client done in less let the run's endpoint start and stop between two polls.
-HOLD_FOR_LISTENER_WATCH = "\nimport time\ntime.sleep(1.5)\n"
 
 # The client is an outsider to the services (it has no certificate of the run): on the client
 # node it reads etcd's /health and NATS's monitor on loopback, and NATS's INFO line on the node's
