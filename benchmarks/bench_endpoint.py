@@ -50,6 +50,7 @@ from urllib.parse import urlsplit
 import httpx
 from options import RESULTS, add_output_flags, write_results
 
+from slurmgate.runtime.endpoint.haproxy import haproxy_binary
 from slurmgate.testbed.localproc import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,10 @@ SSE_CHUNKS = 8
 JSON_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 16}'
 SSE_BODY = '{"model": "m", "prompt": "hello", "max_tokens": 8, "stream": true}'
 FLOOR = "python-floor"  # the least a Python proxy does (``floor_proxy``): not an outside peer
-ARMS = ("direct", "nginx", "peer", "sglang-router", "vllm-router", FLOOR, "slurmgate")
+# The endpoint with ``--data-plane haproxy``: HAProxy forwards, the endpoint decides; its CPU is
+# the endpoint's process tree, HAProxy and the Python control plane together.
+HAPROXY_ARM = "slurmgate-haproxy"
+ARMS = ("direct", "nginx", "peer", "sglang-router", "vllm-router", FLOOR, "slurmgate", HAPROXY_ARM)
 ROUTERS = ("sglang-router", "vllm-router")
 PEERS = ("nginx", "peer", *ROUTERS)  # every outside reference the endpoint is compared with
 # The targets: CPU per request within this of nginx's (the C floor), and p99 within this of the
@@ -671,15 +675,16 @@ def run_cell(
             load_core,
         )
     urls: dict[str, list[str]] = {"direct": backends}
-    if "slurmgate" in arms:
-        port = free_port()
-        argv = [sys.executable, "-m", "slurmgate.runtime.endpoint", "--name", "bench",
-                "--listen", f"127.0.0.1:{port}"]  # fmt: skip
-        for url in backends:
-            argv += ["--backend", url]
-        env = dict(os.environ, PYTHONPATH=str(slurmgate_src or REPO))
-        procs["slurmgate"] = spawn(argv, proxy_core, env=env, cwd=slurmgate_src or REPO)
-        urls["slurmgate"] = [f"http://127.0.0.1:{port}"]
+    for arm, plane in (("slurmgate", []), (HAPROXY_ARM, ["--data-plane", "haproxy"])):
+        if arm in arms:
+            port = free_port()
+            argv = [sys.executable, "-m", "slurmgate.runtime.endpoint", "--name", "bench",
+                    "--listen", f"127.0.0.1:{port}", *plane]  # fmt: skip
+            for url in backends:
+                argv += ["--backend", url]
+            env = dict(os.environ, PYTHONPATH=str(slurmgate_src or REPO))
+            procs[arm] = spawn(argv, proxy_core, env=env, cwd=slurmgate_src or REPO)
+            urls[arm] = [f"http://127.0.0.1:{port}"]
     if FLOOR in arms:
         port = free_port()
         argv = [sys.executable, me, "--floor-proxy", str(port)]
@@ -787,6 +792,8 @@ def run_cell(
             out["slurmgate"]["cpu_us_per_request"] / out[best]["cpu_us_per_request"]
         )
         out["targets"] = targets(out, peers)
+        if HAPROXY_ARM in arms:
+            out["targets_haproxy"] = targets(out, peers, HAPROXY_ARM)
     if FLOOR in arms and "slurmgate" in arms:
         out["floor"] = floor_ratios(out)
     return out
@@ -819,10 +826,10 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": _median(values), "min": min(values), "max": max(values)}
 
 
-def targets(out: dict[str, Any], peers: list[str]) -> dict[str, Any]:
-    """slurmgate against the targets, as ratios per round (round i of each arm ran back to back)
-    with their spread: CPU per request over nginx's, p99 over the best outside proxy's."""
-    sg = out["slurmgate"]
+def targets(out: dict[str, Any], peers: list[str], arm: str = "slurmgate") -> dict[str, Any]:
+    """A slurmgate arm against the targets, as ratios per round (round i of each arm ran back to
+    back) with their spread: CPU per request over nginx's, p99 over the best outside proxy's."""
+    sg = out[arm]
     found: dict[str, Any] = {}
     if "nginx" in out:
         ratios = [
@@ -925,6 +932,7 @@ def markdown(results: dict[str, Any]) -> str:
     if with_peer:
         chunk += f", peer {sse['peer']['cpu_us_per_chunk']:.0f} µs"
     measured = [arm for arm in PEERS if arm in first] + [FLOOR, "slurmgate"]
+    measured += [HAPROXY_ARM] if HAPROXY_ARM in first else []
     lines += [
         "",
         f"CPU per SSE chunk ({SSE_CHUNKS} chunks per answer): {chunk}.",
@@ -1003,19 +1011,22 @@ def target_lines(cells: list[dict[str, Any]]) -> list[str]:
         "round by round (the arms of a round ran back to back) and shown as the median with "
         "the rounds' range:",
         "",
-        "| cell | offered | CPU / nginx | p99 / best peer (peer) |",
-        "|---|---|---|---|",
+        "| cell | offered | arm | CPU / nginx | p99 / best peer (peer) |",
+        "|---|---|---|---|---|",
     ]
     for c in rows:
-        found = c["targets"]
-        p99 = found["p99_over_best_peer"]
         offered = (
             f"{c['offered_rate_req_s']:g} req/s" if c.get("offered_rate_req_s") else "saturation"
         )
-        lines.append(
-            f"| {c['cell']} | {offered} | {cell_text(found.get('cpu_over_nginx'))} "
-            f"| {cell_text(p99)} ({p99['peer']}) |"
-        )
+        for arm, key in (("slurmgate", "targets"), (HAPROXY_ARM, "targets_haproxy")):
+            if key not in c:
+                continue
+            found = c[key]
+            p99 = found["p99_over_best_peer"]
+            lines.append(
+                f"| {c['cell']} | {offered} | {arm} | {cell_text(found.get('cpu_over_nginx'))} "
+                f"| {cell_text(p99)} ({p99['peer']}) |"
+            )
     return lines
 
 
@@ -1104,7 +1115,13 @@ def main() -> None:
         print(
             "bench_endpoint: nginx is not measured (apt-get install nginx-light)", file=sys.stderr
         )
-    arms = ["direct", "slurmgate", *nginx, FLOOR, *(["peer"] if peer else []), *routers]
+    haproxy = [HAPROXY_ARM] if haproxy_binary() and not ns.slurmgate_src else []
+    if not haproxy:
+        print(
+            f"bench_endpoint: {HAPROXY_ARM} is not measured (apt-get install haproxy)",
+            file=sys.stderr,
+        )
+    arms = ["direct", "slurmgate", *haproxy, *nginx, FLOOR, *(["peer"] if peer else []), *routers]
     argv = sys.argv[1:]
     if ns.slurmgate_src:  # the machine's path says nothing to a reader: name what it was
         argv = [a if a != str(ns.slurmgate_src) else "BASELINE-CHECKOUT" for a in argv]
@@ -1126,6 +1143,7 @@ def main() -> None:
         },
         "routers_measured": routers,
         "nginx_measured": bool(nginx),
+        "haproxy_measured": bool(haproxy),
         "offered_rate_req_s": ns.rate,
         "peer_note": peer_note,
         "connections": CONNECTIONS,

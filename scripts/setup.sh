@@ -37,12 +37,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # capacity read's REST path in the bundled cluster's tests
     # etcd-server and nats-server: the real etcd and NATS a Dynamo deployment's service lanes run
     # nginx-light: the C floor the endpoint benchmark compares the endpoint with
+    # haproxy: the endpoint's compiled data plane (--data-plane haproxy)
     # openmpi-bin and libpmix-dev: MPI steps under Slurm's pmix plugin, which loads the
     # unversioned libpmix.so that only the -dev package installs
     # libibverbs1: Mooncake's master and store client link it, RDMA or not (.venv-mooncake)
     # runc: the OCI runtime of the bundled cluster's oci.conf (srun --container=BUNDLE)
     for pkg in python3-venv python3-dev iproute2 procps tmux wrk slurmrestd etcd-server nats-server \
-        nginx-light openmpi-bin libpmix-dev libibverbs1 runc; do
+        nginx-light haproxy openmpi-bin libpmix-dev libibverbs1 runc; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     # Debian's chromium for the browser test of the Prefect UI (tests/prefect_server/test_ui.py,
@@ -56,10 +57,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         with_progress "[setup] apt-get install ${need[*]}" apt_install "${need[@]}" ||
             show_log "apt-get install"
     fi
-    # the runtime starts its own etcd and NATS per run, the benchmark its own nginx: Debian's
-    # system services must not hold ports
+    # the runtime starts its own etcd and NATS per run, the benchmark its own nginx, an endpoint
+    # its own HAProxy: Debian's system services must not hold ports
     if [ -d /run/systemd/system ]; then
-        systemctl disable --now etcd nats-server nginx >>"$log" 2>&1 || true
+        systemctl disable --now etcd nats-server nginx haproxy >>"$log" 2>&1 || true
     fi
 fi
 

@@ -132,6 +132,9 @@ def check_endpoint(out: Path) -> None:
     assert data["nginx_measured"], "nginx is not installed: run scripts/setup.sh as root"
     proxies.append("nginx")
     proxies.append("python-floor")  # the least a Python proxy does: not an outside peer
+    # the endpoint with HAProxy forwarding, from Debian (scripts/setup.sh installs haproxy)
+    assert data["haproxy_measured"], "HAProxy is not installed: run scripts/setup.sh as root"
+    proxies.append("slurmgate-haproxy")
     for key in ("json_0ms", "sse_0ms", "json_20ms", "json_0ms_rate", "sse_0ms_rate"):
         cell = data["cells"][key]
         for arm in ("direct", *proxies):
@@ -155,14 +158,18 @@ def check_endpoint(out: Path) -> None:
         )
     assert positive(data["cells"]["sse_0ms"]["slurmgate"]["cpu_us_per_chunk"])
     for key, cell in data["cells"].items():
-        targets = cell["targets"]
-        assert positive(targets["cpu_over_nginx"]["median"]), key
-        assert targets["p99_over_best_peer"]["peer"] in proxies, key
+        for targets in (cell["targets"], cell["targets_haproxy"]):
+            assert positive(targets["cpu_over_nginx"]["median"]), key
+            assert targets["p99_over_best_peer"]["peer"] in proxies, key
+        # the HAProxy arm's ratio is its own CPU over nginx's, not the Python plane's
+        assert cell["targets_haproxy"]["cpu_over_nginx"]["median"] == pytest.approx(
+            cell["slurmgate-haproxy"]["cpu_us_per_request"] / cell["nginx"]["cpu_us_per_request"]
+        )
         assert cell["offered_rate_req_s"] == (data["offered_rate_req_s"] if "rate" in key else None)
     assert data["smoke"] is True
     text = (out / "endpoint.md").read_text()
     assert "| cell | slurmgate CPU/request | peer CPU/request | ratio |" in text
-    assert "| cell | offered | CPU / nginx | p99 / best peer (peer) |" in text
+    assert "| cell | offered | arm | CPU / nginx | p99 / best peer (peer) |" in text
     assert "| cell | Python floor / nginx | slurmgate / Python floor |" in text
 
 

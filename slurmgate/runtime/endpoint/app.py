@@ -60,6 +60,7 @@ from slurmgate.runtime.endpoint.control import (
 from slurmgate.runtime.endpoint.dataplane import ClientConnection, Incoming
 from slurmgate.runtime.endpoint.disaggregated import PairedPath
 from slurmgate.runtime.endpoint.forward import BrokenStream, LaneLinks, Timeouts
+from slurmgate.runtime.endpoint.haproxy import DataPlaneError, HAProxyPlane
 from slurmgate.runtime.endpoint.heads import NOT_FORWARDED_UP
 from slurmgate.runtime.endpoint.metrics import EndpointStats
 from slurmgate.runtime.endpoint.routing import LeastActiveRouter
@@ -403,6 +404,7 @@ class EndpointServer:
         self.max_connections = config.max_connections
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.plane: HAProxyPlane | None = None  # with --data-plane haproxy
         self.port = 0
 
     async def start(self, sock: socket.socket | None = None) -> None:
@@ -426,16 +428,49 @@ class EndpointServer:
         def factory() -> ClientConnection:
             return ClientConnection(self.endpoint, self.connections, limit)
 
-        if sock is not None:
-            # Accepted sockets inherit it on Linux; asyncio sets it only when proto says TCP.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._server = await loop.create_server(factory, sock=sock, backlog=4096)
+        if cfg.data_plane == "haproxy":
+            await self._start_behind_haproxy(factory, sock)
         else:
-            self._server = await loop.create_server(
-                factory, self.config.host, self.config.port, backlog=4096, reuse_address=True
-            )
-        self.port = self._server.sockets[0].getsockname()[1]
+            if sock is not None:
+                # Accepted sockets inherit it on Linux; asyncio sets it only when proto says TCP.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                server = await loop.create_server(factory, sock=sock, backlog=4096)
+            else:
+                server = await loop.create_server(
+                    factory, self.config.host, self.config.port, backlog=4096, reuse_address=True
+                )
+            self._server = server
+            self.port = server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.create_task(self._close_idle_connections())
+
+    async def _start_behind_haproxy(
+        self, factory: Callable[[], ClientConnection], sock: socket.socket | None
+    ) -> None:
+        """Listen on the plane's Unix socket, then start HAProxy on the endpoint's address."""
+        cfg = self.config
+        plane = self.plane = HAProxyPlane(cfg, self.endpoint.lanes, self.endpoint.policy)
+        listener = sock
+        try:
+            self._server = await asyncio.get_running_loop().create_unix_server(
+                factory, str(plane.slow_socket), backlog=4096
+            )
+            if listener is None:
+                listener = socket.create_server(
+                    (cfg.host, cfg.port),
+                    family=socket.AF_INET6 if ":" in cfg.host else socket.AF_INET,
+                    backlog=4096,
+                )
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.port = listener.getsockname()[1]
+            await plane.start(listener, self.max_connections)
+        except BaseException:
+            await plane.stop(grace=0.0)
+            if self._server is not None:
+                self._server.close()
+            raise
+        finally:
+            if listener is not None:
+                listener.close()  # HAProxy holds its own copy; this process must not accept
 
     async def _close_idle_connections(self) -> None:
         """Cut connections past a deadline (idle, head, lingering) and answer late bodies."""
@@ -450,6 +485,8 @@ class EndpointServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop listening, give requests in flight ``grace`` seconds, then cut the rest."""
+        if self.plane is not None:
+            await self.plane.stop(grace)
         if self._server is not None:
             self._server.close()
         if self._sweeper is not None:
@@ -523,12 +560,23 @@ async def serve(
         print(f"endpoint {config.name}: cannot listen: {exc}", file=sys.stderr, flush=True)
         await server.endpoint.stop()
         raise SystemExit(1) from exc
+    except DataPlaneError as exc:
+        print(f"endpoint {config.name}: {exc}", file=sys.stderr, flush=True)
+        await server.endpoint.stop()
+        raise SystemExit(1) from exc
     if freeze_heap:
         freeze_startup_heap()
+    waits = [asyncio.ensure_future(stopping.wait())]
+    if server.plane is not None:
+        waits.append(asyncio.ensure_future(server.plane.died.wait()))
     try:
-        await stopping.wait()
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        for waiting in waits:
+            waiting.cancel()
         await server.stop()
+    if server.plane is not None and server.plane.died.is_set():
+        raise SystemExit(1)
 
 
 def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> None:
@@ -541,7 +589,9 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> None:
     except ImportError:  # pragma: no cover - uvicorn[standard] ships uvloop
         factory = None
     print(
-        f"endpoint {config.name}: listening on {config.host}:{config.port}, "
+        f"endpoint {config.name}: listening on {config.host}:{config.port}"
+        + (" through HAProxy" if config.data_plane == "haproxy" else "")
+        + ", "
         f"{len(config.all_backends)} backend(s)"
         + (
             f" ({len(config.prefill)} prefill, {len(config.decode)} decode)"

@@ -27,7 +27,8 @@ than guessing (guessing would shed load that an idle backend could take); the ne
 ``interval`` later, catches up.
 
 Requests the endpoint holds while they wait for one of the lane's pooled connections are a queue
-too, only on this side of the wire: they count as waiting, exactly (``Lane.queued``).
+too, only on this side of the wire: they count as waiting, exactly (``Lane.held``: those held
+here and those HAProxy holds, with ``--data-plane haproxy``).
 
 A saturated vLLM serves its ``/metrics`` slowly. A page that comes within ``timeout`` is the
 lane's real queue and is used, stamped when it came if it took longer than an interval (the busy
@@ -137,6 +138,11 @@ class Lane:
     samples_failed: int = 0
     samples_overdue: int = 0  # of ``samples_failed``: scrapes abandoned at their timeout
     requests: int = 0
+    # What the compiled data plane (HAProxy, ``haproxy.py``) has on the lane, as last read:
+    # in flight (queued included), queued for one of its connections, routed in all.
+    plane_active: int = 0
+    plane_queued: int = 0
+    plane_routed: int = 0
     health_failures: int = 0  # consecutive failed health probes
     health_ok: bool | None = None  # the last health probe's verdict (None: none answered yet)
     # attempts waiting for the lane's answer to start, and those of them the endpoint cut off
@@ -152,7 +158,12 @@ class Lane:
     @property
     def sent(self) -> int:
         """Requests in flight past the connection gate: what the backend itself has seen."""
-        return self.active - self.queued
+        return self.active - self.queued + self.plane_active - self.plane_queued
+
+    @property
+    def held(self) -> int:
+        """Requests held on this side of the wire for one of the lane's connections."""
+        return self.queued + self.plane_queued
 
     def record_sample(
         self,
@@ -206,7 +217,8 @@ class QueuePolicy:
         depth = lane.depth
         if depth is None or self.queue_unknown(lane, now):
             # Only the backend's side is unknown: the requests held here are counted exactly.
-            return float(lane.queued) if lane.queued else None
+            held = lane.held
+            return float(held) if held else None
         routed_since = lane.sent - lane.active_at_sample
         if depth > 0:
             backend = max(0.0, depth + routed_since)
@@ -214,7 +226,7 @@ class QueuePolicy:
             backend = max(0.0, lane.running + routed_since - lane.capacity)
         else:
             backend = 0.0
-        return backend + lane.queued
+        return backend + lane.held
 
     def admits(self, lane: Lane, now: float) -> bool:
         depth = self.estimated_depth(lane, now)

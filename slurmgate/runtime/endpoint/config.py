@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -23,6 +23,8 @@ from slurmgate.settings.handed import PROCESS_ENVIRONMENT
 DEFAULT_PROG = "python -m slurmgate.runtime.endpoint"
 # The bearer token comes from the environment only: argv is world-readable in /proc and `ps`.
 TOKEN_ENV = "SLURMGATE_ENDPOINT_TOKEN"
+# RFC 6750's b64token: what HAProxy's admin command line takes as it is (``haproxy.py``).
+_B64TOKEN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
 # A Prometheus metric name (the exposition format's rule).
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")
 # Every setting past name, listen and backends: its flag is --NAME-WITH-DASHES.
@@ -53,6 +55,7 @@ TUNING_FLAGS: dict[str, type] = {
     "backend_metrics_path": str,
     "queue_waiting_metric": str,
     "queue_running_metric": str,
+    "data_plane": str,
 }
 
 
@@ -203,6 +206,12 @@ class EndpointConfig(BaseModel):
         "own keep-alive (uvicorn and vLLM default to 5 s) so a pooled connection is never "
         "reused just as the backend closes it",
     )
+    data_plane: Literal["python", "haproxy"] = Field(
+        default="python",
+        description="who forwards requests: python (the endpoint itself, every rule) or "
+        "haproxy (Debian's HAProxy forwards the common request at nginx's cost, the endpoint "
+        "decides which lanes take work and answers the rest; aggregated deployments only)",
+    )
     token: SecretStr | None = Field(
         default=None,
         description=f"bearer token every request but GET /health must carry; from ${TOKEN_ENV} "
@@ -260,6 +269,24 @@ class EndpointConfig(BaseModel):
     def all_backends(self) -> list[str]:
         """Every lane head: the aggregated ones, or prefill then decode."""
         return self.backends or [p.url for p in self.prefill] + self.decode
+
+    @model_validator(mode="after")
+    def _haproxy_forwards_what_it_can(self) -> EndpointConfig:
+        if self.data_plane != "haproxy":
+            return self
+        if self.disaggregated:
+            raise ValueError(
+                "--data-plane haproxy forwards aggregated deployments only: a prefill/decode "
+                "pair is made by the endpoint itself; leave --data-plane at python"
+            )
+        token = self.token.get_secret_value() if self.token is not None else ""
+        if token and (len(token) > 512 or not _B64TOKEN.match(token)):
+            raise ValueError(
+                f"--data-plane haproxy needs ${TOKEN_ENV} to be a bearer token of letters, "
+                "digits and -._~+/ (at most 512), as `secrets.token_urlsafe()` makes; or leave "
+                "--data-plane at python"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_body_fits_the_budget(self) -> EndpointConfig:
