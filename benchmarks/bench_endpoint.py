@@ -881,11 +881,23 @@ DESIGN = [
     "protocol's callback with no await per chunk. Routing, retries, Retry-After rules, 413, the "
     "per-lane 429s and the metrics are the same code as before (`app.py`, `routing.py`, "
     "`backpressure.py`); `/health` and `/metrics` stay starlette routes, called on the same port. "
-    "A compiled proxy from Debian (HAProxy or nginx) driven by a Python control plane was the "
-    "other option; it was not built, because the pure-Python data plane met the target then set "
-    "(half the peer's CPU) with room and keeps the retry and backpressure rules in one place, in "
-    "one process. Against nginx, the Python floor arm above shows what a Python data plane can "
-    "reach and what the endpoint's own per-request work adds to it.",
+    "Against nginx, the Python floor arm above shows what a Python data plane can reach and "
+    "what the endpoint's own per-request work adds to it: for small JSON, that work alone costs "
+    "about as much again as a whole request through nginx.",
+    "",
+    f"## The compiled data plane (`{HAPROXY_ARM}`)",
+    "",
+    "`--data-plane haproxy` (`slurmgate/runtime/endpoint/haproxy.py`) puts Debian's HAProxy "
+    "(one thread) on the endpoint's address: it forwards the common request straight to the "
+    "least-busy lane that takes work, and the endpoint becomes its control plane, setting each "
+    "lane `ready` or `drain` over HAProxy's admin socket every 0.1 s from the same samplers, "
+    "health probes and queue policy. Control paths, a wrong token, chunked or oversized bodies "
+    "and every request while no lane takes work reach the Python data plane on a Unix socket, "
+    "which answers them by its own rules (401, 413, 429 with Retry-After). The arm's CPU is the "
+    "endpoint's whole process tree: HAProxy and the Python control plane together. On the fast "
+    "path only a failed connection is retried on another lane; retrying answers (429, 5xx) "
+    "would make HAProxy keep a copy of every request, measured at a quarter more CPU per small "
+    "request.",
     "",
 ]
 

@@ -43,10 +43,24 @@ def _cluster(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_happy_path_on_three_nodes(runs_root: Path) -> None:
-    spec = AllocationSpec.from_data(example_data())
+    data = example_data()
+    # chat's endpoint forwards through HAProxy, pipe's through the endpoint itself
+    data["deployments"][0]["endpoint_data_plane"] = "haproxy"
+    spec = AllocationSpec.from_data(data)
     run = AllocationRun(spec, runs_root=runs_root, grace_s=5)
+    haproxies_before = _haproxies()
     result = run.run()
     assert result.ok and result.error is None
+    chat_log = next(run.run_dir.glob("[0-9][0-9]-endpoint-chat.log")).read_text()
+    assert "through HAProxy" in chat_log
+    # HAProxy routed the client's four completions (its counts reach the endpoint's metrics)
+    routed = [
+        float(line.rsplit(" ", 1)[1])
+        for line in result.endpoint_metrics["chat"].splitlines()
+        if line.startswith("slurmgate_backend_requests_total{")
+    ]
+    assert len(routed) == 2 and sum(routed) == 4
+    assert _haproxies() <= haproxies_before  # HAProxy went with its endpoint step
     assert len(result.hosts) == 3 and len(set(result.hosts)) == 3
     client_log = next(run.run_dir.glob("[0-9][0-9]-client.log")).read_text()
     assert "chat: 4 completions" in client_log and "pipe: 4 completions" in client_log
@@ -64,6 +78,18 @@ def test_happy_path_on_three_nodes(runs_root: Path) -> None:
     assert_no_orphans(run.run_id)
     again = run.cleanup()  # a second cleanup is a no-op that returns the same report
     assert again is run.cleanup() and again.actions == result.cleanup
+
+
+def _haproxies() -> set[int]:
+    """HAProxy processes on this machine (every node of the bundled cluster is on it)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "haproxy":
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def _failing_run(

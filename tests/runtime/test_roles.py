@@ -364,3 +364,13 @@ def test_a_vllm_pd_pair_behind_the_endpoint_alone_is_refused_naming_its_router(e
     assert message.endswith("add frontend: {type: vllm-router}"), message
     data["deployments"][0]["frontend"] = {"type": "vllm-router"}
     assert AllocationSpec.from_data(data).deployments[0].frontend is not None
+
+
+def test_haproxy_is_refused_where_the_endpoint_pairs_the_roles() -> None:
+    roles = {"prefill": {}, "decode": {}}
+    message = _error(roles, endpoint_data_plane="haproxy")
+    assert "endpoint_data_plane" in message and "leave endpoint_data_plane at python" in message
+    assert _spec(roles).deployments[0].endpoint_data_plane == "python"
+    aggregated = _spec({"agg": {}}, endpoint_data_plane="haproxy")
+    assert aggregated.deployments[0].endpoint_data_plane == "haproxy"
+    assert "'python' or 'haproxy'" in _error({"agg": {}}, endpoint_data_plane="nginx")

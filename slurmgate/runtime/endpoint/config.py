@@ -25,6 +25,8 @@ DEFAULT_PROG = "python -m slurmgate.runtime.endpoint"
 TOKEN_ENV = "SLURMGATE_ENDPOINT_TOKEN"
 # RFC 6750's b64token: what HAProxy's admin command line takes as it is (``haproxy.py``).
 _B64TOKEN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
+# Who forwards the endpoint's requests (``EndpointConfig.data_plane``).
+DataPlane = Literal["python", "haproxy"]
 # A Prometheus metric name (the exposition format's rule).
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")
 # Every setting past name, listen and backends: its flag is --NAME-WITH-DASHES.
@@ -206,7 +208,7 @@ class EndpointConfig(BaseModel):
         "own keep-alive (uvicorn and vLLM default to 5 s) so a pooled connection is never "
         "reused just as the backend closes it",
     )
-    data_plane: Literal["python", "haproxy"] = Field(
+    data_plane: DataPlane = Field(
         default="python",
         description="who forwards requests: python (the endpoint itself, every rule) or "
         "haproxy (Debian's HAProxy forwards the common request at nginx's cost, the endpoint "

@@ -57,6 +57,7 @@ def start_endpoints(ctx: RunContext, probes: ProbeOpener) -> None:
             **lanes,
             max_waiting=dspec.backpressure.max_waiting_requests,
             retry_after=dspec.backpressure.retry_after_s,
+            data_plane=dspec.endpoint_data_plane,
             backend_health_path=health_path,
             queue_waiting_metric=engines.profile(dspec.engine).queue.waiting,
             queue_running_metric=engines.profile(dspec.engine).queue.running,

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
+from slurmgate.runtime.endpoint.config import DataPlane
 from slurmgate.runtime.engines import mocker, vllm_cpu
 from slurmgate.runtime.engines import profiles as engines
 from slurmgate.runtime.engines.mocker import SYSTEM_PORT_MAX
@@ -178,6 +179,13 @@ class DeploymentSpec(StrictModel):
         default_factory=BackpressureSpec,
         description="the endpoint's per-lane queue limit, read from the engine's queue metric",
     )
+    endpoint_data_plane: DataPlane = Field(
+        default="python",
+        description="who forwards the endpoint's requests: python (the endpoint itself, every "
+        "rule) or haproxy (Debian's HAProxy forwards the common request at nginx's CPU cost; "
+        "the endpoint decides which lanes take work and answers the rest; a lane's 429 or 5xx "
+        "is passed on, not retried). Not for prefill and decode lanes the endpoint pairs",
+    )
     env: dict[str, EnvValue] = Field(
         default_factory=dict,
         description="this deployment's lanes only: plain values or secret references",
@@ -243,6 +251,14 @@ class DeploymentSpec(StrictModel):
     @model_validator(mode="after")
     def _topology(self) -> DeploymentSpec:
         check_frontend_pairing(self.engine, self.frontend, self.roles)
+        paired_here = self.frontend is None and self.roles is not None and self.roles.prefill
+        if self.endpoint_data_plane == "haproxy" and paired_here:
+            raise problem(
+                "endpoint_data_plane",
+                "haproxy forwards aggregated deployments only: the endpoint itself pairs this "
+                "deployment's prefill and decode lanes",
+                "leave endpoint_data_plane at python, or put a frontend before the roles",
+            )
         if self.stand_in is not None:
             self._stand_in()
         if self.roles is not None:
