@@ -92,6 +92,7 @@ async def test_haproxy_forwards_spreads_and_checks_the_token(client: httpx.Async
         health = await client.get(f"{ep.url}/health")  # probes carry no token
         await ep.synced()
         routed = [lane.plane_routed for lane in ep.endpoint.lanes]
+        metrics = (await client.get(f"{ep.url}/metrics", headers=good)).text
         unauthorized = ep.endpoint.stats.rejected_unauthorized
     assert a.hits > 0 and b.hits > 0 and a.hits + b.hits == 8
     # the lanes never see the client's credential
@@ -104,6 +105,11 @@ async def test_haproxy_forwards_spreads_and_checks_the_token(client: httpx.Async
     # HAProxy forwarded the eight; the Python plane answered the two it refused
     assert sum(routed) == 8
     assert unauthorized == 2
+    # /metrics counts what HAProxy forwarded beside what the Python plane answered
+    assert 'slurmgate_endpoint_haproxy_forwarded_total{endpoint="test"} 8.0' in metrics
+    assert 'slurmgate_endpoint_haproxy_responses_total{class="2xx",endpoint="test"} 8.0' in metrics
+    assert 'slurmgate_endpoint_requests_total{endpoint="test"} 8.0' in metrics
+    assert 'slurmgate_endpoint_unauthorized_total{endpoint="test"} 2.0' in metrics
 
 
 async def test_a_streamed_answer_passes_through_unbuffered(client: httpx.AsyncClient) -> None:
@@ -230,16 +236,18 @@ async def test_the_token_stays_out_of_haproxys_file_argv_and_environment(
 def test_read_counts_takes_the_lanes_rows_and_refuses_what_is_not_stat() -> None:
     lanes = [Lane(index=0, url="http://127.0.0.1:1"), Lane(index=1, url="http://127.0.0.1:2")]
     stat = (
-        "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status\n"
-        "lanes,lane0,2,3,5,9,4,40,UP\n"
-        "lanes,lane1,0,0,1,1,4,7,DRAIN\n"
-        "endpoint,lane0,9,9,9,9,9,99,UP\n"  # another backend's server of the same name
+        "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status,hrsp_2xx,hrsp_5xx\n"
+        "lanes,lane0,2,3,5,9,4,40,UP,30,3\n"
+        "lanes,lane1,0,0,1,1,4,7,DRAIN,6,\n"
+        "endpoint,lane0,9,9,9,9,9,99,UP,99,99\n"  # another backend's server of the same name
         "lanes,lane1,short\n"
         "\n"
     )
     read_counts(stat, lanes)
     assert (lanes[0].plane_active, lanes[0].plane_queued, lanes[0].requests) == (7, 2, 40)
     assert (lanes[1].plane_active, lanes[1].plane_queued, lanes[1].requests) == (1, 0, 7)
+    assert lanes[0].plane_answers == {"2xx": 30, "5xx": 3}
+    assert lanes[1].plane_answers == {"2xx": 6}  # an empty count is no count
     read_counts(stat.replace(",40,", ",45,"), lanes)
     assert lanes[0].requests == 45  # only what was routed since
     assert lanes[0].sent == 5 and lanes[0].held == 2

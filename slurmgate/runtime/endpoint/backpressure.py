@@ -143,6 +143,7 @@ class Lane:
     plane_active: int = 0
     plane_queued: int = 0
     plane_routed: int = 0
+    plane_answers: dict[str, int] = field(default_factory=dict)  # by status class ("2xx")
     health_failures: int = 0  # consecutive failed health probes
     health_ok: bool | None = None  # the last health probe's verdict (None: none answered yet)
     # attempts waiting for the lane's answer to start, and those of them the endpoint cut off

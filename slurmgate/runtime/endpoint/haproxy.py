@@ -72,6 +72,7 @@ ADMIN_TIMEOUT_S = 2.0
 MAX_ADMIN_ANSWER = 1 << 20  # ``show stat`` is ~300 bytes a lane; more is not HAProxy talking
 BACKEND = "lanes"
 DIRECTORY_PREFIX = "slurmgate-endpoint-"  # then the endpoint's pid: a dead one's is swept
+ANSWER_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")  # HAProxy counts answers by class only
 SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, the terminating NUL included
 SLOW = "endpoint"
 PR_SET_PDEATHSIG = 1
@@ -166,7 +167,7 @@ def takes_work(lane: Lane, policy: QueuePolicy, now: float) -> bool:
 
 def read_counts(stat: str, lanes: Sequence[Lane]) -> None:
     """Copy each lane's HAProxy counts from ``show stat`` (CSV) into the lane: in flight
-    (queued included), queued, and newly routed requests."""
+    (queued included), queued, newly routed requests, and its answers by status class."""
     lines = stat.splitlines()
     if not lines or not lines[0].startswith("# "):
         raise OSError(f"HAProxy's show stat has no header: {stat[:80]!r}")
@@ -175,6 +176,7 @@ def read_counts(stat: str, lanes: Sequence[Lane]) -> None:
         at = [columns.index(name) for name in ("pxname", "svname", "scur", "qcur", "stot")]
     except ValueError as exc:
         raise OSError(f"HAProxy's show stat lacks a column: {exc}") from None
+    classes = {c: columns.index(f"hrsp_{c}") for c in ANSWER_CLASSES if f"hrsp_{c}" in columns}
     need = max(at) + 1
     by_name = {f"lane{lane.index}": lane for lane in lanes}
     for line in lines[1:]:
@@ -188,6 +190,9 @@ def read_counts(stat: str, lanes: Sequence[Lane]) -> None:
         lane.plane_active, lane.plane_queued = current + queued, queued
         lane.requests += max(0, total - lane.plane_routed)
         lane.plane_routed = total
+        for name, column in classes.items():
+            if column < len(row) and row[column].isdigit():
+                lane.plane_answers[name] = int(row[column])
 
 
 def socket_root() -> Path:

@@ -65,7 +65,15 @@ class StatsCollector(Collector):
             family.add_metric([name], value)
             return family
 
-        yield counter("slurmgate_endpoint_requests", "Requests received", stats.requests)
+        forwarded = sum(lane.plane_routed for lane in ep.lanes)  # by HAProxy, if it runs
+        yield counter(
+            "slurmgate_endpoint_requests", "Requests received", stats.requests + forwarded
+        )
+        yield counter(
+            "slurmgate_endpoint_haproxy_forwarded",
+            "Requests HAProxy forwarded straight to a lane (--data-plane haproxy)",
+            forwarded,
+        )
         yield counter("slurmgate_endpoint_attempts", "Upstream attempts", stats.attempts)
         yield counter(
             "slurmgate_endpoint_overload_rejections",
@@ -145,6 +153,17 @@ class StatsCollector(Collector):
         for status, count in sorted(stats.statuses.items()):
             statuses.add_metric([name, str(status)], count)
         yield statuses
+        classes = CounterMetricFamily(
+            "slurmgate_endpoint_haproxy_responses",
+            "Lanes' answers HAProxy passed on, by status class (--data-plane haproxy)",
+            labels=["endpoint", "class"],
+        )
+        answered: Counter[str] = Counter()
+        for lane in ep.lanes:
+            answered.update(lane.plane_answers)
+        for status_class, count in sorted(answered.items()):
+            classes.add_metric([name, status_class], count)
+        yield classes
         labels = ["endpoint", "backend"]
         active = GaugeMetricFamily("slurmgate_backend_active", "In-flight requests", labels=labels)
         routed = CounterMetricFamily("slurmgate_backend_requests", "Attempts routed", labels=labels)
@@ -175,7 +194,7 @@ class StatsCollector(Collector):
         )
         queued = GaugeMetricFamily(
             "slurmgate_backend_queued",
-            "Requests held here waiting for one of the lane's connections",
+            "Requests held here (or in HAProxy) waiting for one of the lane's connections",
             labels=labels,
         )
         rotation = GaugeMetricFamily(
@@ -194,9 +213,9 @@ class StatsCollector(Collector):
             breaker_open.add_metric(key, 1.0 if lane.breaker.tripped else 0.0)
             trips.add_metric(key, lane.breaker.trips)
             overdue.add_metric(key, lane.samples_overdue)
-            queued.add_metric(key, lane.queued)
+            queued.add_metric(key, lane.held)
             rotation.add_metric(key, 1.0 if lane.in_rotation else 0.0)
-            active.add_metric(key, lane.active)
+            active.add_metric(key, lane.active + lane.plane_active)
             routed.add_metric(key, lane.requests)
             depth.add_metric(key, float("nan") if lane.depth is None else lane.depth)
             admitted.add_metric(key, 1.0 if ep.policy.admits(lane, now) else 0.0)
