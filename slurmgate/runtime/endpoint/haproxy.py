@@ -287,11 +287,16 @@ class HAProxyPlane:
             expected = "Bearer " + self.config.token.get_secret_value()
             # the space is escaped for the command line; the token's characters need none
             # (the config allows only a b64token)
-            await self.command(
+            answer = await self.command(
                 "experimental-mode on; set var proc.expected expr str("
                 + expected.replace(" ", "\\ ")
                 + ")"
             )
+            if answer.strip():  # silent when it took; its complaint may quote the token
+                raise DataPlaneError(
+                    "--data-plane haproxy: HAProxy refused the bearer token over its admin "
+                    "socket; leave --data-plane at python"
+                )
         await self.sync()
         self._task = asyncio.create_task(self._keep_in_step(), name="haproxy-sync")
 
