@@ -140,6 +140,24 @@ async def test_a_streamed_answer_passes_through_unbuffered(client: httpx.AsyncCl
     assert events == ["data: 1", "data: 2", "data: [DONE]"]
 
 
+async def test_a_slow_stream_outlives_the_client_body_timeout(client: httpx.AsyncClient) -> None:
+    """HAProxy's client timeout bounds a request's body (--body-timeout), never the wait for
+    the next event of an answer: that is --read-timeout's."""
+
+    async def slow(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        if scope["path"] not in ("/health", "/metrics"):
+            await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+            await asyncio.sleep(1.5)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    async with serve_asgi(slow) as lane, haproxy_endpoint([lane], body_timeout=1.0) as ep:
+        r = await client.post(f"{ep.url}/v1/completions", json=BODY)
+    assert (r.status_code, r.text) == (200, "data: 1\n\ndata: [DONE]\n\n")
+
+
 async def test_a_full_lane_is_drained_and_all_full_answers_429_until_they_drain(
     client: httpx.AsyncClient,
 ) -> None:
