@@ -153,6 +153,10 @@ async def _send_chunked(send: Any, body: bytes, size: int) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
+# Queue sampling fast enough that a test sees a verdict change within a few tenths of a second.
+FAST: dict[str, float] = {"sample_interval": 0.05, "metrics_timeout": 0.2, "stale_after": 0.5}
+
+
 def waiting_metrics(depth: float, model: str = "m") -> str:
     return (
         "# TYPE vllm:num_requests_waiting gauge\n"

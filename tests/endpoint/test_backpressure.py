@@ -9,6 +9,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 from endpoint_helpers import (
+    FAST,
     Backend,
     Proc,
     refused_url,
@@ -344,7 +345,6 @@ async def test_samples_a_real_prometheus_client_server() -> None:
 
 # Short periods so a test sees many of them in a few seconds; the same proportions as the
 # defaults: a scrape timeout plus one interval stays under the staleness bound.
-FAST: dict[str, float] = {"sample_interval": 0.05, "metrics_timeout": 0.2, "stale_after": 0.5}
 
 
 async def post_status(client: httpx.AsyncClient, url: str) -> httpx.Response:

@@ -14,8 +14,10 @@ from typing import Any
 import httpx
 import pytest
 from endpoint_helpers import (
+    FAST,
     Backend,
     Scope,
+    alive,
     children_of,
     endpoint_process,
     refused_url,
@@ -40,7 +42,6 @@ from slurmgate.runtime.endpoint.haproxy import (
 
 BODY = {"model": "m", "prompt": "hi", "max_tokens": 2}
 TOKEN = "tok-Secret_123"
-FAST: dict[str, Any] = {"sample_interval": 0.05, "metrics_timeout": 0.2, "stale_after": 0.5}
 
 
 @pytest.fixture(autouse=True)
@@ -324,7 +325,7 @@ async def test_haproxy_goes_with_the_endpoint_and_the_endpoint_with_haproxy() ->
             left = _directory_of(haproxy)
             proc.kill()
             proc.wait(5)
-            await until(lambda: _gone(haproxy), timeout=5)
+            await until(lambda: not alive(haproxy), timeout=5)
             assert left.exists()  # no stop ran: the next endpoint sweeps it
         assert sweep_dead_directories(left.parent) == [left]
         # HAProxy killed: the endpoint stops, exit 1
@@ -337,15 +338,6 @@ async def test_haproxy_goes_with_the_endpoint_and_the_endpoint_with_haproxy() ->
 def _directory_of(haproxy: int) -> Path:
     argv = Path(f"/proc/{haproxy}/cmdline").read_bytes().decode().split("\0")
     return next(Path(arg).parent for arg in argv if arg.endswith("haproxy.cfg"))
-
-
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie waiting for init to reap it."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
 
 
 async def test_the_listening_socket_is_handed_over_not_shared() -> None:
